@@ -74,4 +74,5 @@ def round_weights(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capab
 def advance(state: StalenessState, rg: RoundGraph, rw: RoundWeights, caps: Capabilities) -> StalenessState:
     """Staleness update after the round's aggregation and training (SPEC §2)."""
     return update_state(state, rg, rw.weights, rw.candidate, trains=caps.train,
-                        adopts=caps.adopt, aggregates=caps.aggregate)
+                        adopts=caps.adopt, aggregates=caps.aggregate, slot_ages=rw.slots.age,
+                        slot_lags=rw.slots.lag, slot_counts=rw.slots.count)

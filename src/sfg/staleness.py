@@ -76,6 +76,9 @@ def update_state(
     adopts: np.ndarray,
     aggregates: np.ndarray | None = None,
     beta: float = Q_HAT_BETA,
+    slot_ages: np.ndarray | None = None,
+    slot_lags: np.ndarray | None = None,
+    slot_counts: np.ndarray | None = None,
 ) -> StalenessState:
     """Advance the state by one round, given the weights used (SPEC §2, anatomy modes §4.1).
 
@@ -86,6 +89,8 @@ def update_state(
     adopts:     [N] bool    clients whose model became their aggregate
     aggregates: [N] bool    clients that formed candidate sets (q̂ is updated for them);
                 defaults to ``adopts``
+    slot_ages, slot_lags, slot_counts: [E] staleness of the model each slot delivered; default
+                the sender's current state (differs only for remembered models, model-memory)
 
     * age: 0 after training; an aggregate adopted without training is one round older than
       the youngest model it merged; otherwise +1.
@@ -100,14 +105,17 @@ def update_state(
     not_trained = ~trains
     merged = weights > 0
 
-    lag_mix = np.bincount(recv, weights=weights * state.lags[send], minlength=rg.n)
+    s_age = state.ages[send] if slot_ages is None else slot_ages
+    s_lag = state.lags[send] if slot_lags is None else slot_lags
+    s_cnt = state.counts[send] if slot_counts is None else slot_counts
+    lag_mix = np.bincount(recv, weights=weights * s_lag, minlength=rg.n)
     lags = np.where(adopts, lag_mix, state.lags) + not_trained
 
     big = np.iinfo(np.int64).max
-    youngest = _seg_reduce(np.minimum, np.where(merged, state.ages[send], big), rg)
+    youngest = _seg_reduce(np.minimum, np.where(merged, s_age, big), rg)
     ages = np.where(trains, 0, np.where(adopts, youngest + 1, state.ages + 1)).astype(np.int64)
 
-    inherited = _seg_reduce(np.maximum, np.where(merged, state.counts[send], 0), rg)
+    inherited = _seg_reduce(np.maximum, np.where(merged, s_cnt, 0), rg)
     counts = np.where(adopts, inherited, state.counts) + trains
 
     local_counts = state.local_counts + trains

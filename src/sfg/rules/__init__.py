@@ -211,7 +211,7 @@ def parse_rule(text: str | Component) -> Rule:
     name = comp.name
     modifiers = list(comp.modifiers)
     # model-memory+sfg style variants are registered under their full name
-    if name not in RULES and modifiers and f"{name}+{modifiers[0]}" in RULES:
+    if modifiers and f"{name}+{modifiers[0]}" in RULES:
         name = f"{name}+{modifiers.pop(0)}"
     if name not in RULES:
         RULES.entry(name)  # raises with did-you-mean

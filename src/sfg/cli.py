@@ -1,0 +1,249 @@
+"""The ``sfg`` command. Thin: parse, call the library, print (tables for people, --json for scripts).
+
+Bad input raises :class:`sfg.errors.SfgError` in the library; :func:`main` prints it as one line
+(``error: ...``) and exits with status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import SfgError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="sfg — decentralised learning when devices go offline.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _mount(module: str, name: str, help: str) -> None:
+    try:
+        mod = __import__(module, fromlist=["app"])
+    except ImportError:
+        return
+    app.add_typer(mod.app, name=name, help=help)
+
+
+@contextmanager
+def progress_bar(description: str, *, enabled: bool = True):
+    """A rich progress bar on stderr; yields ``update(done, total)``."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as prog:
+        task = prog.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1,2,3"`` or ``"1-5"`` -> list of ints."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                seeds.extend(range(int(a), int(b) + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise SfgError(f"cannot read seeds {text!r}; write e.g. --seeds 1,2,3 or --seeds 1-5") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise SfgError(f"seeds {text!r} must be non-negative integers, e.g. --seeds 1,2,3")
+    return seeds
+
+
+REPLAY_COLUMNS = [
+    ("unavailability", "unavail"), ("returns", "returns"), ("premise", "stalest"),
+    ("spread_age", "Δage"), ("spread_lag", "Δlag"), ("kept", "kept"),
+    ("self_weight_return", "w_ii ret"), ("H", "H"),
+]
+
+
+def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean over seeds per (process, rule), in first-seen order."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["process"], r["rule"]), []).append(r)
+    out_rows = []
+    for (p, rule), rs in groups.items():
+        summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
+        for key, _ in REPLAY_COLUMNS:
+            vals = [r[key] for r in rs if not math.isnan(r[key])]
+            summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
+        out_rows.append(summary)
+    return out_rows
+
+
+def replay_table(summary: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("process")
+    table.add_column("rule")
+    for _, label in REPLAY_COLUMNS:
+        table.add_column(label, justify="right")
+    for r in summary:
+        table.add_row(r["process"], r["rule"], *(_fmt(r[k]) for k, _ in REPLAY_COLUMNS))
+    return table
+
+
+REPLAY_LEGEND = (
+    "unavail: realised offline fraction · returns: aggregations by a returning client (τ≥1) · "
+    "stalest: share of returns where the receiver is strictly the stalest candidate · "
+    "Δage/Δlag: mean largest relative age/lag among candidates · kept: candidates with weight > 0 · "
+    "w_ii ret: receiver self-weight on return · H: receiver self-return over 50 rounds"
+)
+
+
+@app.command()
+def replay(
+    process: list[str] = typer.Option(["bursty:u=0.8"], "--process", "-p",
+                                      help="Outage process, e.g. iid:u=0.6, bursty:u=0.8, flash:rule=strict,path=FILE (repeatable)"),
+    rule: list[str] = typer.Option(["dfedavg", "sfg", "sfg-l", "sfg-cut"], "--rule", "-r",
+                                   help="Aggregation rule, e.g. sfg-cut:L=2, sfg-l:gamma=0.3+ipw (repeatable)"),
+    seeds: str = typer.Option("1,2,3", help="Seeds: 1,2,3 or 1-5"),
+    clients: int = typer.Option(100, "--clients", "-n", help="Number of clients N"),
+    rounds: int = typer.Option(300, "--rounds", "-T", help="Number of rounds T"),
+    graph: str = typer.Option("knn:k=6", help="Graph: knn:k=6, erdos-renyi:mean_degree=6, regular:d=6, ring:k=1"),
+    anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
+    link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
+    horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
+) -> None:
+    """Replay outage processes × rules × seeds with no training (SPEC §9)."""
+    from .replay import replay as run_replay
+
+    seed_list = parse_seeds(seeds)
+    with progress_bar("replay", enabled=not as_json) as update:
+        rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
+                          anatomy=anatomy, link_failure=link_failure, horizon=horizon,
+                          progress=update)
+    summary = summarise_replay(rows)
+    if as_json:
+        print(json.dumps({"rows": rows, "summary": summary}, indent=2, default=_json_default))
+        return
+    out.print(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
+                                    f"seeds {','.join(map(str, seed_list))}"))
+    out.print(f"[dim]{REPLAY_LEGEND}[/dim]")
+
+
+def _json_default(v: Any):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return str(v)
+
+
+@app.command("rules")
+def list_rules(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List every aggregation rule with its parameters and defaults."""
+    from .rules import RULES, rule_names
+
+    rows = []
+    for name in rule_names():
+        e = RULES.entry(name)
+        rows.append({"rule": name, "tags": sorted(e.tags), "params": e.params, "doc": e.doc})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="Aggregation rules (modifiers: +ipw, +rounded, +catchup; universal c)")
+    for col in ("rule", "kind", "parameters", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["rule"], ",".join(r["tags"]),
+                      ", ".join(f"{k}={v}" for k, v in r["params"].items()), r["doc"])
+    out.print(table)
+
+
+@app.command("processes")
+def list_processes() -> None:
+    """List the outage processes (synthetic and real traces)."""
+    from .outages import PROCESSES, process_names
+
+    table = Table(title="Outage processes")
+    for col in ("process", "parameters"):
+        table.add_column(col)
+    for name in process_names():
+        e = PROCESSES.entry(name)
+        table.add_row(name, ", ".join(f"{k}={v}" for k, v in e.params.items()))
+    out.print(table)
+
+
+@app.command()
+def demo(
+    quick: bool = typer.Option(False, help="A smaller, faster demo"),
+) -> None:
+    """The main job on embedded data (no download)."""
+    from .demo import run_demo
+
+    run_demo(quick=quick, console=out)
+
+
+_mount("sfg.traces.cli", "traces", "Real availability traces: stats and plots.")
+_mount("sfg.experiments.cli", "grid", "Paired experiment grids and the results store.")
+for _name in ("sfg.sim.cli", "sfg.report_cli"):
+    try:
+        _mod = __import__(_name, fromlist=["register"])
+        _mod.register(app)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one-line errors for bad input, exit status 2."""
+    import click
+
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="sfg", standalone_mode=False)
+    except SfgError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("aborted")
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except FileNotFoundError as e:
+        err.print(f"[bold red]error:[/bold red] file not found: {e.filename}; check the path")
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted; results already written are kept")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Rules that read model parameters (SPEC §3.2): model memory, relative variance, PWG.
+
+They run only inside the training simulator. Each is an object with
+``aggregate(X, rg, state, caps, live=, seed=) -> (X_agg, RoundWeights)``: the aggregated
+``[N, D]`` models and the weights used (for the staleness update and message counts).
+
+* ``model-memory`` (MIFA analogue): every receiver keeps the last model it received over each
+  edge and averages it in, undiscounted, while that neighbour is offline (or its link is down).
+  ``model-memory+sfg`` / ``model-memory+sfg-l``: remembered models join the candidate set with
+  staleness = their age (lag) at reception plus the rounds since, and get SFG weights.
+  Memory is one model per directed edge: ``[E, D]`` floats (fine for small models; for the
+  paper CNN at N = 100 it is about 2.8 GB).
+* ``relative-variance`` (diffusion-adaptation combiner): h_ij = 1/v_ij with
+  v_ij ← (1−ν) v_ij + ν ‖x_j − x_i^prev‖² over candidates incl. the receiver; x_i^prev is the
+  receiver's previous aggregate (its last combined estimate); v starts at the first observation.
+* ``pwg`` / ``pwg-l`` (precision-weighted gossip): h_j = 1/(1 + ρ Δ_j), Δ_j the relative age
+  (lag) among the candidates. ρ̂ is estimated online from the squared distances d² between live
+  neighbouring models (pairs whose endpoints are both available, link live) against their
+  staleness difference x: running means m(x) of d² for integer x in 1..20 (lags rounded) are
+  normalised by the running mean m(0) over pairs with (near-)zero difference, and
+  m(x)/m(0) = 1 + (ρ/2)·x is fitted by least squares through the origin, weighted by counts;
+  ρ̂ = max(0, 2·slope) and 0 until both kinds of pairs have been seen. ``H`` calibrates
+  (ρ = H·ρ̂); a fixed ``rho`` ≥ 0 replaces the estimate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..engine import RoundWeights, candidate_mask
+from ..errors import SfgError
+from ..rounds import RoundGraph
+from ..rules import BatchSlots, Rule, normalise, parse_rule, register_rule
+from ..staleness import StalenessState
+from .gossip import gossip
+
+register_rule("model-memory", None, tags=("baseline", "model"),
+              doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")
+register_rule("model-memory+sfg", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              doc="model memory with SFG weights on ages (age at reception + rounds since)")
+register_rule("model-memory+sfg-l", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              doc="model memory with SFG-L weights on lags (lag at reception + rounds since)")
+register_rule("relative-variance", None, params={"nu": 0.2}, tags=("baseline", "model"),
+              doc="diffusion-adaptation combiner: h_ij = 1/v_ij, EWMA of squared model distances")
+register_rule("pwg", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on ages: h = 1/(1 + rho*relative age); rho<0 = estimate online")
+register_rule("pwg-l", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on lags: h = 1/(1 + rho*relative lag); rho<0 = estimate online")
+
+PWG_MAX_X = 20
+
+
+def _sq_dist(A: torch.Tensor, ia: np.ndarray, B: torch.Tensor, ib: np.ndarray,
+             chunk: int = 256) -> np.ndarray:
+    """‖A[ia] − B[ib]‖² row by row, in chunks (memory O(chunk·D))."""
+    out = np.empty(ia.shape[0], np.float64)
+    for s in range(0, ia.shape[0], chunk):
+        a = torch.from_numpy(ia[s:s + chunk]).to(A.device)
+        b = torch.from_numpy(ib[s:s + chunk]).to(B.device)
+        out[s:s + chunk] = (A[a] - B[b]).double().pow(2).sum(1).cpu().numpy()
+    return out
+
+
+def _slots(rg: RoundGraph, state: StalenessState, cand: np.ndarray, **over) -> BatchSlots:
+    send = rg.send
+    kw = dict(rg=rg, t=state.t, is_self=rg.is_self, cand=cand, age=state.ages[send],
+              lag=state.lags[send], count=state.counts[send], local_count=state.local_counts[send],
+              q=state.q_hat, u=np.zeros(rg.n_slots), key=np.zeros(rg.n_slots))
+    kw.update(over)
+    return BatchSlots(**kw)
+
+
+class ModelMemory:
+    def __init__(self, rule: Rule, kernel: str):
+        self.kernel = parse_rule(kernel)
+        self.M: torch.Tensor | None = None
+
+    def aggregate(self, X, rg, state, caps, *, live, seed):
+        if self.M is None:
+            self.M = torch.zeros(rg.n_slots, X.shape[1], dtype=X.dtype, device=X.device)
+            self.rec_t = np.full(rg.n_slots, -1, np.int64)
+            self.rec_age = np.zeros(rg.n_slots, np.int64)
+            self.rec_lag = np.zeros(rg.n_slots)
+            self.rec_count = np.ones(rg.n_slots, np.int64)
+        t = state.t
+        cand = candidate_mask(rg, caps, live)
+        fresh = cand  # live candidates (self included) deliver their current model
+        idx = torch.from_numpy(np.flatnonzero(fresh)).to(X.device)
+        self.M[idx] = X[torch.from_numpy(rg.send[fresh]).to(X.device)]
+        self.rec_t[fresh] = t
+        self.rec_age[fresh] = state.ages[rg.send[fresh]]
+        self.rec_lag[fresh] = state.lags[rg.send[fresh]]
+        self.rec_count[fresh] = state.counts[rg.send[fresh]]
+        remembered = caps.aggregate[rg.recv] & ~rg.is_self & ~cand & (self.rec_t >= 0)
+        ext = cand | remembered
+        since = np.where(remembered, t - self.rec_t, 0)
+        s = _slots(rg, state, ext,
+                   age=np.where(remembered, self.rec_age + since, state.ages[rg.send]),
+                   lag=np.where(remembered, self.rec_lag + since, state.lags[rg.send]),
+                   count=np.where(remembered, self.rec_count, state.counts[rg.send]))
+        w = self.kernel.weights(s, aggregating=caps.adopt)
+        return gossip(X, rg, w, caps.adopt, memory=self.M), RoundWeights(weights=w, candidate=cand, slots=s)
+
+
+class RelativeVariance:
+    def __init__(self, rule: Rule):
+        self.nu = float(rule.params["nu"])
+        if not 0 < self.nu <= 1:
+            raise SfgError(f"relative-variance: nu={self.nu} must lie in (0, 1]")
+        self.v: np.ndarray | None = None
+        self.prev: torch.Tensor | None = None
+        self.uniform = parse_rule("dfedavg")
+
+    def aggregate(self, X, rg, state, caps, *, live, seed):
+        if self.v is None:
+            self.v = np.full(rg.n_slots, np.nan)
+            self.prev = X.clone()
+        cand = candidate_mask(rg, caps, live)
+        sl = np.flatnonzero(cand)
+        d2 = _sq_dist(X, rg.send[sl], self.prev, rg.recv[sl])
+        old = self.v[sl]
+        self.v[sl] = np.where(np.isnan(old), d2, (1 - self.nu) * old + self.nu * d2)
+        s = _slots(rg, state, cand)
+        h = 1.0 / np.maximum(np.nan_to_num(self.v, nan=1.0), 1e-12)
+        w = normalise(h, s, caps.adopt)
+        X_agg = gossip(X, rg, w, caps.adopt)
+        rows = torch.from_numpy(np.flatnonzero(caps.adopt)).to(X.device)
+        self.prev[rows] = X_agg[rows]
+        return X_agg, RoundWeights(weights=w, candidate=cand, slots=s)
+
+
+class PrecisionWeightedGossip:
+    def __init__(self, rule: Rule, *, on_lags: bool):
+        self.on_lags = on_lags
+        self.H = float(rule.params["H"])
+        self.rho_fixed = float(rule.params["rho"])
+        if self.H < 0:
+            raise SfgError(f"{rule.name}: H={self.H} must be >= 0")
+        self.sums = np.zeros(PWG_MAX_X + 1)
+        self.counts = np.zeros(PWG_MAX_X + 1)
+        self.rho_hat = 0.0
+
+    def estimate(self) -> float:
+        """ρ̂ from the running means (see the module docstring)."""
+        if self.counts[0] == 0 or self.sums[0] <= 0:
+            return 0.0
+        m0 = self.sums[0] / self.counts[0]
+        x = np.arange(1, PWG_MAX_X + 1, dtype=np.float64)
+        n = self.counts[1:]
+        if n.sum() == 0:
+            return 0.0
+        r = np.divide(self.sums[1:], np.maximum(n, 1)) / m0
+        slope = float(np.sum(n * x * (r - 1)) / np.sum(n * x * x))
+        return max(0.0, 2.0 * slope)
+
+    def aggregate(self, X, rg, state, caps, *, live, seed):
+        cand = candidate_mask(rg, caps, live)
+        stale = state.lags if self.on_lags else state.ages.astype(np.float64)
+        # pairs of live neighbouring models (each undirected pair once)
+        pair = cand & ~rg.is_self & (rg.recv < rg.send) & caps.aggregate[rg.send]
+        sl = np.flatnonzero(pair)
+        if sl.size:
+            diff = np.abs(stale[rg.recv[sl]] - stale[rg.send[sl]])
+            xbin = np.rint(diff).astype(np.int64)
+            ok = xbin <= PWG_MAX_X
+            d2 = _sq_dist(X, rg.recv[sl[ok]], X, rg.send[sl[ok]])
+            np.add.at(self.sums, xbin[ok], d2)
+            np.add.at(self.counts, xbin[ok], 1)
+        self.rho_hat = self.estimate()
+        rho = self.rho_fixed if self.rho_fixed >= 0 else self.H * self.rho_hat
+        s = _slots(rg, state, cand)
+        rel = (s.lag if self.on_lags else s.age.astype(np.float64))
+        rel = rel - s.min(rel)
+        h = 1.0 / (1.0 + rho * np.maximum(rel, 0))
+        w = normalise(h, s, caps.adopt)
+        return gossip(X, rg, w, caps.adopt), RoundWeights(weights=w, candidate=cand, slots=s)
+
+
+def make_model_rule(rule: Rule, *, N: int, D: int, device) -> object:
+    """The stateful aggregator of a model-reading rule."""
+    if rule.name == "model-memory":
+        return ModelMemory(rule, "dfedavg")
+    if rule.name == "model-memory+sfg":
+        return ModelMemory(rule, f"sfg:gamma={rule.params['gamma']}")
+    if rule.name == "model-memory+sfg-l":
+        return ModelMemory(rule, f"sfg-l:gamma={rule.params['gamma']}")
+    if rule.name == "relative-variance":
+        return RelativeVariance(rule)
+    if rule.name in ("pwg", "pwg-l"):
+        return PrecisionWeightedGossip(rule, on_lags=rule.name == "pwg-l")
+    raise SfgError(f"rule {rule.name!r} does not read models")

@@ -1,0 +1,337 @@
+"""The training simulator: N personalised models trained in parallel under outages (SPEC §1, §6–8).
+
+One loop, one round at a time:
+
+1. availability and capabilities of round t (the outage process, anatomy mode §4.1, link failures);
+2. candidate sets and the rule's weights (:mod:`sfg.engine`, shared with the replay);
+3. gossip: the weights applied as one sparse row-stochastic product to the flat ``[N, D]``
+   parameter store (rows of clients that do not adopt are untouched);
+4. K local SGD steps for the clients that train (catch-up, update amplification, backbones);
+5. the staleness update (SPEC §2); evaluation every ``eval_every`` rounds.
+
+Pairing (SPEC §7): graph, partition, initial model, outage trace, link failures and the
+minibatch of every (client, round, step) come from streams keyed by the seed only. Minibatches
+are drawn for *all* clients every round (whether or not they train), so changing the rule never
+changes them; catch-up's extra steps have their own stream ``catchup``.
+
+Minibatches: ``batch_size`` distinct examples of the client's training split when it has at
+least that many; a client with fewer examples samples its batch with replacement (reported in
+``meta['with_replacement_clients']``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine import RoundWeights, advance, caps_at, round_weights
+from ..errors import SfgError, check
+from ..graphs import Graph, make_graph
+from ..outages import make_process
+from ..outages.anatomy import capabilities
+from ..outages.links import live_links_round
+from ..rng import stream
+from ..rounds import RoundGraph
+from ..rules import Rule, parse_rule
+from ..staleness import StalenessState, init_state
+from .gossip import gossip
+
+BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
+CATCHUP_CAP = 3
+
+# rules whose weights read no staleness scalar: their messages carry none
+_NO_SCALARS = {"dfedavg", "local", "self-weight", "copy-random", "update-amplification"}
+
+
+DEFAULTS: dict[str, Any] = {
+    "dataset": "digits", "data_root": None, "alpha": 0.3, "model": "mlp", "backbone": "full",
+    "process": "bursty:u=0.8", "rule": "dfedavg", "graph": "knn:k=6", "seed": 1,
+    "n_clients": 100, "rounds": 300, "local_steps": 10, "batch_size": 32, "lr": 0.05,
+    "weight_decay": 5e-4, "momentum": 0.0, "ditto_lambda": 0.2, "anatomy": "full",
+    "link_failure": 0.0, "eval_every": 10, "backend": "auto", "device": "cpu",
+}
+
+
+@dataclass
+class SimResult:
+    """What a run produced. ``accuracy``: [N] final personalised test accuracy per client."""
+
+    metrics: dict[str, float]
+    curves: dict[str, list[float]]
+    accuracy: np.ndarray
+    params: torch.Tensor
+    personal: torch.Tensor | None
+    state: StalenessState
+    meta: dict[str, Any] = field(default_factory=dict)
+    weights_log: list[np.ndarray] | None = None
+
+
+# ----------------------------------------------------------------------------- minibatches
+def minibatch_indices(sizes: np.ndarray, steps: int, batch: int, *, seed: int, stream_name: str,
+                      t: int) -> np.ndarray:
+    """[N, steps, batch] int64 local example indices for every client at round t.
+
+    Keyed by (seed, stream_name, t) only. Distinct examples within a batch when the client has
+    at least ``batch`` examples (the ``batch`` smallest of uniform keys), else with replacement.
+    """
+    g = stream(seed, stream_name, t)
+    n = sizes.shape[0]
+    maxn = int(sizes.max())
+    u = g.random((n, steps, batch))
+    out = np.minimum((u * sizes[:, None, None]).astype(np.int64), sizes[:, None, None] - 1)
+    big = sizes >= batch
+    if big.any():
+        keys = g.random((int(big.sum()), steps, maxn))
+        keys[np.arange(maxn)[None, None, :] >= sizes[big][:, None, None]] = np.inf
+        if batch < maxn:
+            pick = np.argpartition(keys, batch - 1, axis=2)[..., :batch]
+        else:
+            pick = np.argsort(keys, axis=2)[..., :batch]
+        out[big] = pick
+    return out
+
+
+class _ClientData:
+    """Every client's training split concatenated, with offsets, on the device."""
+
+    def __init__(self, data, device: torch.device):
+        self.sizes = np.array([len(y) for y in data.train_y], dtype=np.int64)
+        check(bool((self.sizes > 0).all()), "every client needs at least one training example")
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        self.x = torch.cat(list(data.train_x)).to(device)
+        self.y = torch.cat(list(data.train_y)).to(device)
+        self.hflip = bool(getattr(data, "augment_hflip", False))
+        self.device = device
+
+    def gather(self, clients: np.ndarray, local_idx: np.ndarray, flips: np.ndarray | None):
+        """xs [n, K, B, *shape], ys [n, K, B] for the given clients' local indices [n, K, B]."""
+        gidx = torch.from_numpy(self.offsets[clients][:, None, None] + local_idx).to(self.device)
+        xs = self.x[gidx]
+        ys = self.y[gidx]
+        if self.hflip and flips is not None:
+            f = torch.from_numpy(flips).to(self.device)
+            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 3))), xs.flip(-1), xs)
+        return xs, ys
+
+
+# ----------------------------------------------------------------------------- setup
+def resolve_config(cfg: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    merged = dict(DEFAULTS)
+    for src in (cfg or {}), overrides:
+        for k, v in src.items():
+            if k in ("kind", "horizon"):
+                continue
+            merged[k] = v
+    unknown = sorted(set(merged) - set(DEFAULTS))
+    if unknown:
+        from ..spec import did_you_mean
+
+        raise SfgError(f"unknown run setting {unknown[0]!r}{did_you_mean(unknown[0], DEFAULTS)}")
+    c = merged
+    check(c["backbone"] in BACKBONES,
+          f"unknown backbone {c['backbone']!r}; choose one of {', '.join(BACKBONES)}")
+    check(int(c["n_clients"]) >= 2, f"need at least 2 clients, got {c['n_clients']}")
+    check(int(c["rounds"]) >= 1, f"need at least 1 round, got {c['rounds']}")
+    check(int(c["local_steps"]) >= 1, f"local_steps must be >= 1, got {c['local_steps']}")
+    check(int(c["batch_size"]) >= 1, f"batch_size must be >= 1, got {c['batch_size']}")
+    check(float(c["lr"]) > 0, f"learning rate must be > 0, got {c['lr']}")
+    check(float(c["weight_decay"]) >= 0, f"weight decay must be >= 0, got {c['weight_decay']}")
+    check(0 <= float(c["momentum"]) < 1, f"momentum must lie in [0, 1), got {c['momentum']}")
+    check(int(c["eval_every"]) >= 1, f"eval_every must be >= 1, got {c['eval_every']}")
+    check(0 <= float(c["link_failure"]) < 1,
+          f"link failure probability must lie in [0, 1), got {c['link_failure']}")
+    return c
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SfgError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise SfgError(f"unknown device {name!r}; use cpu, cuda, cuda:0 or auto") from None
+
+
+def _quartile_means(acc: np.ndarray, availability: np.ndarray) -> dict[str, float]:
+    """Mean accuracy per availability quartile (q1 = least available clients)."""
+    order = np.argsort(availability, kind="stable")
+    q = np.empty(acc.shape[0], np.int64)
+    q[order] = (np.arange(acc.shape[0]) * 4) // acc.shape[0]
+    return {f"acc_q{k + 1}": float(acc[q == k].mean()) if (q == k).any() else float("nan")
+            for k in range(4)}
+
+
+# ----------------------------------------------------------------------------- the loop
+def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int], None] | None = None,
+             record_weights: bool = False, **overrides: Any) -> SimResult:
+    """Run one training simulation (SPEC §1, §6). ``cfg`` keys as in :data:`DEFAULTS`."""
+    from ..data import load_federated
+    from ..models import make_model
+    from .backends import make_backend
+    from .model_rules import make_model_rule
+    from .params import ParamSpec, init_params
+
+    c = resolve_config(cfg, **overrides)
+    t0 = time.perf_counter()
+    seed = int(c["seed"])
+    N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
+    rule: Rule = parse_rule(c["rule"])
+    device = _device(str(c["device"]))
+
+    # -- everything keyed by the seed only (pairing, SPEC §7)
+    data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
+                          alpha=float(c["alpha"]))
+    graph: Graph = make_graph(c["graph"], N, seed=seed)
+    available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
+    caps_all = capabilities(available, c["anatomy"])
+
+    def factory():
+        return make_model(c["model"], input_shape=tuple(data.input_shape),
+                          num_classes=data.num_classes)
+
+    model = factory()
+    spec = ParamSpec.from_module(model)
+    X = init_params(factory, N, seed=seed).to(device)
+    backend = make_backend(str(c["backend"]), model, device=str(device))
+    clients = _ClientData(data, device)
+    test_x = [x.to(device) for x in data.test_x]
+    test_y = [y.to(device) for y in data.test_y]
+
+    backbone = c["backbone"]
+    momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
+    lr, wd = float(c["lr"]), float(c["weight_decay"])
+    head = spec.head_mask.to(device)
+    personal = X.clone() if backbone == "ditto" else None
+    ditto_lam = float(c["ditto_lambda"])
+    amplify = rule.amplify
+    model_rule = make_model_rule(rule, N=N, D=spec.D, device=device) if rule.reads_models else None
+
+    rg = RoundGraph.from_graph(graph)
+    state = init_state(rg)
+    sizes = clients.sizes
+    with_replacement = int((sizes < B).sum())
+
+    messages = scalars = 0
+    steps_taken = 0
+    steps_dfedavg = 0
+    curve_round: list[float] = []
+    curve_mean: list[float] = []
+    curve_p10: list[float] = []
+    weights_log: list[np.ndarray] | None = [] if record_weights else None
+    scalars_per_msg = 0 if rule.name in _NO_SCALARS else 1
+
+    def evaluate() -> np.ndarray:
+        evalX = personal if personal is not None else X
+        return backend.evaluate(evalX, test_x, test_y).detach().cpu().numpy().astype(np.float64)
+
+    for t in range(T):
+        caps = caps_at(caps_all, t)
+        live = live_links_round(graph.edges.shape[0], t, p=float(c["link_failure"]), seed=seed) \
+            if float(c["link_failure"]) > 0 else None
+
+        # ---- aggregation (reads the models as they were at the start of round t)
+        if model_rule is None:
+            rw: RoundWeights = round_weights(rule, rg, state, caps, seed=seed, live=live)
+            X_agg = gossip(X, rg, rw.weights, caps.adopt)
+        else:
+            X_agg, rw = model_rule.aggregate(X, rg, state, caps, live=live, seed=seed)
+        if backbone == "personal-head":
+            X_agg[:, head] = X[:, head]
+        if weights_log is not None:
+            weights_log.append(rw.weights.copy())
+        nb = rw.candidate & ~rg.is_self
+        messages += int(nb.sum())
+        scalars += int(nb.sum()) * scalars_per_msg
+
+        # ---- local training (minibatches drawn for all clients: rule-independent)
+        base_idx = minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch", t=t)
+        flips = stream(seed, "augment", t).random((N, K, B)) < 0.5 if clients.hflip else None
+        trains = caps.train
+        steps = np.where(trains, K, 0)
+        if rule.catchup:
+            steps = np.where(trains & (state.ages >= 1), K * (1 + np.minimum(state.ages, CATCHUP_CAP)), steps)
+        steps_taken += int(steps.sum())
+        steps_dfedavg += int(trains.sum()) * K
+        X_new = X_agg.clone()
+        extra_idx = extra_flips = None
+        if rule.catchup and (steps > K).any():
+            extra_idx = minibatch_indices(sizes, CATCHUP_CAP * K, B, seed=seed, stream_name="catchup", t=t)
+            if clients.hflip:
+                extra_flips = stream(seed, "catchup-augment", t).random((N, CATCHUP_CAP * K, B)) < 0.5
+        for n_steps in np.unique(steps[steps > 0]):
+            group = np.flatnonzero(steps == n_steps)
+            idx = base_idx[group]
+            fl = flips[group] if flips is not None else None
+            if n_steps > K:
+                idx = np.concatenate([idx, extra_idx[group, : n_steps - K]], axis=1)
+                if fl is not None:
+                    fl = np.concatenate([fl, extra_flips[group, : n_steps - K]], axis=1)
+            xs, ys = clients.gather(group, idx, fl)
+            gi = torch.from_numpy(group).to(device)
+            start = X_agg[gi]
+            buf = torch.zeros_like(start) if momentum > 0 else None
+            trained = backend.train(start, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
+                                    momentum_buf=buf)
+            if amplify is not None:
+                tau = torch.from_numpy(np.minimum(state.ages[group], amplify)).to(device=device,
+                                                                                   dtype=X.dtype)
+                trained = start + (1 + tau)[:, None] * (trained - start)
+            X_new[gi] = trained
+            if personal is not None:
+                pbuf = torch.zeros_like(start) if momentum > 0 else None
+                personal[gi] = backend.train(personal[gi], xs, ys, lr=lr, weight_decay=wd,
+                                             momentum=momentum, momentum_buf=pbuf,
+                                             prox_center=start, prox_lam=ditto_lam)
+        # ---- divergence is reported, never averaged into neighbours
+        bad_rows = ~torch.isfinite(X_new).all(dim=1)
+        if personal is not None:
+            bad_rows |= ~torch.isfinite(personal).all(dim=1)
+        if bool(bad_rows.any()):
+            i = int(torch.nonzero(bad_rows)[0])
+            raise SfgError(f"training diverged (non-finite parameters) at round {t} on client {i}; "
+                           f"lower --lr (now {lr}) or check the data")
+        X = X_new
+        state = advance(state, rg, rw, caps)
+
+        if (t + 1) % int(c["eval_every"]) == 0 or t == T - 1:
+            acc = evaluate()
+            curve_round.append(float(t + 1))
+            curve_mean.append(float(acc.mean()))
+            curve_p10.append(float(np.percentile(acc, 10)))
+        if progress is not None:
+            progress(t + 1, T)
+
+    acc = evaluate()
+    availability = available.mean(axis=0)
+    metrics = {
+        "acc_mean": float(acc.mean()),
+        "acc_p10": float(np.percentile(acc, 10)),
+        "acc_time_avg": float(np.mean(curve_mean)),
+        **_quartile_means(acc, availability),
+        "messages": float(messages),
+        "scalars": float(scalars),
+        "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
+        "unavailability": float(1 - available.mean()),
+        "seconds": time.perf_counter() - t0,
+    }
+    if not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("acc")):
+        raise SfgError("evaluation produced non-finite accuracies; check the data and model")
+    curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
+    meta = {"with_replacement_clients": with_replacement, "backend": getattr(backend, "name", ""),
+            "D": spec.D}
+    return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
+                     state=state, meta=meta, weights_log=weights_log)
+
+
+def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
+    """The grid runner's ``kind: train``: metrics and curves of one run."""
+    res = simulate(cfg, progress=progress)
+    return {"metrics": res.metrics, "curves": res.curves}
