@@ -70,6 +70,20 @@ register_rule("copy-random", L.copy_random, tags=("control", "random"))
 register_rule("placebo-cut", L.placebo_cut, params={"L": 1.0}, tags=("control", "random"))
 register_rule("cut-ages", L.cut_ages, tags=("control",))
 register_rule("receiver-kept", L.receiver_kept, params={"L": 1.0}, tags=("control",))
+# Model-reading rules (SPEC §3.2): implemented in sfg.sim.model_rules (training only).
+register_rule("model-memory", None, tags=("baseline", "model"),
+              doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")
+register_rule("model-memory+sfg", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              doc="model memory with SFG weights on ages (age at reception + rounds since)")
+register_rule("model-memory+sfg-l", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              doc="model memory with SFG-L weights on lags (lag at reception + rounds since)")
+register_rule("relative-variance", None, params={"nu": 0.2}, tags=("baseline", "model"),
+              doc="diffusion-adaptation combiner: h_ij = 1/v_ij, EWMA of squared model distances")
+register_rule("pwg", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on ages: h = 1/(1 + rho*relative age); rho<0 = estimate online")
+register_rule("pwg-l", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on lags: h = 1/(1 + rho*relative lag); rho<0 = estimate online")
+
 
 
 def _validate(name: str, params: dict[str, Any]) -> None:
@@ -206,7 +220,6 @@ def normalise(h: np.ndarray, s: Slots, aggregating: np.ndarray | None = None) ->
 
 def parse_rule(text: str | Component) -> Rule:
     """Parse and validate ``"name:key=value,...+modifier"``; did-you-mean on unknown names."""
-    _load_model_rules()
     comp = text if isinstance(text, Component) else parse_component(text, kind="rule")
     name = comp.name
     modifiers = list(comp.modifiers)
@@ -225,15 +238,7 @@ def parse_rule(text: str | Component) -> Rule:
 
 
 def rule_names(tag: str | None = None) -> list[str]:
-    _load_model_rules()
     return RULES.names(tag)
-
-
-def _load_model_rules() -> None:
-    try:
-        from ..sim import model_rules  # noqa: F401  (registers model-reading rules)
-    except ImportError:
-        pass
 
 
 __all__ = ["RULES", "Rule", "parse_rule", "rule_names", "normalise", "register_rule",

@@ -31,22 +31,9 @@ import torch
 from ..engine import RoundWeights, candidate_mask
 from ..errors import SfgError
 from ..rounds import RoundGraph
-from ..rules import BatchSlots, Rule, normalise, parse_rule, register_rule
+from ..rules import BatchSlots, Rule, normalise, parse_rule
 from ..staleness import StalenessState
 from .gossip import gossip
-
-register_rule("model-memory", None, tags=("baseline", "model"),
-              doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")
-register_rule("model-memory+sfg", None, params={"gamma": 0.5}, tags=("baseline", "model"),
-              doc="model memory with SFG weights on ages (age at reception + rounds since)")
-register_rule("model-memory+sfg-l", None, params={"gamma": 0.5}, tags=("baseline", "model"),
-              doc="model memory with SFG-L weights on lags (lag at reception + rounds since)")
-register_rule("relative-variance", None, params={"nu": 0.2}, tags=("baseline", "model"),
-              doc="diffusion-adaptation combiner: h_ij = 1/v_ij, EWMA of squared model distances")
-register_rule("pwg", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
-              doc="precision-weighted gossip on ages: h = 1/(1 + rho*relative age); rho<0 = estimate online")
-register_rule("pwg-l", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
-              doc="precision-weighted gossip on lags: h = 1/(1 + rho*relative lag); rho<0 = estimate online")
 
 PWG_MAX_X = 20
 

@@ -1,0 +1,167 @@
+"""Tests for sfg.report: tables, comparisons CSV and PNG plots on tiny record sets."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from PIL import Image
+from rich.console import Console
+
+from sfg.errors import SfgError
+from sfg.report import PLOT_FILES, TABLE_COLUMNS, build_report, print_report
+from sfg.stats import CSV_COLUMNS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PROCESSES = ("iid:u=0.5", "bursty:u=0.8")
+
+
+def tiny_records(*, rules=("dfedavg", "sfg-cut"), seeds=(1, 2, 3), processes=PROCESSES,
+                 datasets=("digits",), curves=True, quartiles=True):
+    """1 dataset × 2 processes × 2 rules × 3 seeds; sfg-cut is 0.02 + 0.01·seed better."""
+    out = []
+    for dataset in datasets:
+        for process in processes:
+            for rule in rules:
+                for seed in seeds:
+                    gain = 0.0 if rule == "dfedavg" else 0.02 + 0.01 * seed
+                    acc = 0.70 + gain
+                    metrics = {"acc_mean": acc, "acc_p10": acc - 0.2, "acc_time_avg": acc - 0.1,
+                               "local_steps_rel": 1.0 if rule == "dfedavg" else 1.2,
+                               "messages": 1000, "scalars": 50}
+                    if quartiles:
+                        metrics |= {f"acc_q{q}": acc - 0.05 * (4 - q) + gain * (4 - q)
+                                    for q in range(1, 5)}
+                    r = {"run_id": f"{dataset}{process}{rule}{seed}", "dataset": dataset,
+                         "process": process, "rule": rule, "seed": seed, "metrics": metrics}
+                    if curves:
+                        rounds = list(range(0, 50, 10))
+                        r["curves"] = {"round": rounds,
+                                       "acc_mean": [acc * (k + 1) / 5 for k in range(5)]}
+                    out.append(r)
+    return out
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert len(data) > 1000 and data[:8] == PNG_SIGNATURE
+    with Image.open(io.BytesIO(data)) as img:
+        img.verify()
+    with Image.open(io.BytesIO(data)) as img:
+        assert img.format == "PNG" and img.size[0] > 100 and img.size[1] > 100
+
+
+def test_report_on_tiny_record_set_writes_every_file(tmp_path):
+    rep = build_report(tiny_records(), out_dir=tmp_path / "rep")
+    for name in PLOT_FILES:
+        assert name in rep.files
+        assert_png(tmp_path / "rep" / name)
+    assert rep.notes == []
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert md == rep.markdown
+    assert "| " + " | ".join(TABLE_COLUMNS) + " |" in md
+    for name in PLOT_FILES:
+        assert f"![{name}]({name})" in md
+    # table rows: baseline first, then the rule with its comparison
+    assert [r.rule for r in rep.rows] == ["dfedavg", "sfg-cut"]
+    base, rule = rep.rows
+    assert base.comparison is None and base.runs == 6
+    assert base.acc_mean == pytest.approx(0.70) and base.acc_p10 == pytest.approx(0.50)
+    assert rule.acc_mean == pytest.approx(0.74) and rule.local_steps_rel == pytest.approx(1.2)
+    c = rule.comparison
+    # units = seeds; unit gains 0.03, 0.04, 0.05 -> mean 0.04; 3 exact patterns... 2^3 = 8
+    assert c.mean_gain == pytest.approx(0.04) and c.units == 3 and c.df == 2
+    assert (c.wins, c.runs, c.positive_cells, c.cells) == (6, 6, 2, 2)
+    assert c.p_perm == pytest.approx(2 / 8)
+    assert c.verdict == "unresolved"  # interval excludes 0, 3 units cannot reach p < 0.05
+    row_line = next(line for line in md.splitlines() if line.startswith("| sfg-cut |"))
+    assert "6/6" in row_line and "2/2" in row_line and "unresolved" in row_line
+    assert "+0.0400 [" in row_line and "1.200" in row_line
+
+
+def test_comparisons_csv_from_report(tmp_path):
+    recs = tiny_records(rules=("dfedavg", "sfg-cut", "aoi"))
+    rep = build_report(recs, out_dir=tmp_path)
+    with (tmp_path / "comparisons.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(rep.comparisons) == 2
+    assert tuple(rows[0].keys()) == CSV_COLUMNS
+    assert {r["rule"] for r in rows} == {"sfg-cut", "aoi"}
+    assert all(r["baseline"] == "dfedavg" and r["metric"] == "acc_mean" for r in rows)
+
+
+def test_report_with_only_the_baseline(tmp_path):
+    recs = tiny_records(rules=("dfedavg",))
+    rep = build_report(recs, out_dir=tmp_path)
+    assert rep.comparisons == [] and [r.rule for r in rep.rows] == ["dfedavg"]
+    md = (tmp_path / "report.md").read_text()
+    assert "| dfedavg | 6 | 0.7000 | 0.5000 | baseline |" in md
+    assert "only the baseline" in md
+    with (tmp_path / "comparisons.csv").open() as handle:
+        rows = list(csv.reader(handle))
+    assert rows == [list(CSV_COLUMNS)]
+    assert not (tmp_path / "gains.png").exists()
+    assert_png(tmp_path / "accuracy_over_rounds.png")
+
+
+def test_report_without_curves_or_quartiles_skips_those_plots_with_notes(tmp_path):
+    recs = tiny_records(curves=False, quartiles=False, processes=("none",), seeds=(1, 2))
+    rep = build_report(recs, out_dir=tmp_path)
+    assert_png(tmp_path / "gains.png")
+    assert_png(tmp_path / "gains_by_process.png")
+    assert not (tmp_path / "accuracy_over_rounds.png").exists()
+    assert not (tmp_path / "gains_by_quartile.png").exists()
+    assert any("no run has curves" in n for n in rep.notes)
+    assert any("acc_q1" in n for n in rep.notes)
+    assert all(n in rep.markdown for n in rep.notes)
+
+
+def test_report_two_datasets_and_undefined_interval(tmp_path):
+    recs = tiny_records(datasets=("digits", "cifar10"), seeds=(1,))
+    rep = build_report(recs, out_dir=tmp_path)
+    (c,) = rep.comparisons
+    assert c.units == 2 and c.df == 0 and c.verdict == "unresolved"
+    assert "[undefined, df=0]" in rep.markdown
+    for name in PLOT_FILES:
+        assert_png(tmp_path / name)
+
+
+def test_print_report_renders_table():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rep = build_report(tiny_records(), out_dir=tmp)
+    console = Console(record=True, width=250)
+    print_report(rep, console=console)
+    text = console.export_text()
+    assert "sfg-cut" in text and "dfedavg" in text and "unresolved" in text
+    assert "6/6" in text and "0.7400" in text
+
+
+def test_report_bad_input(tmp_path):
+    recs = tiny_records()
+    with pytest.raises(SfgError, match="no run records"):
+        build_report([], out_dir=tmp_path)
+    bad = [dict(r) for r in recs]
+    bad[0]["curves"] = {"round": [0, 10], "acc_mean": [0.1]}
+    with pytest.raises(SfgError, match="2 rounds but 1 acc_mean"):
+        build_report(bad, out_dir=tmp_path)
+    with pytest.raises(SfgError, match="baseline 'fedavg' has no runs"):
+        build_report(recs, baseline="fedavg", out_dir=tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SfgError, match="cannot create report folder"):
+        build_report(recs, out_dir=blocker / "sub")
+
+
+def test_report_with_an_unpaired_rule_renders(tmp_path):
+    recs = tiny_records()
+    recs += [{**r, "rule": "lonely", "dataset": "other", "run_id": r["run_id"] + "x"}
+             for r in tiny_records(rules=("sfg",))]
+    rep = build_report(recs, out_dir=tmp_path)
+    lonely = next(c for c in rep.comparisons if c.rule == "lonely")
+    assert lonely.dropped == 12 and lonely.verdict == "unresolved"  # its 6 + 6 baseline
+    assert "— (no paired runs)" in rep.markdown
+    for name in PLOT_FILES:
+        assert_png(tmp_path / name)
