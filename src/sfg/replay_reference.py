@@ -94,7 +94,7 @@ def replay_reference(available: np.ndarray, graph: Graph, rule: Rule | str, *, s
         mixing.append(W)
 
     H = []
-    for t in range(0, T - horizon + 1):
+    for t in range(0, T - horizon + 1 if horizon > 0 else 0):
         P = np.eye(N)
         acc = np.ones(N)
         for s in range(t + 1, t + horizon):

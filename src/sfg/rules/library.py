@@ -20,10 +20,18 @@ def _pow(gamma: float, exponent: np.ndarray) -> np.ndarray:
     return np.power(float(gamma), np.maximum(exponent, 0).astype(np.float64))
 
 
+# Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
+# arithmetic may differ in the last bits depending on summation order. Relative staleness below
+# TIE_TOL counts as a tie, and the cut margin is compared with the same tolerance.
+TIE_TOL = 1e-9
+
+
 def _relative(s: Slots, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """x_j − min over the candidates (or over ``mask`` among them); 0 where undefined."""
     rel = x - s.min(x, mask)
-    return np.where(np.isfinite(rel) if rel.dtype.kind == "f" else True, rel, 0)
+    if rel.dtype.kind != "f":
+        return rel
+    return np.where(np.isfinite(rel) & (rel > TIE_TOL), rel, 0.0)
 
 
 def _n_neighbours(s: Slots) -> np.ndarray:
@@ -43,7 +51,7 @@ def sfg_l(s: Slots, *, gamma: float) -> np.ndarray:
 
 def sfg_cut(s: Slots, *, L: float) -> np.ndarray:
     """``sfg-cut``: h_j = (1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    keep = _relative(s, s.lag) <= L
+    keep = _relative(s, s.lag) <= L + TIE_TOL
     return np.where(keep, np.maximum(1.0 + s.t - s.lag, 0.0), 0.0)
 
 
