@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -21,10 +23,12 @@ def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor
     crow = np.concatenate([[0], np.cumsum(lens)])
     slot = np.repeat(starts - crow[:-1], lens) + np.arange(crow[-1])
     col = rg.send[slot] if cols is None else cols[slot]
-    W = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col),
-                                torch.from_numpy(w[slot]).to(M.dtype),
-                                size=(idx.size, M.shape[0])).to(M.device)
-    return W @ M
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        W = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col),
+                                    torch.from_numpy(w[slot]).to(M.dtype),
+                                    size=(idx.size, M.shape[0])).to(M.device)
+        return W @ M
 
 
 def gossip(X: torch.Tensor, rg: RoundGraph, weights: np.ndarray, rows: np.ndarray,

@@ -88,7 +88,7 @@ def minibatch_indices(sizes: np.ndarray, steps: int, batch: int, *, seed: int, s
     big = sizes >= batch
     if big.any():
         keys = g.random((int(big.sum()), steps, maxn))
-        keys[np.arange(maxn)[None, None, :] >= sizes[big][:, None, None]] = np.inf
+        keys = np.where(np.arange(maxn)[None, None, :] >= sizes[big][:, None, None], np.inf, keys)
         if batch < maxn:
             pick = np.argpartition(keys, batch - 1, axis=2)[..., :batch]
         else:

@@ -1,0 +1,156 @@
+"""Tabular user traces (SPEC §5 "Any user trace"): both forms, round trips, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from sfg.errors import SfgError
+from sfg.traces import Trace, load_tabular, load_trace, save_tabular
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_intervals_iso_hand_computed(tmp_path):
+    p = write(tmp_path, "\n".join([
+        "Device,Start,End",
+        "p1,2024-03-01T00:00,2024-03-01T00:25",   # rounds 0,1 full; round 2 5 of 10 min
+        "p2,2024-03-01 00:04:00,2024-03-01 00:16:00",  # 6 min of round 0, 6 of round 1
+        "p1,2024-03-01T00:40,2024-03-01T00:44",   # 4 min of round 4 -> no
+    ]) + "\n")
+    tr = load_tabular(p, round_minutes=10)
+    assert tr.devices == ["p1", "p2"]
+    assert tr.available.astype(int).T.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+    assert tr.start == ["2024-03-01T00:00", "2024-03-01T00:00"]
+    assert tr.meta["form"] == "intervals"
+
+
+def test_iso_origin_is_midnight_and_hours(tmp_path):
+    p = write(tmp_path, "device,start,end\nx,2024-03-01T08:00,2024-03-01T09:00\n")
+    tr = load_tabular(p, round_minutes=60)
+    assert tr.rounds == 9 and tr.available[:, 0].astype(int).tolist() == [0] * 8 + [1]
+    assert tr.hour_of_day()[8, 0] == 8
+    tr = load_tabular(p, round_minutes=30, origin="2024-03-01T07:00")
+    assert tr.available[:, 0].astype(int).tolist() == [0, 0, 1, 1]
+    assert tr.hour_of_day()[:, 0].tolist() == [7, 7, 8, 8]
+
+
+def test_timezone_aware_timestamps(tmp_path):
+    p = write(tmp_path, "device,start,end\nx,2024-03-01T02:00+02:00,2024-03-01T02:20+02:00\n")
+    tr = load_tabular(p, round_minutes=10, origin="2024-03-01T00:00+00:00")
+    assert tr.available[:, 0].astype(int).tolist() == [1, 1]
+    p = write(tmp_path, "device,start,end\nx,2024-03-01T02:00+02:00,2024-03-01T02:20\n", "m.csv")
+    with pytest.raises(SfgError, match="start is ISO timestamps with a time-zone offset"):
+        load_tabular(p)
+    p = write(tmp_path, "device,start,end\nx,2024-03-01T02:00,2024-03-01T02:20\n"
+                        "y,2024-03-01T02:00+01:00,2024-03-01T02:20+01:00\n", "n.csv")
+    with pytest.raises(SfgError, match="line 3.*time-zone"):
+        load_tabular(p)
+    with pytest.raises(SfgError, match="origin"):
+        load_tabular(tmp_path / "t.csv", origin="2024-03-01T00:00")  # naive vs aware
+
+
+def test_intervals_numeric_with_available_column(tmp_path):
+    p = write(tmp_path, "device,start,end,available\n"
+                        "a,0,15,1\n"
+                        "a,15,30,0\n"
+                        "b,0,30,false\n"
+                        "c,20,25,yes\n")
+    tr = load_tabular(p, round_minutes=10)
+    assert tr.devices == ["a", "b", "c"]
+    assert tr.available.astype(int).T.tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 1]]
+    assert tr.start == ["minute 0"] * 3
+    assert tr.meta["devices_never"] == 1
+    # min_availability drops the never-available device
+    assert load_tabular(p, round_minutes=10, min_availability=0.2).devices == ["a", "c"]
+
+
+def test_long_form_matrix(tmp_path):
+    p = write(tmp_path, "device,round,available\n"
+                        "d1,0,1\nd1,2,true\nd2,1,0\nd2,3,1\n")
+    tr = load_tabular(p, round_minutes=30)
+    # missing rounds are offline; 4 rounds = max round + 1
+    assert tr.available.astype(int).T.tolist() == [[1, 0, 1, 0], [0, 0, 0, 1]]
+    assert tr.round_minutes == 30 and tr.meta["form"] == "rounds"
+    assert load_tabular(p, rounds=2).available.shape == (2, 2)
+    assert load_tabular(p, rounds=6).available.shape == (6, 2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(arrays(bool, st.tuples(st.integers(1, 30), st.integers(1, 6))),
+       st.sampled_from([1, 10, 30]))
+def test_round_trip(tmp_path_factory, a, rm):
+    tmp = tmp_path_factory.mktemp("rt")
+    tr = Trace(available=a, devices=[f"dev {i}" for i in range(a.shape[1])], round_minutes=rm,
+               start=["minute 0"] * a.shape[1])
+    for form in ("rounds", "intervals"):
+        p = save_tabular(tr, tmp / f"{form}.csv", form=form)
+        back = load_tabular(p, round_minutes=rm, rounds=a.shape[0])
+        assert back.devices == tr.devices
+        np.testing.assert_array_equal(back.available, a)
+
+
+def test_round_trip_real_flash_window(tmp_path):
+    tr = load_trace("flash", DATA / "flash" / "flash_state_traces_subset.json", rule="relaxed")
+    p = save_tabular(tr, tmp_path / "flash.csv", form="intervals")
+    back = load_tabular(p, round_minutes=10, rounds=300)
+    assert back.devices == tr.devices
+    np.testing.assert_array_equal(back.available, tr.available)
+
+
+def test_parquet(tmp_path):
+    tr = Trace(available=np.eye(3, dtype=bool), devices=["a", "b", "c"], round_minutes=10,
+               start=["minute 0"] * 3)
+    if importlib.util.find_spec("pyarrow") is None:
+        with pytest.raises(SfgError, match="pyarrow"):
+            save_tabular(tr, tmp_path / "t.parquet")
+        (tmp_path / "x.parquet").write_bytes(b"PAR1")
+        with pytest.raises(SfgError, match="install it"):
+            load_tabular(tmp_path / "x.parquet")
+    else:
+        p = save_tabular(tr, tmp_path / "t.parquet")
+        back = load_tabular(p)
+        np.testing.assert_array_equal(back.available, tr.available)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("device,begin,end\na,0,1\n", "no 'start' column"),
+    ("device,start,end\na,0,x\n", "line 2.*end must be a number"),
+    ("device,start,end\na,0,10\na,5,5\n", "line 3.*must be after"),
+    ("device,start,end\na,0,10\nb,0,10\na,5,20\n", "line 4.*overlaps.*line 2"),
+    ("device,start,end,available\na,0,10,maybe\n", "line 2.*'available'"),
+    ("device,round,available\na,0,1\na,0,0\n", "line 3.*appears twice.*line 2"),
+    ("device,round,available\na,-1,1\n", "line 2.*non-negative integer"),
+    ("device,round,available\na,1.5,1\n", "line 2.*non-negative integer"),
+    ("device,round\na,1\n", "no 'available' column"),
+    ("device,start,end\na,0\n", "line 2.*2 field"),
+    ("device,start,end\n", "no data rows"),
+])
+def test_malformed(tmp_path, text, match):
+    p = write(tmp_path, text)
+    with pytest.raises(SfgError, match=match) as e:
+        load_tabular(p)
+    assert "\n" not in str(e.value) and str(p) in str(e.value)
+
+
+def test_empty_and_missing(tmp_path):
+    p = write(tmp_path, "")
+    with pytest.raises(SfgError, match="empty"):
+        load_tabular(p)
+    with pytest.raises(SfgError, match="not found"):
+        load_tabular(tmp_path / "none.csv")
+    with pytest.raises(SfgError, match="round_minutes"):
+        load_tabular(write(tmp_path, "device,round,available\na,0,1\n", "ok.csv"),
+                     round_minutes=0)
