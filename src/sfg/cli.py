@@ -20,7 +20,8 @@ from .errors import SfgError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sfg — decentralised learning when devices go offline.")
-out = Console()
+# piped output gets a wide console so that tables are not squeezed to 80 columns
+out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
 
@@ -60,6 +61,8 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "–"
+        if v.is_integer() and abs(v) >= 10:
+            return f"{v:.0f}"
         return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)
 
@@ -219,29 +222,31 @@ for _name in ("sfg.sim.cli", "sfg.report_cli"):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: one-line errors for bad input, exit status 2."""
-    import click
-
+    """Entry point: one-line errors for bad input (exit status 2), never a traceback."""
     command = typer.main.get_command(app)
     try:
         command.main(args=argv, prog_name="sfg", standalone_mode=False)
     except SfgError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
         return 2
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.exceptions.Abort:
-        err.print("aborted")
-        return 130
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
     except FileNotFoundError as e:
-        err.print(f"[bold red]error:[/bold red] file not found: {e.filename}; check the path")
+        err.print(f"[bold red]error:[/bold red] file not found: {e.filename}; check the path",
+                  highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err.print("interrupted; results already written are kept")
         return 130
+    except Exception as e:  # click's (typer-vendored) usage errors, Exit and Abort
+        kind = type(e).__name__
+        if kind == "Exit":
+            return int(getattr(e, "exit_code", 0))
+        if kind == "Abort":
+            err.print("aborted")
+            return 130
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
+            e.show()
+            return int(e.exit_code)
+        raise
     return 0
 
 

@@ -171,8 +171,16 @@ def _quartile_means(acc: np.ndarray, availability: np.ndarray) -> dict[str, floa
 
 # ----------------------------------------------------------------------------- the loop
 def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int], None] | None = None,
-             record_weights: bool = False, **overrides: Any) -> SimResult:
-    """Run one training simulation (SPEC §1, §6). ``cfg`` keys as in :data:`DEFAULTS`."""
+             record_weights: bool = False, observer: Callable[[dict[str, Any]], None] | None = None,
+             **overrides: Any) -> SimResult:
+    """Run one training simulation (SPEC §1, §6). ``cfg`` keys as in :data:`DEFAULTS`.
+
+    ``record_weights`` keeps every round's slot weights in ``SimResult.weights_log``;
+    ``observer`` is called once per round with the round's tensors (``t``, ``X`` at the start
+    of the round, ``X_agg``, ``X_next``, ``weights``, ``caps``, ``state``) for inspection.
+    """
+    import hashlib
+
     from ..data import load_federated
     from ..models import make_model
     from .backends import make_backend
@@ -227,6 +235,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curve_p10: list[float] = []
     weights_log: list[np.ndarray] | None = [] if record_weights else None
     scalars_per_msg = 0 if rule.name in _NO_SCALARS else 1
+    digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing checks)
 
     def evaluate() -> np.ndarray:
         evalX = personal if personal is not None else X
@@ -253,6 +262,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
         # ---- local training (minibatches drawn for all clients: rule-independent)
         base_idx = minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch", t=t)
+        digest.update(base_idx.tobytes())
         flips = stream(seed, "augment", t).random((N, K, B)) < 0.5 if clients.hflip else None
         trains = caps.train
         steps = np.where(trains, K, 0)
@@ -260,7 +270,10 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             steps = np.where(trains & (state.ages >= 1), K * (1 + np.minimum(state.ages, CATCHUP_CAP)), steps)
         steps_taken += int(steps.sum())
         steps_dfedavg += int(trains.sum()) * K
-        X_new = X_agg.clone()
+        # a fresh tensor from the gossip step: trained rows are written into it (kept intact
+        # for an observer)
+        X_new = X_agg.clone() if observer is not None else X_agg
+        finite = True
         extra_idx = extra_flips = None
         if rule.catchup and (steps > K).any():
             extra_idx = minibatch_indices(sizes, CATCHUP_CAP * K, B, seed=seed, stream_name="catchup", t=t)
@@ -280,24 +293,33 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             buf = torch.zeros_like(start) if momentum > 0 else None
             trained = backend.train(start, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
                                     momentum_buf=buf)
-            if amplify is not None:
-                tau = torch.from_numpy(np.minimum(state.ages[group], amplify)).to(device=device,
-                                                                                   dtype=X.dtype)
-                trained = start + (1 + tau)[:, None] * (trained - start)
+            if amplify is not None and (state.ages[group] >= 1).any():
+                # FedAWE-style: a returning client scales its local update by 1 + min(τ_i, c)
+                ret = torch.from_numpy(np.flatnonzero(state.ages[group] >= 1)).to(device)
+                tau = torch.from_numpy(np.minimum(state.ages[group], amplify)).to(
+                    device=device, dtype=X.dtype)[ret]
+                trained[ret] = start[ret] + (1 + tau)[:, None] * (trained[ret] - start[ret])
             X_new[gi] = trained
+            finite = finite and bool(torch.isfinite(trained.sum(dim=1)).all())
             if personal is not None:
                 pbuf = torch.zeros_like(start) if momentum > 0 else None
-                personal[gi] = backend.train(personal[gi], xs, ys, lr=lr, weight_decay=wd,
-                                             momentum=momentum, momentum_buf=pbuf,
-                                             prox_center=start, prox_lam=ditto_lam)
+                pers = backend.train(personal[gi], xs, ys, lr=lr, weight_decay=wd,
+                                     momentum=momentum, momentum_buf=pbuf,
+                                     prox_center=start, prox_lam=ditto_lam)
+                personal[gi] = pers
+                finite = finite and bool(torch.isfinite(pers.sum(dim=1)).all())
         # ---- divergence is reported, never averaged into neighbours
-        bad_rows = ~torch.isfinite(X_new).all(dim=1)
-        if personal is not None:
-            bad_rows |= ~torch.isfinite(personal).all(dim=1)
-        if bool(bad_rows.any()):
+        if not finite:
+            bad_rows = ~torch.isfinite(X_new.sum(dim=1))
+            if personal is not None:
+                bad_rows |= ~torch.isfinite(personal.sum(dim=1))
             i = int(torch.nonzero(bad_rows)[0])
             raise SfgError(f"training diverged (non-finite parameters) at round {t} on client {i}; "
                            f"lower --lr (now {lr}) or check the data")
+        if observer is not None:
+            observer({"t": t, "X": X, "X_agg": X_agg, "X_next": X_new, "weights": rw.weights,
+                      "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
+                      "personal": personal, "head": head})
         X = X_new
         state = advance(state, rg, rw, caps)
 
@@ -326,7 +348,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         raise SfgError("evaluation produced non-finite accuracies; check the data and model")
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
     meta = {"with_replacement_clients": with_replacement, "backend": getattr(backend, "name", ""),
-            "D": spec.D}
+            "D": spec.D, "minibatch_digest": digest.hexdigest()}
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log)
 
