@@ -6,7 +6,7 @@ so that both compute exactly the same weights for the same trace, graph, rule an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class RoundWeights:
 
 def caps_at(caps: Capabilities, t: int) -> Capabilities:
     """Round ``t``'s capabilities ([N] each) out of whole-trace capabilities ([T, N] each)."""
-    return type(caps)(**{f.name: getattr(caps, f.name)[t] for f in fields(caps)})
+    return Capabilities(caps.train[t], caps.send[t], caps.aggregate[t], caps.adopt[t])
 
 
 def candidate_mask(rg: RoundGraph, caps: Capabilities, live: np.ndarray | None = None) -> np.ndarray:

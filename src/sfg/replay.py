@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from .engine import advance, caps_at, round_weights
 from .errors import SfgError, check
 from .graphs import Graph, make_graph
 from .outages import make_process
 from .outages.anatomy import capabilities
-from .outages.links import live_links_round
+from .outages.links import link_failures
 from .rng import stream
 from .rounds import RoundGraph
 from .rules import Rule, parse_rule
@@ -54,7 +55,13 @@ class ReplayResult:
 
 
 class _Horizon:
-    """Online computation of the self-return H over a fixed horizon (SPEC §9)."""
+    """Online computation of the self-return H over a fixed horizon (SPEC §9).
+
+    Every tracked (start t, receiver i) pair is a column c of ``C``, started at e_i and
+    multiplied by each later round's W; [W^{s−1}⋯W^{t+1}]_ii is then ``C[i, c]``. Only the rows
+    of clients that adopted an aggregate change in a round (the others have identity rows), so
+    a round costs (slots of those receivers) × (active columns), not N² × columns.
+    """
 
     def __init__(self, rg: RoundGraph, T: int, h: int, pairs: dict[int, np.ndarray]):
         self.rg, self.T, self.h, self.pairs = rg, T, h, pairs
@@ -63,12 +70,16 @@ class _Horizon:
         self.end = np.zeros(0, np.int64)
         self.acc = np.zeros(0)
         self.done: list[np.ndarray] = []
-        self.dense = rg.n <= 400
 
-    def step(self, s: int, w: np.ndarray) -> None:
+    def step(self, s: int, w: np.ndarray, adopt: np.ndarray) -> None:
+        rg = self.rg
+        if self.C.shape[1] and adopt.any():
+            rows = np.flatnonzero(adopt)
+            sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, grouped by receiver
+            indptr = np.concatenate([[0], np.cumsum(rg.indptr[rows + 1] - rg.indptr[rows])])
+            W_rows = sp.csr_matrix((w[sl], rg.send[sl], indptr), shape=(rows.size, rg.n))
+            self.C[rows] = W_rows @ self.C
         if self.C.shape[1]:
-            W = self.rg.to_dense(w) if self.dense else self.rg.to_sparse(w)
-            self.C = np.asarray(W @ self.C)
             self.acc += self.C[self.recv, np.arange(self.C.shape[1])]
             fin = self.end == s
             if fin.any():
@@ -81,7 +92,7 @@ class _Horizon:
             if self.h == 1:
                 self.done.append(np.ones(new.size))
                 return
-            block = np.zeros((self.rg.n, new.size))
+            block = np.zeros((rg.n, new.size))
             block[new, np.arange(new.size)] = 1.0
             self.C = np.concatenate([self.C, block], axis=1)
             self.recv = np.concatenate([self.recv, new])
@@ -90,6 +101,81 @@ class _Horizon:
 
     def values(self) -> np.ndarray:
         return np.concatenate(self.done) if self.done else np.zeros(0)
+
+
+class _Analyses:
+    """Premise, spreads, kept candidates and self-weights (SPEC §9), computed in blocks of
+    rounds: each round only stores its ages, lags, weights and candidates; the analyses run
+    vectorised over [rounds, slots] arrays once a block is full."""
+
+    def __init__(self, rg: RoundGraph, T: int, block_elems: int = 2_000_000):
+        self.rg = rg
+        self.B = max(1, min(T, block_elems // max(rg.n_slots, 1)))
+        E, N = rg.n_slots, rg.n
+        self.ages = np.zeros((self.B, N), np.int64)
+        self.lags = np.zeros((self.B, N))
+        self.w = np.zeros((self.B, E))
+        self.cand = np.zeros((self.B, E), bool)
+        self.adopt = np.zeros((self.B, N), bool)
+        self.k = 0
+        self.totals = dict.fromkeys(("agg", "returns", "ret_nb", "stalest", "spread_age",
+                                     "spread_lag", "kept", "self_w", "messages"), 0.0)
+        self.mean_age: list[float] = []
+        self.mean_lag: list[float] = []
+
+    def record(self, state, w, cand, adopt) -> None:
+        k = self.k
+        self.ages[k], self.lags[k], self.w[k], self.cand[k], self.adopt[k] = (
+            state.ages, state.lags, w, cand, adopt)
+        self.k += 1
+        if self.k == self.B:
+            self._flush()
+
+    def _flush(self) -> None:
+        k, rg = self.k, self.rg
+        if k == 0:
+            return
+        ages, lags, w, cand, adopt = (self.ages[:k], self.lags[:k], self.w[:k], self.cand[:k],
+                                      self.adopt[:k])
+        starts = rg.indptr[:-1]
+        nb = cand & ~rg.is_self
+        n_nb = np.add.reduceat(nb.astype(np.int64), starts, axis=1)
+        agg = adopt & (n_nb >= 1)
+        returning = adopt & (ages >= 1)
+        ret_nb = returning & agg
+        a_s = ages[:, rg.send]
+        l_s = lags[:, rg.send]
+        big = np.iinfo(np.int64).max
+        max_nb_age = np.maximum.reduceat(np.where(nb, a_s, -1), starts, axis=1)
+        rel_age = (np.maximum.reduceat(np.where(cand, a_s, -1), starts, axis=1)
+                   - np.minimum.reduceat(np.where(cand, a_s, big), starts, axis=1))
+        rel_lag = (np.maximum.reduceat(np.where(cand, l_s, -np.inf), starts, axis=1)
+                   - np.minimum.reduceat(np.where(cand, l_s, np.inf), starts, axis=1))
+        n_kept = np.add.reduceat(((w > 0) & cand).astype(np.int64), starts, axis=1)
+        t = self.totals
+        t["agg"] += int(agg.sum())
+        t["returns"] += int(returning.sum())
+        t["ret_nb"] += int(ret_nb.sum())
+        t["stalest"] += int((ret_nb & (ages > max_nb_age)).sum())
+        t["spread_age"] += float(rel_age[agg].sum())
+        t["spread_lag"] += float(rel_lag[agg].sum())
+        t["kept"] += float(n_kept[agg].sum())
+        t["self_w"] += float(w[:, starts][ret_nb].sum())
+        t["messages"] += int(nb.sum())
+        self.mean_age.extend(ages.mean(axis=1).tolist())
+        self.mean_lag.extend(lags.mean(axis=1).tolist())
+        self.k = 0
+
+    def finish(self) -> dict[str, float]:
+        self._flush()
+        return self.totals
+
+
+def link_failures_or_none(graph: Graph, T: int, p: float, seed: int) -> np.ndarray | None:
+    """bool[T, M] live links for the whole replay, or None without link failures."""
+    if p <= 0:
+        return None
+    return link_failures(graph.edges, T, p=p, seed=seed)
 
 
 def horizon_pairs(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EXACT_PAIRS,
@@ -142,46 +228,19 @@ def replay_trace(
                                    sample=sample_pairs)
     hz = _Horizon(rg, T, horizon, pairs) if pairs else None
 
-    n_agg = n_returns = n_ret_nb = n_stalest = 0
-    spread_age = spread_lag = kept = self_w = 0.0
-    messages = 0
-    mean_age: list[float] = []
-    mean_lag: list[float] = []
-    self_slot = rg.indptr[:-1]
+    acc = _Analyses(rg, T)
+    live_all = link_failures_or_none(graph, T, link_failure, seed)
     for t in range(T):
         caps = caps_at(caps_all, t)
-        live = live_links_round(graph.edges.shape[0], t, p=link_failure, seed=seed) \
-            if link_failure > 0 else None
-        rw = round_weights(rule, rg, state, caps, seed=seed, live=live)
-        s, w = rw.slots, rw.weights
-        nb = rw.candidate & ~rg.is_self
-        n_nb = np.bincount(rg.recv, weights=nb, minlength=N)
-        agg = caps.adopt & (n_nb >= 1)
-        returning = caps.adopt & (state.ages >= 1)
-        ret_nb = returning & agg
-        max_nb_age = s.max(s.age, nb)[self_slot]
-        rel_age = (s.max(s.age) - s.min(s.age))[self_slot]
-        rel_lag = (s.max(s.lag) - s.min(s.lag))[self_slot]
-        n_kept = np.bincount(rg.recv, weights=(w > 0) & rw.candidate, minlength=N)
-
-        n_agg += int(agg.sum())
-        n_returns += int(returning.sum())
-        n_ret_nb += int(ret_nb.sum())
-        n_stalest += int((ret_nb & (state.ages > max_nb_age)).sum())
-        spread_age += float(rel_age[agg].sum())
-        spread_lag += float(rel_lag[agg].sum())
-        kept += float(n_kept[agg].sum())
-        self_w += float(w[self_slot][ret_nb].sum())
-        messages += int(nb.sum())
-        mean_age.append(float(state.ages.mean()))
-        mean_lag.append(float(state.lags.mean()))
-
+        rw = round_weights(rule, rg, state, caps, seed=seed,
+                           live=None if live_all is None else live_all[t])
+        acc.record(state, rw.weights, rw.candidate, caps.adopt)
         if hz is not None:
-            hz.step(t, w)
+            hz.step(t, rw.weights, caps.adopt)
         state = advance(state, rg, rw, caps)
         if progress is not None:
             progress(t + 1, T)
-
+    m = acc.finish()
     H = hz.values() if hz is not None else np.zeros(0)
 
     def ratio(a: float, b: float) -> float:
@@ -189,19 +248,19 @@ def replay_trace(
 
     metrics = {
         "unavailability": float(1.0 - available.mean()),
-        "returns": float(n_returns),
-        "premise": ratio(n_stalest, n_ret_nb),
-        "spread_age": ratio(spread_age, n_agg),
-        "spread_lag": ratio(spread_lag, n_agg),
-        "kept": ratio(kept, n_agg),
-        "self_weight_return": ratio(self_w, n_ret_nb),
+        "returns": float(m["returns"]),
+        "premise": ratio(m["stalest"], m["ret_nb"]),
+        "spread_age": ratio(m["spread_age"], m["agg"]),
+        "spread_lag": ratio(m["spread_lag"], m["agg"]),
+        "kept": ratio(m["kept"], m["agg"]),
+        "self_weight_return": ratio(m["self_w"], m["ret_nb"]),
         "H": float(H.mean()) if H.size else float("nan"),
         "H_se": float(H.std(ddof=1) / np.sqrt(H.size)) if (sampled and H.size > 1) else 0.0,
         "H_pairs": float(H.size),
-        "messages": float(messages),
+        "messages": float(m["messages"]),
         "final_mean_lag": float(state.lags.mean()),
     }
-    curves = {"round": list(range(T)), "mean_age": mean_age, "mean_lag": mean_lag}
+    curves = {"round": list(range(T)), "mean_age": acc.mean_age, "mean_lag": acc.mean_lag}
     return ReplayResult(metrics=metrics, curves=curves)
 
 

@@ -76,11 +76,15 @@ def _fill(x: np.ndarray, mask: np.ndarray, value) -> np.ndarray:
     return np.where(mask, x, value)
 
 
+_INT_MAX = np.iinfo(np.int64).max
+_INT_MIN = np.iinfo(np.int64).min
+
+
 def _neutral(x: np.ndarray, kind: str):
     if kind == "min":
-        return np.inf if x.dtype.kind == "f" else np.iinfo(np.int64).max
+        return np.inf if x.dtype.kind == "f" else _INT_MAX
     if kind == "max":
-        return -np.inf if x.dtype.kind == "f" else np.iinfo(np.int64).min
+        return -np.inf if x.dtype.kind == "f" else _INT_MIN
     return 0
 
 
