@@ -1,0 +1,322 @@
+"""One run's configuration (SPEC §6), its content hash, and name checks against the registries.
+
+:class:`RunConfig` is a frozen, strictly typed pydantic model; every field has the reference
+default of SPEC §6. ``run_id(cfg)`` is the first 16 hex digits of the SHA-256 of the canonical
+JSON of the fully resolved config (all fields, sorted keys), so the same experiment always
+gets the same id and a results store can skip runs it already has (SPEC §7).
+
+Component strings (``rule``, ``process``, ``graph``, ``dataset``, ``model``) are stripped and
+put in canonical form (lower-case names, parameters in sorted order: ``"SFG-L:gamma=0.30"`` ->
+``"sfg-l:gamma=0.3"``) when that form parses back to the same component, so spelling
+variants share one run id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from ..errors import SfgError
+from ..spec import format_component, parse_component
+
+Kind = Literal["train", "replay", "selftest"]
+Backbone = Literal["full", "personal-head", "dfedavgm", "ditto"]
+Anatomy = Literal["full", "cannot-communicate", "cannot-train-shares", "cannot-train-adopts"]
+
+_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+
+
+class ConfigError(SfgError):
+    """A bad value in one field of a run configuration; ``field`` names it (for line lookup)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _canonical_component(text: str, kind: str) -> str:
+    comp = parse_component(text, kind=kind)
+    canon = format_component(comp.name, comp.params, comp.modifiers)
+    try:
+        again = parse_component(canon, kind=kind)
+    except SfgError:
+        return text.strip()
+    same = (again.name, again.params, again.modifiers) == (comp.name, comp.params, comp.modifiers)
+    return canon if same else text.strip()
+
+
+class RunConfig(BaseModel):
+    """Everything that determines one run (SPEC §6 defaults).
+
+    ``kind``: ``"train"`` (simulation with models, ``sfg.sim``), ``"replay"`` (model-free
+    trace replay, SPEC §9) or ``"selftest"`` (a built-in, deterministic numpy diagnostic
+    workload for checking executors, stores and clusters; see :mod:`sfg.experiments.runner`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Kind = "train"
+    dataset: str = "digits"
+    data_root: str | None = None
+    alpha: float = 0.3
+    model: str = "mlp"
+    backbone: Backbone = "full"
+    process: str = "bursty:u=0.8"
+    rule: str = "dfedavg"
+    graph: str = "knn:k=6"
+    seed: int = 1
+    n_clients: int = 100
+    rounds: int = 300
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    weight_decay: float = 5e-4
+    momentum: float = 0.0
+    ditto_lambda: float = 0.2
+    anatomy: Anatomy = "full"
+    link_failure: float = 0.0
+    eval_every: int = 10
+    backend: str = "auto"
+    device: str = "cpu"
+    horizon: int = 50
+
+    # ------------------------------------------------------------------ field checks
+    @field_validator("rule", "process", "graph", "dataset", "model")
+    @classmethod
+    def _component(cls, v: str, info) -> str:
+        if not v.strip():
+            raise ValueError(f"{info.field_name} is empty; give a name such as "
+                             f"{RunConfig.model_fields[info.field_name].default!r}")
+        try:
+            return _canonical_component(v, info.field_name)
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"seed must be >= 0 (got {v}); seeds 1-5 evaluate, 0 is for pilots")
+        return v
+
+    @field_validator("n_clients")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"n_clients must be >= 2 (got {v}); a graph needs two clients")
+        return v
+
+    @field_validator("rounds", "batch_size", "eval_every", "horizon")
+    @classmethod
+    def _positive_int(cls, v: int, info) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1 (got {v})")
+        return v
+
+    @field_validator("local_steps")
+    @classmethod
+    def _steps(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"local_steps must be >= 0 (got {v}); 0 means gossip only")
+        return v
+
+    @field_validator("lr", "alpha")
+    @classmethod
+    def _positive(cls, v: float, info) -> float:
+        if not v > 0 or v != v or v == float("inf"):
+            raise ValueError(f"{info.field_name} must be a finite number > 0 (got {v})")
+        return v
+
+    @field_validator("weight_decay", "ditto_lambda")
+    @classmethod
+    def _nonneg(cls, v: float, info) -> float:
+        if not 0 <= v < float("inf"):
+            raise ValueError(f"{info.field_name} must be a finite number >= 0 (got {v})")
+        return v
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"momentum must lie in [0, 1) (got {v}); DFedAvgM uses 0.9")
+        return v
+
+    @field_validator("link_failure")
+    @classmethod
+    def _link(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"link_failure must lie in [0, 1) (got {v}); SPEC §4.2 uses 0.3-0.6")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not _DEVICE.match(v):
+            raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("backend is empty; use 'auto' to let sfg pick the fastest")
+        return v.strip().lower()
+
+    @field_validator("data_root")
+    @classmethod
+    def _root(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("data_root is empty; omit it (null) or give a folder")
+        return v
+
+    @model_validator(mode="after")
+    def _combination(self) -> RunConfig:
+        if self.eval_every > self.rounds:
+            raise ValueError(
+                f"eval_every ({self.eval_every}) is larger than rounds ({self.rounds}), so no "
+                "evaluation would happen before the end; set eval_every <= rounds"
+            )
+        if self.kind == "replay" and self.horizon > self.rounds:
+            raise ValueError(
+                f"replay horizon ({self.horizon}) is longer than rounds ({self.rounds}); "
+                "set horizon <= rounds (SPEC §9 averages over t <= T - h)"
+            )
+        return self
+
+
+def config_error_message(err: ValidationError) -> tuple[str, str]:
+    """(field, one-line message) for the first error of a pydantic ValidationError."""
+    first = err.errors()[0]
+    loc = first.get("loc") or ()
+    field = str(loc[0]) if loc else ""
+    msg = str(first.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        from ..spec import did_you_mean
+
+        return field, (f"unknown config key {field!r}"
+                       f"{did_you_mean(field, RunConfig.model_fields)}")
+    if kind in ("literal_error",) or kind.endswith("_type") or kind.endswith("_parsing"):
+        got = first.get("input")
+        msg = f"{msg} (got {got!r} of type {type(got).__name__})"
+    where = f"{field}: " if field and not msg.startswith(field) else ""
+    return field, where + msg
+
+
+def make_config(data: dict[str, Any] | None = None, **fields: Any) -> RunConfig:
+    """Build a :class:`RunConfig`, turning validation errors into one-line :class:`SfgError`."""
+    values = {**(data or {}), **fields}
+    try:
+        return RunConfig(**values)
+    except ValidationError as err:
+        field, msg = config_error_message(err)
+        raise ConfigError(field, f"bad run config: {msg}") from None
+
+
+def canonical_json(cfg: RunConfig) -> str:
+    """The canonical JSON of the fully resolved config: every field, sorted keys, no spaces."""
+    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def run_id(cfg: RunConfig) -> str:
+    """SHA-256 of :func:`canonical_json` (first 16 hex digits): the run's identity."""
+    return hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- registry checks
+def _module(name: str):
+    """Import ``name`` if it exists; None when the module is not written yet."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # a registry still being written: skip its check
+        return None
+
+
+def _check_member(registry: Any, comp_text: str, field: str, kind: str) -> None:
+    """Check a component string against a Registry (params too) or a plain mapping/set."""
+    comp = parse_component(comp_text, kind=kind)
+    try:
+        if hasattr(registry, "check_params"):
+            registry.check_params(comp.name, comp.params)
+        elif comp.name not in registry:
+            from ..spec import did_you_mean
+
+            raise SfgError(f"unknown {kind} {comp.name!r}{did_you_mean(comp.name, registry)}")
+    except SfgError as e:
+        raise ConfigError(field, str(e)) from None
+
+
+def validate_names(cfg: RunConfig) -> None:
+    """Check rule, process, dataset (and graph/model where registries exist) by their registries.
+
+    Raises :class:`ConfigError` (an :class:`SfgError` carrying the offending ``field``).
+    Each check runs only when its registry is importable (``sfg.rules.parse_rule``,
+    ``sfg.outages.make_process``, ``sfg.data.DATASETS``, ``sfg.graphs.GRAPHS``,
+    ``sfg.models.MODELS``); a module, attribute or dependency that does not exist yet skips
+    that one check. Datasets and models are checked for ``train`` runs only (replay and
+    selftest never load them). A ``replay`` run with a rule whose parsed object has
+    ``reads_models`` true is rejected: model-free replay cannot evaluate it (SPEC §9).
+    """
+    for check in (_check_rule, _check_process, _check_dataset, _check_graph, _check_model):
+        try:
+            check(cfg)
+        except ImportError:  # a registry that imports a module not written yet
+            continue
+
+
+def _check_rule(cfg: RunConfig) -> None:
+    rules = _module("sfg.rules")
+    if rules is None or not hasattr(rules, "parse_rule"):
+        return
+    try:
+        rule = rules.parse_rule(cfg.rule)
+    except SfgError as e:
+        raise ConfigError("rule", str(e)) from None
+    if cfg.kind == "replay" and bool(getattr(rule, "reads_models", False)):
+        raise ConfigError("rule", f"rule {cfg.rule!r} reads model parameters, so it cannot "
+                                  "run in a model-free replay; use kind: train")
+
+
+def _check_process(cfg: RunConfig) -> None:
+    outages = _module("sfg.outages")
+    if outages is None or not hasattr(outages, "make_process"):
+        return
+    try:
+        outages.make_process(cfg.process)
+    except SfgError as e:
+        raise ConfigError("process", str(e)) from None
+
+
+def _check_dataset(cfg: RunConfig) -> None:
+    if cfg.kind != "train":
+        return
+    data = _module("sfg.data")
+    if data is not None and hasattr(data, "DATASETS"):
+        _check_member(data.DATASETS, cfg.dataset, "dataset", "dataset")
+
+
+def _check_graph(cfg: RunConfig) -> None:
+    graphs = _module("sfg.graphs")
+    if graphs is not None and hasattr(graphs, "GRAPHS"):
+        _check_member(graphs.GRAPHS, cfg.graph, "graph", "graph")
+
+
+def _check_model(cfg: RunConfig) -> None:
+    if cfg.kind != "train":
+        return
+    models = _module("sfg.models")
+    if models is not None and hasattr(models, "MODELS"):
+        _check_member(models.MODELS, cfg.model, "model", "model")

@@ -1,0 +1,427 @@
+"""Crash-safe SQLite results store (SPEC §7-8): runs, their status, metrics and curves.
+
+Tables::
+
+    meta   (key PRIMARY KEY, value)      application, schema_version, created
+    runs   (run_id PRIMARY KEY, config JSON, status queued|running|done|failed, error,
+            traceback, worker, attempts, queued, started, heartbeat, finished, seconds,
+            metrics JSON, dataset, process, rule, seed)
+    curves (run_id, name, round, value)  round = position in the run's curve list
+
+Guarantees:
+
+* WAL journal, a busy timeout and ``BEGIN IMMEDIATE`` write transactions, so several
+  processes (local workers, several ``sfg grid run`` invocations) can write at once.
+* A run's metrics and curves are written in ONE transaction together with ``status='done'``;
+  a run killed mid-way leaves only a ``running`` row without metrics or curves.
+* Claiming (:meth:`Store.claim`) is atomic. A run is claimable when it is ``queued``, or
+  ``running`` under a worker that is gone: its process no longer exists on this host, or its
+  heartbeat is older than the lease (workers on other hosts). A run whose worker died
+  ``max_attempts`` times is marked failed instead of being retried forever.
+* Opening a file that is not an sfg store (another SQLite database, a non-SQLite file, or an
+  sfg store of another schema version) raises :class:`SfgError` without modifying it.
+
+The store file must live on a local filesystem (SQLite's WAL locking does not work over
+NFS); on a cluster, let the driver write (the Ray executor does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import SfgError
+from .config import RunConfig, canonical_json, run_id
+
+APPLICATION = "sfg-results"
+SCHEMA_VERSION = 1
+STATUSES = ("queued", "running", "done", "failed")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id    TEXT PRIMARY KEY,
+    config    TEXT NOT NULL,
+    status    TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed')),
+    error     TEXT,
+    traceback TEXT,
+    worker    TEXT,
+    attempts  INTEGER NOT NULL DEFAULT 0,
+    queued    REAL,
+    started   REAL,
+    heartbeat REAL,
+    finished  REAL,
+    seconds   REAL,
+    metrics   TEXT,
+    dataset   TEXT,
+    process   TEXT,
+    rule      TEXT,
+    seed      INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+CREATE TABLE IF NOT EXISTS curves (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    name   TEXT NOT NULL,
+    round  INTEGER NOT NULL,
+    value  REAL,
+    PRIMARY KEY (run_id, name, round)
+) WITHOUT ROWID;
+"""
+
+
+def new_worker_id() -> str:
+    """``host:pid:random``: identifies one live worker (process) for claims and heartbeats."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (killed, not yet reaped) counts as dead
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def worker_gone(worker: str | None) -> bool:
+    """True when ``worker`` (a :func:`new_worker_id`) ran on this host and its process is gone."""
+    if not worker:
+        return True
+    parts = worker.split(":")
+    if len(parts) < 3 or parts[0] != socket.gethostname():
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    return not _pid_alive(pid)
+
+
+def _claimable(status: str, owner: str | None, beat: float | None, now: float,
+               lease: float) -> bool:
+    if status == "queued":
+        return True
+    if status != "running":
+        return False
+    return beat is None or beat < now - lease or worker_gone(owner)
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` on one line (the stored error of a failed run)."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _inspect(path: Path) -> bool:
+    """Check an existing file read-only. True: an sfg store of this version; False: empty.
+
+    Only SQLite touches the file: opening and closing it any other way (``open()``) in a
+    process that holds SQLite connections to it would drop their POSIX locks and break WAL
+    for every other process.
+    """
+    try:
+        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            meta = dict(con.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise SfgError(f"{path} is not an SQLite database ({e}), so not an sfg results store; "
+                       "give a new file name for --store") from None
+    if not tables:
+        return False
+    if meta.get("application") != APPLICATION:
+        shown = ", ".join(sorted(tables)[:6])
+        raise SfgError(f"{path} is an SQLite database but not an sfg results store (tables: "
+                       f"{shown}); give a new file name for --store")
+    version = meta.get("schema_version")
+    if version != str(SCHEMA_VERSION):
+        raise SfgError(f"{path} is an sfg results store of schema version {version}, but this "
+                       f"sfg reads version {SCHEMA_VERSION}; use the sfg version that wrote it "
+                       "or a new store file")
+    return True
+
+
+class Store:
+    """One connection to a results store (use one per process or thread).
+
+    ``Store(path)`` creates the file when it is missing (``create=False``: raise instead).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = True,
+                 busy_timeout: float = 120.0):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise SfgError(f"results store {self.path} is a directory; give a file name such "
+                           "as results.sqlite")
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists:
+            _inspect(self.path)
+        elif not create:
+            raise SfgError(f"no results store at {self.path}; run `sfg grid run GRID.yaml "
+                           f"--store {self.path}` first or fix the path")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con: sqlite3.Connection | None = None
+        try:
+            self._con = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
+                                        check_same_thread=False)
+            self._con.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._con.execute("PRAGMA journal_mode = WAL")
+            self._con.execute("PRAGMA synchronous = NORMAL")
+            self._con.execute("PRAGMA foreign_keys = ON")
+            meta = self._read_meta()
+            if not meta:
+                self._create_schema()
+            elif (meta.get("application"), meta.get("schema_version")) != (
+                    APPLICATION, str(SCHEMA_VERSION)):
+                raise SfgError(f"{self.path} is not an sfg results store of schema version "
+                               f"{SCHEMA_VERSION}; give a new file name for --store")
+        except (sqlite3.DatabaseError, SfgError) as e:
+            if getattr(self, "_con", None) is not None:
+                self._con.close()
+            if isinstance(e, SfgError):
+                raise
+            raise SfgError(f"cannot open results store {self.path}: {e}") from None
+
+    def _read_meta(self) -> dict[str, str]:
+        if self._con.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            return dict(self._con.execute("SELECT key, value FROM meta"))
+        return {}
+
+    def _create_schema(self) -> None:
+        """Create the tables once (several processes may race to create a new store)."""
+        with self._write() as con:
+            meta = self._read_meta()
+            if not meta:
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    con.execute(stmt)
+                con.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [
+                    ("application", APPLICATION),
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("created", datetime.now(timezone.utc).isoformat(timespec="seconds")),
+                ])
+            elif (meta.get("application"), meta.get("schema_version")) != (
+                    APPLICATION, str(SCHEMA_VERSION)):
+                raise SfgError(f"{self.path} is not an sfg results store of schema version "
+                               f"{SCHEMA_VERSION}; give a new file name for --store")
+
+    # ------------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: takes the write lock up front)."""
+        try:
+            self._con.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            raise SfgError(f"results store {self.path} stayed locked ({e}); another process "
+                           "holds it, retry later") from None
+        try:
+            yield self._con
+        except BaseException:
+            self._con.execute("ROLLBACK")
+            raise
+        self._con.execute("COMMIT")
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._con.execute("SELECT key, value FROM meta"))
+
+    # ------------------------------------------------------------------ queue
+    def add_runs(self, configs: Iterable[RunConfig], *, retry_failed: bool = True) -> list[str]:
+        """Queue ``configs`` (runs already present keep their state); return their run ids.
+
+        ``retry_failed``: failed runs among them go back to the queue (a resumed grid redoes
+        them). Done runs are never redone.
+        """
+        now = time.time()
+        rows, ids = [], []
+        for cfg in configs:
+            rid = run_id(cfg)
+            ids.append(rid)
+            rows.append((rid, canonical_json(cfg), now, cfg.dataset, cfg.process, cfg.rule,
+                         cfg.seed))
+        with self._write() as con:
+            con.executemany(
+                "INSERT OR IGNORE INTO runs (run_id, config, status, queued, dataset, process, "
+                "rule, seed) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)", rows)
+            if retry_failed:
+                con.execute(
+                    "UPDATE runs SET status = 'queued', worker = NULL, error = NULL, "
+                    "traceback = NULL, attempts = 0, queued = ? WHERE status = 'failed' AND "
+                    "run_id IN (SELECT value FROM json_each(?))", (now, json.dumps(ids)))
+        return ids
+
+    def claim(self, run_ids: Sequence[str], worker: str, *, lease: float = 60.0,
+              max_attempts: int = 3) -> tuple[str, dict] | None:
+        """Atomically take the next claimable run of ``run_ids`` (in their order) for ``worker``.
+
+        Returns ``(run_id, config dict)`` or None when nothing is claimable.
+        """
+        now = time.time()
+        ids = json.dumps(list(run_ids))
+        with self._write() as con:
+            rows = con.execute(
+                "SELECT r.run_id, r.config, r.status, r.worker, r.heartbeat, r.attempts "
+                "FROM json_each(?) AS j JOIN runs AS r ON r.run_id = j.value "
+                "WHERE r.status IN ('queued', 'running') ORDER BY r.status = 'running', j.key",
+                (ids,)).fetchall()
+            for rid, config, status, owner, beat, attempts in rows:
+                if not _claimable(status, owner, beat, now, lease):
+                    continue
+                if status == "running":
+                    if attempts >= max_attempts:
+                        con.execute(
+                            "UPDATE runs SET status = 'failed', finished = ?, error = ? "
+                            "WHERE run_id = ?",
+                            (now, f"WorkerLost: its worker died {attempts} times while running "
+                                  "it (killed, out of memory?); fix and rerun the grid", rid))
+                        continue
+                con.execute("DELETE FROM curves WHERE run_id = ?", (rid,))
+                con.execute(
+                    "UPDATE runs SET status = 'running', worker = ?, started = ?, heartbeat = ?, "
+                    "attempts = attempts + 1, error = NULL, traceback = NULL, metrics = NULL "
+                    "WHERE run_id = ?", (worker, now, now, rid))
+                return rid, json.loads(config)
+        return None
+
+    def claimable(self, run_ids: Sequence[str], *, lease: float = 60.0) -> int:
+        """How many of ``run_ids`` :meth:`claim` could take now (read-only)."""
+        now = time.time()
+        rows = self._con.execute(
+            "SELECT r.status, r.worker, r.heartbeat FROM runs AS r WHERE r.status IN "
+            "('queued', 'running') AND r.run_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(run_ids)),)).fetchall()
+        return sum(_claimable(status, owner, beat, now, lease) for status, owner, beat in rows)
+
+    def heartbeat(self, worker: str) -> int:
+        """Refresh the lease of every run ``worker`` holds; returns how many."""
+        with self._write() as con:
+            return con.execute("UPDATE runs SET heartbeat = ? WHERE worker = ? AND "
+                               "status = 'running'", (time.time(), worker)).rowcount
+
+    def finish(self, rid: str, worker: str, result: dict, *, seconds: float) -> bool:
+        """Record a finished run (metrics, curves, status done) in one transaction.
+
+        Returns False (and writes nothing) when ``worker`` no longer holds the run.
+        """
+        now = time.time()
+        metrics = json.dumps(result["metrics"], sort_keys=True)
+        points = [(rid, name, i, None if math.isnan(v) else v)
+                  for name, values in result["curves"].items() for i, v in enumerate(values)]
+        with self._write() as con:
+            cur = con.execute(
+                "UPDATE runs SET status = 'done', metrics = ?, finished = ?, heartbeat = ?, "
+                "seconds = ?, error = NULL, traceback = NULL "
+                "WHERE run_id = ? AND worker = ? AND status = 'running'",
+                (metrics, now, now, seconds, rid, worker))
+            if cur.rowcount != 1:
+                return False  # nothing changed; committing the empty transaction is harmless
+            con.execute("DELETE FROM curves WHERE run_id = ?", (rid,))
+            con.executemany("INSERT INTO curves (run_id, name, round, value) VALUES (?, ?, ?, ?)",
+                            points)
+        return True
+
+    def fail(self, rid: str, worker: str, error: str, *, traceback: str | None = None,
+             seconds: float | None = None) -> bool:
+        """Record a failed run (one-line ``error``); False when ``worker`` lost the run."""
+        now = time.time()
+        with self._write() as con:
+            cur = con.execute(
+                "UPDATE runs SET status = 'failed', error = ?, traceback = ?, finished = ?, "
+                "seconds = ? WHERE run_id = ? AND worker = ? AND status = 'running'",
+                (" ".join(error.split()), traceback, now, seconds, rid, worker))
+            return cur.rowcount == 1
+
+    def release(self, rid: str, worker: str) -> None:
+        """Put a run ``worker`` holds back in the queue (interrupted, not failed)."""
+        with self._write() as con:
+            con.execute("UPDATE runs SET status = 'queued', worker = NULL, "
+                        "attempts = MAX(attempts - 1, 0) "
+                        "WHERE run_id = ? AND worker = ? AND status = 'running'", (rid, worker))
+
+    # ------------------------------------------------------------------ reading
+    def counts(self, run_ids: Sequence[str] | None = None) -> dict[str, int]:
+        """Runs per status (all four keys present), over ``run_ids`` or the whole store."""
+        if run_ids is None:
+            rows = self._con.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+        else:
+            rows = self._con.execute(
+                "SELECT r.status, COUNT(*) FROM runs AS r WHERE r.run_id IN "
+                "(SELECT value FROM json_each(?)) GROUP BY r.status",
+                (json.dumps(list(run_ids)),))
+        out = dict.fromkeys(STATUSES, 0)
+        out.update(dict(rows.fetchall()))
+        return out
+
+    def runs(self, status: str | None = None) -> list[dict]:
+        """Every run row (no curves) as a dict, in insertion order."""
+        cols = ("run_id", "status", "error", "traceback", "worker", "attempts", "started",
+                "heartbeat", "finished", "seconds", "dataset", "process", "rule", "seed", "config",
+                "metrics")
+        where, args = ("WHERE status = ?", (status,)) if status else ("", ())
+        rows = self._con.execute(f"SELECT {', '.join(cols)} FROM runs {where} ORDER BY rowid",
+                                 args).fetchall()
+        out = []
+        for row in rows:
+            d = dict(zip(cols, row, strict=True))
+            d["config"] = json.loads(d["config"])
+            d["metrics"] = json.loads(d["metrics"]) if d["metrics"] else {}
+            out.append(d)
+        return out
+
+    def curves(self, rid: str | None = None) -> dict[str, dict[str, list[float]]]:
+        """``{run_id: {name: [value per round index]}}`` (NaN restored from NULL)."""
+        where, args = ("WHERE run_id = ?", (rid,)) if rid else ("", ())
+        out: dict[str, dict[str, list[float]]] = {}
+        for r, name, _i, value in self._con.execute(
+                f"SELECT run_id, name, round, value FROM curves {where} "
+                "ORDER BY run_id, name, round", args):
+            out.setdefault(r, {}).setdefault(name, []).append(
+                math.nan if value is None else float(value))
+        return out
+
+    def records(self, status: str | None = "done") -> list[dict]:
+        """Runs with ``status`` (None: all) as report records, see :func:`records`."""
+        if status is not None and status not in STATUSES:
+            raise SfgError(f"unknown run status {status!r}; use one of {', '.join(STATUSES)}")
+        curves = self.curves()
+        return [{"run_id": r["run_id"], "dataset": r["dataset"], "process": r["process"],
+                 "rule": r["rule"], "seed": r["seed"], "status": r["status"],
+                 "config": r["config"], "metrics": r["metrics"],
+                 "curves": curves.get(r["run_id"], {})}
+                for r in self.runs(status)]
+
+
+def records(store: Store | str | os.PathLike, status: str | None = "done") -> list[dict]:
+    """``[{"run_id", "dataset", "process", "rule", "seed", "status", "config", "metrics",
+    "curves"}]`` for runs with ``status`` (insertion order); what statistics and reports read.
+    """
+    if isinstance(store, Store):
+        return store.records(status)
+    with Store(store, create=False) as s:
+        return s.records(status)

@@ -1,0 +1,135 @@
+"""RunConfig: SPEC §6 defaults, validation messages, canonical run ids, registry checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sfg.errors import SfgError
+from sfg.experiments.config import (
+    ConfigError,
+    RunConfig,
+    canonical_json,
+    make_config,
+    run_id,
+    validate_names,
+)
+
+
+def test_defaults_are_the_reference_protocol():
+    c = RunConfig()
+    assert (c.n_clients, c.rounds, c.local_steps, c.batch_size) == (100, 300, 10, 32)
+    assert (c.lr, c.weight_decay, c.alpha, c.ditto_lambda) == (0.05, 5e-4, 0.3, 0.2)
+    assert (c.kind, c.rule, c.process, c.graph, c.backbone) == (
+        "train", "dfedavg", "bursty:u=0.8", "knn:k=6", "full")
+    assert (c.anatomy, c.link_failure, c.eval_every, c.horizon, c.device) == (
+        "full", 0.0, 10, 50, "cpu")
+
+
+def test_run_id_is_sha256_of_sorted_canonical_json():
+    c = make_config(kind="selftest", seed=3)
+    expected_json = json.dumps(c.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    assert canonical_json(c) == expected_json
+    assert '"seed":3' in expected_json and expected_json.index('"alpha"') < expected_json.index(
+        '"weight_decay"')
+    assert run_id(c) == hashlib.sha256(expected_json.encode()).hexdigest()[:16]
+    assert len(run_id(c)) == 16
+
+
+def test_run_id_changes_with_every_field_and_ignores_spelling():
+    base = make_config()
+    changed = {"seed": 2, "rule": "sfg", "lr": 0.1, "rounds": 299, "device": "cuda",
+               "data_root": "/data", "kind": "replay", "link_failure": 0.3}
+    ids = {run_id(base)} | {run_id(make_config(**{k: v})) for k, v in changed.items()}
+    assert len(ids) == len(changed) + 1
+    # spelling variants of the same component share the id (canonical component strings)
+    assert make_config(rule=" SFG-L:gamma=0.30+IPW ").rule == "sfg-l:gamma=0.3+ipw"
+    assert run_id(make_config(rule="SFG")) == run_id(make_config(rule="sfg"))
+    assert run_id(make_config(process="bursty:mean_off=10,u=0.8")) == run_id(
+        make_config(process="bursty:u=0.8,mean_off=10"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 500), lr=st.floats(1e-4, 1.0),
+       u=st.sampled_from(["none", "iid:u=0.5", "bursty:u=0.8"]),
+       rule=st.sampled_from(["dfedavg", "sfg", "aoi+ipw", "limited-merging:L=2"]))
+def test_canonical_json_round_trips(seed, n, lr, u, rule):
+    c = make_config(seed=seed, n_clients=n, lr=lr, process=u, rule=rule)
+    again = RunConfig(**json.loads(canonical_json(c)))
+    assert again == c and run_id(again) == run_id(c)
+    fields = c.model_dump()
+    reordered = make_config(dict(reversed(list(fields.items()))))
+    assert run_id(reordered) == run_id(c)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("seed", -1, "seed must be >= 0"),
+    ("n_clients", 1, "n_clients must be >= 2"),
+    ("rounds", 0, "rounds must be >= 1"),
+    ("link_failure", 1.0, "link_failure must lie in [0, 1)"),
+    ("lr", 0.0, "lr must be a finite number > 0"),
+    ("momentum", 1.0, "momentum must lie in [0, 1)"),
+    ("device", "gpu", "device 'gpu' is not one of"),
+    ("backbone", "resnet", "backbone"),
+    ("anatomy", "half", "anatomy"),
+    ("seed", "1", "valid integer"),
+    ("seed", True, "valid integer"),
+    ("rounds", 10.5, "valid integer"),
+    ("rule", "  ", "rule is empty"),
+])
+def test_bad_values_give_one_line_errors(field, value, words):
+    with pytest.raises(SfgError) as info:
+        make_config(**{field: value})
+    msg = str(info.value)
+    assert words in msg and field in msg and "\n" not in msg
+    assert info.value.field == field
+
+
+def test_extra_keys_and_mutation_are_rejected():
+    with pytest.raises(SfgError, match="unknown config key 'round'; did you mean 'rounds'"):
+        make_config(round=3)
+    c = make_config()
+    with pytest.raises(Exception):  # noqa: B017 (pydantic's frozen-instance error)
+        c.seed = 5  # type: ignore[misc]
+
+
+def test_impossible_combinations():
+    with pytest.raises(SfgError, match=r"eval_every \(10\) is larger than rounds \(5\)"):
+        make_config(rounds=5)
+    assert make_config(rounds=5, eval_every=5).rounds == 5
+    with pytest.raises(SfgError, match="horizon"):
+        make_config(kind="replay", rounds=40, eval_every=10)
+    assert make_config(kind="replay", rounds=40, eval_every=10, horizon=40).horizon == 40
+
+
+def test_validate_names_uses_the_registries():
+    validate_names(make_config(rule="aoi+ipw", process="regional:u=0.6"))
+    with pytest.raises(ConfigError, match="did you mean 'sfg-cut'") as info:
+        validate_names(make_config(rule="sfg-cutt"))
+    assert info.value.field == "rule"
+    with pytest.raises(ConfigError, match="outage process") as info:
+        validate_names(make_config(process="burst:u=0.8"))
+    assert info.value.field == "process"
+    with pytest.raises(ConfigError, match="unknown parameter 'gama'"):
+        validate_names(make_config(rule="sfg:gama=0.3"))
+
+
+@pytest.fixture
+def model_reading_rule():
+    from sfg.rules import RULES, register_rule
+
+    register_rule("test-reads-models", None, tags=("model",))
+    yield "test-reads-models"
+    RULES._entries.pop("test-reads-models")
+
+
+def test_replay_rejects_model_reading_rules(model_reading_rule):
+    train = make_config(kind="train", rule=model_reading_rule)
+    validate_names(train)
+    replay = make_config(kind="replay", rule=model_reading_rule, rounds=60)
+    with pytest.raises(ConfigError, match="reads model parameters.*use kind: train"):
+        validate_names(replay)

@@ -1,0 +1,217 @@
+"""Executors: crash-safe resume after SIGKILL, worker pools, failures, Ray == local."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from sfg.errors import SfgError
+from sfg.experiments.config import make_config, run_id
+from sfg.experiments.executors import run_grid, worker_loop
+from sfg.experiments.store import Store, records
+
+GRID = """
+name: killme
+base: {kind: selftest, n_clients: 60, rounds: 400, eval_every: 50, local_steps: 4}
+processes: ["none", "bursty:u=0.8"]
+rules: [dfedavg, sfg, sfg-l]
+seeds: [1]
+"""
+
+
+def _grid_configs():
+    from sfg.experiments.grid import parse_grid
+
+    return list(parse_grid(GRID).configs)
+
+
+def _by_id(path):
+    return {r["run_id"]: (r["metrics"], r["curves"]) for r in records(path)}
+
+
+def _wait_for(cond, timeout=90.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _state(path):
+    try:
+        with Store(path, create=False) as s:
+            return s.runs()
+    except SfgError:
+        return []
+
+
+def _partial_rows(path):
+    with Store(path, create=False) as s:
+        orphan_curves = s._con.execute(
+            "SELECT COUNT(*) FROM curves WHERE run_id NOT IN "
+            "(SELECT run_id FROM runs WHERE status = 'done')").fetchone()[0]
+        half_done = s._con.execute(
+            "SELECT COUNT(*) FROM runs WHERE status != 'done' AND metrics IS NOT NULL"
+        ).fetchone()[0]
+    return orphan_curves + half_done
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ref") / "ref.sqlite"
+    summary = run_grid(_grid_configs(), path, workers=1)
+    assert summary.ok and summary.done == 6
+    return _by_id(path)
+
+
+def test_sigkill_a_grid_process_then_resume(tmp_path, reference):
+    store = tmp_path / "grid.sqlite"
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID)
+    proc = subprocess.Popen([sys.executable, "-m", "sfg.experiments", "run", str(grid),
+                             "--store", str(store), "--workers", "1", "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def mid_run():
+            rows = _state(store)
+            done = [r for r in rows if r["status"] == "done"]
+            running = [r for r in rows if r["status"] == "running"
+                       and time.time() - r["started"] > 0.05]
+            return (done, running) if len(done) >= 2 and running else None
+
+        _wait_for(mid_run, what="two runs done and one running")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    before = {r["run_id"]: r for r in _state(store)}
+    killed = [r for r in before.values() if r["status"] == "running"]
+    assert len(killed) == 1 and killed[0]["metrics"] == {}
+    assert _partial_rows(store) == 0  # no curves or metrics without a done run
+    done_before = {k: r["finished"] for k, r in before.items() if r["status"] == "done"}
+    assert len(done_before) >= 2
+
+    summary = run_grid(_grid_configs(), store, workers=1)
+    assert summary.ok and summary.total == 6
+    assert summary.already_done == len(done_before)
+    after = {r["run_id"]: r for r in _state(store)}
+    assert all(r["status"] == "done" for r in after.values()) and len(after) == 6
+    for rid, finished in done_before.items():  # finished exactly once: not redone
+        assert after[rid]["finished"] == finished and after[rid]["attempts"] == 1
+    assert after[killed[0]["run_id"]]["attempts"] == 2
+    assert _partial_rows(store) == 0
+    assert _by_id(store) == reference  # identical to an uninterrupted grid
+
+
+def test_sigkill_a_pool_worker_the_grid_still_completes(tmp_path, reference):
+    store = tmp_path / "pool.sqlite"
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(
+        summary=run_grid(_grid_configs(), store, workers=2)))
+    thread.start()
+    try:
+        def worker_mid_run():
+            rows = [r for r in _state(store) if r["status"] == "running"
+                    and time.time() - r["started"] > 0.05]
+            return rows[0] if rows else None
+
+        victim = _wait_for(worker_mid_run, what="a worker process running a run")
+        pid = int(victim["worker"].split(":")[1])
+        assert pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    summary = out["summary"]
+    assert summary.ok and summary.done == 6, summary
+    rows = {r["run_id"]: r for r in _state(store)}
+    assert rows[victim["run_id"]]["attempts"] == 2  # reclaimed after its worker died
+    assert rows[victim["run_id"]]["worker"] != victim["worker"]
+    assert sum(r["attempts"] for r in rows.values()) == 7  # everything else ran once
+    assert _partial_rows(store) == 0
+    assert _by_id(store) == reference
+
+
+def test_failed_runs_are_recorded_and_the_grid_goes_on(tmp_path):
+    good = [make_config(kind="selftest", n_clients=10, rounds=10, seed=s) for s in (1, 2)]
+    bad = make_config(kind="selftest", n_clients=10, rounds=10, process="iid:u=1.5")
+    store = tmp_path / "f.sqlite"
+    summary = run_grid([good[0], bad, good[1]], store)
+    assert (summary.done, summary.failed, summary.pending) == (2, 1, 0) and not summary.ok
+    assert summary.failures == [(run_id(bad), summary.failures[0][1])]
+    assert summary.failures[0][1].startswith("SfgError: selftest: process 'iid:u=1.5'")
+    with Store(store) as s:
+        row = s.runs("failed")[0]
+        assert "\n" not in row["error"] and "Traceback" in row["traceback"]
+        finished = {r["run_id"]: r["finished"] for r in s.runs("done")}
+    again = run_grid([good[0], bad, good[1]], store)  # resume: failed retried, done kept
+    assert (again.already_done, again.done, again.failed) == (2, 2, 1)
+    with Store(store) as s:
+        assert {r["run_id"]: r["finished"] for r in s.runs("done")} == finished
+
+
+def test_interrupt_puts_the_run_back_in_the_queue(tmp_path):
+    cfg = make_config(kind="selftest", n_clients=10, rounds=10, eval_every=5)
+    store = tmp_path / "i.sqlite"
+    with Store(store) as s:
+        ids = s.add_runs([cfg])
+
+    def ctrl_c(done, total):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        worker_loop(store, ids, progress=ctrl_c)
+    with Store(store) as s:
+        row = s.runs()[0]
+        assert (row["status"], row["worker"], row["attempts"]) == ("queued", None, 0)
+    assert run_grid([cfg], store).done == 1
+
+
+def test_run_grid_rejects_bad_options(tmp_path):
+    cfgs = [make_config(kind="selftest", rounds=10)]
+    for kw, words in [({"executor": "slurm"}, "unknown executor 'slurm'"),
+                      ({"workers": -1}, "workers must be >= 0"),
+                      ({"gpus_per_run": 0.25}, "applies to --executor ray"),
+                      ({"executor": "ray"}, None)]:
+        if words is None:  # cuda configs on Ray without GPUs: refused before Ray starts
+            cuda = [make_config(kind="selftest", rounds=10, device="cuda")]
+            with pytest.raises(SfgError, match="1 runs use device cuda but --gpus-per-run is 0"):
+                run_grid(cuda, tmp_path / "x.sqlite", **kw)
+            continue
+        with pytest.raises(SfgError, match=words):
+            run_grid(cfgs, tmp_path / "x.sqlite", **kw)
+
+
+@pytest.fixture
+def local_ray():
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_executor_matches_local(tmp_path, local_ray):
+    cfgs = [make_config(kind="selftest", n_clients=40, rounds=40, rule=r, seed=s)
+            for r in ("dfedavg", "sfg") for s in (1, 2)]
+    ray_summary = run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray")
+    assert ray_summary.ok and ray_summary.done == 4
+    local_summary = run_grid(cfgs, tmp_path / "local.sqlite", executor="local")
+    assert local_summary.ok
+    ray_res, local_res = _by_id(tmp_path / "ray.sqlite"), _by_id(tmp_path / "local.sqlite")
+    assert set(ray_res) == {run_id(c) for c in cfgs}
+    assert ray_res == local_res
+    with Store(tmp_path / "ray.sqlite") as s:
+        assert all(r["seconds"] > 0 for r in s.runs("done"))
+    # resume through Ray: nothing left to do
+    assert run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray").already_done == 4
+    with pytest.raises(SfgError, match="GPUs"):
+        run_grid(cfgs, tmp_path / "gpu.sqlite", executor="ray", gpus_per_run=0.25)

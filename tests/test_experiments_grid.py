@@ -1,0 +1,145 @@
+"""Grid files: expansion, validation errors with line numbers, the shipped example grids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sfg.errors import SfgError
+from sfg.experiments.config import run_id
+from sfg.experiments.grid import load_grid, parse_grid
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+SMALL = """\
+name: small
+base: {kind: selftest, n_clients: 10, rounds: 20, eval_every: 5}
+processes: ["none", "iid:u=0.5"]
+rules: [dfedavg, sfg]
+seeds: [1, 2]
+overrides: [{}, {local_steps: 3}]
+"""
+
+
+def test_expansion_order_and_values():
+    g = parse_grid(SMALL, source="small.yaml")
+    assert g.name == "small" and len(g) == 2 * 2 * 2 * 2
+    key = [(c.process, c.rule, c.seed, c.local_steps) for c in g]
+    assert key[:5] == [("none", "dfedavg", 1, 10), ("none", "dfedavg", 1, 3),
+                       ("none", "dfedavg", 2, 10), ("none", "dfedavg", 2, 3),
+                       ("none", "sfg", 1, 10)]
+    assert key[-1] == ("iid:u=0.5", "sfg", 2, 3)
+    assert all(c.kind == "selftest" and c.n_clients == 10 and c.dataset == "digits" for c in g)
+    assert len(set(g.run_ids())) == 16 and g.run_ids()[0] == run_id(g.configs[0])
+    assert g.axes == {"processes": ["none", "iid:u=0.5"], "rules": ["dfedavg", "sfg"],
+                      "seeds": [1, 2]}
+
+
+def test_absent_axes_take_base_or_defaults():
+    g = parse_grid("base: {kind: selftest, rule: sfg, rounds: 10}\nseeds: [3]\n")
+    assert len(g) == 1 and g.configs[0].rule == "sfg" and g.configs[0].process == "bursty:u=0.8"
+    assert g.name == "grid"
+
+
+def _error(text: str) -> str:
+    with pytest.raises(SfgError) as info:
+        parse_grid(text, source="g.yaml")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("g.yaml:")
+    return msg
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: x\nrule: [sfg]\n", "g.yaml:2: unknown grid key 'rule'; did you mean the axis "
+                              "'rules' (a list), or put 'rule' under base:?"),
+    ("name: x\nseed: [1]\nprocess: [none]\n", "g.yaml:2: unknown grid key 'seed'; did you mean "
+                                              "the axis 'seeds'"),
+    ("name: x\noverride: []\n", "g.yaml:2: unknown grid key 'override'; did you mean "
+                                "'overrides'?"),
+    ("name: x\nrounds: 10\n", "g.yaml:2: unknown grid key 'rounds'; 'rounds' is a run setting, "
+                              "put it under base:"),
+    ("base:\n  kind: selftest\n  round: 10\n",
+     "g.yaml:3: unknown run setting 'round' in base; did you mean 'rounds'?"),
+    ("base: {kind: selftest}\nseeds: [1]\noverrides:\n  - {}\n  - {lcoal_steps: 2}\n",
+     "g.yaml:5: unknown run setting 'lcoal_steps' in overrides[1]; did you mean 'local_steps'?"),
+    ("base:\n  rules: [sfg]\n", "g.yaml:2: unknown run setting 'rules' in base; 'rules' is a "
+                               "grid axis, write it at the top level"),
+    ("seeds: [1, '2']\n", "g.yaml:1: seeds must be integers, got '2' (str)"),
+    ("seeds:\n  - 1\n  - 2.5\n", "g.yaml:3: seeds must be integers, got 2.5 (float)"),
+    ("seeds: [true]\n", "seeds must be integers, got True (bool)"),
+    ("seeds: 3\n", "g.yaml:1: seeds must be a non-empty list"),
+    ("rules: [sfg, 3]\n", "g.yaml:1: rules entries must be non-empty strings, got 3"),
+    ("rules:\n  - sfg\n  - dfedavg\n  - SFG\n", "g.yaml:4: rules lists 'SFG' twice"),
+    ("base:\n  kind: selftest\n  rounds: '100'\n",
+     "g.yaml:3: rounds: Input should be a valid integer (got '100' of type str)"),
+    ("base:\n  kind: selftest\n  link_failure: 1.5\n", "g.yaml:3: link_failure must lie in [0, 1) (got 1.5)"),
+    ("base:\n  kind: selftest\n  rounds: 5\n", "eval_every (10) is larger than rounds (5)"),
+    ("base: {kind: selftest, rule: sfg}\nrules: [dfedavg]\n",
+     "g.yaml:1: base sets 'rule' but the grid also has the axis 'rules'"),
+    ("rules: [sfg]\noverrides:\n  - {rule: dfedavg}\n",
+     "g.yaml:3: overrides[0] sets 'rule', which the axis 'rules' already varies"),
+    ("base: {kind: selftest}\nrules:\n  - dfedavg\n  - sfg-cutt\n",
+     "g.yaml:4: unknown rule 'sfg-cutt'; did you mean 'sfg-cut'?"),
+    ("base: {kind: selftest}\nprocesses:\n  - none\n  - 'burst:u=0.8'\n",
+     "g.yaml:4: unknown outage process 'burst'"),
+    ("base: {kind: selftest, local_steps: 10}\noverrides: [{}, {local_steps: 10}]\n",
+     "same run twice"),
+    ("base:\n  kind: selftest\n  kind: train\n", "g.yaml:3: key 'kind' appears twice"),
+    ("base: {kind: selftest\nrules: [sfg]\n", "invalid YAML"),
+    ("- a\n- b\n", "a grid file must be a mapping"),
+    ("base: [1, 2]\n", "g.yaml:1: base must be a mapping"),
+])
+def test_validation_errors_name_the_line_and_the_fix(text, expected):
+    assert expected in _error(text)
+
+
+def test_replay_grid_rejects_model_reading_rules():
+    from sfg.rules import RULES, register_rule
+
+    register_rule("grid-test-reads-models", None, tags=("model",))
+    try:
+        msg = _error("base: {kind: replay, rounds: 60}\nrules:\n  - sfg\n"
+                     "  - grid-test-reads-models\n")
+    finally:
+        RULES._entries.pop("grid-test-reads-models")
+    assert msg.startswith("g.yaml:4:") and "reads model parameters" in msg
+
+
+def test_empty_and_missing_files(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(SfgError, match="empty.yaml: the grid file is empty"):
+        load_grid(empty)
+    with pytest.raises(SfgError, match="does not exist"):
+        load_grid(tmp_path / "nope.yaml")
+    ok = tmp_path / "mine.yaml"
+    ok.write_text("base: {kind: selftest, rounds: 10}\n")
+    assert load_grid(ok).name == "mine"  # the file stem names an unnamed grid
+
+
+def test_demo_grid():
+    g = load_grid(EXAMPLES / "demo.yaml")
+    assert g.name == "demo" and len(g) == 2 * 7 * 3
+    assert {c.process for c in g} == {"none", "bursty:u=0.8"}
+    assert {c.rule for c in g} == {"dfedavg", "aoi+ipw", "dfl-aa", "limited-merging:L=2", "sfg",
+                                   "sfg-l", "sfg-cut"}
+    assert {c.seed for c in g} == {1, 2, 3}
+    assert all((c.dataset, c.n_clients, c.model, c.kind) == ("digits", 100, "mlp", "train")
+               for c in g)
+
+
+@pytest.mark.parametrize("name, dataset", [("paper-cifar10", "cifar10"),
+                                           ("paper-femnist", "femnist"),
+                                           ("paper-cifar100", "cifar100")])
+def test_paper_grids(name, dataset):
+    g = load_grid(EXAMPLES / f"{name}.yaml")
+    processes = {"none"} | {f"{p}:u={u}" for p in ("iid", "bursty", "heterogeneous", "regional")
+                            for u in (0.6, 0.8)}
+    assert {c.process for c in g} == processes
+    rules = {c.rule for c in g}
+    assert {"dfedavg", "aoi+ipw", "dfl-aa", "sfg", "sfg-l", "sfg-cut"} <= rules
+    assert len(g) == 9 * len(rules) * 5
+    assert {c.seed for c in g} == {1, 2, 3, 4, 5}
+    assert all((c.dataset, c.model, c.rounds, c.local_steps, c.device, c.kind) ==
+               (dataset, "cnn", 300, 10, "cuda", "train") for c in g)
