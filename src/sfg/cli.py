@@ -203,12 +203,13 @@ def list_processes() -> None:
 
 @app.command()
 def demo(
-    quick: bool = typer.Option(False, help="A smaller, faster demo"),
+    quick: bool = typer.Option(False, help="One seed and 30 rounds: a smoke test of the pipeline"),
+    resume: bool = typer.Option(False, help="Keep runs already in sfg-out/demo.sqlite"),
 ) -> None:
-    """The main job on embedded data (no download)."""
+    """The main job on embedded data (no download): pilot, replay, paired grid, report."""
     from .demo import run_demo
 
-    run_demo(quick=quick, console=out)
+    run_demo(quick=quick, console=out, resume=resume)
 
 
 _mount("sfg.traces.cli", "traces", "Real availability traces: stats and plots.")
