@@ -200,10 +200,16 @@ def local_ray():
 
 
 def test_ray_executor_matches_local(tmp_path, local_ray):
-    cfgs = [make_config(kind="selftest", n_clients=40, rounds=40, rule=r, seed=s)
-            for r in ("dfedavg", "sfg") for s in (1, 2)]
+    # real rules: two rules x two seeds of the model-free replay, plus two short training runs
+    cfgs = [make_config(kind="replay", n_clients=40, rounds=60, horizon=10,
+                        process="bursty:u=0.7", rule=r, seed=s)
+            for r in ("dfedavg", "sfg-cut") for s in (1, 2)]
+    cfgs += [make_config(kind="train", dataset="digits", model="mlp", n_clients=10, rounds=4,
+                         local_steps=2, batch_size=8, eval_every=2, graph="knn:k=3",
+                         process="bursty:u=0.6", rule=r, seed=1, backend="batched")
+             for r in ("dfedavg", "sfg-cut")]
     ray_summary = run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray")
-    assert ray_summary.ok and ray_summary.done == 4
+    assert ray_summary.ok and ray_summary.done == 6
     local_summary = run_grid(cfgs, tmp_path / "local.sqlite", executor="local")
     assert local_summary.ok
     ray_res, local_res = _by_id(tmp_path / "ray.sqlite"), _by_id(tmp_path / "local.sqlite")
@@ -212,6 +218,6 @@ def test_ray_executor_matches_local(tmp_path, local_ray):
     with Store(tmp_path / "ray.sqlite") as s:
         assert all(r["seconds"] > 0 for r in s.runs("done"))
     # resume through Ray: nothing left to do
-    assert run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray").already_done == 4
+    assert run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray").already_done == 6
     with pytest.raises(SfgError, match="GPUs"):
         run_grid(cfgs, tmp_path / "gpu.sqlite", executor="ray", gpus_per_run=0.25)

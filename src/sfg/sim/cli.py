@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 *((f"accuracy, availability quartile {q}", m[f"acc_q{q}"]) for q in range(1, 5)),
                 ("realised unavailability", m["unavailability"]), ("messages", m["messages"]),
                 ("staleness scalars sent", m["scalars"]),
-                ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", m["seconds"])]
+                ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", res.meta["seconds"])]
         for name, v in rows:
             table.add_row(name, f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
         out.print(table)

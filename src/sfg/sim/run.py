@@ -342,12 +342,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         "scalars": float(scalars),
         "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
         "unavailability": float(1 - available.mean()),
-        "seconds": time.perf_counter() - t0,
     }
     if not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("acc")):
         raise SfgError("evaluation produced non-finite accuracies; check the data and model")
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
-    meta = {"with_replacement_clients": with_replacement, "backend": getattr(backend, "name", ""),
+    meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
+            "backend": getattr(backend, "name", ""),
             "D": spec.D, "minibatch_digest": digest.hexdigest()}
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log)

@@ -1,0 +1,852 @@
+"""Interchangeable local-training backends (SPEC §1 step 3, §6).
+
+A backend runs K SGD steps for each of n clients at once, on rows of the flat ``[N, D]`` store
+(:mod:`sfg.sim.params`), and evaluates many clients' models::
+
+    backend = make_backend("auto", model)              # or "loop", "vmap", "batched"
+    new = backend.train(X[live], xs, ys, lr=0.05, weight_decay=5e-4)   # [n, D]
+    acc = backend.evaluate(X, test_xs, test_ys)                          # [N] in [0, 1]
+
+Every backend computes, per client, exactly the step of ``torch.optim.SGD(lr, weight_decay,
+momentum, dampening=0, nesterov=False)`` on the mean cross-entropy of its minibatch (plus
+``prox_lam/2 ||x - center||²`` for Ditto), so they agree with each other and with a plain
+per-client optimiser to float tolerance; each is bit-for-bit deterministic on CPU.
+
+* ``loop`` -- one client after the other on a single set of weights; convolutions get
+  channels_last inputs. Any model.
+* ``vmap`` -- ``torch.func.vmap(grad(loss))`` over clients with ``functional_call``. Any model.
+* ``batched`` -- all clients in one pass: batched matmuls (``baddbmm``) for linear layers and
+  grouped convolutions (``groups=n``) for conv layers. Sequential models of Linear / Conv2d /
+  ReLU / MaxPool2d / AvgPool2d / Flatten layers (``mlp``, ``small-cnn``, ``cnn``); others raise
+  :class:`SfgError`.
+* ``auto`` -- a fixed rule derived from measurements (:func:`auto_choice`), so the choice never
+  depends on timing noise and results stay reproducible.
+
+On CPU the clients are split into ``workers`` contiguous chunks (default: torch's intra-op
+thread count) trained concurrently by threads that each use one intra-op thread: small
+models' kernels do not scale across cores, independent clients do. A chunking depends only on
+(n, workers), so results are deterministic for a given configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from ..errors import SfgError, check
+from ..spec import Component, Registry, parse_component
+from .params import ParamSpec
+
+BACKENDS = Registry("backend")
+
+
+class Backend(Protocol):
+    """What the round loop needs from a local-training backend."""
+
+    name: str
+    spec: ParamSpec
+    device: torch.device
+
+    def train(self, params: Tensor, xs: Tensor, ys: Tensor, *, lr: float, weight_decay: float,
+              momentum: float = 0.0, momentum_buf: Tensor | None = None,
+              prox_center: Tensor | None = None, prox_lam: float = 0.0,
+              trainable_mask: Tensor | None = None) -> Tensor: ...
+
+    def evaluate(self, params: Tensor, xs: Sequence[Tensor] | Tensor,
+                 ys: Sequence[Tensor] | Tensor, *, batch_size: int = 1024) -> Tensor: ...
+
+
+# ----------------------------------------------------------------------------------------------
+# the SGD step shared by every backend
+
+
+def sgd_step_(p: Tensor, g: Tensor, *, lr: float, weight_decay: float, momentum: float,
+              buf: Tensor | None, center: Tensor | None, prox_lam: float,
+              mask: Tensor | None) -> None:
+    """One in-place SGD step on ``p: [..., D]`` with gradient ``g: [..., D]`` (overwritten).
+
+    Same arithmetic as ``torch.optim.SGD`` (single-tensor path): the proximal gradient
+    ``prox_lam (p - center)`` joins the loss gradient, then ``d = g + wd·p``; with momentum
+    ``buf ← momentum·buf + d`` (a zero buffer reproduces torch's first step) and ``d = buf``;
+    finally ``p ← p - lr·d``. Coordinates outside ``mask: bool[D]`` keep ``p`` and ``buf``.
+    """
+    if prox_lam:
+        g.add_(p - center, alpha=prox_lam)
+    if weight_decay:
+        g.add_(p, alpha=weight_decay)
+    d = g
+    if momentum:
+        if mask is None:
+            buf.mul_(momentum).add_(g)
+        else:
+            buf.copy_(torch.where(mask, buf * momentum + g, buf))
+        d = buf
+    if mask is not None:
+        d = d.masked_fill(~mask, 0.0)
+    p.add_(d, alpha=-lr)
+
+
+# ----------------------------------------------------------------------------------------------
+# sequential "plans": models the batched backend (and fast single-client paths) can run
+
+
+@dataclass(frozen=True)
+class _Op:
+    kind: str                      # conv | linear | relu | maxpool | avgpool | flatten
+    weight: str = ""
+    bias: str = ""
+    args: tuple[Any, ...] = ()     # conv: (stride, padding, dilation, groups); pool: (k, s, p)
+
+
+_SKIP = (nn.Identity,)
+
+
+def sequential_plan(model: nn.Module) -> tuple[list[_Op] | None, str]:
+    """The model as a list of simple ops, or ``(None, reason)`` when it is not such a chain.
+
+    Supported: ``nn.Sequential`` of Conv2d (zero padding), Linear, ReLU, MaxPool2d,
+    AvgPool2d, Flatten (from dim 1), Identity, Dropout(p=0). A ReLU directly followed by a
+    max-pool is run as pool-then-ReLU: both orders give identical values and gradients
+    (ReLU is monotone, so it commutes with max; ties resolve to the same element), and the
+    ReLU then touches 4× fewer elements.
+    """
+    if not isinstance(model, nn.Sequential):
+        return None, f"{type(model).__name__} is not an nn.Sequential chain"
+    ops: list[_Op] = []
+    for name, layer in model.named_children():
+        if isinstance(layer, nn.Conv2d):
+            if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
+                return None, f"layer {name}: only numeric zero padding is supported"
+            ops.append(_Op("conv", f"{name}.weight", f"{name}.bias" if layer.bias is not None
+                           else "", (layer.stride, layer.padding, layer.dilation, layer.groups)))
+        elif isinstance(layer, nn.Linear):
+            ops.append(_Op("linear", f"{name}.weight",
+                           f"{name}.bias" if layer.bias is not None else ""))
+        elif isinstance(layer, nn.ReLU):
+            ops.append(_Op("relu"))
+        elif isinstance(layer, nn.MaxPool2d):
+            if layer.return_indices or layer.dilation not in (1, (1, 1)):
+                return None, f"layer {name}: MaxPool2d with indices/dilation is not supported"
+            ops.append(_Op("maxpool", args=(layer.kernel_size, layer.stride, layer.padding,
+                                             layer.ceil_mode)))
+        elif isinstance(layer, nn.AvgPool2d):
+            ops.append(_Op("avgpool", args=(layer.kernel_size, layer.stride, layer.padding,
+                                             layer.ceil_mode, layer.count_include_pad)))
+        elif isinstance(layer, nn.Flatten):
+            if layer.start_dim != 1 or layer.end_dim != -1:
+                return None, f"layer {name}: only Flatten(1, -1) is supported"
+            ops.append(_Op("flatten"))
+        elif isinstance(layer, _SKIP) or (isinstance(layer, nn.Dropout) and layer.p == 0):
+            continue
+        else:
+            return None, f"layer {name} ({type(layer).__name__}) is not supported"
+    # ReLU then max-pool == max-pool then ReLU (values and gradients); ReLU on fewer elements.
+    out: list[_Op] = []
+    for op in ops:
+        if op.kind == "maxpool" and out and out[-1].kind == "relu":
+            out[-1] = op
+            out.append(_Op("relu"))
+        else:
+            out.append(op)
+    return out, ""
+
+
+def plan_forward(plan: list[_Op], w: dict[str, Tensor], x: Tensor) -> Tensor:
+    """One client: ``x: [B, *input_shape]`` -> logits ``[B, C]`` with weights ``w``."""
+    for op in plan:
+        if op.kind == "conv":
+            stride, padding, dilation, groups = op.args
+            x = F.conv2d(x, w[op.weight], w[op.bias] if op.bias else None, stride, padding,
+                         dilation, groups)
+        elif op.kind == "linear":
+            x = F.linear(x, w[op.weight], w[op.bias] if op.bias else None)
+        elif op.kind == "relu":
+            x = F.relu(x)
+        elif op.kind == "maxpool":
+            x = F.max_pool2d(x, op.args[0], op.args[1], op.args[2], ceil_mode=op.args[3])
+        elif op.kind == "avgpool":
+            x = F.avg_pool2d(x, op.args[0], op.args[1], op.args[2], op.args[3], op.args[4])
+        elif op.kind == "flatten":
+            x = x.flatten(1)
+    return x
+
+
+def plan_forward_batched(plan: list[_Op], w: dict[str, Tensor], x: Tensor,
+                         channels_last: bool = False) -> Tensor:
+    """n clients at once: ``x: [n, B, *input_shape]``, ``w[name]: [n, *shape]`` -> ``[n, B, C]``.
+
+    Image activations live as ``[B, n·C, H, W]`` so that a conv layer is one grouped
+    convolution (``groups = n·groups``); flat activations as ``[n, B, F]`` so that a linear
+    layer is one ``baddbmm``.
+    """
+    n, B = x.shape[0], x.shape[1]
+    grouped = False  # layout: False -> [n, B, ...]; True -> [B, n*C, H, W]
+    for op in plan:
+        if op.kind == "conv":
+            if not grouped:
+                x = x.transpose(0, 1).reshape(B, n * x.shape[2], *x.shape[3:])
+                if channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                grouped = True
+            weight = w[op.weight]
+            stride, padding, dilation, groups = op.args
+            x = F.conv2d(x, weight.reshape(n * weight.shape[1], *weight.shape[2:]),
+                         w[op.bias].reshape(-1) if op.bias else None, stride, padding,
+                         dilation, groups * n)
+        elif op.kind == "linear":
+            if x.dim() != 3:
+                x = x.reshape(n, B, -1)
+            weight = w[op.weight].transpose(1, 2)
+            x = (torch.baddbmm(w[op.bias].unsqueeze(1), x, weight) if op.bias
+                 else torch.bmm(x, weight))
+        elif op.kind == "relu":
+            x = F.relu(x)
+        elif op.kind in ("maxpool", "avgpool"):
+            if not grouped:  # a pool on [n, B, C, H, W]: fold clients into the batch
+                y = x.reshape(n * B, *x.shape[2:])
+            else:
+                y = x
+            if op.kind == "maxpool":
+                y = F.max_pool2d(y, op.args[0], op.args[1], op.args[2], ceil_mode=op.args[3])
+            else:
+                y = F.avg_pool2d(y, op.args[0], op.args[1], op.args[2], op.args[3], op.args[4])
+            x = y if grouped else y.reshape(n, B, *y.shape[1:])
+        elif op.kind == "flatten":
+            if grouped:
+                x = x.reshape(B, n, -1).transpose(0, 1)
+                grouped = False
+            else:
+                x = x.reshape(n, B, -1)
+    if grouped:  # a plan ending in a conv: logits per channel map
+        x = x.reshape(B, n, -1).transpose(0, 1)
+    return x
+
+
+# ----------------------------------------------------------------------------------------------
+# shared plumbing: validation, worker threads, evaluation data
+
+
+def _uses_conv(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d | nn.Conv1d | nn.Conv3d) for m in model.modules())
+
+
+def forward_macs(model: nn.Module, input_shape: Sequence[int] | None = None) -> int:
+    """Multiply-accumulates of one forward pass on one example (Linear and Conv layers)."""
+    shape = tuple(input_shape or model.input_shape)
+    total = 0
+
+    def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> None:
+        nonlocal total
+        if isinstance(mod, nn.Linear):
+            total += mod.in_features * mod.out_features * (out.numel() // mod.out_features)
+        elif isinstance(mod, nn.Conv2d):
+            k = mod.weight[0].numel()  # in_channels/groups * kh * kw
+            total += k * out.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, nn.Linear | nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *shape, device=next(model.parameters()).device))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+_ALLOCATOR_TUNED = False
+
+
+def tune_cpu_allocator() -> bool:
+    """Keep freed activation buffers in the process heap instead of returning them to the OS.
+
+    PyTorch's CPU allocator asks glibc's ``malloc`` for every tensor; glibc serves blocks of
+    more than ~128 KiB-32 MiB with fresh ``mmap`` pages that page-fault on first touch and
+    are unmapped again on free, so each training step pays for zero-filling its activations
+    twice (measured: ~3× fewer page faults and ~5-20 % faster CNN steps on the 2-core
+    development CPU). This raises glibc's mmap and trim thresholds (``mallopt``); it changes
+    only when memory is returned to the OS, never results. No-op where glibc is absent.
+    Called once by the CPU backends; returns whether the thresholds were set.
+    """
+    global _ALLOCATOR_TUNED
+    if _ALLOCATOR_TUNED:
+        return True
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok = any(libc.mallopt(m_mmap_threshold, size) == 1 for size in (1 << 30, 32 << 20))
+        ok = ok and libc.mallopt(m_trim_threshold, 1 << 31) == 1
+    except (OSError, AttributeError):
+        ok = False
+    _ALLOCATOR_TUNED = bool(ok)
+    return _ALLOCATOR_TUNED
+
+
+def _default_workers(device: torch.device) -> int:
+    return torch.get_num_threads() if device.type == "cpu" else 1
+
+
+def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(parts, n))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(parts) if bounds[i + 1] > bounds[i]]
+
+
+def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None]) -> None:
+    """Call ``fn(slot, lo, hi)`` over a fixed split of ``range(n)`` into at most ``workers``
+    chunks (``slot`` numbers the chunk); concurrently when there are several.
+
+    Each worker thread runs its chunk with one intra-op thread; the split depends only on
+    (n, workers), and each chunk's arithmetic is single-threaded, so results are
+    deterministic.
+    """
+    parts = _chunks(n, workers)
+    if len(parts) <= 1:
+        for lo, hi in parts:
+            fn(0, lo, hi)
+        return
+    errors: list[BaseException] = []
+
+    def target(slot: int, lo: int, hi: int) -> None:
+        try:
+            torch.set_num_threads(1)
+            fn(slot, lo, hi)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads_before = torch.get_num_threads()
+    threads = [threading.Thread(target=target, args=(slot, *part), daemon=True)
+               for slot, part in enumerate(parts) if slot > 0]
+    for t in threads:
+        t.start()
+    try:
+        torch.set_num_threads(1)
+        fn(0, *parts[0])
+    finally:
+        for t in threads:
+            t.join()
+        torch.set_num_threads(threads_before)
+    if errors:
+        raise errors[0]
+
+
+def _check_float(value: Any, what: str, *, low: float = 0.0, high: float = math.inf,
+                 high_open: bool = False) -> float:
+    check(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+          f"{what} must be a finite number, got {value!r}")
+    ok = low <= value and (value < high if high_open else value <= high)
+    bound = f"[{low}, {high})" if high_open else f"[{low}, {high}]"
+    check(ok, f"{what} must be in {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_rows(t: Tensor | None, what: str, n: int, D: int) -> None:
+    if t is None:
+        return
+    check(isinstance(t, Tensor) and tuple(t.shape) == (n, D) and t.dtype == torch.float32,
+          f"{what} must be a float32 tensor of shape ({n}, {D}), got "
+          f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+
+
+class _BackendBase:
+    """Validation, device handling and the shared train/evaluate skeleton."""
+
+    name = "base"
+
+    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0):
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise SfgError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
+        if self.device.type == "cuda":
+            check(torch.cuda.is_available(),
+                  "device 'cuda' requested but CUDA is not available; use device='cpu'")
+        check(isinstance(workers, int) and not isinstance(workers, bool) and workers >= 0,
+              f"workers must be a non-negative int (0 = automatic), got {workers!r}")
+        self.workers = workers or _default_workers(self.device)
+        if self.device.type == "cpu":
+            tune_cpu_allocator()
+        self.model = model
+        self.spec = ParamSpec.from_module(model)
+        self.input_shape = tuple(getattr(model, "input_shape", ()))
+        self.num_classes = getattr(model, "num_classes", None)
+        self.uses_conv = _uses_conv(model)
+        check(not any(True for _ in model.buffers()),
+              f"model {getattr(model, 'model_name', type(model).__name__)!r} has buffers "
+              "(e.g. BatchNorm running statistics); sfg models keep all state in parameters - "
+              "use GroupNorm")
+
+    # -- validation
+    def _check_inputs(self, xs: Tensor, n_lead: int, what: str) -> None:
+        shape = tuple(xs.shape[n_lead:])
+        want = self.input_shape
+        if not want:
+            return
+        ok = shape == want or (len(want) != 3 and math.prod(shape) == math.prod(want))
+        check(ok, f"{what} has example shape {shape}; model {self.model.model_name!r} "
+                  f"expects {want}")
+
+    def _check_labels(self, ys: Tensor, what: str) -> None:
+        check(ys.dtype == torch.int64, f"{what} must be int64 class labels, got {ys.dtype}")
+        if ys.numel() and self.num_classes is not None:
+            lo, hi = int(ys.min()), int(ys.max())
+            check(lo >= 0 and hi < self.num_classes,
+                  f"{what} has labels in [{lo}, {hi}], model has {self.num_classes} classes")
+
+    def _prepare_train(self, params: Tensor, xs: Tensor, ys: Tensor, lr: float,
+                       weight_decay: float, momentum: float, momentum_buf: Tensor | None,
+                       prox_center: Tensor | None, prox_lam: float,
+                       trainable_mask: Tensor | None) -> dict[str, Any]:
+        D = self.spec.D
+        check(isinstance(params, Tensor) and params.dim() == 2 and params.shape[1] == D
+              and params.dtype == torch.float32,
+              f"params must be a float32 tensor [n, {D}], got "
+              f"{getattr(params, 'dtype', type(params).__name__)} "
+              f"{tuple(getattr(params, 'shape', ()))}")
+        n = params.shape[0]
+        check(isinstance(xs, Tensor) and xs.dim() >= 4 and xs.shape[0] == n,
+              f"xs must be a tensor [n={n}, K, B, *input_shape], got "
+              f"{tuple(getattr(xs, 'shape', ()))}")
+        K, B = xs.shape[1], xs.shape[2]
+        check(isinstance(ys, Tensor) and tuple(ys.shape) == (n, K, B),
+              f"ys must be a tensor [n, K, B] = {(n, K, B)}, got {tuple(getattr(ys, 'shape', ()))}")
+        check(B >= 1 or K == 0, "minibatches must hold at least one example (B >= 1)")
+        self._check_inputs(xs, 3, "xs")
+        self._check_labels(ys, "ys")
+        lr = _check_float(lr, "lr")
+        weight_decay = _check_float(weight_decay, "weight_decay")
+        momentum = _check_float(momentum, "momentum", high=1.0, high_open=True)
+        prox_lam = _check_float(prox_lam, "prox_lam")
+        check(not prox_lam or prox_center is not None,
+              "prox_lam > 0 needs prox_center (the [n, D] models to pull towards)")
+        _check_rows(momentum_buf, "momentum_buf", n, D)
+        _check_rows(prox_center, "prox_center", n, D)
+        if momentum_buf is not None:
+            check(momentum_buf.device == self.device,
+                  f"momentum_buf must live on {self.device} (it is updated in place)")
+        if trainable_mask is not None:
+            check(isinstance(trainable_mask, Tensor) and trainable_mask.dtype == torch.bool
+                  and tuple(trainable_mask.shape) == (D,),
+                  f"trainable_mask must be a bool tensor [{D}]")
+            trainable_mask = trainable_mask.to(self.device)
+        dev = self.device
+        buf = momentum_buf
+        if momentum and buf is None:  # a fresh optimiser: zero buffer == torch's first step
+            buf = torch.zeros(n, D, device=dev)
+        return dict(n=n, K=K, B=B, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                    buf=buf if momentum else None,
+                    center=prox_center.to(dev) if prox_lam else None, prox_lam=prox_lam,
+                    mask=trainable_mask,
+                    xs=xs.to(dev, torch.float32), ys=ys.to(dev))
+
+    # -- public API
+    def train(self, params: Tensor, xs: Tensor, ys: Tensor, *, lr: float, weight_decay: float,
+              momentum: float = 0.0, momentum_buf: Tensor | None = None,
+              prox_center: Tensor | None = None, prox_lam: float = 0.0,
+              trainable_mask: Tensor | None = None) -> Tensor:
+        """K SGD steps for each of n clients (SPEC §1.3).
+
+        params: [n, D] float32 (the aggregated models x̃; not modified);
+        xs: [n, K, B, *input_shape]; ys: [n, K, B] int64 (step k uses ``xs[:, k]``);
+        momentum_buf: [n, D] heavy-ball buffers, updated in place (None: fresh zero buffers);
+        prox_center: [n, D] with ``prox_lam`` > 0 adds ``prox_lam/2 ||x - center||²``;
+        trainable_mask: bool[D], only these coordinates change.
+        Returns [n, D] float32 on the backend's device.
+        """
+        a = self._prepare_train(params, xs, ys, lr, weight_decay, momentum, momentum_buf,
+                                prox_center, prox_lam, trainable_mask)
+        out = params.detach().to(self.device, torch.float32, copy=True)
+        if a["K"] == 0 or a["n"] == 0:
+            return out
+        with torch.enable_grad():
+            self._train(out, a)
+        return out
+
+    def evaluate(self, params: Tensor, xs: Sequence[Tensor] | Tensor,
+                 ys: Sequence[Tensor] | Tensor, *, batch_size: int = 1024) -> Tensor:
+        """Top-1 accuracy of each client's model on its own examples -> [n] float32 in [0, 1].
+
+        params: [n, D]; xs: n tensors [m_i, *input_shape] (or one [n, m, *input_shape]);
+        ys: n int64 tensors [m_i] (or [n, m]). ``batch_size`` bounds the examples in one
+        forward pass (summed over the clients evaluated together).
+        """
+        D = self.spec.D
+        check(isinstance(params, Tensor) and params.dim() == 2 and params.shape[1] == D,
+              f"params must be a tensor [n, {D}], got {tuple(getattr(params, 'shape', ()))}")
+        check(isinstance(batch_size, int) and batch_size >= 1,
+              f"batch_size must be a positive int, got {batch_size!r}")
+        n = params.shape[0]
+        data = _EvalData.build(xs, ys, n)
+        self._check_inputs(data.x, 1, "evaluation inputs")
+        self._check_labels(data.y, "evaluation labels")
+        correct = torch.zeros(n, dtype=torch.float64)
+        P = params.detach().to(self.device, torch.float32)
+        with torch.inference_mode():
+            self._evaluate(P, data, batch_size, correct)
+        return (correct / data.counts.to(torch.float64)).to(torch.float32)
+
+    # -- to implement
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class _EvalData:
+    """Evaluation examples of n clients: rows ``offsets[i] : offsets[i] + counts[i]`` of x/y.
+
+    Clients that share one tensor object (e.g. a common test set) share its rows: nothing is
+    copied n times.
+    """
+
+    x: Tensor          # [total, *input_shape]
+    y: Tensor          # [total] int64
+    offsets: Tensor    # [n] int64
+    counts: Tensor     # [n] int64
+
+    @classmethod
+    def build(cls, xs: Sequence[Tensor] | Tensor, ys: Sequence[Tensor] | Tensor,
+              n: int) -> _EvalData:
+        if isinstance(xs, Tensor):
+            check(isinstance(ys, Tensor) and xs.dim() >= 2 and xs.shape[0] == n
+                  and tuple(ys.shape) == tuple(xs.shape[:2]),
+                  f"evaluation xs must be [n={n}, m, ...] with ys [n, m], got "
+                  f"{tuple(xs.shape)} and {tuple(getattr(ys, 'shape', ()))}")
+            m = xs.shape[1]
+            check(m >= 1, "every client needs at least one evaluation example")
+            return cls(xs.reshape(n * m, *xs.shape[2:]), ys.reshape(-1),
+                       torch.arange(n, dtype=torch.int64) * m, torch.full((n,), m))
+        xs, ys = list(xs), list(ys)
+        check(len(xs) == n and len(ys) == n,
+              f"evaluation needs one x and one y tensor per client: {n} clients, got "
+              f"{len(xs)} and {len(ys)}")
+        seen: dict[tuple[int, int, tuple[int, ...], int, int], int] = {}
+        parts_x, parts_y, offsets, counts = [], [], [], []
+        total = 0
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            check(isinstance(x, Tensor) and isinstance(y, Tensor) and x.dim() >= 1
+                  and y.dim() == 1 and x.shape[0] == y.shape[0],
+                  f"client {i}: evaluation x must be [m, ...] and y [m] with the same m")
+            check(x.shape[0] >= 1, f"client {i} has no evaluation examples")
+            key = (x.data_ptr(), x.storage_offset(), tuple(x.shape), y.data_ptr(),
+                   y.storage_offset())
+            if key not in seen:
+                seen[key] = total
+                parts_x.append(x)
+                parts_y.append(y)
+                total += x.shape[0]
+            offsets.append(seen[key])
+            counts.append(x.shape[0])
+        shapes = {tuple(p.shape[1:]) for p in parts_x}
+        check(len(shapes) == 1, f"evaluation examples differ in shape across clients: {shapes}")
+        x = parts_x[0] if len(parts_x) == 1 else torch.cat(parts_x)
+        y = parts_y[0] if len(parts_y) == 1 else torch.cat(parts_y)
+        return cls(x, y, torch.tensor(offsets, dtype=torch.int64),
+                   torch.tensor(counts, dtype=torch.int64))
+
+    def batch(self, lo: int, hi: int, start: int, size: int,
+              device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """Examples ``start : start+size`` of clients lo..hi-1: x [c, size, ...], y, valid."""
+        pos = start + torch.arange(size)
+        counts = self.counts[lo:hi, None]
+        valid = pos[None, :] < counts
+        idx = self.offsets[lo:hi, None] + torch.minimum(pos[None, :], counts - 1)
+        x = self.x[idx].to(device, torch.float32, non_blocking=True)
+        return x, self.y[idx].to(device), valid.to(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# loop
+
+
+class LoopBackend(_BackendBase):
+    """Clients one after another (per worker thread); channels_last inputs for convolutions."""
+
+    name = "loop"
+
+    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
+                 channels_last: bool = True):
+        super().__init__(model, device=device, workers=workers)
+        self.channels_last = bool(channels_last) and self.uses_conv
+        self.plan, _ = sequential_plan(model)
+        # one module copy per worker for models run through functional_call (not thread-safe)
+        self._modules: list[nn.Module] = []
+        self._lock = threading.Lock()
+
+    def _module(self, slot: int) -> nn.Module:
+        with self._lock:
+            while len(self._modules) <= slot:
+                self._modules.append(copy.deepcopy(self.model).to(self.device).requires_grad_(False))
+            return self._modules[slot]
+
+    def _forward(self, slot: int, w: dict[str, Tensor], x: Tensor) -> Tensor:
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.plan is not None:
+            return plan_forward(self.plan, w, x)
+        return functional_call(self._module(slot), w, (x,))
+
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        spec, xs, ys = self.spec, a["xs"], a["ys"]
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            g = torch.empty(spec.D, device=self.device)
+            p = torch.empty(spec.D, device=self.device)  # private: other threads bump `out`
+            for i in range(lo, hi):
+                p.copy_(out[i])
+                buf = a["buf"][i] if a["buf"] is not None else None
+                center = a["center"][i] if a["center"] is not None else None
+                for k in range(a["K"]):
+                    leaves = {name: t.detach().requires_grad_()
+                              for name, t in spec.unflatten(p).items()}
+                    loss = F.cross_entropy(self._forward(slot, leaves, xs[i, k]), ys[i, k])
+                    grads = torch.autograd.grad(loss, list(leaves.values()))
+                    torch.cat([gr.reshape(-1) for gr in grads], out=g)
+                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
+                              momentum=a["momentum"], buf=buf, center=center,
+                              prox_lam=a["prox_lam"], mask=a["mask"])
+                out[i].copy_(p)
+
+        _run_chunks(a["n"], self.workers, run)
+
+    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
+        spec, n = self.spec, P.shape[0]
+        counts = data.counts.tolist()
+        offsets = data.offsets.tolist()
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                w = spec.unflatten(P[i])
+                hits = 0
+                for s in range(0, counts[i], batch_size):
+                    r0, r1 = offsets[i] + s, offsets[i] + min(counts[i], s + batch_size)
+                    x = data.x[r0:r1].to(self.device, torch.float32)
+                    pred = self._forward(slot, w, x).argmax(-1)
+                    hits += int((pred == data.y[r0:r1].to(self.device)).sum())
+                correct[i] = hits
+
+        _run_chunks(n, self.workers, run)
+
+
+# ----------------------------------------------------------------------------------------------
+# vmap
+
+
+class VmapBackend(_BackendBase):
+    """``vmap(grad(loss))`` over clients with ``functional_call`` (any model)."""
+
+    name = "vmap"
+
+    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
+                 chunk: int = 0):
+        super().__init__(model, device=device, workers=workers)
+        check(isinstance(chunk, int) and chunk >= 0,
+              f"vmap chunk must be a non-negative int (0 = all clients at once), got {chunk!r}")
+        self.chunk = chunk
+        self._modules: list[nn.Module] = []
+        self._lock = threading.Lock()
+
+    def _module(self, slot: int) -> nn.Module:
+        with self._lock:
+            while len(self._modules) <= slot:
+                self._modules.append(copy.deepcopy(self.model).to(self.device).requires_grad_(False))
+            return self._modules[slot]
+
+    def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        if not self.chunk:
+            return [(lo, hi)]
+        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        spec, xs, ys = self.spec, a["xs"], a["ys"]
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            module = self._module(slot)
+
+            def loss(w: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+                return F.cross_entropy(functional_call(module, w, (x,)), y)
+
+            grad_fn = vmap(grad(loss))
+            for c0, c1 in self._parts(lo, hi):
+                p = out[c0:c1].clone()  # private copy: in-place steps of other threads bump `out`
+                g = torch.empty_like(p)
+                buf = a["buf"][c0:c1] if a["buf"] is not None else None
+                center = a["center"][c0:c1] if a["center"] is not None else None
+                for k in range(a["K"]):
+                    grads = grad_fn(spec.unflatten(p), xs[c0:c1, k], ys[c0:c1, k])
+                    torch.cat([grads[name].reshape(c1 - c0, -1) for name in spec.names],
+                              dim=1, out=g)
+                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
+                              momentum=a["momentum"], buf=buf, center=center,
+                              prox_lam=a["prox_lam"], mask=a["mask"])
+                out[c0:c1] = p
+
+        _run_chunks(a["n"], self.workers, run)
+
+    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
+        spec, n = self.spec, P.shape[0]
+        longest = int(data.counts.max())
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            module = self._module(slot)
+            fwd = vmap(lambda w, x: functional_call(module, w, (x,)))
+            for c0, c1 in self._parts(lo, hi):
+                step = max(1, batch_size // (c1 - c0))
+                w = spec.unflatten(P[c0:c1])
+                for s in range(0, longest, step):
+                    x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
+                    hit = (fwd(w, x).argmax(-1) == y) & valid
+                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
+
+        _run_chunks(n, self.workers, run)
+
+
+# ----------------------------------------------------------------------------------------------
+# batched
+
+
+class BatchedBackend(_BackendBase):
+    """All clients in one pass: ``baddbmm`` for linear layers, grouped conv for conv layers."""
+
+    name = "batched"
+
+    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
+                 chunk: int = 0, channels_last: bool = False):
+        super().__init__(model, device=device, workers=workers)
+        plan, reason = sequential_plan(model)
+        check(plan is not None,
+              f"backend 'batched' cannot run model "
+              f"{getattr(model, 'model_name', type(model).__name__)!r} ({reason}); use backend "
+              "'loop', 'vmap' or 'auto'")
+        check(isinstance(chunk, int) and chunk >= 0,
+              f"batched chunk must be a non-negative int (0 = all clients at once), got {chunk!r}")
+        self.plan = plan
+        self.chunk = chunk
+        self.channels_last = bool(channels_last)
+
+    def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        if not self.chunk:
+            return [(lo, hi)]
+        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        spec, xs, ys = self.spec, a["xs"], a["ys"]
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for c0, c1 in self._parts(lo, hi):
+                m = c1 - c0
+                p = out[c0:c1].clone()  # private copy: in-place steps of other threads bump `out`
+                g = torch.empty_like(p)
+                buf = a["buf"][c0:c1] if a["buf"] is not None else None
+                center = a["center"][c0:c1] if a["center"] is not None else None
+                for k in range(a["K"]):
+                    leaves = {name: t.detach().requires_grad_()
+                              for name, t in spec.unflatten(p).items()}
+                    logits = plan_forward_batched(self.plan, leaves, xs[c0:c1, k],
+                                                  self.channels_last)
+                    B = logits.shape[1]
+                    # sum over clients of each client's mean loss: per-client gradients
+                    loss = F.cross_entropy(logits.reshape(m * B, -1), ys[c0:c1, k].reshape(-1),
+                                           reduction="sum") / B
+                    grads = torch.autograd.grad(loss, [leaves[name] for name in spec.names])
+                    torch.cat([gr.reshape(m, -1) for gr in grads], dim=1, out=g)
+                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
+                              momentum=a["momentum"], buf=buf, center=center,
+                              prox_lam=a["prox_lam"], mask=a["mask"])
+                out[c0:c1] = p
+
+        _run_chunks(a["n"], self.workers, run)
+
+    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
+        spec, n = self.spec, P.shape[0]
+        longest = int(data.counts.max())
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for c0, c1 in self._parts(lo, hi):
+                step = max(1, batch_size // (c1 - c0))
+                w = spec.unflatten(P[c0:c1])
+                for s in range(0, longest, step):
+                    x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
+                    logits = plan_forward_batched(self.plan, w, x, self.channels_last)
+                    hit = (logits.argmax(-1) == y) & valid
+                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
+
+        _run_chunks(n, self.workers, run)
+
+
+# ----------------------------------------------------------------------------------------------
+# auto and the registry
+
+
+def auto_choice(model: nn.Module, device: str | torch.device = "cpu") -> str:
+    """The backend ``auto`` uses for ``model`` on ``device`` (a fixed, measured rule).
+
+    See the module docstring of :mod:`sfg.sim.backends` and ``benchmarks/bench_backends.py``
+    for the measurements behind it.
+    """
+    dev = torch.device(device)
+    plan, _ = sequential_plan(model)
+    if dev.type != "cpu":
+        return "vmap"
+    if plan is None:
+        return "loop"
+    if not _uses_conv(model):
+        return "batched"
+    macs = forward_macs(copy.deepcopy(model).cpu())
+    return "batched" if macs <= AUTO_BATCHED_MAX_MACS else "loop"
+
+
+# Below this many forward multiply-accumulates per example, a conv model trains faster batched
+# across clients than one client at a time on CPU (see bench_backends.py).
+AUTO_BATCHED_MAX_MACS = 200_000
+
+
+_CLASSES: dict[str, type[_BackendBase]] = {
+    "loop": LoopBackend, "vmap": VmapBackend, "batched": BatchedBackend,
+}
+
+
+def _factory(cls: type[_BackendBase]) -> Callable[..., Callable[..., _BackendBase]]:
+    def make(**params: Any) -> Callable[..., _BackendBase]:
+        return lambda model, device: cls(model, device=device, **params)
+    return make
+
+
+BACKENDS.register("loop", _factory(LoopBackend), params={"workers": 0, "channels_last": True},
+                  doc="per-client loop; channels_last convolutions")
+BACKENDS.register("vmap", _factory(VmapBackend), params={"workers": 0, "chunk": 0},
+                  doc="torch.func.vmap over clients")
+BACKENDS.register("batched", _factory(BatchedBackend),
+                  params={"workers": 0, "chunk": 0, "channels_last": False},
+                  doc="batched matmul / grouped convolution over clients")
+BACKENDS.register("auto", lambda **p: None, params={"workers": 0},
+                  doc="the fastest of the above for the model and device (fixed rule)")
+
+
+def make_backend(name: str | Component, model: nn.Module, *,
+                 device: str | torch.device = "cpu") -> Backend:
+    """Build a backend by name (``"loop"``, ``"vmap"``, ``"batched"``, ``"auto"``; options as
+    ``"vmap:chunk=25"``, ``"loop:workers=1"``). ``model`` fixes the architecture; its own
+    parameter values are never used (training reads the flat rows it is given)."""
+    comp = name if isinstance(name, Component) else parse_component(name, kind="backend")
+    check(not comp.modifiers, f"backend {comp.text!r} takes no '+' modifiers")
+    params = BACKENDS.check_params(comp.name, comp.params)
+    check(isinstance(model, nn.Module), f"make_backend needs an nn.Module, got {type(model).__name__}")
+    if comp.name == "auto":
+        chosen = auto_choice(model, device)
+        return _CLASSES[chosen](model, device=device, **params)
+    return BACKENDS.entry(comp.name).factory(**params)(model, device)

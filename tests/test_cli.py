@@ -1,0 +1,81 @@
+"""The `sfg` command: JSON output, tables, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sfg.cli import main, parse_seeds
+from sfg.errors import SfgError
+
+
+def sfg(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sfg.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_replay_json(capsys):
+    rc = main(["replay", "--process", "iid:u=0.6", "--process", "bursty:u=0.8", "--rule",
+               "dfedavg", "--rule", "sfg-cut", "--seeds", "1,2", "-n", "30", "-T", "60",
+               "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["rows"]) == 8 and len(data["summary"]) == 4
+    row = data["summary"][0]
+    for key in ("unavailability", "returns", "premise", "spread_age", "spread_lag", "kept",
+                "self_weight_return", "H"):
+        assert key in row
+
+
+def test_replay_table_and_rules_listing():
+    res = sfg("replay", "-p", "iid:u=0.5", "-r", "sfg", "--seeds", "1", "-n", "20", "-T", "30")
+    assert res.returncode == 0 and "sfg" in res.stdout and "unavail" in res.stdout
+    res = sfg("rules")
+    assert res.returncode == 0 and "sfg-cut" in res.stdout and "model-memory" in res.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["replay", "--rule", "sfg-cutt"], "did you mean 'sfg-cut'"),
+    (["replay", "--process", "bursty:u=1.5"], "u"),
+    (["replay", "--seeds", "a,b"], "seeds"),
+    (["replay", "--clients", "3"], "k=6 must be smaller"),
+    (["run", "--dataset", "digitz"], "did you mean 'digits'"),
+    (["run", "--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
+    (["run", "--config", "/nonexistent.yaml"], "does not exist"),
+    (["report", "--store", "/nonexistent.sqlite"], "does not exist"),
+    (["traces", "stats", "--source", "flash", "--path", "/nonexistent.json"], "nonexistent"),
+])
+def test_bad_input_one_line_exit_2(args, fragment):
+    res = sfg(*args)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert fragment in lines[0]
+
+
+def test_unknown_command_is_a_usage_error_not_a_traceback():
+    res = sfg("outages")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "No such command" in res.stderr
+
+
+def test_run_json_and_config_file(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("dataset: digits\nmodel: mlp\nn_clients: 12\nrounds: 4\nlocal_steps: 2\n"
+                   "batch_size: 8\neval_every: 2\ngraph: knn:k=3\nbackend: batched\n")
+    res = sfg("run", "--config", str(cfg), "-p", "bursty:u=0.6", "-r", "sfg-cut", "--seed", "2",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["config"]["rule"] == "sfg-cut" and data["config"]["n_clients"] == 12
+    assert 0 <= data["metrics"]["acc_mean"] <= 1 and data["curves"]["round"] == [2.0, 4.0]
+
+
+def test_parse_seeds():
+    assert parse_seeds("1,2,3") == [1, 2, 3]
+    assert parse_seeds("1-5") == [1, 2, 3, 4, 5]
+    with pytest.raises(SfgError):
+        parse_seeds("-1")
