@@ -10,12 +10,17 @@ import torch
 from ..rounds import RoundGraph
 
 
+DENSE_MAX_ROWS = 1024  # measured in benchmarks/bench_sim.py: dense wins well past N = 100
+
+
 def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor,
                 cols: np.ndarray | None = None) -> torch.Tensor:
     """For the receivers ``rows`` (bool[N]): Σ_slots w_slot · M[col(slot)] -> [rows.sum(), D].
 
     ``col`` is the slot's sender (``M`` = the [N, D] models) unless ``cols`` maps slots to
-    rows of ``M`` (e.g. a per-slot memory). A CSR product: time and memory grow with edges.
+    rows of ``M`` (e.g. a per-slot memory). Dense [rows, |M|] weights and one BLAS product
+    while ``M`` has at most ``DENSE_MAX_ROWS`` rows; a sparse CSR product beyond, so that time
+    and memory grow with edges, not N².
     """
     idx = np.flatnonzero(rows)
     starts, ends = rg.indptr[idx], rg.indptr[idx + 1]
@@ -23,6 +28,13 @@ def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor
     crow = np.concatenate([[0], np.cumsum(lens)])
     slot = np.repeat(starts - crow[:-1], lens) + np.arange(crow[-1])
     col = rg.send[slot] if cols is None else cols[slot]
+    if M.shape[0] <= DENSE_MAX_ROWS:
+        # small N: a dense [rows, N] matrix and one BLAS product beat torch's sparse kernels
+        W = torch.zeros(idx.size, M.shape[0], dtype=M.dtype)
+        row_of = np.repeat(np.arange(idx.size), lens)
+        W.index_put_((torch.from_numpy(row_of), torch.from_numpy(col)),
+                     torch.from_numpy(w[slot]).to(M.dtype), accumulate=True)
+        return W.to(M.device) @ M
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
         W = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col),
