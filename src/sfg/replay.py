@@ -57,47 +57,55 @@ class ReplayResult:
 class _Horizon:
     """Online computation of the self-return H over a fixed horizon (SPEC §9).
 
-    Every tracked (start t, receiver i) pair is a column c of ``C``, started at e_i and
-    multiplied by each later round's W; [W^{s−1}⋯W^{t+1}]_ii is then ``C[i, c]``. Only the rows
-    of clients that adopted an aggregate change in a round (the others have identity rows), so
-    a round costs (slots of those receivers) × (active columns), not N² × columns.
+    Every tracked (start t, receiver i) pair is a column of ``C``, started at e_i and multiplied
+    by each later round's W; [W^{s−1}⋯W^{t+1}]_ii is then that column's entry i. The columns
+    of start t live in block t mod h of a ring buffer (h blocks of ``cap`` columns, cap = the
+    most pairs of any start). Only the rows of clients that adopted an aggregate change in a
+    round (the others have identity rows), and only columns in use are touched, so a round
+    costs (adopters' slots) × (live columns).
     """
 
     def __init__(self, rg: RoundGraph, T: int, h: int, pairs: dict[int, np.ndarray]):
-        self.rg, self.T, self.h, self.pairs = rg, T, h, pairs
-        self.C = np.zeros((rg.n, 0))
-        self.recv = np.zeros(0, np.int64)
-        self.end = np.zeros(0, np.int64)
-        self.acc = np.zeros(0)
+        self.rg, self.h, self.pairs = rg, h, pairs
+        self.cap = max((v.size for v in pairs.values()), default=0)
+        width = h * self.cap
+        self.C = np.zeros((rg.n, width))
+        self.recv = np.zeros(width, np.int64)  # receiver of each column
+        self.live = np.zeros(width, bool)      # column in use
+        self.acc = np.zeros(width)
+        self.cols = np.arange(width)
         self.done: list[np.ndarray] = []
 
     def step(self, s: int, w: np.ndarray, adopt: np.ndarray) -> None:
-        rg = self.rg
-        if self.C.shape[1] and adopt.any():
-            rows = np.flatnonzero(adopt)
-            sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, grouped by receiver
-            indptr = np.concatenate([[0], np.cumsum(rg.indptr[rows + 1] - rg.indptr[rows])])
-            W_rows = sp.csr_matrix((w[sl], rg.send[sl], indptr), shape=(rows.size, rg.n))
-            self.C[rows] = W_rows @ self.C
-        if self.C.shape[1]:
-            self.acc += self.C[self.recv, np.arange(self.C.shape[1])]
-            fin = self.end == s
-            if fin.any():
-                self.done.append(self.acc[fin])
-                keep = ~fin
-                self.C, self.recv = self.C[:, keep], self.recv[keep]
-                self.end, self.acc = self.end[keep], self.acc[keep]
+        rg, cap = self.rg, self.cap
+        live = np.flatnonzero(self.live)
+        if live.size:
+            if adopt.any():
+                rows = np.flatnonzero(adopt)
+                sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, by receiver
+                lens = rg.indptr[rows + 1] - rg.indptr[rows]
+                senders, col = np.unique(rg.send[sl], return_inverse=True)
+                indptr = np.concatenate([[0], np.cumsum(lens)])
+                W_rows = sp.csr_matrix((w[sl], col, indptr), shape=(rows.size, senders.size))
+                self.C[np.ix_(rows, live)] = W_rows @ self.C[np.ix_(senders, live)]
+            self.acc[live] += self.C[self.recv[live], live]
+        # start s − h + 1 (block (s + 1) mod h) has its h terms now
+        b = (s + 1) % self.h
+        ending = slice(b * cap, (b + 1) * cap)
+        if self.live[ending].any():
+            self.done.append(self.acc[ending][self.live[ending]])
+            self.live[ending] = False
+        # start s takes block s mod h (freed at round s − 1)
+        block = slice((s % self.h) * cap, (s % self.h + 1) * cap)
         new = self.pairs.get(s)
         if new is not None and new.size:
+            cols = np.arange(block.start, block.start + new.size)
+            self.C[:, block] = 0.0
+            self.C[new, cols] = 1.0
+            self.recv[cols], self.live[cols], self.acc[cols] = new, True, 1.0
             if self.h == 1:
-                self.done.append(np.ones(new.size))
-                return
-            block = np.zeros((rg.n, new.size))
-            block[new, np.arange(new.size)] = 1.0
-            self.C = np.concatenate([self.C, block], axis=1)
-            self.recv = np.concatenate([self.recv, new])
-            self.end = np.concatenate([self.end, np.full(new.size, s + self.h - 1)])
-            self.acc = np.concatenate([self.acc, np.ones(new.size)])
+                self.done.append(self.acc[cols].copy())
+                self.live[cols] = False
 
     def values(self) -> np.ndarray:
         return np.concatenate(self.done) if self.done else np.zeros(0)
