@@ -47,11 +47,11 @@ def candidate_mask(rg: RoundGraph, caps: Capabilities, live: np.ndarray | None =
     return caps.aggregate[rg.recv] & (rg.is_self | nb)
 
 
-def batch_slots(rg: RoundGraph, state: StalenessState, candidate: np.ndarray, *, rule: Rule,
-                seed: int) -> BatchSlots:
-    """The read-only view of round ``state.t`` that a rule sees."""
+def batch_slots(rg: RoundGraph, state: StalenessState, candidate: np.ndarray, *,
+                rule: Rule | None, seed: int) -> BatchSlots:
+    """The read-only view of round ``state.t`` that a rule sees (``rule`` None: no draws)."""
     send = rg.send
-    if rule.random:
+    if rule is not None and rule.random:
         g = stream(seed, "rule-draws", state.t)
         u = g.random(rg.n)[rg.recv]
         key = g.random(rg.n_slots)

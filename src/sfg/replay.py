@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .engine import advance, caps_at, round_weights
+from .engine import RoundWeights, advance, caps_at
 from .errors import SfgError, check
 from .graphs import Graph, make_graph
 from .outages import make_process
@@ -65,7 +65,7 @@ class _Horizon:
     costs (adopters' slots) × (live columns).
     """
 
-    def __init__(self, rg: RoundGraph, T: int, h: int, pairs: dict[int, np.ndarray]):
+    def __init__(self, rg: RoundGraph, h: int, pairs: dict[int, np.ndarray]):
         self.rg, self.h, self.pairs = rg, h, pairs
         self.cap = max((v.size for v in pairs.values()), default=0)
         width = h * self.cap
@@ -73,8 +73,8 @@ class _Horizon:
         self.recv = np.zeros(width, np.int64)  # receiver of each column
         self.live = np.zeros(width, bool)      # column in use
         self.acc = np.zeros(width)
-        self.cols = np.arange(width)
         self.done: list[np.ndarray] = []
+        self.done_recv: list[np.ndarray] = []
 
     def step(self, s: int, w: np.ndarray, adopt: np.ndarray) -> None:
         rg, cap = self.rg, self.cap
@@ -93,8 +93,7 @@ class _Horizon:
         b = (s + 1) % self.h
         ending = slice(b * cap, (b + 1) * cap)
         if self.live[ending].any():
-            self.done.append(self.acc[ending][self.live[ending]])
-            self.live[ending] = False
+            self._finish(np.flatnonzero(self.live[ending]) + ending.start)
         # start s takes block s mod h (freed at round s − 1)
         block = slice((s % self.h) * cap, (s % self.h + 1) * cap)
         new = self.pairs.get(s)
@@ -104,20 +103,34 @@ class _Horizon:
             self.C[new, cols] = 1.0
             self.recv[cols], self.live[cols], self.acc[cols] = new, True, 1.0
             if self.h == 1:
-                self.done.append(self.acc[cols].copy())
-                self.live[cols] = False
+                self._finish(cols)
 
-    def values(self) -> np.ndarray:
-        return np.concatenate(self.done) if self.done else np.zeros(0)
+    def _finish(self, cols: np.ndarray) -> None:
+        self.done.append(self.acc[cols].copy())
+        self.done_recv.append(self.recv[cols].copy())
+        self.live[cols] = False
+
+    def values(self) -> tuple[np.ndarray, np.ndarray]:
+        """(H values, their receivers)."""
+        if not self.done:
+            return np.zeros(0), np.zeros(0, np.int64)
+        return np.concatenate(self.done), np.concatenate(self.done_recv)
+
+
+_TOTALS = ("agg", "returns", "ret_nb", "stalest", "spread_age", "spread_lag", "kept", "self_w",
+           "messages")
 
 
 class _Analyses:
-    """Premise, spreads, kept candidates and self-weights (SPEC §9), computed in blocks of
-    rounds: each round only stores its ages, lags, weights and candidates; the analyses run
-    vectorised over [rounds, slots] arrays once a block is full."""
+    """Premise, spreads, kept candidates and self-weights (SPEC §9), per lane, computed in
+    blocks of rounds: each round only stores its ages, lags, weights and candidates; the
+    analyses run vectorised over [rounds, slots] arrays once a block is full."""
 
-    def __init__(self, rg: RoundGraph, T: int, block_elems: int = 2_000_000):
+    def __init__(self, rg: RoundGraph, T: int, lane_starts: np.ndarray,
+                 block_elems: int = 2_000_000):
         self.rg = rg
+        self.lane_starts = lane_starts  # first node of each lane
+        self.lane_sizes = np.diff(np.append(lane_starts, rg.n))
         self.B = max(1, min(T, block_elems // max(rg.n_slots, 1)))
         E, N = rg.n_slots, rg.n
         self.ages = np.zeros((self.B, N), np.int64)
@@ -126,10 +139,9 @@ class _Analyses:
         self.cand = np.zeros((self.B, E), bool)
         self.adopt = np.zeros((self.B, N), bool)
         self.k = 0
-        self.totals = dict.fromkeys(("agg", "returns", "ret_nb", "stalest", "spread_age",
-                                     "spread_lag", "kept", "self_w", "messages"), 0.0)
-        self.mean_age: list[float] = []
-        self.mean_lag: list[float] = []
+        self.totals = {key: np.zeros(lane_starts.size) for key in _TOTALS}
+        self.mean_age: list[np.ndarray] = []
+        self.mean_lag: list[np.ndarray] = []
 
     def record(self, state, w, cand, adopt) -> None:
         k = self.k
@@ -138,6 +150,10 @@ class _Analyses:
         self.k += 1
         if self.k == self.B:
             self._flush()
+
+    def _per_lane(self, per_node: np.ndarray) -> np.ndarray:
+        """[rounds, N] -> [lanes] sums."""
+        return np.add.reduceat(per_node.sum(axis=0), self.lane_starts)
 
     def _flush(self) -> None:
         k, rg = self.k, self.rg
@@ -160,30 +176,24 @@ class _Analyses:
         rel_lag = (np.maximum.reduceat(np.where(cand, l_s, -np.inf), starts, axis=1)
                    - np.minimum.reduceat(np.where(cand, l_s, np.inf), starts, axis=1))
         n_kept = np.add.reduceat(((w > 0) & cand).astype(np.int64), starts, axis=1)
-        t = self.totals
-        t["agg"] += int(agg.sum())
-        t["returns"] += int(returning.sum())
-        t["ret_nb"] += int(ret_nb.sum())
-        t["stalest"] += int((ret_nb & (ages > max_nb_age)).sum())
-        t["spread_age"] += float(rel_age[agg].sum())
-        t["spread_lag"] += float(rel_lag[agg].sum())
-        t["kept"] += float(n_kept[agg].sum())
-        t["self_w"] += float(w[:, starts][ret_nb].sum())
-        t["messages"] += int(nb.sum())
-        self.mean_age.extend(ages.mean(axis=1).tolist())
-        self.mean_lag.extend(lags.mean(axis=1).tolist())
+        t, lane = self.totals, self._per_lane
+        t["agg"] += lane(agg)
+        t["returns"] += lane(returning)
+        t["ret_nb"] += lane(ret_nb)
+        t["stalest"] += lane(ret_nb & (ages > max_nb_age))
+        t["spread_age"] += lane(np.where(agg, rel_age, 0))
+        t["spread_lag"] += lane(np.where(agg, rel_lag, 0.0))
+        t["kept"] += lane(np.where(agg, n_kept, 0))
+        t["self_w"] += lane(np.where(ret_nb, w[:, starts], 0.0))
+        t["messages"] += lane(n_nb)
+        self.mean_age.append(np.add.reduceat(ages, self.lane_starts, axis=1) / self.lane_sizes)
+        self.mean_lag.append(np.add.reduceat(lags, self.lane_starts, axis=1) / self.lane_sizes)
         self.k = 0
 
-    def finish(self) -> dict[str, float]:
+    def finish(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Totals per lane, and mean age / lag per round and lane ([T, lanes])."""
         self._flush()
-        return self.totals
-
-
-def link_failures_or_none(graph: Graph, T: int, p: float, seed: int) -> np.ndarray | None:
-    """bool[T, M] live links for the whole replay, or None without link failures."""
-    if p <= 0:
-        return None
-    return link_failures(graph.edges, T, p=p, seed=seed)
+        return self.totals, np.concatenate(self.mean_age), np.concatenate(self.mean_lag)
 
 
 def horizon_pairs(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EXACT_PAIRS,
@@ -207,6 +217,160 @@ def horizon_pairs(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EX
     return out, sampled
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One replay inside a batch: its trace (bool[T, n]), graph, rule and seed."""
+
+    available: np.ndarray
+    graph: Graph
+    rule: Rule
+    seed: int
+
+
+class _RuleGroup:
+    """Consecutive lanes with the same rule: their slots form one contiguous range."""
+
+    def __init__(self, rule: Rule, lanes: list[Lane], node0: int, slot0: int):
+        self.rule = rule
+        self.lanes = lanes
+        n = sum(ln.graph.n for ln in lanes)
+        offs = np.cumsum([0] + [ln.graph.n for ln in lanes])
+        edges = np.concatenate([ln.graph.edges + o for ln, o in zip(lanes, offs[:-1], strict=True)])
+        self.rg = RoundGraph.from_edges(n, edges)
+        self.nodes = slice(node0, node0 + n)
+        self.slots = slice(slot0, slot0 + self.rg.n_slots)
+        self.lane_nodes = offs
+        self.lane_slots = np.concatenate([[0], np.cumsum([2 * ln.graph.edges.shape[0] + ln.graph.n
+                                                          for ln in lanes])])
+
+    def draws(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rule's own random draws of round t, per lane (keyed by the lane's seed)."""
+        u = np.empty(self.rg.n_slots)
+        key = np.empty(self.rg.n_slots)
+        for k, ln in enumerate(self.lanes):
+            g = stream(ln.seed, "rule-draws", t)
+            lo, hi = self.lane_slots[k], self.lane_slots[k + 1]
+            u[lo:hi] = g.random(ln.graph.n)[self.rg.recv[lo:hi] - self.lane_nodes[k]]
+            key[lo:hi] = g.random(hi - lo)
+        return u, key
+
+
+def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: float = 0.0,
+                 horizon: int = 50, exact_pairs: int = EXACT_PAIRS, sample_pairs: int = 1000,
+                 progress: Callable[[int, int], None] | None = None) -> list[ReplayResult]:
+    """Replay several (trace, graph, rule, seed) lanes at once, stacked as one disjoint graph.
+
+    Every lane gives exactly what it would give alone (its random draws, link failures and
+    horizon sample are keyed by its own seed); stacking only amortises the per-round work over
+    all lanes' clients. Lanes must share the number of rounds T.
+    """
+    check(len(lanes) > 0, "nothing to replay")
+    T = lanes[0].available.shape[0]
+    check(all(ln.available.shape[0] == T for ln in lanes), "lanes must have the same rounds")
+    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
+    for ln in lanes:
+        if ln.rule.reads_models:
+            raise SfgError(f"rule {ln.rule.name!r} reads model parameters; replay covers "
+                           "model-free rules only — run it with `sfg run`")
+        check(ln.available.shape[1] == ln.graph.n,
+              f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
+    # rule-major order: lanes of one rule are contiguous (original order kept for the results)
+    order = sorted(range(len(lanes)), key=lambda k: str(lanes[k].rule))
+    ordered = [lanes[k] for k in order]
+    groups: list[_RuleGroup] = []
+    node0 = slot0 = 0
+    k = 0
+    while k < len(ordered):
+        j = k
+        while j < len(ordered) and str(ordered[j].rule) == str(ordered[k].rule):
+            j += 1
+        grp = _RuleGroup(ordered[k].rule, ordered[k:j], node0, slot0)
+        groups.append(grp)
+        node0, slot0, k = grp.nodes.stop, grp.slots.stop, j
+    sizes = np.array([ln.graph.n for ln in ordered])
+    lane_starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    edges = np.concatenate([ln.graph.edges + o for ln, o in zip(ordered, offs[:-1], strict=True)])
+    rg = RoundGraph.from_edges(int(offs[-1]), edges)
+    available = np.concatenate([ln.available for ln in ordered], axis=1).astype(bool)
+    caps_all = capabilities(available, anatomy)
+    live_all = None
+    if link_failure > 0:
+        live_all = np.concatenate([link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed)
+                                   for ln in ordered], axis=1)
+    # the self-return is tracked per lane: a lane's columns never leave its own clients
+    sampled = np.zeros(len(ordered), bool)
+    horizons: list[tuple[_Horizon, slice, slice]] = []
+    for k, ln in enumerate(ordered):
+        p_k, sampled[k] = horizon_pairs(caps_all.adopt[:, offs[k]:offs[k + 1]], horizon,
+                                        seed=ln.seed, exact_pairs=exact_pairs, sample=sample_pairs)
+        if p_k:
+            horizons.append((_Horizon(RoundGraph.from_graph(ln.graph), horizon, p_k),
+                             slice(offs[k], offs[k + 1]),
+                             slice(rg.indptr[offs[k]], rg.indptr[offs[k + 1]])))
+
+    from .engine import batch_slots, candidate_mask
+    from .rules import normalise
+
+    state = init_state(rg)
+    acc = _Analyses(rg, T, lane_starts)
+    any_random = any(g.rule.random for g in groups)
+    for t in range(T):
+        caps = caps_at(caps_all, t)
+        cand = candidate_mask(rg, caps, None if live_all is None else live_all[t])
+        slots = batch_slots(rg, state, cand, rule=None, seed=0)
+        if any_random:
+            slots.u = np.zeros(rg.n_slots)
+            slots.key = np.zeros(rg.n_slots)
+        h = np.empty(rg.n_slots)
+        for grp in groups:
+            sl = grp.slots
+            if grp.rule.random:
+                slots.u[sl], slots.key[sl] = grp.draws(t)
+            sub = type(slots)(rg=grp.rg, t=t, is_self=grp.rg.is_self, cand=cand[sl],
+                              age=slots.age[sl], lag=slots.lag[sl], count=slots.count[sl],
+                              local_count=slots.local_count[sl], q=slots.q[sl], u=slots.u[sl],
+                              key=slots.key[sl])
+            h[sl] = grp.rule.scores(sub)
+        w = normalise(h, slots, caps.adopt)
+        rw = RoundWeights(weights=w, candidate=cand, slots=slots)
+        acc.record(state, w, cand, caps.adopt)
+        for hz, nodes, lane_slots in horizons:
+            hz.step(t, w[lane_slots], caps.adopt[nodes])
+        state = advance(state, rg, rw, caps)
+        if progress is not None:
+            progress(t + 1, T)
+
+    totals, mean_age, mean_lag = acc.finish()
+    H_of = {nodes.start: hz.values()[0] for hz, nodes, _ in horizons}
+
+    def ratio(a: float, b: float) -> float:
+        return float(a / b) if b else float("nan")
+
+    results: list[ReplayResult | None] = [None] * len(lanes)
+    for k, ln in enumerate(ordered):
+        hk = H_of.get(int(offs[k]), np.zeros(0))
+        tot = {key: float(v[k]) for key, v in totals.items()}
+        metrics = {
+            "unavailability": float(1.0 - ln.available.mean()),
+            "returns": tot["returns"],
+            "premise": ratio(tot["stalest"], tot["ret_nb"]),
+            "spread_age": ratio(tot["spread_age"], tot["agg"]),
+            "spread_lag": ratio(tot["spread_lag"], tot["agg"]),
+            "kept": ratio(tot["kept"], tot["agg"]),
+            "self_weight_return": ratio(tot["self_w"], tot["ret_nb"]),
+            "H": float(hk.mean()) if hk.size else float("nan"),
+            "H_se": float(hk.std(ddof=1) / np.sqrt(hk.size)) if (sampled[k] and hk.size > 1) else 0.0,
+            "H_pairs": float(hk.size),
+            "messages": tot["messages"],
+            "final_mean_lag": float(state.lags[offs[k]:offs[k + 1]].mean()),
+        }
+        curves = {"round": list(range(T)), "mean_age": mean_age[:, k].tolist(),
+                  "mean_lag": mean_lag[:, k].tolist()}
+        results[order[k]] = ReplayResult(metrics=metrics, curves=curves)
+    return results  # type: ignore[return-value]
+
+
 def replay_trace(
     available: np.ndarray,
     graph: Graph,
@@ -222,54 +386,9 @@ def replay_trace(
 ) -> ReplayResult:
     """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
-    if rule.reads_models:
-        raise SfgError(f"rule {rule.name!r} reads model parameters; replay covers model-free "
-                       "rules only — run it with `sfg run`")
-    available = np.asarray(available, dtype=bool)
-    T, N = available.shape
-    check(N == graph.n, f"trace has {N} clients but the graph has {graph.n}")
-    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
-    rg = RoundGraph.from_graph(graph)
-    state = init_state(rg)
-    caps_all = capabilities(available, anatomy)
-    pairs, sampled = horizon_pairs(caps_all.adopt, horizon, seed=seed, exact_pairs=exact_pairs,
-                                   sample=sample_pairs)
-    hz = _Horizon(rg, T, horizon, pairs) if pairs else None
-
-    acc = _Analyses(rg, T)
-    live_all = link_failures_or_none(graph, T, link_failure, seed)
-    for t in range(T):
-        caps = caps_at(caps_all, t)
-        rw = round_weights(rule, rg, state, caps, seed=seed,
-                           live=None if live_all is None else live_all[t])
-        acc.record(state, rw.weights, rw.candidate, caps.adopt)
-        if hz is not None:
-            hz.step(t, rw.weights, caps.adopt)
-        state = advance(state, rg, rw, caps)
-        if progress is not None:
-            progress(t + 1, T)
-    m = acc.finish()
-    H = hz.values() if hz is not None else np.zeros(0)
-
-    def ratio(a: float, b: float) -> float:
-        return float(a / b) if b else float("nan")
-
-    metrics = {
-        "unavailability": float(1.0 - available.mean()),
-        "returns": float(m["returns"]),
-        "premise": ratio(m["stalest"], m["ret_nb"]),
-        "spread_age": ratio(m["spread_age"], m["agg"]),
-        "spread_lag": ratio(m["spread_lag"], m["agg"]),
-        "kept": ratio(m["kept"], m["agg"]),
-        "self_weight_return": ratio(m["self_w"], m["ret_nb"]),
-        "H": float(H.mean()) if H.size else float("nan"),
-        "H_se": float(H.std(ddof=1) / np.sqrt(H.size)) if (sampled and H.size > 1) else 0.0,
-        "H_pairs": float(H.size),
-        "messages": float(m["messages"]),
-        "final_mean_lag": float(state.lags.mean()),
-    }
-    curves = {"round": list(range(T)), "mean_age": acc.mean_age, "mean_lag": acc.mean_lag}
-    return ReplayResult(metrics=metrics, curves=curves)
+    return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed)], anatomy=anatomy,
+                        link_failure=link_failure, horizon=horizon, exact_pairs=exact_pairs,
+                        sample_pairs=sample_pairs, progress=progress)[0]
 
 
 def build_scenario(process: str, *, n: int, T: int, graph: str, seed: int) -> tuple[Graph, np.ndarray]:
@@ -293,29 +412,52 @@ def replay(
     anatomy: str = "full",
     link_failure: float = 0.0,
     horizon: int = 50,
+    batch_clients: int = 400,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Replay processes × rules × seeds; one row per combination (rules share each trace)."""
+    """Replay processes × rules × seeds; one row per combination (rules share each trace).
+
+    Replays are stacked into batches of up to ``batch_clients`` clients (see
+    :func:`replay_batch`); results do not depend on the batching."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")
     parsed = [parse_rule(r) for r in rules]  # validate every name before any work
     for p in processes:
         make_process(p)
-    rows = []
-    total = len(processes) * len(seeds) * len(parsed)
-    done = 0
+    lanes: list[tuple[dict, Lane]] = []
     for p in processes:
         for seed in seeds:
             g, avail = build_scenario(p, n=n, T=T, graph=graph, seed=seed)
             for r in parsed:
-                res = replay_trace(avail, g, r, seed=seed, anatomy=anatomy,
-                                   link_failure=link_failure, horizon=horizon)
-                rows.append({"process": p, "rule": str(r), "seed": seed, **res.metrics})
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+                lanes.append(({"process": p, "rule": str(r), "seed": seed}, Lane(avail, g, r, seed)))
+    rows: list[dict[str, Any]] = []
+    done = 0
+    for batch in _batches([ln for _, ln in lanes], max_clients=batch_clients):
+        results = replay_batch([lanes[k][1] for k in batch], anatomy=anatomy,
+                               link_failure=link_failure, horizon=horizon)
+        for k, res in zip(batch, results, strict=True):
+            rows.append({**lanes[k][0], **res.metrics})
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(lanes))
     return rows
+
+
+def _batches(lanes: Sequence[Lane], *, max_clients: int) -> list[list[int]]:
+    """Consecutive groups of lane indices with at most ``max_clients`` clients (≥ 1 lane)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for k, ln in enumerate(lanes):
+        if cur and size + ln.graph.n > max_clients:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(k)
+        size += ln.graph.n
+    if cur:
+        out.append(cur)
+    return out
 
 
 def replay_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
