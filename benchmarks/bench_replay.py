@@ -49,7 +49,7 @@ def main() -> None:
     scen = {(p, s): build_scenario(p, n=100, T=300, graph="knn:k=6", seed=s)
             for p in procs for s in seeds}
     t0 = time.perf_counter()
-    for (p, s), (g2, a2) in scen.items():
+    for (_p, s), (g2, a2) in scen.items():
         for r in rules:
             replay_reference(a2, g2, r, seed=s)
     t_loop = time.perf_counter() - t0
