@@ -16,15 +16,19 @@ per-client optimiser to float tolerance; each is bit-for-bit deterministic on CP
   channels_last inputs. Any model.
 * ``vmap`` -- ``torch.func.vmap(grad(loss))`` over clients with ``functional_call``. Any model.
 * ``batched`` -- all clients in one pass: batched matmuls (``baddbmm``) for linear layers and
-  grouped convolutions (``groups=n``) for conv layers. Sequential models of Linear / Conv2d /
-  ReLU / MaxPool2d / AvgPool2d / Flatten layers (``mlp``, ``small-cnn``, ``cnn``); others raise
-  :class:`SfgError`.
+  grouped convolutions (``groups=n``, channels_last) for conv layers. Sequential models of
+  Linear / Conv2d / ReLU / MaxPool2d / AvgPool2d / Flatten layers (``mlp``, ``small-cnn``,
+  ``cnn``); others raise :class:`SfgError`.
 * ``auto`` -- a fixed rule derived from measurements (:func:`auto_choice`), so the choice never
   depends on timing noise and results stay reproducible.
 
 On CPU the clients are split into ``workers`` contiguous chunks (default: torch's intra-op
-thread count) trained concurrently by threads that each use one intra-op thread: small
-models' kernels do not scale across cores, independent clients do. A chunking depends only on
+thread count) trained concurrently by threads that each use one intra-op thread. Per-client
+kernels are too small to scale across cores while independent clients do, and a single
+multi-threaded kernel stalls whenever another process holds one of the cores (measured on the
+shared 2-core development machine: batched MLP steps 10× slower with two intra-op threads
+than with two single-threaded workers while one core was busy; on an idle machine the two
+are within 10 %, K = 10: 16-19 k vs 15-17 k client-steps/s). A chunking depends only on
 (n, workers), so results are deterministic for a given configuration.
 """
 
@@ -308,12 +312,12 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None]) -> No
     """Call ``fn(slot, lo, hi)`` over a fixed split of ``range(n)`` into at most ``workers``
     chunks (``slot`` numbers the chunk); concurrently when there are several.
 
-    Each worker thread runs its chunk with one intra-op thread; the split depends only on
-    (n, workers), and each chunk's arithmetic is single-threaded, so results are
-    deterministic.
+    With ``workers > 1`` every chunk runs with one intra-op thread, even when n = 1, so a
+    client's arithmetic never depends on how many others share the call; the split depends
+    only on (n, workers), so results are deterministic.
     """
     parts = _chunks(n, workers)
-    if len(parts) <= 1:
+    if workers <= 1 or not parts:
         for lo, hi in parts:
             fn(0, lo, hi)
         return
@@ -383,6 +387,7 @@ class _BackendBase:
         self.input_shape = tuple(getattr(model, "input_shape", ()))
         self.num_classes = getattr(model, "num_classes", None)
         self.uses_conv = _uses_conv(model)
+        self._eval_cache: tuple[tuple[Any, ...], _EvalData] | None = None
         check(not any(True for _ in model.buffers()),
               f"model {getattr(model, 'model_name', type(model).__name__)!r} has buffers "
               "(e.g. BatchNorm running statistics); sfg models keep all state in parameters - "
@@ -489,8 +494,21 @@ class _BackendBase:
               f"batch_size must be a positive int, got {batch_size!r}")
         n = params.shape[0]
         data = _EvalData.build(xs, ys, n)
-        self._check_inputs(data.x, 1, "evaluation inputs")
-        self._check_labels(data.y, "evaluation labels")
+        key = data.key()
+        if self._eval_cache is not None and self._eval_cache[0] == key:
+            data = self._eval_cache[1]  # same inputs as last time: reuse their concatenation
+        else:
+            check(self.input_shape == () or data.example_shape == self.input_shape
+                  or (len(self.input_shape) != 3
+                      and math.prod(data.example_shape) == math.prod(self.input_shape)),
+                  f"evaluation inputs have example shape {data.example_shape}; model "
+                  f"{self.model.model_name!r} expects {self.input_shape}")
+            lo, hi = data.label_range()
+            check(self.num_classes is None or (lo >= 0 and hi < self.num_classes),
+                  f"evaluation labels lie in [{lo}, {hi}], model has {self.num_classes} classes")
+            check(all(y.dtype == torch.int64 for y in data.parts_y),
+                  "evaluation labels must be int64 class indices")
+            self._eval_cache = (key, data)
         correct = torch.zeros(n, dtype=torch.float64)
         P = params.detach().to(self.device, torch.float32)
         with torch.inference_mode():
@@ -505,18 +523,26 @@ class _BackendBase:
         raise NotImplementedError
 
 
-@dataclass
 class _EvalData:
-    """Evaluation examples of n clients: rows ``offsets[i] : offsets[i] + counts[i]`` of x/y.
+    """Evaluation examples of n clients, without copying shared sets n times.
 
-    Clients that share one tensor object (e.g. a common test set) share its rows: nothing is
-    copied n times.
+    Client i's examples are rows ``starts[i] : starts[i] + counts[i]`` of part ``part_of[i]``;
+    clients given the same tensor (e.g. one common test set) share its part. ``x``/``y``
+    concatenate the parts (lazily, once) for the backends that gather many clients at once;
+    ``offsets`` then index into them.
     """
 
-    x: Tensor          # [total, *input_shape]
-    y: Tensor          # [total] int64
-    offsets: Tensor    # [n] int64
-    counts: Tensor     # [n] int64
+    def __init__(self, parts_x: list[Tensor], parts_y: list[Tensor], part_of: list[int],
+                 starts: list[int], counts: list[int]):
+        self.parts_x, self.parts_y = parts_x, parts_y
+        self.part_of, self.starts = part_of, starts
+        self.counts = torch.tensor(counts, dtype=torch.int64)           # [n]
+        bases = [0]
+        for part in parts_x[:-1]:
+            bases.append(bases[-1] + part.shape[0])
+        self.offsets = torch.tensor([bases[p] + s for p, s in zip(part_of, starts, strict=True)],
+                                    dtype=torch.int64)                 # [n]
+        self._xy: tuple[Tensor, Tensor] | None = None
 
     @classmethod
     def build(cls, xs: Sequence[Tensor] | Tensor, ys: Sequence[Tensor] | Tensor,
@@ -528,45 +554,68 @@ class _EvalData:
                   f"{tuple(xs.shape)} and {tuple(getattr(ys, 'shape', ()))}")
             m = xs.shape[1]
             check(m >= 1, "every client needs at least one evaluation example")
-            return cls(xs.reshape(n * m, *xs.shape[2:]), ys.reshape(-1),
-                       torch.arange(n, dtype=torch.int64) * m, torch.full((n,), m))
+            return cls([xs.reshape(n * m, *xs.shape[2:])], [ys.reshape(-1)], [0] * n,
+                       [i * m for i in range(n)], [m] * n)
         xs, ys = list(xs), list(ys)
         check(len(xs) == n and len(ys) == n,
               f"evaluation needs one x and one y tensor per client: {n} clients, got "
               f"{len(xs)} and {len(ys)}")
-        seen: dict[tuple[int, int, tuple[int, ...], int, int], int] = {}
-        parts_x, parts_y, offsets, counts = [], [], [], []
-        total = 0
+        seen: dict[tuple[Any, ...], int] = {}
+        parts_x, parts_y, part_of, counts = [], [], [], []
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
             check(isinstance(x, Tensor) and isinstance(y, Tensor) and x.dim() >= 1
                   and y.dim() == 1 and x.shape[0] == y.shape[0],
                   f"client {i}: evaluation x must be [m, ...] and y [m] with the same m")
             check(x.shape[0] >= 1, f"client {i} has no evaluation examples")
-            key = (x.data_ptr(), x.storage_offset(), tuple(x.shape), y.data_ptr(),
-                   y.storage_offset())
+            key = (x.data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()),
+                   y.data_ptr(), y.storage_offset(), tuple(y.stride()))
             if key not in seen:
-                seen[key] = total
+                seen[key] = len(parts_x)
                 parts_x.append(x)
                 parts_y.append(y)
-                total += x.shape[0]
-            offsets.append(seen[key])
+            part_of.append(seen[key])
             counts.append(x.shape[0])
         shapes = {tuple(p.shape[1:]) for p in parts_x}
         check(len(shapes) == 1, f"evaluation examples differ in shape across clients: {shapes}")
-        x = parts_x[0] if len(parts_x) == 1 else torch.cat(parts_x)
-        y = parts_y[0] if len(parts_y) == 1 else torch.cat(parts_y)
-        return cls(x, y, torch.tensor(offsets, dtype=torch.int64),
-                   torch.tensor(counts, dtype=torch.int64))
+        return cls(parts_x, parts_y, part_of, [0] * n, counts)
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity of the inputs (storage, layout and in-place version) for caching."""
+        return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t._version)
+                     for t in (*self.parts_x, *self.parts_y)) + (tuple(self.part_of),
+                                                                  tuple(self.starts))
+
+    def client(self, i: int) -> tuple[Tensor, Tensor]:
+        """Client i's examples ``[m_i, ...]`` and labels ``[m_i]`` (views)."""
+        p, s, m = self.part_of[i], self.starts[i], int(self.counts[i])
+        return self.parts_x[p][s:s + m], self.parts_y[p][s:s + m]
+
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        return tuple(self.parts_x[0].shape[1:])
+
+    def label_range(self) -> tuple[int, int]:
+        return (min(int(y.min()) for y in self.parts_y), max(int(y.max()) for y in self.parts_y))
+
+    def _concatenated(self) -> tuple[Tensor, Tensor]:
+        if self._xy is None:
+            x = self.parts_x[0] if len(self.parts_x) == 1 else torch.cat(self.parts_x)
+            y = self.parts_y[0] if len(self.parts_y) == 1 else torch.cat(self.parts_y)
+            self._xy = (x, y)
+        return self._xy
 
     def batch(self, lo: int, hi: int, start: int, size: int,
               device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """Examples ``start : start+size`` of clients lo..hi-1: x [c, size, ...], y, valid."""
+        """Examples ``start : start+size`` of clients lo..hi-1 as ``x [c, size, ...]``,
+        ``y [c, size]`` and ``valid: bool[c, size]`` (clients with fewer examples repeat
+        their last one, masked out)."""
+        X, Y = self._concatenated()
         pos = start + torch.arange(size)
         counts = self.counts[lo:hi, None]
         valid = pos[None, :] < counts
         idx = self.offsets[lo:hi, None] + torch.minimum(pos[None, :], counts - 1)
-        x = self.x[idx].to(device, torch.float32, non_blocking=True)
-        return x, self.y[idx].to(device), valid.to(device)
+        x = X[idx.to(X.device)].to(device, torch.float32, non_blocking=True)
+        return x, Y[idx.to(Y.device)].to(device), valid.to(device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -625,18 +674,16 @@ class LoopBackend(_BackendBase):
 
     def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
         spec, n = self.spec, P.shape[0]
-        counts = data.counts.tolist()
-        offsets = data.offsets.tolist()
 
         def run(slot: int, lo: int, hi: int) -> None:
             for i in range(lo, hi):
                 w = spec.unflatten(P[i])
+                xi, yi = data.client(i)
                 hits = 0
-                for s in range(0, counts[i], batch_size):
-                    r0, r1 = offsets[i] + s, offsets[i] + min(counts[i], s + batch_size)
-                    x = data.x[r0:r1].to(self.device, torch.float32)
+                for s in range(0, xi.shape[0], batch_size):
+                    x = xi[s:s + batch_size].to(self.device, torch.float32)
                     pred = self._forward(slot, w, x).argmax(-1)
-                    hits += int((pred == data.y[r0:r1].to(self.device)).sum())
+                    hits += int((pred == yi[s:s + batch_size].to(self.device)).sum())
                 correct[i] = hits
 
         _run_chunks(n, self.workers, run)
@@ -673,6 +720,7 @@ class VmapBackend(_BackendBase):
 
     def _train(self, out: Tensor, a: dict[str, Any]) -> None:
         spec, xs, ys = self.spec, a["xs"], a["ys"]
+        threaded = len(_chunks(a["n"], self.workers)) > 1
 
         def run(slot: int, lo: int, hi: int) -> None:
             module = self._module(slot)
@@ -682,7 +730,8 @@ class VmapBackend(_BackendBase):
 
             grad_fn = vmap(grad(loss))
             for c0, c1 in self._parts(lo, hi):
-                p = out[c0:c1].clone()  # private copy: in-place steps of other threads bump `out`
+                # threads get private rows: in-place steps elsewhere in `out` bump its version
+                p = out[c0:c1].clone() if threaded else out[c0:c1]
                 g = torch.empty_like(p)
                 buf = a["buf"][c0:c1] if a["buf"] is not None else None
                 center = a["center"][c0:c1] if a["center"] is not None else None
@@ -693,7 +742,8 @@ class VmapBackend(_BackendBase):
                     sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
                               momentum=a["momentum"], buf=buf, center=center,
                               prox_lam=a["prox_lam"], mask=a["mask"])
-                out[c0:c1] = p
+                if threaded:
+                    out[c0:c1] = p
 
         _run_chunks(a["n"], self.workers, run)
 
@@ -725,7 +775,7 @@ class BatchedBackend(_BackendBase):
     name = "batched"
 
     def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
-                 chunk: int = 0, channels_last: bool = False):
+                 chunk: int = 0, channels_last: bool = True):
         super().__init__(model, device=device, workers=workers)
         plan, reason = sequential_plan(model)
         check(plan is not None,
@@ -745,11 +795,13 @@ class BatchedBackend(_BackendBase):
 
     def _train(self, out: Tensor, a: dict[str, Any]) -> None:
         spec, xs, ys = self.spec, a["xs"], a["ys"]
+        threaded = len(_chunks(a["n"], self.workers)) > 1
 
         def run(slot: int, lo: int, hi: int) -> None:
             for c0, c1 in self._parts(lo, hi):
                 m = c1 - c0
-                p = out[c0:c1].clone()  # private copy: in-place steps of other threads bump `out`
+                # threads get private rows: in-place steps elsewhere in `out` bump its version
+                p = out[c0:c1].clone() if threaded else out[c0:c1]
                 g = torch.empty_like(p)
                 buf = a["buf"][c0:c1] if a["buf"] is not None else None
                 center = a["center"][c0:c1] if a["center"] is not None else None
@@ -767,7 +819,8 @@ class BatchedBackend(_BackendBase):
                     sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
                               momentum=a["momentum"], buf=buf, center=center,
                               prox_lam=a["prox_lam"], mask=a["mask"])
-                out[c0:c1] = p
+                if threaded:
+                    out[c0:c1] = p
 
         _run_chunks(a["n"], self.workers, run)
 
@@ -793,10 +846,28 @@ class BatchedBackend(_BackendBase):
 
 
 def auto_choice(model: nn.Module, device: str | torch.device = "cpu") -> str:
-    """The backend ``auto`` uses for ``model`` on ``device`` (a fixed, measured rule).
+    """The backend ``auto`` uses for ``model`` on ``device``: a fixed rule, never a timing.
 
-    See the module docstring of :mod:`sfg.sim.backends` and ``benchmarks/bench_backends.py``
-    for the measurements behind it.
+    A timed probe could pick differently from run to run, and backends agree only to float
+    tolerance, so results would stop being bit-for-bit reproducible; the rule depends only on
+    the architecture and the device type. Measured with ``benchmarks/bench_backends.py`` on the
+    2-core development CPU (n = 100 clients, batch 32; client-steps/s, quiet machine):
+
+    ===================================  ======  ======  ======================  =========
+    model (forward MACs per example)      loop    vmap    batched (grouped conv)  choice
+    ===================================  ======  ======  ======================  =========
+    mlp 8×8 digits (8.8 k)                1,820   6,110   6,540 (13-15 k at K≥4)   batched
+    small-cnn 1×8×8 (84 k)                  565   1,130   1,280                    batched
+    small-cnn 1×28×28, 62 cls (1.1 M)        68      49      96                    batched
+    cnn 1×28×28, 62 cls (4.3 M)              54       -      42                    loop
+    paper cnn 3×32×32 (7.8 M)                72      26      42                    loop
+    ===================================  ======  ======  ======================  =========
+
+    Hence on CPU: models the batched backend can run go batched up to
+    :data:`AUTO_BATCHED_MAX_MACS` forward MACs per example (per-client kernels are too small
+    to keep the cores busy), loop above it (mkldnn's per-client convolutions beat grouped
+    ones); other models (ResNet-18-GN) go to the loop. On CUDA: ``vmap``, the approach the
+    paper's simulator used on an A100 (not measured here: no GPU in development).
     """
     dev = torch.device(device)
     plan, _ = sequential_plan(model)
@@ -804,15 +875,14 @@ def auto_choice(model: nn.Module, device: str | torch.device = "cpu") -> str:
         return "vmap"
     if plan is None:
         return "loop"
-    if not _uses_conv(model):
-        return "batched"
     macs = forward_macs(copy.deepcopy(model).cpu())
     return "batched" if macs <= AUTO_BATCHED_MAX_MACS else "loop"
 
 
-# Below this many forward multiply-accumulates per example, a conv model trains faster batched
-# across clients than one client at a time on CPU (see bench_backends.py).
-AUTO_BATCHED_MAX_MACS = 200_000
+# Crossover between batched (small models) and the per-client loop on CPU, in forward
+# multiply-accumulates per example: between 1.1 M (batched 1.4× faster) and 4.3 M (loop 1.3×
+# faster), see auto_choice.
+AUTO_BATCHED_MAX_MACS = 2_000_000
 
 
 _CLASSES: dict[str, type[_BackendBase]] = {
@@ -831,7 +901,7 @@ BACKENDS.register("loop", _factory(LoopBackend), params={"workers": 0, "channels
 BACKENDS.register("vmap", _factory(VmapBackend), params={"workers": 0, "chunk": 0},
                   doc="torch.func.vmap over clients")
 BACKENDS.register("batched", _factory(BatchedBackend),
-                  params={"workers": 0, "chunk": 0, "channels_last": False},
+                  params={"workers": 0, "chunk": 0, "channels_last": True},
                   doc="batched matmul / grouped convolution over clients")
 BACKENDS.register("auto", lambda **p: None, params={"workers": 0},
                   doc="the fastest of the above for the model and device (fixed rule)")

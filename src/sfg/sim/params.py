@@ -108,10 +108,12 @@ def unflatten(spec: ParamSpec, flat: torch.Tensor) -> dict[str, torch.Tensor]:
 def load_flat(module: nn.Module, flat: torch.Tensor) -> nn.Module:
     """Copy ``flat: [D]`` into ``module``'s parameters in place."""
     spec = ParamSpec.from_module(module)
-    check(tuple(flat.shape) == (spec.D,), f"flat parameters must be [{spec.D}], got {tuple(flat.shape)}")
+    check(tuple(flat.shape) == (spec.D,),
+          f"flat parameters must be [{spec.D}], got {tuple(flat.shape)}")
+    views = spec.unflatten(flat)
     with torch.no_grad():
-        for p, (name, view) in zip(module.parameters(), spec.unflatten(flat).items(), strict=True):
-            p.copy_(view)  # a copy: the module never aliases the store
+        for name, p in module.named_parameters():
+            p.copy_(views[name])  # a copy: the module never aliases the store
     return module
 
 
