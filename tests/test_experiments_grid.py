@@ -120,13 +120,17 @@ def test_empty_and_missing_files(tmp_path):
 
 def test_demo_grid():
     g = load_grid(EXAMPLES / "demo.yaml")
-    assert g.name == "demo" and len(g) == 2 * 7 * 3
+    assert g.name == "demo" and len(g) == 2 * 7 * 8
     assert {c.process for c in g} == {"none", "bursty:u=0.8"}
     assert {c.rule for c in g} == {"dfedavg", "aoi+ipw", "dfl-aa", "limited-merging:L=2", "sfg",
                                    "sfg-l", "sfg-cut"}
-    assert {c.seed for c in g} == {1, 2, 3}
+    assert {c.seed for c in g} == set(range(1, 9))
     assert all((c.dataset, c.n_clients, c.model, c.kind) == ("digits", 100, "mlp", "train")
                for c in g)
+    # the copy that `make demo` runs (shipped inside the package) is the same grid
+    from sfg.demo import demo_grid_text
+
+    assert demo_grid_text() == (EXAMPLES / "demo.yaml").read_text()
 
 
 @pytest.mark.parametrize("name, dataset", [("paper-cifar10", "cifar10"),
