@@ -89,7 +89,8 @@ def bench_model(label, name, shape, classes, *, n, K, B, repeats, device, backen
     m_ref = min(n, max(4, n // 5))
     t_ref = best_time(lambda: plain_loop(ref_model, params[:m_ref], xs[:m_ref], ys[:m_ref], **kw),
                       repeats, device,
-                      warmup=lambda: plain_loop(ref_model, params[:2], xs[:2, :1], ys[:2, :1], **kw))
+                      warmup=lambda: plain_loop(ref_model, params[:2], xs[:2, :1], ys[:2, :1],
+                                                **kw))
     ref_rate = m_ref * K / t_ref
     rows.append(("plain loop (reference)", ref_rate, 1.0))
     for bname in backends:

@@ -7,6 +7,7 @@ respect momentum buffers, the Ditto proximal term and trainable masks.
 from __future__ import annotations
 
 import copy
+import platform
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from sfg.sim.backends import (
     auto_choice,
     make_backend,
     sequential_plan,
+    tune_cpu_allocator,
 )
 from sfg.sim.params import (
     ParamSpec,
@@ -298,6 +300,18 @@ def test_training_is_bit_for_bit_deterministic(backend):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
+def test_loop_client_result_does_not_depend_on_who_else_trains(name):
+    """Pairing (SPEC §7): a client's trained model is bit-identical whether it trains alone or
+    with others (every worker chunk is single-threaded, even for one client)."""
+    model, P, xs, ys = problem(name, n=4, K=2)
+    be = make_backend("loop:workers=2", model)
+    kw = dict(lr=0.05, weight_decay=5e-4, momentum=0.9)
+    together = be.train(P, xs, ys, **kw)
+    alone = be.train(P[2:3], xs[2:3], ys[2:3], **kw)
+    assert torch.equal(together[2:3], alone)
+
+
 def test_workers_restore_thread_count_and_zero_steps_copy():
     model, P, xs, ys = problem("mlp", n=4, K=1)
     threads = torch.get_num_threads()
@@ -412,6 +426,9 @@ def test_auto_rule_on_cpu():
     assert [auto_choice(cnn) for _ in range(3)] == ["loop"] * 3
     assert isinstance(make_backend("vmap", res), VmapBackend)
     assert make_backend("auto:workers=1", mlp).workers == 1
+    # raising glibc's mmap/trim thresholds works wherever glibc is the C library
+    assert tune_cpu_allocator() == (platform.libc_ver()[0] == "glibc")
+    assert tune_cpu_allocator() == tune_cpu_allocator()  # idempotent
 
 
 def test_input_validation_errors():

@@ -639,7 +639,8 @@ class LoopBackend(_BackendBase):
     def _module(self, slot: int) -> nn.Module:
         with self._lock:
             while len(self._modules) <= slot:
-                self._modules.append(copy.deepcopy(self.model).to(self.device).requires_grad_(False))
+                module = copy.deepcopy(self.model).to(self.device)
+                self._modules.append(module.requires_grad_(False))
             return self._modules[slot]
 
     def _forward(self, slot: int, w: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -710,7 +711,8 @@ class VmapBackend(_BackendBase):
     def _module(self, slot: int) -> nn.Module:
         with self._lock:
             while len(self._modules) <= slot:
-                self._modules.append(copy.deepcopy(self.model).to(self.device).requires_grad_(False))
+                module = copy.deepcopy(self.model).to(self.device)
+                self._modules.append(module.requires_grad_(False))
             return self._modules[slot]
 
     def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -915,7 +917,8 @@ def make_backend(name: str | Component, model: nn.Module, *,
     comp = name if isinstance(name, Component) else parse_component(name, kind="backend")
     check(not comp.modifiers, f"backend {comp.text!r} takes no '+' modifiers")
     params = BACKENDS.check_params(comp.name, comp.params)
-    check(isinstance(model, nn.Module), f"make_backend needs an nn.Module, got {type(model).__name__}")
+    check(isinstance(model, nn.Module),
+          f"make_backend needs an nn.Module, got {type(model).__name__}")
     if comp.name == "auto":
         chosen = auto_choice(model, device)
         return _CLASSES[chosen](model, device=device, **params)

@@ -9,7 +9,6 @@ import torch
 
 from ..rounds import RoundGraph
 
-
 DENSE_MAX_ROWS = 1024  # measured in benchmarks/bench_sim.py: dense wins well past N = 100
 
 

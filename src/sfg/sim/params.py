@@ -40,7 +40,8 @@ class ParamSpec:
     offsets: tuple[int, ...]
     D: int
     head_names: tuple[str, ...] = ()
-    head_mask: torch.Tensor = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    head_mask: torch.Tensor = field(  # type: ignore[assignment]
+        default=None, compare=False, repr=False)
 
     @classmethod
     def from_module(cls, model: nn.Module) -> ParamSpec:
