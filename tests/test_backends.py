@@ -35,6 +35,17 @@ from sfg.sim.params import (
     unflatten,
 )
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Single-threaded kernels: on a shared machine a two-thread kernel stalls whenever
+    another process holds a core. Worker-thread variants (``workers=2``) still run threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 SHAPES = {"mlp": (64,), "small-cnn": (1, 8, 8), "cnn": (3, 32, 32), "resnet18-gn": (3, 16, 16)}
 BACKENDS = ["loop", "vmap", "batched", "loop:workers=2", "vmap:workers=2,chunk=1",
             "batched:workers=2", "batched:channels_last=false", "loop:channels_last=false"]

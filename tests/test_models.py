@@ -11,6 +11,16 @@ from sfg.models import MODELS, count_parameters, load_backbone, make_model
 from sfg.sim.params import init_params
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Single-threaded kernels: on a shared machine a two-thread kernel stalls whenever
+    another process holds a core. Worker-thread variants (``workers=2``) still run threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_paper_cnn_has_exactly_878538_parameters():
     model = make_model("cnn", input_shape=(3, 32, 32), num_classes=10)
     # conv5x5(3->32), conv5x5(32->64), fc(64*5*5 -> 512), head(512 -> 10), all with biases

@@ -913,7 +913,12 @@ def make_backend(name: str | Component, model: nn.Module, *,
                  device: str | torch.device = "cpu") -> Backend:
     """Build a backend by name (``"loop"``, ``"vmap"``, ``"batched"``, ``"auto"``; options as
     ``"vmap:chunk=25"``, ``"loop:workers=1"``). ``model`` fixes the architecture; its own
-    parameter values are never used (training reads the flat rows it is given)."""
+    parameter values are never used (training reads the flat rows it is given). ``"auto"``
+    returns the backend :func:`auto_choice` names; its ``name`` says which.
+
+    Options: ``workers`` (CPU threads over client chunks; 0 = torch's thread count on CPU,
+    1 on CUDA), ``chunk`` (vmap/batched: at most this many clients per pass, bounds memory;
+    0 = all), ``channels_last`` (loop/batched convolutions; default on)."""
     comp = name if isinstance(name, Component) else parse_component(name, kind="backend")
     check(not comp.modifiers, f"backend {comp.text!r} takes no '+' modifiers")
     params = BACKENDS.check_params(comp.name, comp.params)
