@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from .engine import RoundWeights, advance, caps_at
@@ -44,6 +45,7 @@ DEFAULT_N = 100
 DEFAULT_T = 300
 DEFAULT_GRAPH = "knn:k=6"
 EXACT_PAIRS = 20_000
+DENSE_HORIZON_MAX = 50_000  # adopters × senders up to which the self-return update is dense
 
 
 @dataclass
@@ -84,10 +86,14 @@ class _Horizon:
                 sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, by receiver
                 lens = rg.indptr[rows + 1] - rg.indptr[rows]
                 senders, col = np.unique(rg.send[sl], return_inverse=True)
-                W_rows = np.zeros((rows.size, senders.size))
-                W_rows[np.repeat(np.arange(rows.size), lens), col] = w[sl]
+                row_of = np.repeat(np.arange(rows.size), lens)
+                if rows.size * senders.size <= DENSE_HORIZON_MAX:
+                    W_rows = np.zeros((rows.size, senders.size))
+                    W_rows[row_of, col] = w[sl]
+                else:  # large N: a sparse product, cost ∝ adopters' slots × columns
+                    W_rows = sp.csr_matrix((w[sl], (row_of, col)), shape=(rows.size, senders.size))
                 # all columns (dead ones are overwritten when their block is reused): one
-                # contiguous single-threaded BLAS product beats gathering the live ones
+                # contiguous product beats gathering the live ones
                 self.C[rows] = W_rows @ self.C[senders]
             self.acc[live] += self.C[self.recv[live], live]
         # start s − h + 1 (block (s + 1) mod h) has its h terms now
