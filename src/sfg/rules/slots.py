@@ -10,13 +10,14 @@ the simulator runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..rounds import RoundGraph
 
 
+@dataclass
 class Slots:
     """Common interface. Per-slot arrays (shape [S]) are the *sender's* values.
 
@@ -59,17 +60,14 @@ class Slots:
 
     def own(self, x: np.ndarray) -> np.ndarray:
         """The receiver's own slot value of ``x``, broadcast per slot."""
-        return self.sum(np.where(self.is_self, x, 0), self.is_self | True)
+        raise NotImplementedError
 
     def neighbours(self) -> np.ndarray:
         """Live neighbour slots: candidates other than the receiver."""
         return self.cand & ~self.is_self
 
     def with_lags(self, lag: np.ndarray) -> Slots:
-        out = object.__new__(type(self))
-        out.__dict__.update(self.__dict__)
-        out.lag = lag
-        return out
+        return replace(self, lag=lag)
 
 
 def _fill(x: np.ndarray, mask: np.ndarray, value) -> np.ndarray:
@@ -92,17 +90,7 @@ def _neutral(x: np.ndarray, kind: str):
 class BatchSlots(Slots):
     """All receivers of a round at once (slots of a :class:`RoundGraph`)."""
 
-    rg: RoundGraph
-    t: int
-    is_self: np.ndarray
-    cand: np.ndarray
-    age: np.ndarray
-    lag: np.ndarray
-    count: np.ndarray
-    local_count: np.ndarray
-    q: np.ndarray
-    u: np.ndarray
-    key: np.ndarray
+    rg: RoundGraph = field(kw_only=True)
 
     def _reduce(self, ufunc, kind, x, mask):
         m = self.cand if mask is None else (self.cand & mask)
@@ -141,17 +129,6 @@ class BatchSlots(Slots):
 @dataclass
 class ReceiverSlots(Slots):
     """One receiver's candidates (slot 0 is the receiver itself); the one-receiver form."""
-
-    t: int
-    is_self: np.ndarray
-    cand: np.ndarray
-    age: np.ndarray
-    lag: np.ndarray
-    count: np.ndarray
-    local_count: np.ndarray
-    q: np.ndarray
-    u: np.ndarray
-    key: np.ndarray
 
     def _reduce(self, fn, kind, x, mask):
         m = self.cand if mask is None else (self.cand & mask)
