@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -110,19 +109,36 @@ def test_round_trip_real_flash_window(tmp_path):
     np.testing.assert_array_equal(back.available, tr.available)
 
 
-def test_parquet(tmp_path):
+def test_parquet_round_trip_and_user_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     tr = Trace(available=np.eye(3, dtype=bool), devices=["a", "b", "c"], round_minutes=10,
                start=["minute 0"] * 3)
-    if importlib.util.find_spec("pyarrow") is None:
-        with pytest.raises(SfgError, match="pyarrow"):
-            save_tabular(tr, tmp_path / "t.parquet")
-        (tmp_path / "x.parquet").write_bytes(b"PAR1")
-        with pytest.raises(SfgError, match="install it"):
-            load_tabular(tmp_path / "x.parquet")
-    else:
-        p = save_tabular(tr, tmp_path / "t.parquet")
-        back = load_tabular(p)
+    for form in ("rounds", "intervals"):
+        p = save_tabular(tr, tmp_path / f"t-{form}.parquet", form=form)
+        back = load_tabular(p, rounds=3)
         np.testing.assert_array_equal(back.available, tr.available)
+    # a file a user's own pipeline wrote, in the documented long form
+    table = pa.table({"device": ["x", "x", "y"], "round": [0, 2, 1], "available": [1, 1, 1]})
+    pq.write_table(table, tmp_path / "fleet.parquet")
+    fleet = load_tabular(tmp_path / "fleet.parquet", rounds=3)
+    assert fleet.devices == ["x", "y"]
+    np.testing.assert_array_equal(fleet.available, [[1, 0], [0, 1], [1, 0]])
+
+
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    tr = Trace(available=np.eye(3, dtype=bool), devices=["a", "b", "c"], round_minutes=10,
+               start=["minute 0"] * 3)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(SfgError, match="pyarrow"):
+        save_tabular(tr, tmp_path / "t.parquet")
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    with pytest.raises(SfgError, match="install it"):
+        load_tabular(tmp_path / "x.parquet")
 
 
 @pytest.mark.parametrize("text,match", [
