@@ -305,6 +305,8 @@ def test_two_histories_same_ages_and_counts_different_lags():
     ("sfg-cut:L=-1", "L=-1"),
     ("sfg+ipww", "did you mean 'ipw'"),
     ("sfg:gamma=abc", "must be a number"),
+    ("pwg+ipw", "does not support +ipw"),
+    ("model-memory:c=0.5", "does not support c"),
 ])
 def test_bad_rule_names(text, fragment):
     with pytest.raises(SfgError, match=None) as e:

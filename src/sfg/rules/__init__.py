@@ -234,6 +234,13 @@ def parse_rule(text: str | Component) -> Rule:
                            f"{did_you_mean(m, MODIFIERS)}")
     params = RULES.check_params(name, comp.params)
     _validate(name, params)
+    if "model" in RULES.entry(name).tags:
+        unsupported = [f"+{m}" for m in modifiers if m != "catchup"]
+        if params.get("c", 1.0) != 1.0:
+            unsupported.append("c")
+        if unsupported:
+            raise SfgError(f"rule {name!r} reads model parameters and does not support "
+                           f"{', '.join(unsupported)}; only +catchup composes with it")
     return Rule(name=name, params=params, modifiers=tuple(modifiers), text=comp.text or name)
 
 
