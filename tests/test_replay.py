@@ -154,13 +154,3 @@ def test_stacked_lanes_give_exactly_what_each_lane_gives_alone():
     rows_one = replay(["iid:u=0.5"], ["sfg", "dfedavg"], [1, 2], n=25, T=40, batch_clients=1,
                       horizon=10)
     assert rows == rows_one
-
-
-def test_sparse_self_return_update_equals_dense(monkeypatch):
-    import sfg.replay as R
-
-    g, avail = build_scenario("iid:u=0.5", n=30, T=40, graph="knn:k=4", seed=4)
-    dense = replay_trace(avail, g, "sfg-l", seed=4, horizon=8).metrics["H"]
-    monkeypatch.setattr(R, "DENSE_HORIZON_MAX", 0)
-    sparse = replay_trace(avail, g, "sfg-l", seed=4, horizon=8).metrics["H"]
-    assert sparse == pytest.approx(dense, rel=1e-12)

@@ -45,7 +45,6 @@ DEFAULT_N = 100
 DEFAULT_T = 300
 DEFAULT_GRAPH = "knn:k=6"
 EXACT_PAIRS = 20_000
-DENSE_HORIZON_MAX = 50_000  # adopters × senders up to which the self-return update is dense
 
 
 @dataclass
@@ -63,7 +62,7 @@ class _Horizon:
     by each later round's W; [W^{s−1}⋯W^{t+1}]_ii is then that column's entry i. The columns
     of start t live in block t mod h of a ring buffer (h blocks of ``cap`` columns, cap = the
     most pairs of any start). Only the rows of clients that adopted an aggregate change in a
-    round (the others have identity rows), so a round costs adopters × senders × columns.
+    round (the others have identity rows), so a round costs (adopters' slots) × columns.
     """
 
     def __init__(self, rg: RoundGraph, h: int, pairs: dict[int, np.ndarray]):
@@ -85,16 +84,11 @@ class _Horizon:
                 rows = np.flatnonzero(adopt)
                 sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, by receiver
                 lens = rg.indptr[rows + 1] - rg.indptr[rows]
-                senders, col = np.unique(rg.send[sl], return_inverse=True)
-                row_of = np.repeat(np.arange(rows.size), lens)
-                if rows.size * senders.size <= DENSE_HORIZON_MAX:
-                    W_rows = np.zeros((rows.size, senders.size))
-                    W_rows[row_of, col] = w[sl]
-                else:  # large N: a sparse product, cost ∝ adopters' slots × columns
-                    W_rows = sp.csr_matrix((w[sl], (row_of, col)), shape=(rows.size, senders.size))
-                # all columns (dead ones are overwritten when their block is reused): one
-                # contiguous product beats gathering the live ones
-                self.C[rows] = W_rows @ self.C[senders]
+                indptr = np.concatenate([[0], np.cumsum(lens)])
+                W_rows = sp.csr_matrix((w[sl], rg.send[sl], indptr), shape=(rows.size, rg.n))
+                # a sparse product over all columns (dead ones are overwritten when their block
+                # is reused): cost ∝ adopters' slots × columns, no gathers
+                self.C[rows] = W_rows @ self.C
             self.acc[live] += self.C[self.recv[live], live]
         # start s − h + 1 (block (s + 1) mod h) has its h terms now
         b = (s + 1) % self.h
