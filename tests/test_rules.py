@@ -12,7 +12,7 @@ from sfg.rounds import RoundGraph
 from sfg.rules import BatchSlots, parse_rule, rule_names
 
 MODEL_FREE = [r for r in rule_names() if "model" not in parse_rule(r).tags]
-VARIANTS = MODEL_FREE + ["sfg-l:gamma=0.3+ipw", "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded",
+VARIANTS = MODEL_FREE + ["oracle-gls:kappa=0.3", "oracle-qp:kappa=5","sfg-l:gamma=0.3+ipw", "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded",
                          "sfg-cut:L=2", "sfg:c=0.5", "limited-merging:L=2", "sfg-cut:L=0"]
 
 
@@ -35,9 +35,10 @@ def random_instance(rng: np.random.Generator, n: int, p_edge: float = 0.4, t: in
     cand = aggregating[rg.recv] & (rg.is_self | sends[rg.send])
     u = rng.random(n)[rg.recv]
     key = rng.random(rg.n_slots)
+    missed = rng.random((n, t)) * (rng.random((n, t)) < 0.3)  # rows of A (oracles)
     s = BatchSlots(rg=rg, t=t, is_self=rg.is_self, cand=cand, age=ages[rg.send],
                    lag=lags[rg.send], count=counts[rg.send], local_count=local_counts[rg.send],
-                   q=q, u=u, key=key)
+                   q=q, u=u, key=key, missed=missed[rg.send])
     return rg, s, aggregating
 
 
@@ -96,7 +97,8 @@ def test_relabelling_invariance(name):
         inv = np.argsort(perm)
         m = np.array([old_index[(int(inv[a]), int(inv[b]))] for a, b in zip(rg2.recv, rg2.send, strict=True)])
         s2 = BatchSlots(rg=rg2, t=s.t, is_self=rg2.is_self, cand=s.cand[m], age=s.age[m], lag=s.lag[m],
-                        count=s.count[m], local_count=s.local_count[m], q=s.q[m], u=s.u[m], key=s.key[m])
+                        count=s.count[m], local_count=s.local_count[m], q=s.q[m], u=s.u[m], key=s.key[m],
+                        missed=s.missed[m])
         w1 = rule.weights(s, aggregating=agg)
         w2 = rule.weights(s2, aggregating=agg[inv])
         if rule.random:
@@ -120,7 +122,7 @@ def test_batched_equals_one_receiver(seed, n, name):
         c = s.cand[sl]
         w1 = rule.weights_one(ages=s.age[sl][c], lags=s.lag[sl][c], counts=s.count[sl][c],
                               local_counts=s.local_count[sl][c], q_hat=s.q[sl][c], t=s.t,
-                              u=float(s.u[sl][0]), keys=s.key[sl][c])
+                              u=float(s.u[sl][0]), keys=s.key[sl][c], missed=s.missed[sl][c])
         np.testing.assert_allclose(w[sl][c], w1, atol=1e-12)
         assert np.all(w[sl][~c] == 0)
 
@@ -322,3 +324,31 @@ def test_parse_forms():
     assert r.name == "aoi" and r.ipw
     assert parse_rule("limited-merging:L=2").params["L"] == 2
     assert parse_rule("sfg-cut+catchup").catchup
+
+
+def test_oracles_hand_case():
+    # receiver missed 3 rounds, neighbour none: G = diag(3, 0) (A rows [1,1,1] and [0,0,0])
+    A = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    for name in ("oracle-gls:kappa=0.5", "oracle-qp:kappa=0.5"):
+        w = one(name, ages=[3, 0], missed=A, t=3)
+        np.testing.assert_allclose(w, np.array([1 / 2.5, 1.0]) / (1 / 2.5 + 1))
+        # without staleness (A = 0) both are uniform
+        np.testing.assert_allclose(one(name, ages=[0, 0, 0], missed=np.zeros((3, 4))), [1 / 3] * 3)
+
+
+def test_oracle_qp_is_the_simplex_optimum():
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(7)
+    for _ in range(25):
+        k = int(rng.integers(2, 7))
+        A = rng.random((k, 6)) * (rng.random((k, 6)) < 0.5) + np.outer(rng.random(k) < 0.3, np.ones(6))
+        kappa = float(rng.uniform(0.1, 5))
+        w = one(f"oracle-qp:kappa={kappa}", ages=np.zeros(k), missed=A)
+        M = np.eye(k) + kappa * A @ A.T
+        res = minimize(lambda x, M=M: x @ M @ x, np.full(k, 1 / k), method="SLSQP",
+                       bounds=[(0, 1)] * k,
+                       constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1}],
+                       options={"ftol": 1e-14, "maxiter": 500})
+        assert w @ M @ w <= res.fun + 1e-9
+        assert abs(w.sum() - 1) < 1e-12 and np.all(w >= 0)

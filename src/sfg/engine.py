@@ -59,7 +59,8 @@ def batch_slots(rg: RoundGraph, state: StalenessState, candidate: np.ndarray, *,
         u = key = np.zeros(rg.n_slots)
     return BatchSlots(rg=rg, t=state.t, is_self=rg.is_self, cand=candidate,
                       age=state.ages[send], lag=state.lags[send], count=state.counts[send],
-                      local_count=state.local_counts[send], q=state.q_hat, u=u, key=key)
+                      local_count=state.local_counts[send], q=state.q_hat, u=u, key=key,
+                      missed=None if state.missed is None else state.missed[send])
 
 
 def round_weights(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, *,

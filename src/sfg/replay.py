@@ -324,7 +324,7 @@ def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_
     from .engine import batch_slots, candidate_mask
     from .rules import normalise
 
-    state = init_state(rg)
+    state = init_state(rg, rounds=T, track_missed=any(g.rule.oracle for g in groups))
     acc = _Analyses(rg, T, lane_starts)
     any_random = any(g.rule.random for g in groups)
     for t in range(T):
@@ -342,7 +342,8 @@ def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_
             sub = type(slots)(rg=grp.rg, t=t, is_self=grp.rg.is_self, cand=cand[sl],
                               age=slots.age[sl], lag=slots.lag[sl], count=slots.count[sl],
                               local_count=slots.local_count[sl], q=slots.q[sl], u=slots.u[sl],
-                              key=slots.key[sl])
+                              key=slots.key[sl],
+                              missed=None if slots.missed is None else slots.missed[sl])
             h[sl] = grp.rule.scores(sub)
         w = normalise(h, slots, caps.adopt)
         rw = RoundWeights(weights=w, candidate=cand, slots=slots)

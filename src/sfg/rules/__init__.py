@@ -70,6 +70,8 @@ register_rule("copy-random", L.copy_random, tags=("control", "random"))
 register_rule("placebo-cut", L.placebo_cut, params={"L": 1.0}, tags=("control", "random"))
 register_rule("cut-ages", L.cut_ages, tags=("control",))
 register_rule("receiver-kept", L.receiver_kept, params={"L": 1.0}, tags=("control",))
+register_rule("oracle-gls", L.oracle_gls, params={"kappa": 1.0}, tags=("oracle",))
+register_rule("oracle-qp", L.oracle_qp, params={"kappa": 1.0}, tags=("oracle",))
 # Model-reading rules (SPEC §3.2): implemented in sfg.sim.model_rules (training only).
 register_rule("model-memory", None, tags=("baseline", "model"),
               doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")
@@ -88,7 +90,7 @@ register_rule("pwg-l", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "
 
 def _validate(name: str, params: dict[str, Any]) -> None:
     for key, value in params.items():
-        if key in ("gamma", "L", "c", "base") and not isinstance(value, (int, float)):
+        if key in ("gamma", "L", "c", "base", "kappa") and not isinstance(value, (int, float)):
             raise SfgError(f"rule {name!r}: {key} must be a number, got {value!r}")
     if "gamma" in params and not 0.0 <= params["gamma"] <= 1.0:
         raise SfgError(f"rule {name!r}: gamma={params['gamma']} must lie in [0, 1] "
@@ -97,6 +99,8 @@ def _validate(name: str, params: dict[str, Any]) -> None:
         raise SfgError(f"rule {name!r}: margin L={params['L']} must be >= 0")
     if "base" in params and not 0.0 <= params["base"] <= 1.0:
         raise SfgError(f"rule {name!r}: base={params['base']} must lie in [0, 1]")
+    if "kappa" in params and params["kappa"] < 0:
+        raise SfgError(f"rule {name!r}: kappa={params['kappa']} must be >= 0")
     if "c" in params and params["c"] < 0:
         raise SfgError(f"rule {name!r}: self-weight c={params['c']} must be >= 0")
 
@@ -122,6 +126,11 @@ class Rule:
     @property
     def reads_models(self) -> bool:
         return "model" in self.tags
+
+    @property
+    def oracle(self) -> bool:
+        """Reads the missed-fraction matrix A (global information; analysis only, SPEC §3.4)."""
+        return "oracle" in self.tags
 
     @property
     def random(self) -> bool:
@@ -168,21 +177,22 @@ class Rule:
         return normalise(self.scores(s), s, aggregating)
 
     def weights_one(self, *, ages, lags=None, counts=None, local_counts=None, q_hat=None,
-                    t: int | None = None, u: float = 0.5, keys=None) -> np.ndarray:
+                    t: int | None = None, u: float = 0.5, keys=None, missed=None) -> np.ndarray:
         """One receiver's weights over its candidates; index 0 is the receiver (SPEC §1 step 2).
 
         ages [k] int, lags [k] float (default = ages), counts [k] int (default 1),
         local_counts [k] int (default = counts), q_hat [k] float (receiver's estimate per
         candidate; entry 0 ignored, default 1), t = round index (default max lag), u = this
-        receiver's uniform draw (copy-random), keys [k] uniform keys (placebo-cut).
+        receiver's uniform draw (copy-random), keys [k] uniform keys (placebo-cut), missed
+        [k, T] the candidates' rows of A (oracles).
         """
         s = receiver_slots(ages=ages, lags=lags, counts=counts, local_counts=local_counts,
-                           q_hat=q_hat, t=t, u=u, keys=keys)
+                           q_hat=q_hat, t=t, u=u, keys=keys, missed=missed)
         return normalise(self.scores(s), s)
 
 
 def receiver_slots(*, ages, lags=None, counts=None, local_counts=None, q_hat=None,
-                   t: int | None = None, u: float = 0.5, keys=None) -> ReceiverSlots:
+                   t: int | None = None, u: float = 0.5, keys=None, missed=None) -> ReceiverSlots:
     ages = np.asarray(ages, dtype=np.int64).reshape(-1)
     k = ages.shape[0]
     if k < 1:
@@ -203,7 +213,7 @@ def receiver_slots(*, ages, lags=None, counts=None, local_counts=None, q_hat=Non
     is_self[0] = True
     return ReceiverSlots(t=int(t), is_self=is_self, cand=np.ones(k, bool), age=ages, lag=lags,
                          count=counts, local_count=local_counts, q=q, u=np.full(k, float(u)),
-                         key=keys)
+                         key=keys, missed=None if missed is None else np.asarray(missed, float))
 
 
 def normalise(h: np.ndarray, s: Slots, aggregating: np.ndarray | None = None) -> np.ndarray:

@@ -164,3 +164,69 @@ def cut_ages(s: Slots) -> np.ndarray:
 def receiver_kept(s: Slots, *, L: float) -> np.ndarray:
     """``receiver-kept``: ``sfg-cut`` that never drops the receiver."""
     return np.where(s.is_self, np.maximum(1.0 + s.t - s.lag, 0.0), sfg_cut(s, L=L))
+
+
+# ----------------------------------------------------------------- oracles (SPEC §3.4)
+# They read the missed-fraction matrix A (global information): analysis only, replay only.
+def _oracle_system(s: Slots, kappa: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per receiver: padded slot index, valid candidates and Σ' = I + κ·G, G = A_S A_Sᵀ."""
+    if s.missed is None:
+        raise ValueError("oracle rules need the missed-fraction matrix A (track_missed)")
+    idx, valid = s.segments()
+    valid = valid & s.cand[idx]
+    rows = np.where(valid[..., None], s.missed[idx], 0.0)  # [R, k, T]
+    G = np.einsum("rkt,rlt->rkl", rows, rows)
+    k = valid.shape[1]
+    return idx, valid, np.eye(k)[None] + kappa * G
+
+
+def _scatter(s: Slots, idx: np.ndarray, valid: np.ndarray, values: np.ndarray) -> np.ndarray:
+    h = np.zeros(s.is_self.shape)
+    h[idx[valid]] = values[valid]
+    return h
+
+
+def oracle_gls(s: Slots, *, kappa: float) -> np.ndarray:
+    """``oracle-gls``: w ∝ Σ'^{-1} 1 clipped at 0, Σ' = I + κ·G (G from A). Oracle: analysis only."""
+    idx, valid, M = _oracle_system(s, kappa)
+    x = np.linalg.solve(M, valid.astype(np.float64)[..., None])[..., 0]
+    return _scatter(s, idx, valid, np.maximum(x, 0.0))
+
+
+def _simplex_min(M: np.ndarray, valid: np.ndarray, iters: int) -> np.ndarray:
+    """argmin wᵀMw over the probability simplex on ``valid`` entries, batched (active set).
+
+    Starts from all valid entries; solves the equality-constrained problem on the active set
+    (w ∝ M_A^{-1} 1), drops the most negative entry while any is negative, and adds back the
+    inactive entry with the most negative KKT multiplier (M w)_j − wᵀMw until none is.
+    """
+    R, k = valid.shape
+    active = valid.copy()
+    w = np.zeros((R, k))
+    for _ in range(iters):
+        Ma = np.where(active[:, :, None] & active[:, None, :], M, np.eye(k)[None])
+        x = np.linalg.solve(Ma, active.astype(np.float64)[..., None])[..., 0]
+        w_new = x / np.maximum(x.sum(axis=1, keepdims=True), 1e-300)
+        neg = active & (w_new < -1e-12)
+        drop = neg.any(axis=1)
+        if drop.any():
+            worst = np.argmin(np.where(neg, w_new, np.inf), axis=1)
+            active[np.flatnonzero(drop), worst[drop]] = False
+        keep = ~drop
+        w[keep] = np.where(active[keep], w_new[keep], 0.0)
+        grad = np.einsum("rkl,rl->rk", M, w)
+        lam = np.einsum("rk,rk->r", w, grad)
+        viol = valid & ~active & (grad < lam[:, None] - 1e-12) & keep[:, None]
+        add = viol.any(axis=1)
+        if add.any():
+            best = np.argmin(np.where(viol, grad, np.inf), axis=1)
+            active[np.flatnonzero(add), best[add]] = True
+        if not drop.any() and not add.any():
+            break
+    return w
+
+
+def oracle_qp(s: Slots, *, kappa: float) -> np.ndarray:
+    """``oracle-qp``: minimise Σ w² + κ·wᵀGw over the probability simplex. Oracle: analysis only."""
+    idx, valid, M = _oracle_system(s, kappa)
+    return _scatter(s, idx, valid, _simplex_min(M, valid, iters=4 * valid.shape[1] + 4))

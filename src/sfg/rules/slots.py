@@ -31,6 +31,8 @@ class Slots:
     q:            [S] float64 receiver's link-reception estimate q̂_ij (1 on the self slot)
     u:            [S] float64 the receiver's uniform draw (copy-random), broadcast per slot
     key:          [S] float64 a uniform key per slot (placebo-cut)
+    missed:       [S, T] float64 rows of the missed-fraction matrix A of each candidate model
+                  (oracles only; None otherwise)
     """
 
     t: int
@@ -43,6 +45,7 @@ class Slots:
     q: np.ndarray
     u: np.ndarray
     key: np.ndarray
+    missed: np.ndarray | None = None
 
     # -- segment reductions over candidates (optionally further masked), broadcast per slot
     def min(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -60,6 +63,10 @@ class Slots:
 
     def own(self, x: np.ndarray) -> np.ndarray:
         """The receiver's own slot value of ``x``, broadcast per slot."""
+        raise NotImplementedError
+
+    def segments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Slots padded per receiver: (index [R, kmax] int64, valid [R, kmax] bool)."""
         raise NotImplementedError
 
     def neighbours(self) -> np.ndarray:
@@ -109,6 +116,13 @@ class BatchSlots(Slots):
     def own(self, x):
         return x[self.rg.indptr[:-1]][self.rg.recv]
 
+    def segments(self):
+        lens = np.diff(self.rg.indptr)
+        k = np.arange(int(lens.max()))
+        valid = k[None, :] < lens[:, None]
+        idx = np.minimum(self.rg.indptr[:-1, None] + k[None, :], self.rg.n_slots - 1)
+        return idx, valid
+
     def rank(self, key, mask):
         rg = self.rg
         m = mask & self.cand
@@ -145,6 +159,10 @@ class ReceiverSlots(Slots):
 
     def own(self, x):
         return np.full(x.shape, x[0], dtype=x.dtype)
+
+    def segments(self):
+        k = self.is_self.shape[0]
+        return np.arange(k)[None, :], np.ones((1, k), bool)
 
     def rank(self, key, mask):
         m = mask & self.cand

@@ -223,7 +223,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     model_rule = make_model_rule(rule, N=N, D=spec.D, device=device) if rule.reads_models else None
 
     rg = RoundGraph.from_graph(graph)
-    state = init_state(rg)
+    state = init_state(rg, rounds=T, track_missed=rule.oracle)  # A only for oracle rules
     sizes = clients.sizes
     with_replacement = int((sizes < B).sum())
 
