@@ -19,15 +19,17 @@ def sfg(*args: str) -> subprocess.CompletedProcess:
 
 def test_replay_json(capsys):
     rc = main(["replay", "--process", "iid:u=0.6", "--process", "bursty:u=0.8", "--rule",
-               "dfedavg", "--rule", "sfg-cut", "--seeds", "1,2", "-n", "30", "-T", "60",
-               "--json"])
+               "dfedavg", "--rule", "sfg-cut", "--seeds", "1,2", "-n", "30", "-T", "40",
+               "--json"])  # T < 50: H is undefined and must come out as null, not NaN
     assert rc == 0
-    data = json.loads(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
     assert len(data["rows"]) == 8 and len(data["summary"]) == 4
     row = data["summary"][0]
     for key in ("unavailability", "returns", "premise", "spread_age", "spread_lag", "kept",
                 "self_weight_return", "H"):
         assert key in row
+    assert row["H"] is None
 
 
 def test_replay_table_and_rules_listing():

@@ -153,17 +153,28 @@ def replay(
                           progress=update)
     summary = summarise_replay(rows)
     if as_json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2, default=_json_default))
+        print(dumps_json({"rows": rows, "summary": summary}))
         return
     out.print(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                     f"seeds {','.join(map(str, seed_list))}"))
     out.print(f"[dim]{REPLAY_LEGEND}[/dim]")
 
 
-def _json_default(v: Any):
-    if isinstance(v, float) and math.isnan(v):
-        return None
+def jsonable(v: Any) -> Any:
+    """Strict JSON values: NaN and infinities become null (json.dumps would write NaN)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (str, int, bool)) or v is None:
+        return v
     return str(v)
+
+
+def dumps_json(v: Any) -> str:
+    return json.dumps(jsonable(v), indent=2, allow_nan=False)
 
 
 @app.command("rules")

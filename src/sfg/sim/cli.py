@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Train N personalised models under outages with one rule; print the metrics."""
-        from ..cli import out, progress_bar
+        from ..cli import dumps_json, out, progress_bar
         from .run import simulate
 
         cfg: dict[str, Any] = _load_config(config) if config else {}
@@ -75,8 +75,8 @@ def register(app: typer.Typer) -> None:
         with progress_bar("training", enabled=not as_json) as update:
             res = simulate(cfg, progress=update)
         if as_json:
-            print(json.dumps({"config": cfg, "metrics": res.metrics, "curves": res.curves,
-                              "meta": res.meta}, indent=2))
+            print(dumps_json({"config": cfg, "metrics": res.metrics, "curves": res.curves,
+                              "meta": res.meta}))
             return
         from rich.table import Table
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -61,7 +60,9 @@ def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
     trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability)
     s = trace_stats(trace, include_edges=not interior)
     if as_json:
-        typer.echo(json.dumps(s, indent=2))
+        from ..cli import dumps_json
+
+        typer.echo(dumps_json(s))
         return
     label = s.get("rule") or s.get("variant")
     table = Table(title=f"{s['source']} trace" + (f" ({label})" if label else ""),
