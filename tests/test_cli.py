@@ -81,3 +81,13 @@ def test_parse_seeds():
     assert parse_seeds("1-5") == [1, 2, 3, 4, 5]
     with pytest.raises(SfgError):
         parse_seeds("-1")
+
+
+def test_replay_plot_writes_png(tmp_path, capsys):
+    out = tmp_path / "plots" / "staleness.png"
+    rc = main(["replay", "-p", "bursty:u=0.7", "-r", "dfedavg", "-r", "sfg-cut", "--seeds", "1,2",
+               "-n", "20", "-T", "40", "--plot", str(out), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "curves" not in data["rows"][0]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000

@@ -142,15 +142,22 @@ def replay(
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
+    plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
+    from .replay import plot_staleness
     from .replay import replay as run_replay
 
     seed_list = parse_seeds(seeds)
     with progress_bar("replay", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                          progress=update)
+                          with_curves=plot is not None, progress=update)
+    if plot is not None:
+        written = plot_staleness(rows, plot)
+        for r in rows:
+            r.pop("curves", None)
+        err.print(f"[dim]wrote {written}[/dim]")
     summary = summarise_replay(rows)
     if as_json:
         print(dumps_json({"rows": rows, "summary": summary}))

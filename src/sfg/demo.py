@@ -48,14 +48,18 @@ def run_pilot(console: Console, base: dict) -> tuple[float, float]:
 
 def run_replay_demo(console: Console, *, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
     from .cli import REPLAY_LEGEND, progress_bar, replay_table, summarise_replay
-    from .replay import replay
+    from .replay import plot_staleness, replay
 
     with progress_bar("replay") as update:
-        rows = replay(["bursty:u=0.8"], DEMO_RULES, list(seeds), n=n, T=T, progress=update)
+        rows = replay(["bursty:u=0.8"], DEMO_RULES, list(seeds), n=n, T=T, with_curves=True,
+                      progress=update)
+    OUT.mkdir(exist_ok=True)
+    png = plot_staleness(rows, OUT / "demo-staleness.png")
     console.print(replay_table(summarise_replay(rows),
                                f"2. Model-free replay: N={n} clients on a 6-NN graph, T={T} "
                                f"rounds, seeds {list(seeds)}"))
     console.print(f"[dim]{REPLAY_LEGEND}[/dim]")
+    console.print(f"   mean age and effective lag over rounds: {png}")
 
 
 def run_demo(*, quick: bool = False, console: Console | None = None, resume: bool = False) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -426,12 +427,14 @@ def replay(
     link_failure: float = 0.0,
     horizon: int = 50,
     batch_clients: int = 400,
+    with_curves: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
     Replays are stacked into batches of up to ``batch_clients`` clients (see
-    :func:`replay_batch`); results do not depend on the batching."""
+    :func:`replay_batch`); results do not depend on the batching. ``with_curves`` adds each
+    replay's per-round mean age and lag under the key ``"curves"``."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")
@@ -450,11 +453,49 @@ def replay(
         results = replay_batch([lanes[k][1] for k in batch], anatomy=anatomy,
                                link_failure=link_failure, horizon=horizon)
         for k, res in zip(batch, results, strict=True):
-            rows.append({**lanes[k][0], **res.metrics})
+            rows.append({**lanes[k][0], **res.metrics,
+                         **({"curves": res.curves} if with_curves else {})})
         done += len(batch)
         if progress is not None:
             progress(done, len(lanes))
     return rows
+
+
+def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """PNG of the mean age and mean effective lag over rounds, one line per rule (mean over
+    seeds), one column per process. ``rows`` from :func:`replay` with ``with_curves=True``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    processes = list(dict.fromkeys(r["process"] for r in rows))
+    rules = list(dict.fromkeys(r["rule"] for r in rows))
+    fig, axes = plt.subplots(2, len(processes), figsize=(5 * len(processes), 6.5), squeeze=False,
+                             sharex=True)
+    for j, proc in enumerate(processes):
+        for rule in rules:
+            sel = [r["curves"] for r in rows if r["process"] == proc and r["rule"] == rule]
+            if not sel:
+                continue
+            for i, key in enumerate(("mean_age", "mean_lag")):
+                y = np.mean([c[key] for c in sel], axis=0)
+                axes[i, j].plot(sel[0]["round"], y, label=rule, lw=1.2)
+        axes[0, j].set_title(proc)
+        axes[0, j].set_ylabel("mean age τ")
+        axes[1, j].set_ylabel("mean effective lag ℓ")
+        axes[1, j].set_xlabel("round")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise SfgError(f"cannot write plot {path}: {e.strerror}; choose a writable path") from None
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _batches(lanes: Sequence[Lane], *, max_clients: int) -> list[list[int]]:
