@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -152,17 +151,13 @@ def test_forward_fill_matches_naive_loop(devs):
 
 @pytest.fixture(scope="module")
 def real_states():
-    t = time.perf_counter()
-    states = parse_flash(FLASH)
-    return states, time.perf_counter() - t
+    return parse_flash(FLASH)
 
 
 def test_real_subset_both_rules(real_states):
-    states, parse_s = real_states
-    t = time.perf_counter()
+    states = real_states
     strict = flash_trace(states, rule="strict")
     relaxed = flash_trace(states, rule="relaxed")
-    assert parse_s + time.perf_counter() - t < 20.0  # seconds, not minutes (typically ~1 s)
     assert states.n_events == 106_248 and len(states.devices) == 100
     assert strict.available.shape == (300, strict.meta["devices_eligible"])
     # figures of this 100-device subset (published full-trace figures: 326/1000, 512/1000)
@@ -182,7 +177,7 @@ def test_real_subset_both_rules(real_states):
 
 
 def test_real_subset_deterministic(real_states):
-    states, _ = real_states
+    states = real_states
     again = parse_flash(FLASH)
     a = flash_trace(states, rule="strict")
     b = flash_trace(again, rule="strict")
@@ -191,7 +186,7 @@ def test_real_subset_deterministic(real_states):
 
 
 def test_strict_is_subset_of_relaxed_per_round(real_states):
-    states, _ = real_states
+    states = real_states
     both = [d for d in flash_trace(states, rule="strict").devices]
     s = flash_trace(states, rule="strict", min_availability=0.0)
     r = flash_trace(states, rule="relaxed", min_availability=0.0)
