@@ -180,26 +180,46 @@ class Store:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._con: sqlite3.Connection | None = None
-        try:
-            self._con = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
-                                        check_same_thread=False)
-            self._con.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            self._con.execute("PRAGMA journal_mode = WAL")
-            self._con.execute("PRAGMA synchronous = NORMAL")
-            self._con.execute("PRAGMA foreign_keys = ON")
-            meta = self._read_meta()
-            if not meta:
-                self._create_schema()
-            elif (meta.get("application"), meta.get("schema_version")) != (
-                    APPLICATION, str(SCHEMA_VERSION)):
-                raise SfgError(f"{self.path} is not an sfg results store of schema version "
-                               f"{SCHEMA_VERSION}; give a new file name for --store")
-        except (sqlite3.DatabaseError, SfgError) as e:
-            if getattr(self, "_con", None) is not None:
-                self._con.close()
-            if isinstance(e, SfgError):
-                raise
-            raise SfgError(f"cannot open results store {self.path}: {e}") from None
+        # Several processes opening a new store at once race to switch it to WAL; SQLite then
+        # answers "database is locked" at once, without waiting on the busy handler, so the
+        # opening is retried (with a short back-off) until busy_timeout has passed.
+        deadline = time.monotonic() + busy_timeout
+        delay = 0.01
+        while True:
+            try:
+                self._open(busy_timeout)
+                return
+            except sqlite3.OperationalError as e:
+                self._close_quietly()
+                if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                    raise SfgError(f"cannot open results store {self.path}: {e}") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+            except (sqlite3.DatabaseError, SfgError) as e:
+                self._close_quietly()
+                if isinstance(e, SfgError):
+                    raise
+                raise SfgError(f"cannot open results store {self.path}: {e}") from None
+
+    def _open(self, busy_timeout: float) -> None:
+        self._con = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
+                                    check_same_thread=False)
+        self._con.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        self._con.execute("PRAGMA journal_mode = WAL")
+        self._con.execute("PRAGMA synchronous = NORMAL")
+        self._con.execute("PRAGMA foreign_keys = ON")
+        meta = self._read_meta()
+        if not meta:
+            self._create_schema()
+        elif (meta.get("application"), meta.get("schema_version")) != (
+                APPLICATION, str(SCHEMA_VERSION)):
+            raise SfgError(f"{self.path} is not an sfg results store of schema version "
+                           f"{SCHEMA_VERSION}; give a new file name for --store")
+
+    def _close_quietly(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
 
     def _read_meta(self) -> dict[str, str]:
         if self._con.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
