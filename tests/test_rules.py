@@ -352,3 +352,12 @@ def test_oracle_qp_is_the_simplex_optimum():
                        options={"ftol": 1e-14, "maxiter": 500})
         assert w @ M @ w <= res.fun + 1e-9
         assert abs(w.sum() - 1) < 1e-12 and np.all(w >= 0)
+
+
+def test_dfedavg_local_and_update_amplification_hand_cases():
+    np.testing.assert_allclose(one("dfedavg", ages=[5, 0, 2, 1]), [0.25] * 4)
+    np.testing.assert_allclose(one("local", ages=[5, 0, 2]), [1, 0, 0])
+    # update amplification mixes like DFedAvg; its effect is on the local update (sfg run)
+    np.testing.assert_allclose(one("update-amplification:c=2", ages=[5, 0]), [0.5, 0.5])
+    assert parse_rule("update-amplification:c=2").amplify == 2.0
+    assert parse_rule("sfg").amplify is None
