@@ -75,7 +75,6 @@ class _Horizon:
         self.live = np.zeros(width, bool)      # column in use
         self.acc = np.zeros(width)
         self.done: list[np.ndarray] = []
-        self.done_recv: list[np.ndarray] = []
 
     def step(self, s: int, w: np.ndarray, adopt: np.ndarray) -> None:
         rg, cap = self.rg, self.cap
@@ -109,14 +108,11 @@ class _Horizon:
 
     def _finish(self, cols: np.ndarray) -> None:
         self.done.append(self.acc[cols].copy())
-        self.done_recv.append(self.recv[cols].copy())
         self.live[cols] = False
 
-    def values(self) -> tuple[np.ndarray, np.ndarray]:
-        """(H values, their receivers)."""
-        if not self.done:
-            return np.zeros(0), np.zeros(0, np.int64)
-        return np.concatenate(self.done), np.concatenate(self.done_recv)
+    def values(self) -> np.ndarray:
+        """H of every finished (start, receiver) pair."""
+        return np.concatenate(self.done) if self.done else np.zeros(0)
 
 
 _TOTALS = ("agg", "returns", "ret_nb", "stalest", "spread_age", "spread_lag", "kept", "self_w",
@@ -356,7 +352,7 @@ def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_
             progress(t + 1, T)
 
     totals, mean_age, mean_lag = acc.finish()
-    H_of = {nodes.start: hz.values()[0] for hz, nodes, _ in horizons}
+    H_of = {nodes.start: hz.values() for hz, nodes, _ in horizons}
 
     def ratio(a: float, b: float) -> float:
         return float(a / b) if b else float("nan")
