@@ -253,22 +253,162 @@ class _RuleGroup:
         return u, key
 
 
+ENGINES = ("auto", "compiled", "numpy")
+
+
 def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: float = 0.0,
                  horizon: int = 50, exact_pairs: int = EXACT_PAIRS, sample_pairs: int = 1000,
-                 progress: Callable[[int, int], None] | None = None) -> list[ReplayResult]:
-    """Replay several (trace, graph, rule, seed) lanes at once, stacked as one disjoint graph.
+                 progress: Callable[[int, int], None] | None = None,
+                 engine: str = "auto") -> list[ReplayResult]:
+    """Replay several (trace, graph, rule, seed) lanes; every lane gives exactly what it would
+    give alone (its random draws, link failures and horizon sample are keyed by its own seed).
 
-    Every lane gives exactly what it would give alone (its random draws, link failures and
-    horizon sample are keyed by its own seed); stacking only amortises the per-round work over
-    all lanes' clients. Lanes must share the number of rounds T.
+    engine:
+      * ``"compiled"`` — each lane in one numba kernel (:mod:`sfg.replay_kernel`); every
+        model-free rule but the oracles;
+      * ``"numpy"`` — the lanes stacked as one disjoint graph and run through the simulator's
+        own round code (:mod:`sfg.engine`), one vectorised numpy pass per round; stacking
+        amortises numpy's per-call cost over all lanes' clients. Runs every rule;
+      * ``"auto"`` (default) — compiled where the kernel has the rule, numpy for the rest.
 
-    BLAS runs single-threaded here: the products are small, and a multi-threaded OpenBLAS
-    spends far longer synchronising its threads than computing them (measured: 16 ms instead
-    of 0.13 ms for a 20×60 by 60×1750 product on the 2-core development machine).
+    The two engines agree to rounding (tested weight by weight); lanes must share T.
+
+    BLAS runs single-threaded in the numpy engine: the products are small, and a
+    multi-threaded OpenBLAS spends far longer synchronising its threads than computing them
+    (measured: 16 ms instead of 0.13 ms for a 20×60 by 60×1750 product on the 2-core
+    development machine).
     """
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _replay_batch(lanes, anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                             exact_pairs=exact_pairs, sample_pairs=sample_pairs, progress=progress)
+    from . import replay_kernel
+
+    check(engine in ENGINES, f"unknown replay engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    check(len(lanes) > 0, "nothing to replay")
+    T = lanes[0].available.shape[0]
+    check(all(ln.available.shape[0] == T for ln in lanes), "lanes must have the same rounds")
+    if engine == "compiled":
+        bad = [str(ln.rule) for ln in lanes if not replay_kernel.supports(ln.rule)]
+        if bad:
+            why = ("numba is not installed" if not replay_kernel.HAVE_NUMBA else
+                   "the compiled engine has every model-free rule but the oracles")
+            raise SfgError(f"rule {bad[0]!r} cannot run on the compiled engine ({why}); "
+                           "use engine 'numpy' or 'auto'")
+    fast = [k for k, ln in enumerate(lanes)
+            if engine != "numpy" and replay_kernel.supports(ln.rule)]
+    slow = [k for k in range(len(lanes)) if k not in set(fast)]
+    results: list[ReplayResult | None] = [None] * len(lanes)
+    total = len(lanes) * T  # progress counts lane-rounds
+
+    def at(offset: int, scale: int = 1) -> Callable[[int, int], None] | None:
+        if progress is None:
+            return None
+        return lambda t, _T: progress(offset + scale * t, total)
+
+    for done, k in enumerate(fast):
+        results[k] = _replay_compiled(lanes[k], anatomy=anatomy, link_failure=link_failure,
+                                      horizon=horizon, exact_pairs=exact_pairs,
+                                      sample_pairs=sample_pairs, progress=at(done * T))
+    if slow:
+        with threadpool_limits(limits=1, user_api="blas"):
+            out = _replay_batch([lanes[k] for k in slow], anatomy=anatomy,
+                                link_failure=link_failure, horizon=horizon,
+                                exact_pairs=exact_pairs, sample_pairs=sample_pairs,
+                                progress=at(len(fast) * T, len(slow)))
+        for k, res in zip(slow, out, strict=True):
+            results[k] = res
+    return results  # type: ignore[return-value]
+
+
+def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: int,
+                     exact_pairs: int, sample_pairs: int,
+                     progress: Callable[[int, int], None] | None = None,
+                     weights_out: np.ndarray | None = None,
+                     chunk_elems: int = 2_000_000, tile: int = 256) -> ReplayResult:
+    """One lane on the compiled kernel (:mod:`sfg.replay_kernel`). ``weights_out`` [T, E]
+    receives every round's slot weights (tests compare them with the numpy engine)."""
+    from . import replay_kernel as K
+
+    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
+    check(ln.available.shape[1] == ln.graph.n,
+          f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
+    T, n = ln.available.shape
+    rg = RoundGraph.from_graph(ln.graph)
+    E = rg.n_slots
+    caps = capabilities(np.asarray(ln.available, bool), anatomy)
+    live = (link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0
+            else np.zeros((0, 0), bool))
+    rid, prm = K.rule_params(ln.rule)
+    pairs, sampled = horizon_pairs(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
+                                   sample=sample_pairs)
+    ptr = np.zeros(T + 1, np.int64)
+    for t, v in pairs.items():
+        ptr[t + 1] = v.size
+    np.cumsum(ptr, out=ptr)
+    flat = (np.concatenate([pairs[t] for t in sorted(pairs)]).astype(np.int64) if pairs
+            else np.zeros(0, np.int64))
+    h = horizon if pairs else 0
+    # ring of columns: wide enough for the pairs of any h consecutive starts
+    width = int((ptr[np.minimum(np.arange(T + 1) + h, T)] - ptr).max()) if h else 0
+    max_adopt = int(caps.adopt.sum(axis=1).max()) if (width and T) else 0
+    hz_C = np.zeros((n if width else 0, width))
+    hz_tmp = np.zeros((max_adopt, tile))
+    hz_recv = np.zeros(width, np.int64)
+    hz_acc = np.zeros(width)
+    hz_out = np.full(flat.size, np.nan)
+
+    ages = np.zeros(n, np.int64)
+    lags = np.zeros(n)
+    counts = np.ones(n, np.int64)
+    lcounts = np.ones(n, np.int64)
+    q = np.ones(E)
+    new_ages, new_lags, new_counts = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
+    hbuf, w, cand = np.empty(E), np.empty(E), np.empty(E, bool)
+    totals = np.zeros(len(K.TOTALS))
+    mean_age, mean_lag = np.zeros(T), np.zeros(T)
+    no_draws = np.zeros((0, 0))
+    R = max(1, min(T, chunk_elems // max(E, 1)))
+    for t0 in range(0, T, R):
+        t1 = min(T, t0 + R)
+        u = key = no_draws
+        if ln.rule.random:
+            u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
+            for t in range(t0, t1):  # the rule's own stream, drawn as the numpy engine does
+                g = stream(ln.seed, "rule-draws", t)
+                u[t - t0] = g.random(n)
+                key[t - t0] = g.random(E)
+        w_out = weights_out[t0:t1] if weights_out is not None else np.zeros((0, 0))
+        K.run_rounds(t0, t1, rid, prm, rg.indptr, rg.send, rg.edge_id,
+                     caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
+                     caps.adopt[t0:t1], live[t0:t1] if live.size else live, u, key,
+                     ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
+                     hbuf, w, cand, totals, mean_age, mean_lag, hz_C, hz_tmp, hz_recv, hz_acc,
+                     ptr, flat, hz_out, h, tile, w_out)
+        if progress is not None:
+            progress(t1, T)
+    hk = hz_out
+    tot = dict(zip(K.TOTALS, totals.tolist(), strict=True))
+    return ReplayResult(metrics=_metrics(ln, tot, hk, bool(sampled), lags),
+                        curves={"round": list(range(T)), "mean_age": mean_age.tolist(),
+                                "mean_lag": mean_lag.tolist()})
+
+
+def _metrics(ln: Lane, tot: dict[str, float], hk: np.ndarray, sampled: bool,
+             final_lags: np.ndarray) -> dict[str, float]:
+    def ratio(a: float, b: float) -> float:
+        return float(a / b) if b else float("nan")
+
+    return {
+        "unavailability": float(1.0 - ln.available.mean()),
+        "returns": tot["returns"],
+        "premise": ratio(tot["stalest"], tot["ret_nb"]),
+        "spread_age": ratio(tot["spread_age"], tot["agg"]),
+        "spread_lag": ratio(tot["spread_lag"], tot["agg"]),
+        "kept": ratio(tot["kept"], tot["agg"]),
+        "self_weight_return": ratio(tot["self_w"], tot["ret_nb"]),
+        "H": float(hk.mean()) if hk.size else float("nan"),
+        "H_se": float(hk.std(ddof=1) / np.sqrt(hk.size)) if (sampled and hk.size > 1) else 0.0,
+        "H_pairs": float(hk.size),
+        "messages": tot["messages"],
+        "final_mean_lag": float(final_lags.mean()),
+    }
 
 
 def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_pairs,
@@ -354,27 +494,11 @@ def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_
     totals, mean_age, mean_lag = acc.finish()
     H_of = {nodes.start: hz.values() for hz, nodes, _ in horizons}
 
-    def ratio(a: float, b: float) -> float:
-        return float(a / b) if b else float("nan")
-
     results: list[ReplayResult | None] = [None] * len(lanes)
     for k, ln in enumerate(ordered):
         hk = H_of.get(int(offs[k]), np.zeros(0))
         tot = {key: float(v[k]) for key, v in totals.items()}
-        metrics = {
-            "unavailability": float(1.0 - ln.available.mean()),
-            "returns": tot["returns"],
-            "premise": ratio(tot["stalest"], tot["ret_nb"]),
-            "spread_age": ratio(tot["spread_age"], tot["agg"]),
-            "spread_lag": ratio(tot["spread_lag"], tot["agg"]),
-            "kept": ratio(tot["kept"], tot["agg"]),
-            "self_weight_return": ratio(tot["self_w"], tot["ret_nb"]),
-            "H": float(hk.mean()) if hk.size else float("nan"),
-            "H_se": float(hk.std(ddof=1) / np.sqrt(hk.size)) if (sampled[k] and hk.size > 1) else 0.0,
-            "H_pairs": float(hk.size),
-            "messages": tot["messages"],
-            "final_mean_lag": float(state.lags[offs[k]:offs[k + 1]].mean()),
-        }
+        metrics = _metrics(ln, tot, hk, bool(sampled[k]), state.lags[offs[k]:offs[k + 1]])
         curves = {"round": list(range(T)), "mean_age": mean_age[:, k].tolist(),
                   "mean_lag": mean_lag[:, k].tolist()}
         results[order[k]] = ReplayResult(metrics=metrics, curves=curves)
@@ -393,12 +517,14 @@ def replay_trace(
     exact_pairs: int = EXACT_PAIRS,
     sample_pairs: int = 1000,
     progress: Callable[[int, int], None] | None = None,
+    engine: str = "auto",
 ) -> ReplayResult:
-    """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``."""
+    """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``
+    (``engine``: see :func:`replay_batch`)."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed)], anatomy=anatomy,
                         link_failure=link_failure, horizon=horizon, exact_pairs=exact_pairs,
-                        sample_pairs=sample_pairs, progress=progress)[0]
+                        sample_pairs=sample_pairs, progress=progress, engine=engine)[0]
 
 
 def build_scenario(process: str, *, n: int, T: int, graph: str, seed: int) -> tuple[Graph, np.ndarray]:
@@ -425,11 +551,13 @@ def replay(
     batch_clients: int = 400,
     with_curves: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    engine: str = "auto",
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
-    Replays are stacked into batches of up to ``batch_clients`` clients (see
-    :func:`replay_batch`); results do not depend on the batching. ``with_curves`` adds each
+    Replays are stacked into batches of up to ``batch_clients`` clients for the numpy engine
+    (see :func:`replay_batch`, which also describes ``engine``); results do not depend on the
+    batching. ``with_curves`` adds each
     replay's per-round mean age and lag under the key ``"curves"``."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
@@ -447,7 +575,7 @@ def replay(
     done = 0
     for batch in _batches([ln for _, ln in lanes], max_clients=batch_clients):
         results = replay_batch([lanes[k][1] for k in batch], anatomy=anatomy,
-                               link_failure=link_failure, horizon=horizon)
+                               link_failure=link_failure, horizon=horizon, engine=engine)
         for k, res in zip(batch, results, strict=True):
             rows.append({**lanes[k][0], **res.metrics,
                          **({"curves": res.curves} if with_curves else {})})
