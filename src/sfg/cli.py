@@ -141,6 +141,7 @@ def replay(
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
+    engine: str = typer.Option("auto", help="auto (compiled kernel where it has the rule), compiled, or numpy (the simulator's own round code)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
 ) -> None:
@@ -152,7 +153,7 @@ def replay(
     with progress_bar("replay", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                          with_curves=plot is not None, progress=update)
+                          with_curves=plot is not None, progress=update, engine=engine)
     if plot is not None:
         written = plot_staleness(rows, plot)
         for r in rows:

@@ -280,17 +280,10 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
     """
     from . import replay_kernel
 
-    check(engine in ENGINES, f"unknown replay engine {engine!r}; choose one of {', '.join(ENGINES)}")
     check(len(lanes) > 0, "nothing to replay")
     T = lanes[0].available.shape[0]
     check(all(ln.available.shape[0] == T for ln in lanes), "lanes must have the same rounds")
-    if engine == "compiled":
-        bad = [str(ln.rule) for ln in lanes if not replay_kernel.supports(ln.rule)]
-        if bad:
-            why = ("numba is not installed" if not replay_kernel.HAVE_NUMBA else
-                   "the compiled engine has every model-free rule but the oracles")
-            raise SfgError(f"rule {bad[0]!r} cannot run on the compiled engine ({why}); "
-                           "use engine 'numpy' or 'auto'")
+    _check_engine(engine, [ln.rule for ln in lanes])
     fast = [k for k, ln in enumerate(lanes)
             if engine != "numpy" and replay_kernel.supports(ln.rule)]
     slow = [k for k in range(len(lanes)) if k not in set(fast)]
@@ -315,6 +308,19 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         for k, res in zip(slow, out, strict=True):
             results[k] = res
     return results  # type: ignore[return-value]
+
+
+def _check_engine(engine: str, rules: Sequence[Rule]) -> None:
+    from . import replay_kernel
+
+    check(engine in ENGINES, f"unknown replay engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "compiled":
+        bad = [str(r) for r in rules if not replay_kernel.supports(r) and not r.reads_models]
+        if bad:
+            why = ("numba is not installed" if not replay_kernel.HAVE_NUMBA else
+                   "the compiled engine has every model-free rule but the oracles")
+            raise SfgError(f"rule {bad[0]!r} cannot run on the compiled engine ({why}); "
+                           "use engine 'numpy' or 'auto'")
 
 
 def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: int,
@@ -563,6 +569,7 @@ def replay(
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")
     parsed = [parse_rule(r) for r in rules]  # validate every name before any work
+    _check_engine(engine, parsed)
     for p in processes:
         make_process(p)
     lanes: list[tuple[dict, Lane]] = []

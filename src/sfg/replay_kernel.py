@@ -82,108 +82,109 @@ def _pow(gamma, e):
 
 
 @_jit(inline="always")
-def _scores(rule, prm, t, a, b, send, cand, ages, lagv, counts, lcounts, q, u_i, key, h):
-    """The rule's scores h[a:b] over receiver segment [a, b) (slot a is the receiver).
+def _rel(x, lo):
+    """x − min over the candidates, 0 where not finite or within the tie tolerance (float)."""
+    r = x - lo
+    if np.isfinite(r) and r > TIE_TOL:
+        return r
+    return 0.0
 
-    ``lagv`` is the per-slot lag (already rounded for +rounded). Mirrors sfg.rules.library.
-    """
+
+@_jit
+def _scores(rule, prm, t, indptr, cand, sa, lagv, sc, slc, q, u_r, key, red_i, red_f, h):
+    """The rule's raw scores h over every receiver's segment (slot indptr[i] is receiver i),
+    from per-slot ages ``sa``, lags ``lagv`` (rounded for +rounded), counts ``sc`` and local
+    counts ``slc``, and each receiver's reductions over its candidates (``red_i``: amin,
+    amax, amin_nb, amax_nb, cmax, cmax_nb, lcmax, kc, n_nb; ``red_f``: lmin, lmin_nb, ...).
+    Mirrors sfg.rules.library. One call per round: numba passes arrays with reference
+    counting, which costs more than a receiver's scores."""
+    for i in range(indptr.shape[0] - 1):
+        if red_i[i, 7] == 0:  # no candidates: the row is masked anyway
+            continue
+        _scores_one(rule, prm, t, indptr[i], indptr[i + 1], cand, sa, lagv, sc, slc, q,
+                    u_r[i] if u_r.shape[0] > 0 else 0.5, key, red_i[i, 0], red_i[i, 2],
+                    red_f[i, 0], red_f[i, 1], red_i[i, 4], red_i[i, 5], red_i[i, 6],
+                    red_i[i, 7], red_i[i, 8], h)
+
+
+@_jit(inline="always")
+def _scores_one(rule, prm, t, a, b, cand, sa, lagv, sc, slc, q, u_i, key, amin, amin_nb, lmin,
+                lmin_nb, cmax, cmax_nb, lcmax, kc, n_nb, h):
+    """One receiver's raw scores h[a:b] (slot a is the receiver)."""
     gamma = prm[0]
     L = prm[1]
-    big = np.iinfo(np.int64).max
-    small = np.iinfo(np.int64).min
-    # candidate reductions
-    amin = big
-    amin_nb = big
-    lmin = np.inf
-    lmin_nb = np.inf
-    cmax = small
-    cmax_nb = small
-    lcmax = small
-    kc = 0
-    n_nb = 0
-    for e in range(a, b):
-        if cand[e]:
-            j = send[e]
-            kc += 1
-            if ages[j] < amin:
-                amin = ages[j]
-            if lagv[e] < lmin:
-                lmin = lagv[e]
-            if counts[j] > cmax:
-                cmax = counts[j]
-            if lcounts[j] > lcmax:
-                lcmax = lcounts[j]
-            if e != a:
-                n_nb += 1
-                if ages[j] < amin_nb:
-                    amin_nb = ages[j]
-                if lagv[e] < lmin_nb:
-                    lmin_nb = lagv[e]
-                if counts[j] > cmax_nb:
-                    cmax_nb = counts[j]
-    for e in range(a, b):
-        j = send[e]
-        s = e == a
-        # relative lag (float): 0 where not finite or within the tie tolerance
-        rl = lagv[e] - lmin
-        if not (np.isfinite(rl) and rl > TIE_TOL):
-            rl = 0.0
-        if rule == 0:  # sfg
-            v = _pow(gamma, float(ages[j] - amin))
-        elif rule == 1:  # sfg-l
-            v = _pow(gamma, rl)
-        elif rule == 2:  # sfg-cut
-            v = max(1.0 + t - lagv[e], 0.0) if rl <= L + TIE_TOL else 0.0
-        elif rule == 3:  # sfg-counts
-            v = _pow(gamma, float(cmax - counts[j]))
-        elif rule == 4 or rule == 11 or rule == 12:  # dfedavg, update-amplification, self-weight
-            v = 1.0
-        elif rule == 5:  # local
-            v = 1.0 if s else 0.0
-        elif rule == 6:  # aoi
-            v = 1.0 if s else _pow(gamma, float(ages[j]))
-        elif rule == 7:  # dfl-aa
-            v = 1.0 if s else _pow(gamma, float(ages[j] - amin_nb)) / q[e]
-        elif rule == 8:  # gl-age
-            v = float(counts[j])
-        elif rule == 9:  # limited-merging
-            v = float(counts[j]) if counts[j] >= cmax - L else 0.0
-        elif rule == 10:  # local-counts
-            v = float(lcounts[j]) if lcounts[j] >= lcmax - L else 0.0
-        elif rule == 13 or rule == 14:  # self-only, reset-on-return
-            tau = ages[send[a]]
-            v = _pow(prm[3], float(tau)) if (s and tau >= 1 and n_nb >= 1) else 1.0
-        elif rule == 15:  # neighbour-only-lags
-            rn = lagv[e] - lmin_nb
-            if not (np.isfinite(rn) and rn > TIE_TOL):
-                rn = 0.0
-            v = 1.0 if s else _pow(gamma, rn)
-        elif rule == 16:  # neighbour-only-counts
-            v = 1.0 if s else _pow(gamma, float(cmax_nb - counts[j]))
-        elif rule == 17:  # pinned-receiver
-            v = 1.0 if s else _pow(gamma, rl)
-        elif rule == 18:  # copy-random: one candidate drawn uniformly
-            pick = min(int(np.floor(u_i * kc)), max(kc - 1, 0))
-            before = 0
-            for f in range(a, e):
-                if cand[f]:
-                    before += 1
-            v = 1.0 if before == pick else 0.0
-        elif rule == 19:  # placebo-cut: scored below, needs the sfg-cut count first
-            v = 0.0
-        elif rule == 20:  # cut-ages
-            v = 1.0 if ages[j] - amin <= 1 else 0.0
-        else:  # 21 receiver-kept
-            cut = max(1.0 + t - lagv[e], 0.0)
-            v = cut if (s or rl <= L + TIE_TOL) else 0.0
-        h[e] = v
+    # one loop per rule (the switch stays outside the slot loop)
+    if rule == 0:  # sfg
+        for e in range(a, b):
+            h[e] = _pow(gamma, float(sa[e] - amin))
+    elif rule == 1:  # sfg-l
+        for e in range(a, b):
+            h[e] = _pow(gamma, _rel(lagv[e], lmin))
+    elif rule == 2:  # sfg-cut
+        for e in range(a, b):
+            h[e] = max(1.0 + t - lagv[e], 0.0) if _rel(lagv[e], lmin) <= L + TIE_TOL else 0.0
+    elif rule == 3:  # sfg-counts
+        for e in range(a, b):
+            h[e] = _pow(gamma, float(cmax - sc[e]))
+    elif rule == 4 or rule == 11 or rule == 12:  # dfedavg, update-amplification, self-weight
+        for e in range(a, b):
+            h[e] = 1.0
+    elif rule == 5:  # local
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = 0.0
+    elif rule == 6:  # aoi
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = _pow(gamma, float(sa[e]))
+    elif rule == 7:  # dfl-aa
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = _pow(gamma, float(sa[e] - amin_nb)) / q[e]
+    elif rule == 8:  # gl-age
+        for e in range(a, b):
+            h[e] = float(sc[e])
+    elif rule == 9:  # limited-merging
+        for e in range(a, b):
+            h[e] = float(sc[e]) if sc[e] >= cmax - L else 0.0
+    elif rule == 10:  # local-counts
+        for e in range(a, b):
+            h[e] = float(slc[e]) if slc[e] >= lcmax - L else 0.0
+    elif rule == 13 or rule == 14:  # self-only, reset-on-return
+        tau = sa[a]
+        h[a] = _pow(prm[3], float(tau)) if (tau >= 1 and n_nb >= 1) else 1.0
+        for e in range(a + 1, b):
+            h[e] = 1.0
+    elif rule == 15:  # neighbour-only-lags
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = _pow(gamma, _rel(lagv[e], lmin_nb))
+    elif rule == 16:  # neighbour-only-counts
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = _pow(gamma, float(cmax_nb - sc[e]))
+    elif rule == 17:  # pinned-receiver
+        h[a] = 1.0
+        for e in range(a + 1, b):
+            h[e] = _pow(gamma, _rel(lagv[e], lmin))
+    elif rule == 18:  # copy-random: one candidate drawn uniformly
+        pick = min(int(np.floor(u_i * kc)), max(kc - 1, 0))
+        before = 0
+        for e in range(a, b):
+            h[e] = 1.0 if before == pick else 0.0
+            if cand[e]:
+                before += 1
+    elif rule == 20:  # cut-ages
+        for e in range(a, b):
+            h[e] = 1.0 if sa[e] - amin <= 1 else 0.0
+    elif rule == 21:  # receiver-kept
+        h[a] = max(1.0 + t - lagv[a], 0.0)
+        for e in range(a + 1, b):
+            h[e] = max(1.0 + t - lagv[e], 0.0) if _rel(lagv[e], lmin) <= L + TIE_TOL else 0.0
     if rule == 19:
         kept = 0
         for e in range(a, b):
-            rl = lagv[e] - lmin
-            if not (np.isfinite(rl) and rl > TIE_TOL):
-                rl = 0.0
-            if cand[e] and rl <= L + TIE_TOL and 1.0 + t - lagv[e] > 0.0:
+            if cand[e] and _rel(lagv[e], lmin) <= L + TIE_TOL and 1.0 + t - lagv[e] > 0.0:
                 kept += 1
         for e in range(a, b):
             # rank by key among candidates, ties by slot order (non-candidates rank last)
@@ -194,12 +195,6 @@ def _scores(rule, prm, t, a, b, send, cand, ages, lagv, counts, lcounts, q, u_i,
                 if kf < ke or (kf == ke and f < e):
                     r += 1
             h[e] = 1.0 if r < kept else 0.0
-    # modifiers: +ipw divides neighbours by q̂; c multiplies the receiver's own score
-    if prm[4] != 0.0:
-        for e in range(a + 1, b):
-            h[e] = h[e] / q[e]
-    if prm[2] != 1.0:
-        h[a] = h[a] * prm[2]
 
 
 @_jit
@@ -214,17 +209,30 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
     buffer ``hz_C`` [N, width] (see :func:`_horizon_step`); the pairs of start t are
     hz_pairs[hz_ptr[t]:hz_ptr[t+1]] (hz_ptr has T+1 entries) and their H values go to hz_out.
     ``w_out`` [R, E] receives the weights when it has rows (tests), else [0, 0].
+
+    Each receiver takes three passes over its slots: candidates, gathered staleness and
+    reductions; scores, modifiers and the masked row sum; weights, analyses and the update.
     """
     n = indptr.shape[0] - 1
     use_live = live.shape[0] > 0
     use_draws = u.shape[0] > 0
     rounded = prm[5] != 0.0
+    ipw = prm[4] != 0.0
+    c_self = prm[2]
     big = np.iinfo(np.int64).max
+    small = np.iinfo(np.int64).min
     E = send.shape[0]
+    sa = np.empty(E, np.int64)
+    sc = np.empty(E, np.int64)
+    slc = np.empty(E, np.int64)
+    sl = np.empty(E)
     lagv = np.empty(E)
     kmax = 1
     for i in range(n):
         kmax = max(kmax, indptr[i + 1] - indptr[i])
+    red_i = np.empty((n, 9), np.int64)
+    red_f = np.empty((n, 4))
+    no_u = np.empty(0)
     m_ad = hz_tmp.shape[0]
     nz_row = np.empty(m_ad, np.int64)
     nz_len = np.empty(m_ad, np.int64)
@@ -232,18 +240,39 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
     nz_w = np.empty((m_ad, kmax))
     for t in range(t0, t1):
         r = t - t0
-        # ---- candidates, scores, weights, analyses and the state update, receiver by receiver
-        sa = 0
-        sl = 0.0
+        sum_a = 0
+        sum_l = 0.0
         for i in range(n):
-            sa += ages[i]
-            sl += lags[i]
-        mean_age[t] = sa / n
-        mean_lag[t] = sl / n
+            sum_a += ages[i]
+            sum_l += lags[i]
+        mean_age[t] = sum_a / n
+        mean_lag[t] = sum_l / n
         for i in range(n):
             a = indptr[i]
             b = indptr[i + 1]
             agg_i = aggr[r, i]
+            ad = adopt[r, i]
+            red_i[i, 7] = 0
+            if not agg_i:
+                # no candidate set: identity row, nothing to score (adopting implies
+                # aggregating in every anatomy mode)
+                for e in range(a, b):
+                    cand[e] = False
+                continue
+            # pass 1: candidates S_i^t, the senders' staleness, reductions over candidates
+            kc = 0
+            n_nb = 0
+            amin = big
+            amax = -1
+            amin_nb = big
+            amax_nb = -1
+            lmin = np.inf
+            lmin_nb = np.inf
+            lraw_min = np.inf
+            lraw_max = -np.inf
+            cmax = small
+            cmax_nb = small
+            lcmax = small
             for e in range(a, b):
                 j = send[e]
                 if e == a:
@@ -253,53 +282,114 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
                     if c and use_live:
                         c = live[r, edge_id[e]]
                 cand[e] = c
-                lagv[e] = np.rint(lags[j]) if rounded else lags[j]
-            u_i = u[r, i] if use_draws else 0.5
-            key_r = key[r] if use_draws else lagv  # placeholder, unused when no draws
-            _scores(rule, prm, t, a, b, send, cand, ages, lagv, counts, lcounts, q, u_i,
-                    key_r, h)
-            # normalise (SPEC §1): mask, row sum, identity rows where not adopting or all zero
+                ag = ages[j]
+                lg = lags[j]
+                ct = counts[j]
+                lc = lcounts[j]
+                lv = np.rint(lg) if rounded else lg
+                sa[e] = ag
+                sl[e] = lg
+                sc[e] = ct
+                slc[e] = lc
+                lagv[e] = lv
+                if c:
+                    kc += 1
+                    amin = min(amin, ag)
+                    amax = max(amax, ag)
+                    lmin = min(lmin, lv)
+                    lraw_min = min(lraw_min, lg)
+                    lraw_max = max(lraw_max, lg)
+                    cmax = max(cmax, ct)
+                    lcmax = max(lcmax, lc)
+                    if e != a:
+                        n_nb += 1
+                        amin_nb = min(amin_nb, ag)
+                        amax_nb = max(amax_nb, ag)
+                        lmin_nb = min(lmin_nb, lv)
+                        cmax_nb = max(cmax_nb, ct)
+            red_i[i, 0] = amin
+            red_i[i, 1] = amax
+            red_i[i, 2] = amin_nb
+            red_i[i, 3] = amax_nb
+            red_i[i, 4] = cmax
+            red_i[i, 5] = cmax_nb
+            red_i[i, 6] = lcmax
+            red_i[i, 7] = kc
+            red_i[i, 8] = n_nb
+            red_f[i, 0] = lmin
+            red_f[i, 1] = lmin_nb
+            red_f[i, 2] = lraw_min
+            red_f[i, 3] = lraw_max
+        # pass 2: the rule's scores, for every receiver at once
+        _scores(rule, prm, t, indptr, cand, sa, lagv, sc, slc, q, u[r] if use_draws else no_u,
+                key[r] if use_draws else lagv, red_i, red_f, h)
+        for i in range(n):
+            a = indptr[i]
+            b = indptr[i + 1]
+            agg_i = aggr[r, i]
+            ad = adopt[r, i]
+            trained = train[r, i]
+            not_trained = 0.0 if trained else 1.0
+            if not agg_i:
+                w[a] = 1.0
+                for e in range(a + 1, b):
+                    w[e] = 0.0
+                new_lags[i] = lags[i] + not_trained
+                new_ages[i] = 0 if trained else ages[i] + 1
+                new_counts[i] = counts[i] + (1 if trained else 0)
+                continue
+            amin = red_i[i, 0]
+            amax = red_i[i, 1]
+            amax_nb = red_i[i, 3]
+            n_nb = red_i[i, 8]
+            lraw_min = red_f[i, 2]
+            lraw_max = red_f[i, 3]
+            # modifiers, masked to candidates, row sum (SPEC §1)
             row = 0.0
             for e in range(a, b):
                 v = h[e]
+                if e == a:
+                    if c_self != 1.0:
+                        v = v * c_self
+                elif ipw:
+                    v = v / q[e]
                 if cand[e] and np.isfinite(v):
                     v = max(v, 0.0)
                 else:
                     v = 0.0
                 h[e] = v
                 row += v
-            ok = row > 0.0 and adopt[r, i]
+            ok = row > 0.0 and ad
+            # pass 3: weights (identity rows where not adopting or all zero), kept candidates,
+            # the staleness update (SPEC §2) from the senders' state before the round, and q̂
+            kept = 0
+            mix = 0.0
+            youngest = big
+            inherited = 0
             for e in range(a, b):
                 if ok:
-                    w[e] = h[e] / row
+                    we = h[e] / row
                 else:
-                    w[e] = 1.0 if e == a else 0.0
-            # analyses (SPEC §9) on the state before the update
-            n_nb = 0
-            kept = 0
-            amax = -1
-            amin = big
-            lmax = -np.inf
-            lmin = np.inf
-            nb_amax = -1
-            for e in range(a, b):
-                if cand[e]:
-                    j = send[e]
-                    if e != a:
-                        n_nb += 1
-                        if ages[j] > nb_amax:
-                            nb_amax = ages[j]
-                    if ages[j] > amax:
-                        amax = ages[j]
-                    if ages[j] < amin:
-                        amin = ages[j]
-                    if lags[j] > lmax:
-                        lmax = lags[j]
-                    if lags[j] < lmin:
-                        lmin = lags[j]
-                    if w[e] > 0.0:
+                    we = 1.0 if e == a else 0.0
+                w[e] = we
+                if we > 0.0:
+                    if cand[e]:
                         kept += 1
-            ad = adopt[r, i]
+                    youngest = min(youngest, sa[e])
+                    inherited = max(inherited, sc[e])
+                mix += we * sl[e]
+                if agg_i and e != a:
+                    x = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
+                    q[e] = max(x, Q_HAT_FLOOR)
+            if ad:
+                new_lags[i] = mix + not_trained
+                new_ages[i] = 0 if trained else youngest + 1
+                new_counts[i] = inherited + (1 if trained else 0)
+            else:
+                new_lags[i] = lags[i] + not_trained
+                new_ages[i] = 0 if trained else ages[i] + 1
+                new_counts[i] = counts[i] + (1 if trained else 0)
+            # analyses (SPEC §9) on the state before the update
             agg = ad and n_nb >= 1
             returning = ad and ages[i] >= 1
             totals[8] += n_nb
@@ -308,38 +398,13 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
             if agg:
                 totals[0] += 1.0
                 totals[4] += amax - amin
-                totals[5] += lmax - lmin
+                totals[5] += lraw_max - lraw_min
                 totals[6] += kept
                 if returning:
                     totals[2] += 1.0
                     totals[7] += w[a]
-                    if ages[i] > nb_amax:
+                    if ages[i] > amax_nb:
                         totals[3] += 1.0
-            # staleness update (SPEC §2), from the senders' state before the round
-            not_trained = 0.0 if train[r, i] else 1.0
-            if ad:
-                mix = 0.0
-                youngest = big
-                inherited = 0
-                for e in range(a, b):
-                    j = send[e]
-                    mix += w[e] * lags[j]
-                    if w[e] > 0.0:
-                        if ages[j] < youngest:
-                            youngest = ages[j]
-                        if counts[j] > inherited:
-                            inherited = counts[j]
-                new_lags[i] = mix + not_trained
-                new_ages[i] = 0 if train[r, i] else youngest + 1
-                new_counts[i] = inherited + (1 if train[r, i] else 0)
-            else:
-                new_lags[i] = lags[i] + not_trained
-                new_ages[i] = 0 if train[r, i] else ages[i] + 1
-                new_counts[i] = counts[i] + (1 if train[r, i] else 0)
-            if agg_i:
-                for e in range(a + 1, b):
-                    x = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
-                    q[e] = max(x, Q_HAT_FLOOR)
         if w_out.shape[0] > 0:
             w_out[r, :] = w
         # ---- the self-return H (SPEC §9): C <- W^t C on the adopters' rows, then the diagonal
@@ -351,6 +416,54 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
             counts[i] = new_counts[i]
             if train[r, i]:
                 lcounts[i] += 1
+
+
+@_jit(inline="always")
+def _row_tile(C, tk, js, ws, ln, c0, c1):
+    """tk = Σ_d ws[d]·C[js[d], c0:c1] over d < ln, summed in order d = 0, 1, … (as one
+    accumulation at a time would), up to four rows per pass over tk."""
+    m = c1 - c0
+    x0 = C[js[0], c0:c1]
+    w0 = ws[0]
+    if ln == 1:
+        for c in range(m):
+            tk[c] = w0 * x0[c]
+        return
+    x1 = C[js[1], c0:c1]
+    w1 = ws[1]
+    if ln == 2:
+        for c in range(m):
+            tk[c] = w0 * x0[c] + w1 * x1[c]
+        return
+    x2 = C[js[2], c0:c1]
+    w2 = ws[2]
+    if ln == 3:
+        for c in range(m):
+            tk[c] = (w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]
+        return
+    x3 = C[js[3], c0:c1]
+    w3 = ws[3]
+    for c in range(m):
+        tk[c] = ((w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
+    d = 4
+    while d + 4 <= ln:
+        x0 = C[js[d], c0:c1]
+        x1 = C[js[d + 1], c0:c1]
+        x2 = C[js[d + 2], c0:c1]
+        x3 = C[js[d + 3], c0:c1]
+        w0 = ws[d]
+        w1 = ws[d + 1]
+        w2 = ws[d + 2]
+        w3 = ws[d + 3]
+        for c in range(m):
+            tk[c] = (((tk[c] + w0 * x0[c]) + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
+        d += 4
+    while d < ln:
+        x0 = C[js[d], c0:c1]
+        w0 = ws[d]
+        for c in range(m):
+            tk[c] = tk[c] + w0 * x0[c]
+        d += 1
 
 
 @_jit
@@ -399,26 +512,7 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, tmp, recv, acc, ptr, pairs, o
                 c1 = min(c0 + tile, c_hi)
                 m = c1 - c0
                 for k in range(n_ad):
-                    tk = tmp[k, :m]
-                    x = C[nz_j[k, 0], c0:c1]
-                    w0 = nz_w[k, 0]
-                    for c in range(m):
-                        tk[c] = w0 * x[c]
-                    # two slots per pass (same summation order as one at a time)
-                    d = 1
-                    while d + 2 <= nz_len[k]:
-                        w1 = nz_w[k, d]
-                        x1 = C[nz_j[k, d], c0:c1]
-                        w2 = nz_w[k, d + 1]
-                        x2 = C[nz_j[k, d + 1], c0:c1]
-                        for c in range(m):
-                            tk[c] = (tk[c] + w1 * x1[c]) + w2 * x2[c]
-                        d += 2
-                    if d < nz_len[k]:
-                        w1 = nz_w[k, d]
-                        x1 = C[nz_j[k, d], c0:c1]
-                        for c in range(m):
-                            tk[c] += w1 * x1[c]
+                    _row_tile(C, tmp[k, :m], nz_j[k], nz_w[k], nz_len[k], c0, c1)
                 for k in range(n_ad):
                     ci = C[nz_row[k], c0:c1]
                     tk = tmp[k, :m]
