@@ -194,19 +194,26 @@ class _Analyses:
         return self.totals, np.concatenate(self.mean_age), np.concatenate(self.mean_lag)
 
 
-def horizon_pairs(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EXACT_PAIRS,
-                  sample: int = 1000) -> tuple[dict[int, np.ndarray], bool]:
-    """The (start round, receiver) pairs over which H is averaged: all available receivers of
-    every round t ≤ T − h, or a seeded uniform sample of ``sample`` of them when there are more
-    than ``exact_pairs``. Returns ({t: receivers}, sampled?)."""
+def _pair_list(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int,
+               sample: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(start rounds, receivers, sampled?) of the H pairs, sorted by start (see horizon_pairs)."""
     T = adopt.shape[0]
     if h <= 0 or T - h < 0:
-        return {}, False
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), False
     ts, ii = np.nonzero(adopt[: T - h + 1])
     sampled = ts.size > exact_pairs
     if sampled:
         pick = np.sort(stream(seed, "horizon").choice(ts.size, size=sample, replace=False))
         ts, ii = ts[pick], ii[pick]
+    return ts.astype(np.int64), ii.astype(np.int64), bool(sampled)
+
+
+def horizon_pairs(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EXACT_PAIRS,
+                  sample: int = 1000) -> tuple[dict[int, np.ndarray], bool]:
+    """The (start round, receiver) pairs over which H is averaged: all available receivers of
+    every round t ≤ T − h, or a seeded uniform sample of ``sample`` of them when there are more
+    than ``exact_pairs``. Returns ({t: receivers}, sampled?)."""
+    ts, ii, sampled = _pair_list(adopt, h, seed=seed, exact_pairs=exact_pairs, sample=sample)
     out: dict[int, np.ndarray] = {}
     if ts.size:
         bounds = np.flatnonzero(np.diff(ts)) + 1
@@ -327,7 +334,7 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
                      exact_pairs: int, sample_pairs: int,
                      progress: Callable[[int, int], None] | None = None,
                      weights_out: np.ndarray | None = None,
-                     chunk_elems: int = 2_000_000, tile: int = 256) -> ReplayResult:
+                     chunk_elems: int = 2_000_000, tile: int = 4096) -> ReplayResult:
     """One lane on the compiled kernel (:mod:`sfg.replay_kernel`). ``weights_out`` [T, E]
     receives every round's slot weights (tests compare them with the numpy engine)."""
     from . import replay_kernel as K
@@ -342,20 +349,17 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     live = (link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0
             else np.zeros((0, 0), bool))
     rid, prm = K.rule_params(ln.rule)
-    pairs, sampled = horizon_pairs(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
+    ts, flat, sampled = _pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                    sample=sample_pairs)
     ptr = np.zeros(T + 1, np.int64)
-    for t, v in pairs.items():
-        ptr[t + 1] = v.size
-    np.cumsum(ptr, out=ptr)
-    flat = (np.concatenate([pairs[t] for t in sorted(pairs)]).astype(np.int64) if pairs
-            else np.zeros(0, np.int64))
-    h = horizon if pairs else 0
+    np.cumsum(np.bincount(ts, minlength=T), out=ptr[1:])
+    h = horizon if flat.size else 0
     # ring of columns: wide enough for the pairs of any h consecutive starts
     width = int((ptr[np.minimum(np.arange(T + 1) + h, T)] - ptr).max()) if h else 0
     max_adopt = int(caps.adopt.sum(axis=1).max()) if (width and T) else 0
-    hz_C = np.zeros((n if width else 0, width))
-    hz_tmp = np.zeros((max_adopt, tile))
+    hz_C = np.zeros((n + max_adopt if width else 0, width))
+    hz_rowbuf = np.arange(n, dtype=np.int64)
+    hz_spare = np.arange(n, n + max_adopt, dtype=np.int64)
     hz_recv = np.zeros(width, np.int64)
     hz_acc = np.zeros(width)
     hz_out = np.full(flat.size, np.nan)
@@ -385,8 +389,8 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
                      caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
                      caps.adopt[t0:t1], live[t0:t1] if live.size else live, u, key,
                      ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
-                     hbuf, w, cand, totals, mean_age, mean_lag, hz_C, hz_tmp, hz_recv, hz_acc,
-                     ptr, flat, hz_out, h, tile, w_out)
+                     hbuf, w, cand, totals, mean_age, mean_lag, hz_C, hz_rowbuf, hz_spare,
+                     hz_recv, hz_acc, ptr, flat, hz_out, h, tile, w_out)
         if progress is not None:
             progress(t1, T)
     hk = hz_out

@@ -200,13 +200,14 @@ def _scores_one(rule, prm, t, a, b, cand, sa, lagv, sc, slc, q, u_i, key, amin, 
 @_jit
 def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, adopt, live,
                u, key, ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
-               h, w, cand, totals, mean_age, mean_lag, hz_C, hz_tmp, hz_recv, hz_acc,
-               hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, w_out):
+               h, w, cand, totals, mean_age, mean_lag, hz_C, hz_rowbuf, hz_spare, hz_recv,
+               hz_acc, hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, w_out):
     """Rounds [t0, t1) of one lane, updating the state arrays in place.
 
     Per-round inputs are indexed by ``t - t0`` (train, sendc, aggr, adopt: [R, N] bool;
     live: [R, M] bool or [0, 0]; u: [R, N], key: [R, E] or [0, 0]). H columns live in the ring
-    buffer ``hz_C`` [N, width] (see :func:`_horizon_step`); the pairs of start t are
+    pool ``hz_C`` [N + most adopters, width], row i at hz_rowbuf[i], spare rows hz_spare (see
+    :func:`_horizon_step`); the pairs of start t are
     hz_pairs[hz_ptr[t]:hz_ptr[t+1]] (hz_ptr has T+1 entries) and their H values go to hz_out.
     ``w_out`` [R, E] receives the weights when it has rows (tests), else [0, 0].
 
@@ -233,7 +234,7 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
     red_i = np.empty((n, 9), np.int64)
     red_f = np.empty((n, 4))
     no_u = np.empty(0)
-    m_ad = hz_tmp.shape[0]
+    m_ad = hz_spare.shape[0]
     nz_row = np.empty(m_ad, np.int64)
     nz_len = np.empty(m_ad, np.int64)
     nz_j = np.empty((m_ad, kmax), np.int64)
@@ -408,8 +409,9 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
         if w_out.shape[0] > 0:
             w_out[r, :] = w
         # ---- the self-return H (SPEC §9): C <- W^t C on the adopters' rows, then the diagonal
-        _horizon_step(t, n, indptr, send, w, adopt[r], hz_C, hz_tmp, hz_recv, hz_acc,
-                      hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, nz_row, nz_j, nz_w, nz_len)
+        _horizon_step(t, n, indptr, send, w, adopt[r], hz_C, hz_rowbuf, hz_spare, hz_recv,
+                      hz_acc, hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, nz_row, nz_j, nz_w,
+                      nz_len)
         for i in range(n):
             ages[i] = new_ages[i]
             lags[i] = new_lags[i]
@@ -467,16 +469,20 @@ def _row_tile(C, tk, js, ws, ln, c0, c1):
 
 
 @_jit
-def _horizon_step(s, n, indptr, send, w, adopt, C, tmp, recv, acc, ptr, pairs, out, h, tile,
-                  nz_row, nz_j, nz_w, nz_len):
+def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs, out,
+                  h, tile, nz_row, nz_j, nz_w, nz_len):
     """One round of the self-return (SPEC §9).
 
-    Every tracked (start t, receiver i) pair p is a column of C, started at e_i and multiplied
-    by each later round's W; its entry i is then [W^{s−1}⋯W^{t+1}]_ii. Pairs are numbered in
-    start order (start t owns pairs ptr[t]..ptr[t+1]−1) and pair p lives in column p mod
-    width, so the live pairs always form one circular range of columns and the work is exactly
-    (adopters' slots) × (live pairs): only adopters' rows change, the others are identity rows.
-    Columns are processed in tiles of ``tile`` so that a tile of C stays in cache.
+    Every tracked (start t, receiver i) pair p is a column of the matrix X, started at e_i and
+    multiplied by each later round's W; its entry i is then [W^{s−1}⋯W^{t+1}]_ii. Pairs are
+    numbered in start order (start t owns pairs ptr[t]..ptr[t+1]−1) and pair p lives in
+    column p mod width, so the live pairs always form one circular range of columns and the
+    work is exactly (adopters' nonzero weights) × (live pairs): only adopters' rows change,
+    the others are identity rows.
+
+    Row i of X is row ``rowbuf[i]`` of the pool ``C``; an adopter's new row is written into a
+    spare pool row, which then takes the old row's place (no copy). Columns are processed in
+    tiles of ``tile`` so that a tile of the rows stays in cache.
     """
     width = C.shape[1]
     if h <= 0 or width == 0:
@@ -485,7 +491,7 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, tmp, recv, acc, ptr, pairs, o
     lo = ptr[min(max(s - h + 1, 0), T)]
     hi = ptr[min(s, T)]
     if hi > lo:
-        # the adopters' rows of W, nonzero entries only, in slot order
+        # the adopters' rows of W, nonzero entries only, in slot order, as pool rows
         n_ad = 0
         for i in range(n):
             if adopt[i]:
@@ -493,15 +499,14 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, tmp, recv, acc, ptr, pairs, o
                 d = 0
                 for e in range(indptr[i], indptr[i + 1]):
                     if w[e] != 0.0:
-                        nz_j[n_ad, d] = send[e]
+                        nz_j[n_ad, d] = rowbuf[send[e]]
                         nz_w[n_ad, d] = w[e]
                         d += 1
                 nz_len[n_ad] = d
                 n_ad += 1
         a0 = lo % width
         n_live = hi - lo
-        # at most two contiguous column ranges
-        for part in range(2):
+        for part in range(2):  # the live columns: at most two contiguous ranges
             if part == 0:
                 c_lo = a0
                 c_hi = min(a0 + n_live, width)
@@ -510,30 +515,55 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, tmp, recv, acc, ptr, pairs, o
                 c_hi = a0 + n_live - width
             for c0 in range(c_lo, c_hi, tile):
                 c1 = min(c0 + tile, c_hi)
-                m = c1 - c0
                 for k in range(n_ad):
-                    _row_tile(C, tmp[k, :m], nz_j[k], nz_w[k], nz_len[k], c0, c1)
-                for k in range(n_ad):
-                    ci = C[nz_row[k], c0:c1]
-                    tk = tmp[k, :m]
-                    for c in range(m):
-                        ci[c] = tk[c]
-                for c in range(c0, c1):
-                    acc[c] += C[recv[c], c]
+                    _row_tile(C, C[spare[k], c0:c1], nz_j[k], nz_w[k], nz_len[k], c0, c1)
+        for k in range(n_ad):
+            i = nz_row[k]
+            old = rowbuf[i]
+            rowbuf[i] = spare[k]
+            spare[k] = old
+        # the diagonal entries (no modulo in the loop: an integer division costs ~30 cycles)
+        for part in range(2):
+            if part == 0:
+                c_lo = a0
+                c_hi = min(a0 + n_live, width)
+            else:
+                c_lo = 0
+                c_hi = a0 + n_live - width
+            for c in range(c_lo, c_hi):
+                acc[c] += C[rowbuf[recv[c]], c]
     # start s − h + 1 has its h terms now
     f = s - h + 1
     if 0 <= f < T:
+        c = ptr[f] % width
         for p in range(ptr[f], ptr[f + 1]):
-            out[p] = acc[p % width]
-    # start s begins: its columns are e_i
-    if s < T:
+            out[p] = acc[c]
+            c += 1
+            if c == width:
+                c = 0
+    # start s begins: its columns are e_i (zeroed row by row, contiguous)
+    if s < T and ptr[s + 1] > ptr[s]:
+        b0 = ptr[s] % width
+        nb = ptr[s + 1] - ptr[s]
+        for part in range(2):
+            if part == 0:
+                c_lo = b0
+                c_hi = min(b0 + nb, width)
+            else:
+                c_lo = 0
+                c_hi = b0 + nb - width
+            if c_hi > c_lo:
+                for i in range(n):
+                    row = C[rowbuf[i], c_lo:c_hi]
+                    for c in range(c_hi - c_lo):
+                        row[c] = 0.0
+        c = b0
         for p in range(ptr[s], ptr[s + 1]):
-            c = p % width
-            for i in range(n):
-                C[i, c] = 0.0
-            C[pairs[p], c] = 1.0
+            C[rowbuf[pairs[p]], c] = 1.0
             recv[c] = pairs[p]
             acc[c] = 1.0
-        if h == 1:
-            for p in range(ptr[s], ptr[s + 1]):
-                out[p] = acc[p % width]
+            if h == 1:
+                out[p] = 1.0
+            c += 1
+            if c == width:
+                c = 0
