@@ -16,8 +16,11 @@ state and the weights, and measure
   When there are more than ``exact_pairs`` (round, receiver) pairs (large N), H is estimated on
   a seeded uniform sample of ``horizon_pairs`` pairs and ``H_se`` gives its standard error.
 
-The replay is vectorised over clients and edges (one numpy pass per round); the per-client
-Python loop in :mod:`sfg.replay_reference` is the reference it is tested against.
+Two engines run it (see :func:`replay_batch`): a compiled numba kernel per replay
+(:mod:`sfg.replay_kernel`, the default for every model-free rule but the oracles) and the
+simulator's own round code, vectorised over clients and edges with several replays stacked
+(one numpy pass per round). They are tested against each other weight by weight, and both
+against the per-client Python loop in :mod:`sfg.replay_reference`.
 """
 
 from __future__ import annotations

@@ -468,6 +468,15 @@ def _row_tile(C, tk, js, ws, ln, c0, c1):
         d += 1
 
 
+@_jit(inline="always")
+def _arc(start, count, width, part):
+    """Part 0 or 1 of the circular column range of ``count`` columns from ``start`` (mod
+    ``width``) as a [lo, hi) pair; part 1 is empty unless the range wraps."""
+    if part == 0:
+        return start, min(start + count, width)
+    return 0, max(start + count - width, 0)
+
+
 @_jit
 def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs, out,
                   h, tile, nz_row, nz_j, nz_w, nz_len):
@@ -507,12 +516,7 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr
         a0 = lo % width
         n_live = hi - lo
         for part in range(2):  # the live columns: at most two contiguous ranges
-            if part == 0:
-                c_lo = a0
-                c_hi = min(a0 + n_live, width)
-            else:
-                c_lo = 0
-                c_hi = a0 + n_live - width
+            c_lo, c_hi = _arc(a0, n_live, width, part)
             for c0 in range(c_lo, c_hi, tile):
                 c1 = min(c0 + tile, c_hi)
                 for k in range(n_ad):
@@ -524,12 +528,7 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr
             spare[k] = old
         # the diagonal entries (no modulo in the loop: an integer division costs ~30 cycles)
         for part in range(2):
-            if part == 0:
-                c_lo = a0
-                c_hi = min(a0 + n_live, width)
-            else:
-                c_lo = 0
-                c_hi = a0 + n_live - width
+            c_lo, c_hi = _arc(a0, n_live, width, part)
             for c in range(c_lo, c_hi):
                 acc[c] += C[rowbuf[recv[c]], c]
     # start s − h + 1 has its h terms now
@@ -546,12 +545,7 @@ def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr
         b0 = ptr[s] % width
         nb = ptr[s + 1] - ptr[s]
         for part in range(2):
-            if part == 0:
-                c_lo = b0
-                c_hi = min(b0 + nb, width)
-            else:
-                c_lo = 0
-                c_hi = b0 + nb - width
+            c_lo, c_hi = _arc(b0, nb, width, part)
             if c_hi > c_lo:
                 for i in range(n):
                     row = C[rowbuf[i], c_lo:c_hi]
