@@ -2,8 +2,8 @@
 
 1. The replay against the straightforward per-client Python loop (``sfg.replay_reference``,
    the reference it is tested against) on the same trace, N = 100, T = 300, kNN k = 6, with
-   the self-return H (horizon 50): the compiled engine (default) and the numpy engine.
-   Target: >= 50x faster than the loop.
+   the self-return H (horizon 50): the compiled engine (default) on one thread and with its
+   default threads for H, and the numpy engine. Target: >= 50x faster than the loop.
 2. The replay command's usual shape, processes x seeds x rules, loop vs ``replay()``.
 3. N = 10,000 clients on a sparse kNN graph, T = 300, one rule: wall time and peak memory.
    Target: under a minute, memory growing with edges, not N^2.
@@ -20,7 +20,7 @@ import argparse
 import resource
 import time
 
-from sfg.replay import build_scenario, replay, replay_trace
+from sfg.replay import build_scenario, default_threads, replay, replay_trace
 from sfg.replay_reference import replay_reference
 
 
@@ -43,21 +43,25 @@ def main() -> None:
     t_first, _ = timed(lambda: replay_trace(avail, g, "placebo-cut", seed=1, engine="compiled"))
     print(f"first compiled call (JIT compile or load from the on-disk cache): {t_first:.2f} s\n")
 
-    print("one replay, N=100, T=300, knn k=6, H over 50 rounds "
-          "(loop: one run; engines: best of 5)")
-    print(f"{'process':<13} {'rule':<9} {'loop s':>7} {'compiled ms':>12} {'speed-up':>9} "
-          f"{'numpy ms':>9} {'speed-up':>9} {'H agrees':>9}")
+    print(f"one replay, N=100, T=300, knn k=6, H over 50 rounds (loop: one run; engines: best "
+          f"of 5; compiled with 1 thread, and with the default of up to {default_threads()} "
+          "threads for H)")
+    print(f"{'process':<13} {'rule':<9} {'loop s':>7} {'1 thread ms':>12} {'speed-up':>9} "
+          f"{'default ms':>11} {'speed-up':>9} {'numpy ms':>9} {'speed-up':>9} {'H agrees':>9}")
     for proc in ("bursty:u=0.8", "iid:u=0.6"):
         g, avail = build_scenario(proc, n=100, T=300, graph="knn:k=6", seed=1)
         for rule in ("dfedavg", "sfg", "sfg-cut"):
             t_loop, ref = timed(lambda r=rule, a=avail, g=g: replay_reference(a, g, r, seed=1))
-            t_c, fast = timed(lambda r=rule, a=avail, g=g: replay_trace(
+            t_1, fast = timed(lambda r=rule, a=avail, g=g: replay_trace(
+                a, g, r, seed=1, engine="compiled", threads=1), repeat=5)
+            t_c, _ = timed(lambda r=rule, a=avail, g=g: replay_trace(
                 a, g, r, seed=1, engine="compiled"), repeat=5)
             t_n, _ = timed(lambda r=rule, a=avail, g=g: replay_trace(
                 a, g, r, seed=1, engine="numpy"), repeat=5)
             agree = abs(fast.metrics["H"] - ref["H"]) < 1e-9
-            print(f"{proc:<13} {rule:<9} {t_loop:7.2f} {t_c * 1e3:12.1f} {t_loop / t_c:8.0f}x "
-                  f"{t_n * 1e3:9.0f} {t_loop / t_n:8.0f}x {str(agree):>9}")
+            print(f"{proc:<13} {rule:<9} {t_loop:7.2f} {t_1 * 1e3:12.1f} {t_loop / t_1:8.0f}x "
+                  f"{t_c * 1e3:11.1f} {t_loop / t_c:8.0f}x {t_n * 1e3:9.0f} {t_loop / t_n:8.0f}x "
+                  f"{str(agree):>9}")
 
     # the replay command's usual shape: processes x seeds x rules
     procs, rules, seeds = ["iid:u=0.6", "bursty:u=0.8"], ["dfedavg", "sfg-cut"], [1, 2, 3]
@@ -70,9 +74,12 @@ def main() -> None:
     t_loop = time.perf_counter() - t0
     n_rep = len(scen) * len(rules)
     print()
-    for engine in ("compiled", "numpy"):
-        t_fast, _ = timed(lambda e=engine: replay(procs, rules, seeds, engine=e), repeat=2)
-        print(f"{n_rep} replays (2 processes x 3 seeds x 2 rules, with H), {engine} engine: "
+    for engine, threads, label in (("compiled", 1, "compiled engine, 1 thread"),
+                                   ("compiled", None, "compiled engine, default threads"),
+                                   ("numpy", None, "numpy engine")):
+        t_fast, _ = timed(lambda e=engine, k=threads: replay(procs, rules, seeds, engine=e,
+                                                             threads=k), repeat=2)
+        print(f"{n_rep} replays (2 processes x 3 seeds x 2 rules, with H), {label}: "
               f"loop {t_loop:.1f} s, replay() {t_fast:.2f} s -> {t_loop / t_fast:.0f}x")
     if args.quick:
         return

@@ -294,3 +294,17 @@ def test_large_n_compiled_equals_numpy_engine():
     ref = replay_trace(avail, g, "sfg-cut", engine="numpy", **kw)
     assert ref.metrics["H_pairs"] == 1000  # > EXACT_PAIRS candidates: the sampled path
     _assert_results_close(got, ref)
+
+
+@pytest.mark.parametrize("rule", ["sfg-cut", "placebo-cut"])
+def test_self_return_threads_do_not_change_results(rule):
+    """The self-return's pairs are split by start round over threads; any split gives the
+    same bits (each pair's arithmetic is independent of the others)."""
+    g = make_graph("knn:k=4", 60, seed=5)
+    avail = make_process("iid:u=0.5").sample(90, 60, seed=5, positions=g.positions)
+    runs = [replay_trace(avail, g, rule, seed=5, horizon=20, engine="compiled", threads=k)
+            for k in (1, 2, 3, 7)]
+    assert runs[0].metrics["H_pairs"] > 1000
+    for other in runs[1:]:
+        assert other.metrics == runs[0].metrics
+        assert other.curves == runs[0].curves

@@ -25,8 +25,11 @@ against the per-client Python loop in :mod:`sfg.replay_reference`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +272,7 @@ ENGINES = ("auto", "compiled", "numpy")
 def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: float = 0.0,
                  horizon: int = 50, exact_pairs: int = EXACT_PAIRS, sample_pairs: int = 1000,
                  progress: Callable[[int, int], None] | None = None,
-                 engine: str = "auto") -> list[ReplayResult]:
+                 engine: str = "auto", threads: int | None = None) -> list[ReplayResult]:
     """Replay several (trace, graph, rule, seed) lanes; every lane gives exactly what it would
     give alone (its random draws, link failures and horizon sample are keyed by its own seed).
 
@@ -280,6 +283,9 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         own round code (:mod:`sfg.engine`), one vectorised numpy pass per round; stacking
         amortises numpy's per-call cost over all lanes' clients. Runs every rule;
       * ``"auto"`` (default) — compiled where the kernel has the rule, numpy for the rest.
+
+    threads: threads for the compiled engine's self-return H (default: all usable cores when
+    the H work is large, else 1); results do not depend on it.
 
     The two engines agree to rounding (tested weight by weight); lanes must share T.
 
@@ -308,7 +314,8 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
     for done, k in enumerate(fast):
         results[k] = _replay_compiled(lanes[k], anatomy=anatomy, link_failure=link_failure,
                                       horizon=horizon, exact_pairs=exact_pairs,
-                                      sample_pairs=sample_pairs, progress=at(done * T))
+                                      sample_pairs=sample_pairs, progress=at(done * T),
+                                      threads=threads)
     if slow:
         with threadpool_limits(limits=1, user_api="blas"):
             out = _replay_batch([lanes[k] for k in slow], anatomy=anatomy,
@@ -333,13 +340,54 @@ def _check_engine(engine: str, rules: Sequence[Rule]) -> None:
                            "use engine 'numpy' or 'auto'")
 
 
+def default_threads() -> int:
+    """Threads for the compiled engine's self-return: the cores this process may use (≤ 8)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+class _HorizonPart:
+    """One thread's share of the self-return pairs (see replay_kernel.horizon_rounds): its own
+    pair list, ring of columns and pool of rows."""
+
+    def __init__(self, T: int, n: int, h: int, ts: np.ndarray, ii: np.ndarray, max_adopt: int):
+        self.ptr = np.zeros(T + 1, np.int64)
+        np.cumsum(np.bincount(ts, minlength=T), out=self.ptr[1:])
+        self.pairs, self.h = ii, h
+        # ring of columns: wide enough for the pairs of any h consecutive starts
+        width = (int((self.ptr[np.minimum(np.arange(T + 1) + h, T)] - self.ptr).max())
+                 if ii.size else 0)
+        self.C = np.zeros((n + max_adopt if width else 0, width))
+        self.rowbuf = np.arange(n, dtype=np.int64)
+        self.spare = np.arange(n, n + max_adopt, dtype=np.int64)
+        self.recv = np.zeros(width, np.int64)
+        self.acc = np.zeros(width)
+        self.out = np.full(ii.size, np.nan)
+
+    def run(self, t0: int, t1: int, rg: RoundGraph, w: np.ndarray, adopt: np.ndarray,
+            tile: int) -> None:
+        from . import replay_kernel as K
+
+        K.horizon_rounds(t0, t1, rg.indptr, rg.send, w, adopt, self.C, self.rowbuf, self.spare,
+                         self.recv, self.acc, self.ptr, self.pairs, self.out, self.h, tile)
+
+
 def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: int,
                      exact_pairs: int, sample_pairs: int,
                      progress: Callable[[int, int], None] | None = None,
-                     weights_out: np.ndarray | None = None,
+                     weights_out: np.ndarray | None = None, threads: int | None = None,
                      chunk_elems: int = 2_000_000, tile: int = 4096) -> ReplayResult:
-    """One lane on the compiled kernel (:mod:`sfg.replay_kernel`). ``weights_out`` [T, E]
-    receives every round's slot weights (tests compare them with the numpy engine)."""
+    """One lane on the compiled kernel (:mod:`sfg.replay_kernel`).
+
+    The rounds run in chunks: the kernel replays a chunk's rounds and keeps their weights,
+    then the self-return H follows its pairs through those rounds. The pairs are split by
+    start round over ``threads`` threads (default: :func:`default_threads`; the kernels
+    release the GIL); each pair's arithmetic does not depend on the split, so results are
+    bit-identical for any number of threads. ``weights_out`` [T, E] receives every round's
+    slot weights (tests compare them with the numpy engine)."""
     from . import replay_kernel as K
 
     check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
@@ -354,18 +402,17 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     rid, prm = K.rule_params(ln.rule)
     ts, flat, sampled = _pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                    sample=sample_pairs)
-    ptr = np.zeros(T + 1, np.int64)
-    np.cumsum(np.bincount(ts, minlength=T), out=ptr[1:])
     h = horizon if flat.size else 0
-    # ring of columns: wide enough for the pairs of any h consecutive starts
-    width = int((ptr[np.minimum(np.arange(T + 1) + h, T)] - ptr).max()) if h else 0
-    max_adopt = int(caps.adopt.sum(axis=1).max()) if (width and T) else 0
-    hz_C = np.zeros((n + max_adopt if width else 0, width))
-    hz_rowbuf = np.arange(n, dtype=np.int64)
-    hz_spare = np.arange(n, n + max_adopt, dtype=np.int64)
-    hz_recv = np.zeros(width, np.int64)
-    hz_acc = np.zeros(width)
-    hz_out = np.full(flat.size, np.nan)
+    n_adopt = caps.adopt.sum(axis=1)
+    max_adopt = int(n_adopt.max()) if (h and T) else 0
+    if threads is None:
+        # H costs about (pairs × h) columns × adopters row updates; below ~10^7 a second
+        # thread costs more than it saves (measured at N = 100: bursty u = 0.8 is below)
+        work = flat.size * h * (float(n_adopt.mean()) if T else 0.0)
+        threads = default_threads() if work >= 1e7 else 1
+    n_threads = max(1, int(threads))
+    picks = [ts % n_threads == k for k in range(n_threads)] if h else []
+    parts = [_HorizonPart(T, n, h, ts[sel], flat[sel], max_adopt) for sel in picks]
 
     ages = np.zeros(n, np.int64)
     lags = np.zeros(n)
@@ -378,25 +425,39 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     mean_age, mean_lag = np.zeros(T), np.zeros(T)
     no_draws = np.zeros((0, 0))
     R = max(1, min(T, chunk_elems // max(E, 1)))
-    for t0 in range(0, T, R):
-        t1 = min(T, t0 + R)
-        u = key = no_draws
-        if ln.rule.random:
-            u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
-            for t in range(t0, t1):  # the rule's own stream, drawn as the numpy engine does
-                g = stream(ln.seed, "rule-draws", t)
-                u[t - t0] = g.random(n)
-                key[t - t0] = g.random(E)
-        w_out = weights_out[t0:t1] if weights_out is not None else np.zeros((0, 0))
-        K.run_rounds(t0, t1, rid, prm, rg.indptr, rg.send, rg.edge_id,
-                     caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
-                     caps.adopt[t0:t1], live[t0:t1] if live.size else live, u, key,
-                     ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
-                     hbuf, w, cand, totals, mean_age, mean_lag, hz_C, hz_rowbuf, hz_spare,
-                     hz_recv, hz_acc, ptr, flat, hz_out, h, tile, w_out)
-        if progress is not None:
-            progress(t1, T)
-    hk = hz_out
+    wbuf = np.empty((R, E)) if (h and weights_out is None) else np.zeros((0, 0))
+    pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else None
+    try:
+        for t0 in range(0, T, R):
+            t1 = min(T, t0 + R)
+            u = key = no_draws
+            if ln.rule.random:
+                u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
+                for t in range(t0, t1):  # the rule's own stream, drawn as the numpy engine does
+                    g = stream(ln.seed, "rule-draws", t)
+                    u[t - t0] = g.random(n)
+                    key[t - t0] = g.random(E)
+            w_out = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
+            K.run_rounds(t0, t1, rid, prm, rg.indptr, rg.send, rg.edge_id,
+                         caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
+                         caps.adopt[t0:t1], live[t0:t1] if live.size else live, u, key,
+                         ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
+                         hbuf, w, cand, totals, mean_age, mean_lag, w_out)
+            if h:
+                run = partial(_HorizonPart.run, t0=t0, t1=t1, rg=rg, w=w_out,
+                              adopt=caps.adopt[t0:t1], tile=tile)
+                if pool is None:
+                    run(parts[0])
+                else:
+                    list(pool.map(run, parts))
+            if progress is not None:
+                progress(t1, T)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    hk = np.empty(flat.size)
+    for sel, part in zip(picks, parts, strict=True):
+        hk[sel] = part.out
     tot = dict(zip(K.TOTALS, totals.tolist(), strict=True))
     return ReplayResult(metrics=_metrics(ln, tot, hk, bool(sampled), lags),
                         curves={"round": list(range(T)), "mean_age": mean_age.tolist(),
@@ -531,13 +592,15 @@ def replay_trace(
     sample_pairs: int = 1000,
     progress: Callable[[int, int], None] | None = None,
     engine: str = "auto",
+    threads: int | None = None,
 ) -> ReplayResult:
     """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``
     (``engine``: see :func:`replay_batch`)."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed)], anatomy=anatomy,
                         link_failure=link_failure, horizon=horizon, exact_pairs=exact_pairs,
-                        sample_pairs=sample_pairs, progress=progress, engine=engine)[0]
+                        sample_pairs=sample_pairs, progress=progress, engine=engine,
+                        threads=threads)[0]
 
 
 def build_scenario(process: str, *, n: int, T: int, graph: str, seed: int) -> tuple[Graph, np.ndarray]:
@@ -565,6 +628,7 @@ def replay(
     with_curves: bool = False,
     progress: Callable[[int, int], None] | None = None,
     engine: str = "auto",
+    threads: int | None = None,
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
@@ -589,7 +653,8 @@ def replay(
     done = 0
     for batch in _batches([ln for _, ln in lanes], max_clients=batch_clients):
         results = replay_batch([lanes[k][1] for k in batch], anatomy=anatomy,
-                               link_failure=link_failure, horizon=horizon, engine=engine)
+                               link_failure=link_failure, horizon=horizon, engine=engine,
+                               threads=threads)
         for k, res in zip(batch, results, strict=True):
             rows.append({**lanes[k][0], **res.metrics,
                          **({"curves": res.curves} if with_curves else {})})
@@ -662,5 +727,6 @@ def replay_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] |
     res = replay_trace(avail, g, cfg.get("rule", "dfedavg"), seed=seed,
                        anatomy=cfg.get("anatomy", "full"),
                        link_failure=float(cfg.get("link_failure", 0.0)),
-                       horizon=int(cfg.get("horizon", 50)), progress=progress)
+                       horizon=int(cfg.get("horizon", 50)), progress=progress,
+                       threads=1)  # the grid already runs one replay per core
     return {"metrics": res.metrics, "curves": res.curves}

@@ -200,15 +200,11 @@ def _scores_one(rule, prm, t, a, b, cand, sa, lagv, sc, slc, q, u_i, key, amin, 
 @_jit
 def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, adopt, live,
                u, key, ages, lags, counts, lcounts, q, new_ages, new_lags, new_counts,
-               h, w, cand, totals, mean_age, mean_lag, hz_C, hz_rowbuf, hz_spare, hz_recv,
-               hz_acc, hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, w_out):
+               h, w, cand, totals, mean_age, mean_lag, w_out):
     """Rounds [t0, t1) of one lane, updating the state arrays in place.
 
     Per-round inputs are indexed by ``t - t0`` (train, sendc, aggr, adopt: [R, N] bool;
-    live: [R, M] bool or [0, 0]; u: [R, N], key: [R, E] or [0, 0]). H columns live in the ring
-    pool ``hz_C`` [N + most adopters, width], row i at hz_rowbuf[i], spare rows hz_spare (see
-    :func:`_horizon_step`); the pairs of start t are
-    hz_pairs[hz_ptr[t]:hz_ptr[t+1]] (hz_ptr has T+1 entries) and their H values go to hz_out.
+    live: [R, M] bool or [0, 0]; u: [R, N], key: [R, E] or [0, 0]).
     ``w_out`` [R, E] receives the weights when it has rows (tests), else [0, 0].
 
     Each receiver takes three passes over its slots: candidates, gathered staleness and
@@ -228,17 +224,9 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
     slc = np.empty(E, np.int64)
     sl = np.empty(E)
     lagv = np.empty(E)
-    kmax = 1
-    for i in range(n):
-        kmax = max(kmax, indptr[i + 1] - indptr[i])
     red_i = np.empty((n, 9), np.int64)
     red_f = np.empty((n, 4))
     no_u = np.empty(0)
-    m_ad = hz_spare.shape[0]
-    nz_row = np.empty(m_ad, np.int64)
-    nz_len = np.empty(m_ad, np.int64)
-    nz_j = np.empty((m_ad, kmax), np.int64)
-    nz_w = np.empty((m_ad, kmax))
     for t in range(t0, t1):
         r = t - t0
         sum_a = 0
@@ -408,10 +396,6 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
                         totals[3] += 1.0
         if w_out.shape[0] > 0:
             w_out[r, :] = w
-        # ---- the self-return H (SPEC §9): C <- W^t C on the adopters' rows, then the diagonal
-        _horizon_step(t, n, indptr, send, w, adopt[r], hz_C, hz_rowbuf, hz_spare, hz_recv,
-                      hz_acc, hz_ptr, hz_pairs, hz_out, hz_h, hz_tile, nz_row, nz_j, nz_w,
-                      nz_len)
         for i in range(n):
             ages[i] = new_ages[i]
             lags[i] = new_lags[i]
@@ -466,6 +450,29 @@ def _row_tile(C, tk, js, ws, ln, c0, c1):
         for c in range(m):
             tk[c] = tk[c] + w0 * x0[c]
         d += 1
+
+
+@_jit
+def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs,
+                   out, h, tile):
+    """The self-return's rounds [t0, t1) for one set of (start, receiver) pairs, from the
+    weights ``w`` [R, E] and adopters ``adopt`` [R, N] of those rounds (row t − t0).
+
+    The pairs of start t are pairs[ptr[t]:ptr[t+1]] (ptr has T+1 entries); their H values go
+    to ``out``. Disjoint sets of pairs are independent, so several threads can each run one
+    (the kernel releases the GIL)."""
+    n = indptr.shape[0] - 1
+    kmax = 1
+    for i in range(n):
+        kmax = max(kmax, indptr[i + 1] - indptr[i])
+    m_ad = spare.shape[0]
+    nz_row = np.empty(m_ad, np.int64)
+    nz_len = np.empty(m_ad, np.int64)
+    nz_j = np.empty((m_ad, kmax), np.int64)
+    nz_w = np.empty((m_ad, kmax))
+    for t in range(t0, t1):
+        _horizon_step(t, n, indptr, send, w[t - t0], adopt[t - t0], C, rowbuf, spare, recv, acc,
+                      ptr, pairs, out, h, tile, nz_row, nz_j, nz_w, nz_len)
 
 
 @_jit(inline="always")
