@@ -691,20 +691,83 @@ class LoopBackend(_BackendBase):
 
 
 # ----------------------------------------------------------------------------------------------
-# vmap
+# stacked backends: a chunk of clients per pass (vmap and batched)
 
 
-class VmapBackend(_BackendBase):
+class _StackedBackend(_BackendBase):
+    """Shared driver of the backends that train a chunk of clients in one pass. A subclass
+    gives, per worker slot, the chunk's flat gradients (:meth:`_grads_fn`) and logits
+    (:meth:`_logits_fn`); the driver runs the local steps and the evaluation batches."""
+
+    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
+                 chunk: int = 0):
+        super().__init__(model, device=device, workers=workers)
+        check(isinstance(chunk, int) and chunk >= 0,
+              f"{self.name} chunk must be a non-negative int (0 = all clients at once), "
+              f"got {chunk!r}")
+        self.chunk = chunk
+
+    def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        if not self.chunk:
+            return [(lo, hi)]
+        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+
+    def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
+        """(params [m, D], x [m, B, ...], y [m, B], out g [m, D]) -> per-client gradients of
+        each client's mean loss, written into g."""
+        raise NotImplementedError
+
+    def _logits_fn(self, slot: int) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
+        """(unflattened params of m clients, x [m, B, ...]) -> logits [m, B, classes]."""
+        raise NotImplementedError
+
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        xs, ys = a["xs"], a["ys"]
+        threaded = len(_chunks(a["n"], self.workers)) > 1
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            grads = self._grads_fn(slot)
+            for c0, c1 in self._parts(lo, hi):
+                # threads get private rows: in-place steps elsewhere in `out` bump its version
+                p = out[c0:c1].clone() if threaded else out[c0:c1]
+                g = torch.empty_like(p)
+                buf = a["buf"][c0:c1] if a["buf"] is not None else None
+                center = a["center"][c0:c1] if a["center"] is not None else None
+                for k in range(a["K"]):
+                    grads(p, xs[c0:c1, k], ys[c0:c1, k], g)
+                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
+                              momentum=a["momentum"], buf=buf, center=center,
+                              prox_lam=a["prox_lam"], mask=a["mask"])
+                if threaded:
+                    out[c0:c1] = p
+
+        _run_chunks(a["n"], self.workers, run)
+
+    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
+        spec, n = self.spec, P.shape[0]
+        longest = int(data.counts.max())
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            logits_of = self._logits_fn(slot)
+            for c0, c1 in self._parts(lo, hi):
+                step = max(1, batch_size // (c1 - c0))
+                w = spec.unflatten(P[c0:c1])
+                for s in range(0, longest, step):
+                    x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
+                    hit = (logits_of(w, x).argmax(-1) == y) & valid
+                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
+
+        _run_chunks(n, self.workers, run)
+
+
+class VmapBackend(_StackedBackend):
     """``vmap(grad(loss))`` over clients with ``functional_call`` (any model)."""
 
     name = "vmap"
 
     def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
                  chunk: int = 0):
-        super().__init__(model, device=device, workers=workers)
-        check(isinstance(chunk, int) and chunk >= 0,
-              f"vmap chunk must be a non-negative int (0 = all clients at once), got {chunk!r}")
-        self.chunk = chunk
+        super().__init__(model, device=device, workers=workers, chunk=chunk)
         self._modules: list[nn.Module] = []
         self._lock = threading.Lock()
 
@@ -715,132 +778,60 @@ class VmapBackend(_BackendBase):
                 self._modules.append(module.requires_grad_(False))
             return self._modules[slot]
 
-    def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        if not self.chunk:
-            return [(lo, hi)]
-        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+    def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
+        spec, module = self.spec, self._module(slot)
 
-    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
-        spec, xs, ys = self.spec, a["xs"], a["ys"]
-        threaded = len(_chunks(a["n"], self.workers)) > 1
+        def loss(w: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+            return F.cross_entropy(functional_call(module, w, (x,)), y)
 
-        def run(slot: int, lo: int, hi: int) -> None:
-            module = self._module(slot)
+        grad_fn = vmap(grad(loss))
 
-            def loss(w: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-                return F.cross_entropy(functional_call(module, w, (x,)), y)
+        def grads(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
+            per_client = grad_fn(spec.unflatten(p), x, y)
+            torch.cat([per_client[name].reshape(p.shape[0], -1) for name in spec.names],
+                      dim=1, out=g)
 
-            grad_fn = vmap(grad(loss))
-            for c0, c1 in self._parts(lo, hi):
-                # threads get private rows: in-place steps elsewhere in `out` bump its version
-                p = out[c0:c1].clone() if threaded else out[c0:c1]
-                g = torch.empty_like(p)
-                buf = a["buf"][c0:c1] if a["buf"] is not None else None
-                center = a["center"][c0:c1] if a["center"] is not None else None
-                for k in range(a["K"]):
-                    grads = grad_fn(spec.unflatten(p), xs[c0:c1, k], ys[c0:c1, k])
-                    torch.cat([grads[name].reshape(c1 - c0, -1) for name in spec.names],
-                              dim=1, out=g)
-                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
-                              momentum=a["momentum"], buf=buf, center=center,
-                              prox_lam=a["prox_lam"], mask=a["mask"])
-                if threaded:
-                    out[c0:c1] = p
+        return grads
 
-        _run_chunks(a["n"], self.workers, run)
-
-    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
-        spec, n = self.spec, P.shape[0]
-        longest = int(data.counts.max())
-
-        def run(slot: int, lo: int, hi: int) -> None:
-            module = self._module(slot)
-            fwd = vmap(lambda w, x: functional_call(module, w, (x,)))
-            for c0, c1 in self._parts(lo, hi):
-                step = max(1, batch_size // (c1 - c0))
-                w = spec.unflatten(P[c0:c1])
-                for s in range(0, longest, step):
-                    x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
-                    hit = (fwd(w, x).argmax(-1) == y) & valid
-                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
-
-        _run_chunks(n, self.workers, run)
+    def _logits_fn(self, slot: int) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
+        module = self._module(slot)
+        return vmap(lambda w, x: functional_call(module, w, (x,)))
 
 
-# ----------------------------------------------------------------------------------------------
-# batched
-
-
-class BatchedBackend(_BackendBase):
+class BatchedBackend(_StackedBackend):
     """All clients in one pass: ``baddbmm`` for linear layers, grouped conv for conv layers."""
 
     name = "batched"
 
     def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
                  chunk: int = 0, channels_last: bool = True):
-        super().__init__(model, device=device, workers=workers)
         plan, reason = sequential_plan(model)
         check(plan is not None,
               f"backend 'batched' cannot run model "
               f"{getattr(model, 'model_name', type(model).__name__)!r} ({reason}); use backend "
               "'loop', 'vmap' or 'auto'")
-        check(isinstance(chunk, int) and chunk >= 0,
-              f"batched chunk must be a non-negative int (0 = all clients at once), got {chunk!r}")
+        super().__init__(model, device=device, workers=workers, chunk=chunk)
         self.plan = plan
-        self.chunk = chunk
         self.channels_last = bool(channels_last)
 
-    def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        if not self.chunk:
-            return [(lo, hi)]
-        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+    def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
+        spec = self.spec
 
-    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
-        spec, xs, ys = self.spec, a["xs"], a["ys"]
-        threaded = len(_chunks(a["n"], self.workers)) > 1
+        def grads(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
+            m = p.shape[0]
+            leaves = {name: t.detach().requires_grad_() for name, t in spec.unflatten(p).items()}
+            logits = plan_forward_batched(self.plan, leaves, x, self.channels_last)
+            B = logits.shape[1]
+            # sum over clients of each client's mean loss: per-client gradients
+            loss = F.cross_entropy(logits.reshape(m * B, -1), y.reshape(-1),
+                                   reduction="sum") / B
+            per_client = torch.autograd.grad(loss, [leaves[name] for name in spec.names])
+            torch.cat([gr.reshape(m, -1) for gr in per_client], dim=1, out=g)
 
-        def run(slot: int, lo: int, hi: int) -> None:
-            for c0, c1 in self._parts(lo, hi):
-                m = c1 - c0
-                # threads get private rows: in-place steps elsewhere in `out` bump its version
-                p = out[c0:c1].clone() if threaded else out[c0:c1]
-                g = torch.empty_like(p)
-                buf = a["buf"][c0:c1] if a["buf"] is not None else None
-                center = a["center"][c0:c1] if a["center"] is not None else None
-                for k in range(a["K"]):
-                    leaves = {name: t.detach().requires_grad_()
-                              for name, t in spec.unflatten(p).items()}
-                    logits = plan_forward_batched(self.plan, leaves, xs[c0:c1, k],
-                                                  self.channels_last)
-                    B = logits.shape[1]
-                    # sum over clients of each client's mean loss: per-client gradients
-                    loss = F.cross_entropy(logits.reshape(m * B, -1), ys[c0:c1, k].reshape(-1),
-                                           reduction="sum") / B
-                    grads = torch.autograd.grad(loss, [leaves[name] for name in spec.names])
-                    torch.cat([gr.reshape(m, -1) for gr in grads], dim=1, out=g)
-                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
-                              momentum=a["momentum"], buf=buf, center=center,
-                              prox_lam=a["prox_lam"], mask=a["mask"])
-                if threaded:
-                    out[c0:c1] = p
+        return grads
 
-        _run_chunks(a["n"], self.workers, run)
-
-    def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
-        spec, n = self.spec, P.shape[0]
-        longest = int(data.counts.max())
-
-        def run(slot: int, lo: int, hi: int) -> None:
-            for c0, c1 in self._parts(lo, hi):
-                step = max(1, batch_size // (c1 - c0))
-                w = spec.unflatten(P[c0:c1])
-                for s in range(0, longest, step):
-                    x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
-                    logits = plan_forward_batched(self.plan, w, x, self.channels_last)
-                    hit = (logits.argmax(-1) == y) & valid
-                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
-
-        _run_chunks(n, self.workers, run)
+    def _logits_fn(self, slot: int) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
+        return lambda w, x: plan_forward_batched(self.plan, w, x, self.channels_last)
 
 
 # ----------------------------------------------------------------------------------------------
