@@ -388,10 +388,21 @@ class _BackendBase:
         self.num_classes = getattr(model, "num_classes", None)
         self.uses_conv = _uses_conv(model)
         self._eval_cache: tuple[tuple[Any, ...], _EvalData] | None = None
+        # one module copy per worker thread, for functional_call (a module is not thread-safe)
+        self._modules: list[nn.Module] = []
+        self._lock = threading.Lock()
         check(not any(True for _ in model.buffers()),
               f"model {getattr(model, 'model_name', type(model).__name__)!r} has buffers "
               "(e.g. BatchNorm running statistics); sfg models keep all state in parameters - "
               "use GroupNorm")
+
+    def _module(self, slot: int) -> nn.Module:
+        """Worker ``slot``'s private copy of the model (gradients off)."""
+        with self._lock:
+            while len(self._modules) <= slot:
+                module = copy.deepcopy(self.model).to(self.device)
+                self._modules.append(module.requires_grad_(False))
+            return self._modules[slot]
 
     # -- validation
     def _check_inputs(self, xs: Tensor, n_lead: int, what: str) -> None:
@@ -632,16 +643,6 @@ class LoopBackend(_BackendBase):
         super().__init__(model, device=device, workers=workers)
         self.channels_last = bool(channels_last) and self.uses_conv
         self.plan, _ = sequential_plan(model)
-        # one module copy per worker for models run through functional_call (not thread-safe)
-        self._modules: list[nn.Module] = []
-        self._lock = threading.Lock()
-
-    def _module(self, slot: int) -> nn.Module:
-        with self._lock:
-            while len(self._modules) <= slot:
-                module = copy.deepcopy(self.model).to(self.device)
-                self._modules.append(module.requires_grad_(False))
-            return self._modules[slot]
 
     def _forward(self, slot: int, w: dict[str, Tensor], x: Tensor) -> Tensor:
         if self.channels_last and x.dim() == 4:
@@ -764,19 +765,6 @@ class VmapBackend(_StackedBackend):
     """``vmap(grad(loss))`` over clients with ``functional_call`` (any model)."""
 
     name = "vmap"
-
-    def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
-                 chunk: int = 0):
-        super().__init__(model, device=device, workers=workers, chunk=chunk)
-        self._modules: list[nn.Module] = []
-        self._lock = threading.Lock()
-
-    def _module(self, slot: int) -> nn.Module:
-        with self._lock:
-            while len(self._modules) <= slot:
-                module = copy.deepcopy(self.model).to(self.device)
-                self._modules.append(module.requires_grad_(False))
-            return self._modules[slot]
 
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         spec, module = self.spec, self._module(slot)
