@@ -44,6 +44,8 @@ def test_replay_table_and_rules_listing():
     (["replay", "--process", "bursty:u=1.5"], "u"),
     (["replay", "--seeds", "a,b"], "seeds"),
     (["replay", "--clients", "3"], "k=6 must be smaller"),
+    (["replay", "--engine", "fast"], "choose one of auto, compiled, numpy"),
+    (["replay", "--rule", "oracle-gls", "--engine", "compiled"], "use engine 'numpy' or 'auto'"),
     (["run", "--dataset", "digitz"], "did you mean 'digits'"),
     (["run", "--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
     (["run", "--config", "/nonexistent.yaml"], "does not exist"),
@@ -91,3 +93,26 @@ def test_replay_plot_writes_png(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert "curves" not in data["rows"][0]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_replay_engines_agree_from_the_command_line(capsys):
+    """``--engine compiled`` and ``--engine numpy`` print the same rows (to rounding), and
+    ``auto`` runs an oracle next to compiled rules."""
+    base = ["replay", "-p", "bursty:u=0.7", "-r", "sfg-cut", "-r", "aoi+ipw", "--seeds", "1,2",
+            "-n", "30", "-T", "70", "--horizon", "10", "--json"]
+    out = {}
+    for engine in ("compiled", "numpy"):
+        assert main([*base, "--engine", engine]) == 0
+        out[engine] = json.loads(capsys.readouterr().out)["rows"]
+    assert len(out["compiled"]) == 4
+    for a, b in zip(out["compiled"], out["numpy"], strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert value == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
+            else:
+                assert value == b[key], key
+    assert main([*base[:3], "-r", "oracle-gls", "-r", "sfg", *base[7:]]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["rule"] for r in rows} == {"oracle-gls", "sfg"}
+    assert all(r["H"] is not None for r in rows)
