@@ -308,3 +308,11 @@ def test_self_return_threads_do_not_change_results(rule):
     for other in runs[1:]:
         assert other.metrics == runs[0].metrics
         assert other.curves == runs[0].curves
+
+
+def test_warm_compiled_loads_the_kernels():
+    from sfg.replay import warm_compiled
+
+    warm_compiled()
+    assert replay_kernel.run_rounds.signatures
+    assert replay_kernel.horizon_rounds.signatures

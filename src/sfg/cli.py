@@ -150,6 +150,12 @@ def replay(
     from .replay import replay as run_replay
 
     seed_list = parse_seeds(seeds)
+    if engine != "numpy" and not as_json and err.is_terminal:
+        from .replay import warm_compiled
+
+        with err.status("loading the compiled replay kernel (its first use on a machine "
+                        "compiles it: about 15 s)"):
+            warm_compiled()
     with progress_bar("replay", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,

@@ -327,6 +327,20 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
     return results  # type: ignore[return-value]
 
 
+def warm_compiled() -> None:
+    """Compile the compiled engine's kernels, or load them from numba's on-disk cache, by
+    replaying a tiny trace (the first use on a machine compiles: about 15 s; later ones load
+    in under a second). The command line calls this under a spinner."""
+    from . import replay_kernel
+
+    if not replay_kernel.HAVE_NUMBA:  # pragma: no cover
+        return
+    g = Graph(n=3, edges=np.array([[0, 1], [1, 2]]), positions=None, name="path")
+    avail = np.array([[1, 0, 1], [1, 1, 1], [0, 1, 1]], bool)
+    _replay_compiled(Lane(avail, g, parse_rule("dfedavg"), 0), anatomy="full", link_failure=0.0,
+                     horizon=1, exact_pairs=EXACT_PAIRS, sample_pairs=1, threads=1)
+
+
 def _check_engine(engine: str, rules: Sequence[Rule]) -> None:
     from . import replay_kernel
 
