@@ -3,10 +3,13 @@
 The numpy engine (:func:`sfg.replay.replay_batch` with ``engine="numpy"``) runs the same round
 code as the training simulator (:mod:`sfg.engine`), one vectorised numpy pass per round. At
 N = 100 that pass is dominated by numpy's per-call overhead (about 60 calls a round), and the
-self-return H by a sparse product per round. This module runs a lane's rounds in one compiled
-loop instead: per receiver, its candidates, the rule's scores, the shared normalisation (SPEC
-§1), the analyses and the staleness update (SPEC §2) in a single pass over its slots, then the
-H columns of the adopters (SPEC §9).
+self-return H by a sparse product per round. This module runs a lane's rounds in compiled
+loops instead: :func:`run_rounds` takes, per receiver, its candidates, the rule's scores, the
+shared normalisation (SPEC §1), the analyses and the staleness update (SPEC §2) in three
+passes over its slots; :func:`horizon_rounds` then follows the self-return's (start,
+receiver) pairs through those rounds' weights (SPEC §9), on disjoint sets of pairs in
+parallel threads (the kernels release the GIL). The driver is
+:func:`sfg.replay._replay_compiled`.
 
 Every model-free rule of SPEC §3.1–3.3 and the modifiers ``+ipw``, ``+rounded`` and ``c`` are
 written here a second time, as scalar loops over one receiver's slots. The numpy library
@@ -41,8 +44,7 @@ RULE_IDS = {
     "neighbour-only-lags": 15, "neighbour-only-counts": 16, "pinned-receiver": 17,
     "copy-random": 18, "placebo-cut": 19, "cut-ages": 20, "receiver-kept": 21,
 }
-# params vector: gamma, L, c (self-weight multiplier, 1 = none), base, ipw, rounded
-N_PARAMS = 6
+# params vector (rule_params): gamma, L, c (self-weight multiplier, 1 = none), base, ipw, rounded
 # totals vector, in this order (see sfg.replay._TOTALS)
 TOTALS = ("agg", "returns", "ret_nb", "stalest", "spread_age", "spread_lag", "kept", "self_w",
           "messages")
@@ -205,7 +207,8 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
 
     Per-round inputs are indexed by ``t - t0`` (train, sendc, aggr, adopt: [R, N] bool;
     live: [R, M] bool or [0, 0]; u: [R, N], key: [R, E] or [0, 0]).
-    ``w_out`` [R, E] receives the weights when it has rows (tests), else [0, 0].
+    ``w_out`` [R, E] receives the weights when it has rows (for the self-return and tests),
+    else [0, 0].
 
     Each receiver takes three passes over its slots: candidates, gathered staleness and
     reductions; scores, modifiers and the masked row sum; weights, analyses and the update.
