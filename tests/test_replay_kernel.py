@@ -316,3 +316,15 @@ def test_warm_compiled_loads_the_kernels():
     warm_compiled()
     assert replay_kernel.run_rounds.signatures
     assert replay_kernel.horizon_rounds.signatures
+
+
+def test_lanes_on_parallel_threads_give_the_same_rows():
+    """replay() runs a batch's lanes on parallel threads; the rows, and their order, are
+    those of a one-thread run."""
+    kw = dict(n=30, T=60, horizon=10, with_curves=True)
+    one = replay(["iid:u=0.5", "bursty:u=0.7"], ["sfg-cut", "placebo-cut", "dfedavg"], [1, 2],
+                 threads=1, **kw)
+    many = replay(["iid:u=0.5", "bursty:u=0.7"], ["sfg-cut", "placebo-cut", "dfedavg"], [1, 2],
+                  threads=3, **kw)
+    assert len(one) == 12
+    assert many == one

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -284,8 +284,9 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         amortises numpy's per-call cost over all lanes' clients. Runs every rule;
       * ``"auto"`` (default) — compiled where the kernel has the rule, numpy for the rest.
 
-    threads: threads for the compiled engine's self-return H (default: all usable cores when
-    the H work is large, else 1); results do not depend on it.
+    threads: threads for the compiled engine (default: all usable cores). Several lanes run
+    on parallel threads, one each; a single lane splits its self-return H over them when
+    that work is large. Results do not depend on it.
 
     The two engines agree to rounding (tested weight by weight); lanes must share T.
 
@@ -311,11 +312,20 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
             return None
         return lambda t, _T: progress(offset + scale * t, total)
 
-    for done, k in enumerate(fast):
-        results[k] = _replay_compiled(lanes[k], anatomy=anatomy, link_failure=link_failure,
-                                      horizon=horizon, exact_pairs=exact_pairs,
-                                      sample_pairs=sample_pairs, progress=at(done * T),
-                                      threads=threads)
+    run = partial(_replay_compiled, anatomy=anatomy, link_failure=link_failure,
+                  horizon=horizon, exact_pairs=exact_pairs, sample_pairs=sample_pairs)
+    n_threads = default_threads() if threads is None else max(1, int(threads))
+    if len(fast) > 1 and n_threads > 1:
+        # independent lanes on parallel threads (the kernels release the GIL), one thread each
+        with ThreadPoolExecutor(max_workers=min(n_threads, len(fast))) as pool:
+            futures = {pool.submit(run, lanes[k], threads=1): k for k in fast}
+            for done, fut in enumerate(as_completed(futures)):
+                results[futures[fut]] = fut.result()
+                if progress is not None:
+                    progress((done + 1) * T, total)
+    else:
+        for done, k in enumerate(fast):
+            results[k] = run(lanes[k], progress=at(done * T), threads=threads)
     if slow:
         with threadpool_limits(limits=1, user_api="blas"):
             out = _replay_batch([lanes[k] for k in slow], anatomy=anatomy,
