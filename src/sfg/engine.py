@@ -47,14 +47,20 @@ def candidate_mask(rg: RoundGraph, caps: Capabilities, live: np.ndarray | None =
     return caps.aggregate[rg.recv] & (rg.is_self | nb)
 
 
+def rule_draws(seed: int, t: int, n: int, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random rule's own draws of round ``t``: one uniform per client ([n]) and one key
+    per slot ([n_slots]), from the stream keyed by the seed and the round."""
+    g = stream(seed, "rule-draws", t)
+    return g.random(n), g.random(n_slots)
+
+
 def batch_slots(rg: RoundGraph, state: StalenessState, candidate: np.ndarray, *,
                 rule: Rule | None, seed: int) -> BatchSlots:
     """The read-only view of round ``state.t`` that a rule sees (``rule`` None: no draws)."""
     send = rg.send
     if rule is not None and rule.random:
-        g = stream(seed, "rule-draws", state.t)
-        u = g.random(rg.n)[rg.recv]
-        key = g.random(rg.n_slots)
+        u_client, key = rule_draws(seed, state.t, rg.n, rg.n_slots)
+        u = u_client[rg.recv]
     else:
         u = key = np.zeros(rg.n_slots)
     return BatchSlots(rg=rg, t=state.t, is_self=rg.is_self, cand=candidate,

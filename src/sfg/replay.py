@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from .engine import RoundWeights, advance, caps_at
+from .engine import RoundWeights, advance, caps_at, rule_draws
 from .errors import SfgError, check
 from .graphs import Graph, make_graph
 from .outages import make_process
@@ -259,10 +259,9 @@ class _RuleGroup:
         u = np.empty(self.rg.n_slots)
         key = np.empty(self.rg.n_slots)
         for k, ln in enumerate(self.lanes):
-            g = stream(ln.seed, "rule-draws", t)
             lo, hi = self.lane_slots[k], self.lane_slots[k + 1]
-            u[lo:hi] = g.random(ln.graph.n)[self.rg.recv[lo:hi] - self.lane_nodes[k]]
-            key[lo:hi] = g.random(hi - lo)
+            u_client, key[lo:hi] = rule_draws(ln.seed, t, ln.graph.n, hi - lo)
+            u[lo:hi] = u_client[self.rg.recv[lo:hi] - self.lane_nodes[k]]
         return u, key
 
 
@@ -300,6 +299,13 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
     check(len(lanes) > 0, "nothing to replay")
     T = lanes[0].available.shape[0]
     check(all(ln.available.shape[0] == T for ln in lanes), "lanes must have the same rounds")
+    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
+    for ln in lanes:
+        if ln.rule.reads_models:
+            raise SfgError(f"rule {ln.rule.name!r} reads model parameters; replay covers "
+                           "model-free rules only — run it with `sfg run`")
+        check(ln.available.shape[1] == ln.graph.n,
+              f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     _check_engine(engine, [ln.rule for ln in lanes])
     fast = [k for k, ln in enumerate(lanes)
             if engine != "numpy" and replay_kernel.supports(ln.rule)]
@@ -411,12 +417,10 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     start round over ``threads`` threads (default: :func:`default_threads`; the kernels
     release the GIL); each pair's arithmetic does not depend on the split, so results are
     bit-identical for any number of threads. ``weights_out`` [T, E] receives every round's
-    slot weights (tests compare them with the numpy engine)."""
+    slot weights (tests compare them with the numpy engine). The lane is one that
+    :func:`replay_batch` has checked."""
     from . import replay_kernel as K
 
-    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
-    check(ln.available.shape[1] == ln.graph.n,
-          f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     T, n = ln.available.shape
     rg = RoundGraph.from_graph(ln.graph)
     E = rg.n_slots
@@ -445,7 +449,7 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     q = np.ones(E)
     new_ages, new_lags, new_counts = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
     hbuf, w, cand = np.empty(E), np.empty(E), np.empty(E, bool)
-    totals = np.zeros(len(K.TOTALS))
+    totals = np.zeros(len(_TOTALS))  # the kernel adds into them in this order
     mean_age, mean_lag = np.zeros(T), np.zeros(T)
     no_draws = np.zeros((0, 0))
     R = max(1, min(T, chunk_elems // max(E, 1)))
@@ -457,10 +461,8 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
             u = key = no_draws
             if ln.rule.random:
                 u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
-                for t in range(t0, t1):  # the rule's own stream, drawn as the numpy engine does
-                    g = stream(ln.seed, "rule-draws", t)
-                    u[t - t0] = g.random(n)
-                    key[t - t0] = g.random(E)
+                for t in range(t0, t1):
+                    u[t - t0], key[t - t0] = rule_draws(ln.seed, t, n, E)
             w_out = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
             K.run_rounds(t0, t1, rid, prm, rg.indptr, rg.send, rg.edge_id,
                          caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
@@ -482,7 +484,7 @@ def _replay_compiled(ln: Lane, *, anatomy: str, link_failure: float, horizon: in
     hk = np.empty(flat.size)
     for sel, part in zip(picks, parts, strict=True):
         hk[sel] = part.out
-    tot = dict(zip(K.TOTALS, totals.tolist(), strict=True))
+    tot = dict(zip(_TOTALS, totals.tolist(), strict=True))
     return ReplayResult(metrics=_metrics(ln, tot, hk, bool(sampled), lags),
                         curves={"round": list(range(T)), "mean_age": mean_age.tolist(),
                                 "mean_lag": mean_lag.tolist()})
@@ -511,16 +513,8 @@ def _metrics(ln: Lane, tot: dict[str, float], hk: np.ndarray, sampled: bool,
 
 def _replay_batch(lanes, *, anatomy, link_failure, horizon, exact_pairs, sample_pairs,
                   progress) -> list[ReplayResult]:
-    check(len(lanes) > 0, "nothing to replay")
+    """The numpy engine on lanes that :func:`replay_batch` has checked."""
     T = lanes[0].available.shape[0]
-    check(all(ln.available.shape[0] == T for ln in lanes), "lanes must have the same rounds")
-    check(0.0 <= link_failure < 1.0, f"link failure probability {link_failure} must lie in [0, 1)")
-    for ln in lanes:
-        if ln.rule.reads_models:
-            raise SfgError(f"rule {ln.rule.name!r} reads model parameters; replay covers "
-                           "model-free rules only — run it with `sfg run`")
-        check(ln.available.shape[1] == ln.graph.n,
-              f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     # rule-major order: lanes of one rule are contiguous (original order kept for the results)
     order = sorted(range(len(lanes)), key=lambda k: str(lanes[k].rule))
     ordered = [lanes[k] for k in order]
@@ -656,10 +650,9 @@ def replay(
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
-    Replays are stacked into batches of up to ``batch_clients`` clients for the numpy engine
-    (see :func:`replay_batch`, which also describes ``engine``); results do not depend on the
-    batching. ``with_curves`` adds each
-    replay's per-round mean age and lag under the key ``"curves"``."""
+    Replays go to :func:`replay_batch` (which describes ``engine`` and ``threads``) in
+    batches of up to ``batch_clients`` clients; results do not depend on the batching.
+    ``with_curves`` adds each replay's per-round mean age and lag under the key ``"curves"``."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")

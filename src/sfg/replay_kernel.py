@@ -45,9 +45,8 @@ RULE_IDS = {
     "copy-random": 18, "placebo-cut": 19, "cut-ages": 20, "receiver-kept": 21,
 }
 # params vector (rule_params): gamma, L, c (self-weight multiplier, 1 = none), base, ipw, rounded
-# totals vector, in this order (see sfg.replay._TOTALS)
-TOTALS = ("agg", "returns", "ret_nb", "stalest", "spread_age", "spread_lag", "kept", "self_w",
-          "messages")
+# run_rounds adds into a totals vector in the order of sfg.replay._TOTALS: agg, returns,
+# ret_nb, stalest, spread_age, spread_lag, kept, self_w, messages
 
 
 def supports(rule: Rule) -> bool:
