@@ -321,13 +321,15 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
             ad = adopt[r, i]
             trained = train[r, i]
             not_trained = 0.0 if trained else 1.0
+            # the staleness update (SPEC §2) of a client that keeps its model; an adopter's is
+            # overwritten in pass 3
+            new_lags[i] = lags[i] + not_trained
+            new_ages[i] = 0 if trained else ages[i] + 1
+            new_counts[i] = counts[i] + (1 if trained else 0)
             if not agg_i:
                 w[a] = 1.0
                 for e in range(a + 1, b):
                     w[e] = 0.0
-                new_lags[i] = lags[i] + not_trained
-                new_ages[i] = 0 if trained else ages[i] + 1
-                new_counts[i] = counts[i] + (1 if trained else 0)
                 continue
             amin = red_i[i, 0]
             amax = red_i[i, 1]
@@ -376,10 +378,6 @@ def run_rounds(t0, t1, rule, prm, indptr, send, edge_id, train, sendc, aggr, ado
                 new_lags[i] = mix + not_trained
                 new_ages[i] = 0 if trained else youngest + 1
                 new_counts[i] = inherited + (1 if trained else 0)
-            else:
-                new_lags[i] = lags[i] + not_trained
-                new_ages[i] = 0 if trained else ages[i] + 1
-                new_counts[i] = counts[i] + (1 if trained else 0)
             # analyses (SPEC §9) on the state before the update
             agg = ad and n_nb >= 1
             returning = ad and ages[i] >= 1
