@@ -1,0 +1,260 @@
+"""Running many nodes: in one asyncio loop, or over worker processes with a churn controller.
+
+* :func:`run_nodes` — nodes of one process: start their servers, connect, run, close.
+* :func:`summarise` — the nodes' results as the metrics of ``sfg run --json`` (SPEC §8) plus
+  wall time, messages rejected, restarts and per-node final staleness.
+* :func:`run_swarm` — ``sfg swarm``: N nodes over P worker processes (``python -m
+  sfg.net.worker``), each node with its own server port on 127.0.0.1. The controller reads the
+  workers' progress lines, shows progress, and injects faults: ``--kill NODE@ROUND`` SIGKILLs the
+  process holding NODE once NODE reports ROUND and restarts it from its checkpoints.
+
+Churn: every node reads its availability from the trace of the run's outage process (any
+``--process`` sfg reads: synthetic, ``flash:...``, ``trace:path=...``), row r for its round r; an
+unavailable node stops training and its server refuses deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SfgError
+from .node import Node, NodeConfig, Partition
+from .world import World
+
+
+async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
+                    addresses: dict[int, str] | None = None,
+                    ready: Callable[[dict[int, int]], None] | None = None) -> list[dict]:
+    """Run nodes ``ids`` of ``world`` in this event loop; returns their results.
+
+    ``addresses`` maps every node id to "host:port" (the ports these nodes listen on must match);
+    without it the nodes listen on free ports of 127.0.0.1 and find each other directly.
+    """
+    nodes = [Node(world, i, make_config(i)) for i in ids]
+    try:
+        ports = {n.i: await n.start() for n in nodes}
+        if ready is not None:
+            ready(ports)
+        if addresses is None:
+            addresses = {i: f"127.0.0.1:{p}" for i, p in ports.items()}
+        for n in nodes:
+            n.connect(addresses)
+        results = await asyncio.gather(*(n.run() for n in nodes))
+    finally:
+        for n in nodes:
+            await n.close()
+    return list(results)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
+              realised: np.ndarray | None = None) -> dict[str, Any]:
+    """Swarm results as ``sfg run --json`` metrics (SPEC §8) plus the swarm's own figures.
+
+    realised: bool [T, N] the availability the nodes actually had (default the trace).
+    """
+    from ..sim.run import _quartile_means
+
+    res = sorted(results, key=lambda r: r["node"])
+    acc = np.array([r["acc"] for r in res], np.float64)
+    avail = world.available if realised is None else realised
+    K = int(world.cfg["local_steps"])
+    rounds = sorted({c[0] for r in res for c in r["curve"]})
+    curve_mean, curve_p10 = [], []
+    for t in rounds:
+        vals = [c[1] for r in res for c in r["curve"] if c[0] == t]
+        curve_mean.append(float(np.mean(vals)))
+        curve_p10.append(float(np.percentile(vals, 10)))
+    messages = sum(r["messages"] for r in res)
+    trains = sum(r["trains"] for r in res)
+    metrics = {
+        "acc_mean": float(acc.mean()),
+        "acc_p10": float(np.percentile(acc, 10)),
+        "acc_time_avg": float(np.mean(curve_mean)) if curve_mean else float("nan"),
+        **_quartile_means(acc, avail.mean(axis=0)),
+        "messages": float(messages),
+        "scalars": float(messages * world.scalars_per_message),
+        "bytes": float(sum(r["bytes"] for r in res)),
+        "local_steps_rel": float(sum(r["steps"] for r in res) / (trains * K)) if trains else float("nan"),
+        "unavailability": float(1 - avail.mean()),
+        "wall_seconds": float(wall),
+        "rejected": float(sum(sum(r["rejected"].values()) for r in res)),
+        "refused": float(sum(r["refused"] for r in res)),
+        "send_failed": float(sum(r["send_failed"] for r in res)),
+        "restarts": float(restarts),
+    }
+    nodes = [{"node": r["node"], "acc": r["acc"], **{k: r["state"][k] for k in
+              ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
+              "restored": r["restored"]} for r in res]
+    curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
+    return {"metrics": metrics, "curves": curves, "nodes": nodes}
+
+
+# ----------------------------------------------------------------------------------- processes
+@dataclass
+class SwarmOptions:
+    """``sfg swarm`` options beyond the run settings."""
+
+    mode: str = "lockstep"
+    procs: int = 1
+    period: float = 0.2
+    jitter: float = 0.0
+    window: float = 1.0
+    deadline: float = 60.0
+    kills: list[tuple[int, int]] = field(default_factory=list)
+    partitions: list[str] = field(default_factory=list)
+    tls_dir: str | None = None
+    workdir: str | None = None
+    start_delay: float = 0.0
+
+
+def parse_kill(text: str) -> tuple[int, int]:
+    """``"3@10"`` -> (node 3, round 10)."""
+    try:
+        node, r = text.split("@")
+        out = (int(node), int(r))
+    except ValueError:
+        raise SfgError(f"cannot read --kill {text!r}; write NODE@ROUND, e.g. --kill 3@10") from None
+    if out[0] < 0 or out[1] < 0:
+        raise SfgError(f"--kill {text!r}: node and round must be >= 0")
+    return out
+
+
+def groups(n: int, procs: int) -> list[list[int]]:
+    """Nodes 0..n-1 dealt round-robin over ``procs`` worker processes."""
+    procs = max(1, min(procs, n))
+    return [list(range(p, n, procs)) for p in range(procs)]
+
+
+async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subprocess.Process:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    args = [sys.executable, "-m", "sfg.net.worker", str(spec_path),
+            "--nodes", ",".join(map(str, ids))]
+    if resume:
+        args.append("--resume")
+    return await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env)
+
+
+async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
+    N, T = world.n, world.rounds
+    for node, _ in opts.kills:
+        if node >= N:
+            raise SfgError(f"--kill node {node} does not exist; nodes are 0..{N - 1}")
+    for p in opts.partitions:
+        part = Partition.parse(p)
+        bad = sorted(x for x in part.a | part.b if x >= N)
+        if bad:
+            raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
+    work = Path(opts.workdir or tempfile.mkdtemp(prefix="sfg-swarm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(N)
+    t0 = time.time() + opts.start_delay
+    spec = {"cfg": world.cfg, "mode": opts.mode, "ports": ports, "period": opts.period,
+            "jitter": opts.jitter, "window": opts.window, "deadline": opts.deadline,
+            "partitions": opts.partitions, "tls_dir": opts.tls_dir,
+            "checkpoint_dir": str(work / "checkpoints"), "t0": t0,
+            "results_dir": str(work / "results")}
+    (work / "checkpoints").mkdir(exist_ok=True)
+    (work / "results").mkdir(exist_ok=True)
+    spec_path = work / "swarm.json"
+    spec_path.write_text(json.dumps(spec))
+    parts = groups(N, opts.procs)
+    # a killed node gets a process of its own
+    killed = sorted({k for k, _ in opts.kills})
+    if killed:
+        rest = [i for i in range(N) if i not in killed]
+        parts = [[k] for k in killed]
+        if rest:
+            parts += [[rest[j] for j in g]
+                      for g in groups(len(rest), max(1, opts.procs - len(killed)))]
+    pending_kills = sorted(opts.kills, key=lambda x: x[1])
+    restarts = 0
+    done: dict[int, dict] = {}
+    live_round: dict[int, int] = {}
+    errors: list[str] = []
+    realised = world.available.copy()
+
+    async def supervise(ids: list[int]) -> None:
+        nonlocal restarts
+        resume = False
+        while True:
+            proc = await _launch(spec_path, ids, resume)
+            killed_now = False
+            assert proc.stdout is not None
+            async for line in proc.stdout:
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if ev.get("event") == "round":
+                    i, r = int(ev["node"]), int(ev["round"])
+                    live_round[i] = r
+                    if progress is not None:
+                        progress(ev)
+                    for kn, kr in list(pending_kills):
+                        if kn == i and r >= kr:
+                            pending_kills.remove((kn, kr))
+                            proc.send_signal(signal.SIGKILL)
+                            killed_now = True
+                elif ev.get("event") == "done":
+                    done[int(ev["node"])] = ev["result"]
+            await proc.wait()
+            err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+            if killed_now:
+                restarts += 1
+                resume = True
+                continue
+            if proc.returncode != 0:
+                lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+                errors.append(lines[-1] if lines else f"worker exited with {proc.returncode}")
+            return
+
+    start = time.perf_counter()
+    await asyncio.gather(*(supervise(ids) for ids in parts))
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(errors[0].removeprefix("error: "))
+    missing = sorted(set(range(N)) - set(done))
+    if missing:
+        raise RuntimeError(f"nodes {missing[:5]} finished without a result")
+    out = summarise(world, list(done.values()), wall=wall, restarts=restarts, realised=realised)
+    out["workdir"] = str(work)
+    return out
+
+
+def run_swarm(world: World, opts: SwarmOptions, *, progress=None) -> dict[str, Any]:
+    """``sfg swarm``: run the world's N nodes over worker processes; the summary dict."""
+    if opts.mode not in ("lockstep", "async"):
+        raise SfgError(f"unknown mode {opts.mode!r}; choose lockstep or async")
+    if opts.procs < 1:
+        raise SfgError(f"--procs must be >= 1, got {opts.procs}")
+    return asyncio.run(_swarm(world, opts, progress))
