@@ -70,6 +70,13 @@ log = logging.getLogger("sfg.net")
 MODES = ("lockstep", "async")
 
 
+def waited(age: int, lag: float, d: float) -> tuple[int, float]:
+    """Scalars of a message that sat in the inbox for ``d`` periods (SPEC §11.2): it counts as
+    older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by d: ℓ + d."""
+    d = max(0.0, float(d))
+    return int(age) + math.floor(d), float(lag) + d
+
+
 @dataclass(frozen=True)
 class Partition:
     """Traffic between node sets ``a`` and ``b`` is dropped in rounds ``r1..r2`` (inclusive)."""
@@ -173,7 +180,10 @@ class Node:
         self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
                              tls=self.cfg.tls)
         self.peers: dict[int, Peer] = {}
-        self.outbox: dict[int, tuple[bytes, bytes]] = {}
+        self.outbox: dict[int, tuple[bytes, bytes]] = {}         # own messages by round
+        self._expected: dict[int, list[int]] = {}                  # who needs each of them
+        self.heard: dict[int, int] = {}                            # latest round from each
+        self._delivered: set[tuple[int, int]] = set()               # (neighbour, round) pushed
         self.inbox: dict[tuple[int, int], Message] = {}         # lockstep: (sender, round)
         self.latest: dict[int, tuple[Message, float]] = {}      # async: sender -> (msg, arrival)
         self._arrived = asyncio.Event()
@@ -252,6 +262,7 @@ class Node:
             self.headers.append({"sender": h.sender, "receiver": self.i, "round": h.round,
                                  **h.scalars()})
         if self.cfg.mode == "lockstep":
+            self.heard[h.sender] = max(self.heard.get(h.sender, -1), h.round)
             if h.round >= self.round:
                 self.inbox[(h.sender, h.round)] = msg
         else:
@@ -260,8 +271,20 @@ class Node:
                 self.latest[h.sender] = (msg, time.monotonic())
         self._arrived.set()
 
-    def _on_fetch(self, t: int) -> tuple[bytes, bytes] | None:
-        return self.outbox.get(t)
+    def _prune_outbox(self) -> None:
+        """Drop own round-r messages every neighbour expecting them is past: a neighbour that
+        sent a message of a later round has finished round r."""
+        for r in list(self.outbox):
+            if all(self.heard.get(j, -1) > r or (j, r) in self._delivered
+                   for j in self._expected.get(r, ())):
+                del self.outbox[r]
+                self._expected.pop(r, None)
+
+    def _on_fetch(self, t: int, who: int) -> tuple[bytes, bytes] | None:
+        msg = self.outbox.get(t)
+        if msg is not None and who in self.nbr_set:
+            self._delivered.add((who, t))
+        return msg
 
     # ------------------------------------------------------------------ sending
     def _message(self) -> tuple[bytes, bytes]:
@@ -269,11 +292,12 @@ class Node:
         return encode(self.x, self.layout, sender=self.i, round=self.round, age=s.age,
                       lag=s.lag, count=s.count, local_count=s.local_count)
 
-    async def _send(self, j: int, header: bytes, payload: bytes) -> None:
+    async def _send(self, j: int, r: int, header: bytes, payload: bytes) -> None:
         ok, reason = await self.peers[j].deliver(header, payload, timeout=self.cfg.rpc_timeout,
                                                  retries=self.cfg.retries)
         if ok:
             self.stats.sent += 1
+            self._delivered.add((j, r))
         else:
             self.stats.send_failed += 1
             log.info("node %d -> %d round %d not delivered: %s", self.i, j, self.round, reason)
@@ -287,7 +311,7 @@ class Node:
                     prev.cancel()  # only the latest model matters: never pile up sends
                 else:
                     self._backlog.append(prev)  # lockstep needs every round's message
-            self._sends[j] = asyncio.ensure_future(self._send(j, *msg))
+            self._sends[j] = asyncio.ensure_future(self._send(j, self.round, *msg))
         self._backlog = [t for t in self._backlog if not t.done()]
 
     # ------------------------------------------------------------------ the round
@@ -361,7 +385,7 @@ class Node:
                                "nodes running? (raise --deadline for slow machines)")
             if now - last_pull >= self.cfg.pull_after:
                 last_pull = now
-                got = await asyncio.gather(*(self.peers[j].fetch(r, timeout=self.cfg.rpc_timeout)
+                got = await asyncio.gather(*(self.peers[j].fetch(r, self.i, timeout=self.cfg.rpc_timeout)
                                              for j in missing))
                 for j, m in zip(missing, got, strict=True):
                     if m is None:
@@ -390,8 +414,8 @@ class Node:
         expected = [int(j) for j in self.nbrs if A[r, j] and not self._blocked(int(j), r)]
         msg = self._message()
         self.outbox[r] = msg
-        for old in sorted(self.outbox)[:-4]:  # a neighbour lags by at most 2 shared rounds
-            del self.outbox[old]
+        self._expected[r] = expected
+        self._prune_outbox()
         self._send_all(expected, msg)
         await self._wait_lockstep(r, expected)
         msgs = [self.inbox.pop((j, r)) for j in expected]
@@ -419,10 +443,11 @@ class Node:
             d = max(0.0, (now - arrival) / P)
             if d > self.cfg.window:
                 continue
+            age, lag = waited(msg.header.age, msg.header.lag, d)
             senders.append(j)
             msgs.append(msg)
-            ages.append(msg.header.age + math.floor(d))
-            lags.append(msg.header.lag + d)
+            ages.append(age)
+            lags.append(lag)
         agg, full = self._aggregate(r, senders, msgs, ages, lags)
         self._train_round(r, agg, full)
         targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
@@ -471,6 +496,13 @@ class Node:
                 await self._lockstep_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
             await self._drain()
+            # keep serving until every neighbour has the messages it needs (pushed or pulled)
+            end = time.monotonic() + self.cfg.deadline
+            while True:
+                self._prune_outbox()
+                if not self.outbox or time.monotonic() > end:
+                    break
+                await asyncio.sleep(0.05)
         else:
             if self.t0 is None:
                 self.t0 = time.time()

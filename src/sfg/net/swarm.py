@@ -37,13 +37,16 @@ from .world import World
 
 async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
                     addresses: dict[int, str] | None = None,
-                    ready: Callable[[dict[int, int]], None] | None = None) -> list[dict]:
+                    ready: Callable[[dict[int, int]], None] | None = None,
+                    nodes_out: list | None = None) -> list[dict]:
     """Run nodes ``ids`` of ``world`` in this event loop; returns their results.
 
     ``addresses`` maps every node id to "host:port" (the ports these nodes listen on must match);
     without it the nodes listen on free ports of 127.0.0.1 and find each other directly.
     """
     nodes = [Node(world, i, make_config(i)) for i in ids]
+    if nodes_out is not None:
+        nodes_out.extend(nodes)  # for inspection (tests, embedding)
     try:
         ports = {n.i: await n.start() for n in nodes}
         if ready is not None:
@@ -165,7 +168,7 @@ async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subp
 
 
 async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
-    N, T = world.n, world.rounds
+    N = world.n
     for node, _ in opts.kills:
         if node >= N:
             raise SfgError(f"--kill node {node} does not exist; nodes are 0..{N - 1}")

@@ -8,7 +8,7 @@ One service ``sfg.Node`` with raw-bytes methods:
   map ``{"ok": bool, "reason": str}``. The receiver checks the header (neighbour, identity,
   announced size) before it reads the payload, and stops reading as soon as the payload
   exceeds the announced length.
-* ``Fetch`` (server-streaming): ``{"round": t}`` in, the node's own round-``t`` message out (header
+* ``Fetch`` (server-streaming): ``{"round": t, "node": requester}`` in, the node's own round-``t`` message out (header
   then chunks) if it still holds it, else an empty stream. Lockstep nodes pull a message they
   did not get pushed (e.g. after a restart).
 
@@ -71,7 +71,7 @@ class TlsFiles:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise SfgError(f"TLS file {missing[0]} not found; create a test CA with "
-                           f"`sfg net-tls --dir {d} --nodes N`")
+                           f"`sfg tls-ca --dir {d} --nodes N`")
         return cls(*(p.read_bytes() for p in paths))
 
 
@@ -97,7 +97,7 @@ def peer_identity(context: grpc.aio.ServicerContext) -> int | None:
 
 # ----------------------------------------------------------------------------------- server
 DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[tuple[bool, str]]]
-FetchFn = Callable[[int], tuple[bytes, bytes] | None]
+FetchFn = Callable[[int, int], tuple[bytes, bytes] | None]
 
 
 def chunks(payload: bytes, size: int = CHUNK):
@@ -128,10 +128,11 @@ class Server:
 
     async def _fetch(self, request: bytes, context):
         try:
-            t = int(msgpack.unpackb(request)["round"])
+            req = msgpack.unpackb(request)
+            t, who = int(req["round"]), int(req.get("node", -1))
         except Exception:  # noqa: BLE001 - a bad request gets an empty stream
             return
-        msg = self.fetch(t)
+        msg = self.fetch(t, who)
         if msg is None:
             return
         header, payload = msg
@@ -197,11 +198,13 @@ class Peer:
                 await asyncio.sleep(backoff * (2 ** attempt))
         return False, status
 
-    async def fetch(self, t: int, *, timeout: float = 10.0) -> tuple[bytes, bytes] | None:
+    async def fetch(self, t: int, me: int = -1, *,
+                    timeout: float = 10.0) -> tuple[bytes, bytes] | None:
         """The neighbour's own round-``t`` message, or None if it does not hold it (yet)."""
         try:
             parts = []
-            async for part in self._fetch(msgpack.packb({"round": int(t)}), timeout=timeout):
+            req = msgpack.packb({"round": int(t), "node": int(me)})
+            async for part in self._fetch(req, timeout=timeout):
                 parts.append(part)
         except grpc.aio.AioRpcError:
             return None

@@ -70,10 +70,11 @@ class World:
 
 
 def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | None = None,
-                **overrides: Any) -> World:
+                edges: np.ndarray | None = None, **overrides: Any) -> World:
     """Everything a swarm's nodes share, from ``sfg run`` settings (SPEC §6–7).
 
-    ``available`` overrides the trace the outage process would give (e.g. a churn trace).
+    ``available`` overrides the trace the outage process would give; ``edges`` ([M, 2] node
+    ids, e.g. from peers.yaml) override the generated graph's edges.
     """
     from ..data import load_federated
     from ..models import make_model
@@ -92,6 +93,8 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
                           alpha=float(c["alpha"]))
     graph = make_graph(c["graph"], N, seed=seed)
+    if edges is not None:
+        graph = Graph(N, _edges(edges, N), graph.positions, "peers")
     if available is None:
         available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     available = np.asarray(available, bool)
@@ -107,6 +110,14 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     return World(cfg=c, rule=rule, data=data, graph=graph, rg=RoundGraph.from_graph(graph),
                  available=available, x0=x0, layout=Layout.from_spec(spec),
                  model_factory=factory)
+
+
+def _edges(edges, n: int) -> np.ndarray:
+    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    check(bool(((e >= 0) & (e < n)).all()), f"edges name nodes outside 0..{n - 1}")
+    check(bool((e[:, 0] != e[:, 1]).all()), "edges must not be self-loops")
+    e = np.unique(np.sort(e, axis=1), axis=0)
+    return e
 
 
 class Trainer:
