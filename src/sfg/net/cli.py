@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
         from ..cli import dumps_json
-        from .swarm import SwarmOptions, parse_kill, run_swarm
+        from .swarm import SwarmOptions, check_nodes, parse_kill, run_swarm
         from .world import build_world
 
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
@@ -163,15 +163,15 @@ def register(app: typer.Typer) -> None:
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
                  "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every}
         cfg = _settings(config, flags)
-        cfg.setdefault("backend", "loop")
         cfg["backend"] = "loop"
+        opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
+                            deadline=deadline, kills=[parse_kill(k) for k in kill],
+                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir)
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir}; create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
         world = build_world(cfg)
-        opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
-                            deadline=deadline, kills=[parse_kill(k) for k in kill],
-                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir)
+        check_nodes(world, opts)
         prog, update = _progress_printer(world.n, world.rounds, not as_json)
         try:
             if prog is not None:

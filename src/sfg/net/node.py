@@ -247,6 +247,11 @@ class Node:
                 buf += c
                 if len(buf) > header.length:
                     raise Rejected("oversize", f"payload exceeds the announced {header.length} bytes")
+            if len(buf) < header.length:
+                # a sender that cancels its call (it has a newer model, or is shutting down)
+                # ends the stream early too; gRPC then cancels this handler within moments,
+                # so only a stream that was really closed short is counted as truncated
+                await asyncio.sleep(0.05)
             msg = check_message(raw_header, bytes(buf), self.layout, neighbours=self.nbr_set,
                                 max_bytes=self.cfg.max_bytes, identity=identity)
         except Rejected as e:

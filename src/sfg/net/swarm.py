@@ -136,6 +136,16 @@ class SwarmOptions:
     workdir: str | None = None
     start_delay: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.mode not in ("lockstep", "async"):
+            raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
+        if self.procs < 1:
+            raise SfgError(f"--procs must be >= 1, got {self.procs}")
+        for p in self.partitions:
+            Partition.parse(p)
+        NodeConfig(mode=self.mode, period=self.period, jitter=self.jitter, window=self.window,
+                   deadline=self.deadline)  # the same checks as every node's
+
 
 def parse_kill(text: str) -> tuple[int, int]:
     """``"3@10"`` -> (node 3, round 10)."""
@@ -167,7 +177,7 @@ async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subp
                                                 stderr=asyncio.subprocess.PIPE, env=env)
 
 
-async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
+def check_nodes(world: World, opts: SwarmOptions) -> None:
     N = world.n
     for node, _ in opts.kills:
         if node >= N:
@@ -177,6 +187,10 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
         bad = sorted(x for x in part.a | part.b if x >= N)
         if bad:
             raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
+
+
+async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
+    N = world.n
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="sfg-swarm-"))
     work.mkdir(parents=True, exist_ok=True)
     ports = free_ports(N)
@@ -256,8 +270,5 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
 
 def run_swarm(world: World, opts: SwarmOptions, *, progress=None) -> dict[str, Any]:
     """``sfg swarm``: run the world's N nodes over worker processes; the summary dict."""
-    if opts.mode not in ("lockstep", "async"):
-        raise SfgError(f"unknown mode {opts.mode!r}; choose lockstep or async")
-    if opts.procs < 1:
-        raise SfgError(f"--procs must be >= 1, got {opts.procs}")
+    check_nodes(world, opts)
     return asyncio.run(_swarm(world, opts, progress))

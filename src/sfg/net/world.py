@@ -92,9 +92,10 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     N, T, seed = int(c["n_clients"]), int(c["rounds"]), int(c["seed"])
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
                           alpha=float(c["alpha"]))
-    graph = make_graph(c["graph"], N, seed=seed)
-    if edges is not None:
-        graph = Graph(N, _edges(edges, N), graph.positions, "peers")
+    if edges is not None:  # the edges of peers.yaml; no node positions
+        graph = Graph(N, _edges(edges, N), None, "peers")
+    else:
+        graph = make_graph(c["graph"], N, seed=seed)
     if available is None:
         available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     available = np.asarray(available, bool)
