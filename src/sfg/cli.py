@@ -150,6 +150,8 @@ def replay(
     from .replay import replay as run_replay
 
     seed_list = parse_seeds(seeds)
+    if horizon < 0:
+        raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     if engine != "numpy" and not as_json and err.is_terminal:
         from .replay import warm_compiled
 
@@ -251,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors for bad input (exit status 2), never a traceback."""
     command = typer.main.get_command(app)
     try:
+        from .safety import check_repeated_options
+
+        check_repeated_options(command, list(sys.argv[1:] if argv is None else argv))
         command.main(args=argv, prog_name="sfg", standalone_mode=False)
     except SfgError as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)

@@ -319,3 +319,75 @@ def sqlite_message(path: str | os.PathLike, e: Exception, action: str = "read") 
     if "locked" in low or "busy" in low:
         return f"results store {path} stayed locked ({text}); another process holds it, retry later"
     return f"cannot {action} results store {path}: {text}"
+
+
+# ------------------------------------------------------------------------------ settings
+def check_settings(data: dict, source: str, *, what: str = "config file") -> dict:
+    """Check each setting's name and type against :class:`sfg.experiments.config.RunConfig`.
+
+    Values are checked one by one (strictly: ``rounds: "300"`` is refused), without the
+    checks that combine several settings, which the run itself makes once flags are merged.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from .experiments.config import RunConfig
+    from .spec import did_you_mean
+
+    fields = RunConfig.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            raise SfgError(f"{what} {source}: unknown setting {key!r}"
+                           f"{did_you_mean(str(key), fields)}")
+        try:
+            TypeAdapter(fields[key].annotation).validate_python(value, strict=True)
+        except ValidationError:
+            expected = getattr(fields[key].annotation, "__name__", None) or str(
+                fields[key].annotation).replace("typing.", "")
+            raise SfgError(f"{what} {source}: setting {key!r} must be {expected}, got "
+                           f"{value!r} ({type(value).__name__})"[:300]) from None
+    return data
+
+
+def check_repeated_options(command: Any, args: list[str]) -> None:
+    """Refuse a single-valued option given twice (``--engine compiled --engine numpy``).
+
+    ``command`` is the click command of the whole CLI; the sub-command named in ``args`` is
+    looked up, and every option of it that takes one value (not ``multiple``) may appear
+    once. A boolean flag given in both forms (``--progress --no-progress``) is refused too.
+    """
+    def is_option(p: Any) -> bool:  # typer vendors click: test by shape, not by class
+        return getattr(p, "param_type_name", "") == "option"
+
+    cmd, rest, path = command, list(args), []
+    while isinstance(getattr(cmd, "commands", None), dict):
+        names = [a for a in rest if not a.startswith("-")]
+        if not names or names[0] not in cmd.commands:
+            return
+        i = rest.index(names[0])
+        path.append(names[0])
+        cmd, rest = cmd.commands[names[0]], rest[i + 1:]
+    single: dict[str, Any] = {}
+    for p in cmd.params:
+        if is_option(p) and not p.multiple and not getattr(p, "count", False):
+            for o in (*p.opts, *p.secondary_opts):
+                single[o] = p
+    takes_value = {o for p in cmd.params if is_option(p) and not p.is_flag for o in p.opts}
+    seen: dict[str, str] = {}
+    skip = False
+    for tok in rest:
+        if skip:
+            skip = False
+            continue
+        if tok == "--":
+            break
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name in takes_value and "=" not in tok:
+            skip = True
+        p = single.get(name)
+        if p is None:
+            continue
+        if p.name in seen and not (p.is_flag and seen[p.name] == name):
+            label = " ".join(["sfg", *path])
+            raise SfgError(f"{label}: option {seen[p.name]} is given twice ({seen[p.name]} ... "
+                           f"{name}); it takes one value, keep one")
+        seen[p.name] = name

@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ..errors import SfgError
-
 
 def _load_config(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise SfgError(f"config file {path} does not exist; check the path")
-    text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    from ..safety import check_settings, load_settings_file
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error becomes one line
-        raise SfgError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SfgError(f"config file {path} must hold a mapping of settings (key: value)")
-    return data
+    return check_settings(load_settings_file(path), str(path))
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +77,8 @@ def register(app: typer.Typer) -> None:
                 ("staleness scalars sent", m["scalars"]),
                 ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", res.meta["seconds"])]
         for name, v in rows:
-            table.add_row(name, f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
+            table.add_row(name, "empty (no client)" if v != v
+                          else f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
         out.print(table)
         out.print(f"[dim]backend {res.meta.get('backend')}, D = {res.meta.get('D')} parameters per model; "
                   f"{res.meta.get('with_replacement_clients')} clients have fewer examples than the batch "
