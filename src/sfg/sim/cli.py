@@ -7,7 +7,6 @@ out-of-range value is a one-line error naming the key. Flags given explicitly ov
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
