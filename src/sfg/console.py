@@ -244,6 +244,9 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
 
     command = typer.main.get_command(app)
     try:
+        from .safety import check_repeated_options
+
+        check_repeated_options(command, list(sys.argv[1:] if argv is None else argv))
         rv = command.main(args=list(argv) if argv is not None else None, prog_name=prog_name,
                           standalone_mode=False)
     except SfgError as e:

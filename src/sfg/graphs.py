@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import SfgError, check
 from .rng import as_generator, stream
+from .safety import check_cells
 from .spec import Component, Registry, parse_component
 
 __all__ = [
@@ -139,6 +140,12 @@ def _check_real(name: str, value: object) -> float:
 
 def _check_n(n: object) -> int:
     return _check_int("n", n, lo=2, hint=" (a graph needs at least 2 clients)")
+
+
+def _check_edges(n: int, degree: float) -> None:
+    """Refuse a graph whose edge arrays (~64 bytes per client and neighbour) exceed the budget."""
+    check_cells(n, max(degree, 1.0), 64, "this graph", rows_name="clients",
+                cols_name="neighbours each", fix="lower --clients or the degree")
 
 
 def canonical_edges(n: int, edges: np.ndarray) -> np.ndarray:
@@ -334,6 +341,7 @@ def knn_graph(n: int, *, k: int = 6, seed: int | np.random.Generator | None = No
     n = _check_n(n)
     k = _check_int("k", k, lo=1)
     check(k < n, f"k={k} must be smaller than the number of clients N={n}; lower k or raise N")
+    _check_edges(n, k + 1)
     rng = as_generator(seed)
     positions = rng.random((n, 2))
     idx = _nearest(positions, k + 1)
@@ -369,8 +377,9 @@ def erdos_renyi_graph(n: int, *, p: float | None = None, mean_degree: float = 6,
         p = _check_real("p", p)
         check(0 < p <= 1, f"edge probability p={p} must lie in (0, 1]")
         label = f"erdos-renyi:p={p:g}"
-    rng = as_generator(seed)
     total = n * (n - 1) // 2
+    _check_edges(n, 2 * total * p / n)
+    rng = as_generator(seed)
     check(total * p <= _MAX_EXPECTED_EDGES,
           f"erdos-renyi with N={n}, p={p:g} would have ~{total * p:.3g} edges; lower p or N")
     if p == 1 or (p > 0.25 and total <= _DENSE_PAIRS):
@@ -475,6 +484,7 @@ def random_regular_graph(n: int, *, d: int = 6,
                           "change d or N by one")
     check(d >= 2 or n == 2, f"a 1-regular graph is a perfect matching and cannot be connected "
                             f"for N={n} > 2; use d >= 2")
+    _check_edges(n, d if d <= (n - 1) / 2 else n)  # the complement route builds n x n masks
     rng = as_generator(seed)
     if d > (n - 1) / 2:
         sparse = canonical_edges(n, _configuration_pairs(n, n - 1 - d, rng))
@@ -499,6 +509,7 @@ def ring_graph(n: int, *, k: int = 1, seed: int | np.random.Generator | None = N
     k = _check_int("k", k, lo=1)
     check(2 * k < n, f"ring k={k} links each client to 2k={2 * k} others but N={n} has only "
                      f"{n - 1}; lower k to at most {(n - 1) // 2} or raise N")
+    _check_edges(n, k)
     i = np.repeat(np.arange(n, dtype=np.int64), k)
     j = (i + np.tile(np.arange(1, k + 1, dtype=np.int64), n)) % n
     return Graph(n, canonical_edges(n, np.stack([i, j], axis=1)), None, f"ring:k={k}")

@@ -97,6 +97,8 @@ def replay(
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
     seed_list = parse_seeds(seeds)
+    if horizon < 0:
+        raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
     if engine != "numpy" and not as_json and console.interactive():

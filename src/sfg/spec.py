@@ -70,6 +70,10 @@ def parse_component(text: str, *, kind: str = "component") -> Component:
                     f"cannot parse {kind} parameter {item!r} in {raw!r}; write key=value, "
                     "e.g. 'bursty:u=0.8'"
                 )
+            if key.strip() in params:
+                raise SfgError(
+                    f"{kind} {raw!r} gives parameter {key.strip()!r} twice; keep one value"
+                )
             params[key.strip()] = _value(value)
     else:
         parts = head.split("+")

@@ -7,7 +7,6 @@ out-of-range value is a one-line error naming the key. Flags given explicitly ov
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +17,11 @@ from ..errors import SfgError
 
 
 def _load_config(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise SfgError(f"config file {path} does not exist; check the path")
-    if not path.is_file():
-        raise SfgError(f"config file {path} is not a file; give a YAML or JSON file of settings")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise SfgError(f"config file {path} is not UTF-8 text (byte {e.start}); "
-                       "save it as UTF-8") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    """The settings mapping of a YAML or JSON file, read safely (size, depth and alias limits;
+    UTF-8 with a clear error); RunConfig then checks names and types."""
+    from ..safety import load_settings_file
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except RecursionError:
-        raise SfgError(f"cannot parse config file {path}: nested too deeply") from None
-    except Exception as e:  # noqa: BLE001 - any parse error becomes one line
-        raise SfgError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SfgError(f"config file {path} must hold a mapping of settings (key: value)")
-    return data
+    return load_settings_file(path)
 
 
 def run_config(config: Path | None, flags: dict[str, Any]):
@@ -125,7 +106,8 @@ def run(
             ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", res.meta["seconds"])]
     t = console.table(f"sfg run: {cfg.rule} under {cfg.process}", ["metric", ("value", "right")])
     for name, v in rows:
-        t.add_row(name, f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
+        t.add_row(name, "empty (no client)" if v != v
+                  else f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
     console.show(t)
     console.caption(f"backend {res.meta.get('backend')}, D = {res.meta.get('D')} parameters per "
                  f"model; {res.meta.get('with_replacement_clients')} clients have fewer examples "
