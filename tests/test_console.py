@@ -291,7 +291,7 @@ def test_run_config_file_that_is_not_utf8_or_a_folder(tmp_path, capsys):
     assert main(["run", "--config", str(bad)]) == 2
     assert "not UTF-8" in error_line(capsys.readouterr().err)
     assert main(["run", "--config", str(tmp_path)]) == 2
-    assert "is not a file" in error_line(capsys.readouterr().err)
+    assert "is a directory, not a file" in error_line(capsys.readouterr().err)
 
 
 def test_one_settings_schema_no_second_defaults():
