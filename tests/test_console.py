@@ -266,6 +266,22 @@ def test_run_exit_0_and_the_config_is_the_grid_schema(tmp_path):
     assert data["run_id"] == run_id(expected)
 
 
+def test_every_run_flag_reaches_the_run_config():
+    flags = {"--dataset": "digits", "--model": "mlp", "--process": "bursty:u=0.6",
+             "--rule": "sfg", "--graph": "knn:k=3", "--seed": "2", "--clients": "12",
+             "--rounds": "4", "--local-steps": "1", "--batch-size": "8", "--lr": "0.1",
+             "--weight-decay": "0.001", "--momentum": "0.5", "--alpha": "0.5",
+             "--backbone": "personal-head", "--ditto-lambda": "0.3",
+             "--anatomy": "cannot-communicate", "--link-failure": "0.1", "--eval-every": "2",
+             "--backend": "batched", "--device": "auto"}
+    res = run("run", *(x for kv in flags.items() for x in kv), "--json")
+    assert res.returncode == 0, res.stderr
+    cfg = json.loads(res.stdout)["config"]
+    for flag, value in flags.items():
+        key = {"--clients": "n_clients"}.get(flag, flag[2:].replace("-", "_"))
+        assert str(cfg[key]) == value, flag
+
+
 @pytest.mark.parametrize("extra, flags, fragments", [
     ("lr: abc\n", [], ["run.yaml", "lr", "'abc'"]),
     ("rounds: 1.5\n", [], ["run.yaml", "rounds", "valid integer"]),
