@@ -17,9 +17,9 @@ import resource
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import sfg
 
@@ -119,8 +119,9 @@ def snapshot(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
             p = Path(dirpath) / name
             if p == skip:
                 continue
-            st = p.lstat()
-            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+            st = p.lstat()  # folders by name only: SQLite may make and remove side files
+            out[str(p.relative_to(root))] = (0, 0) if p.is_dir() else (st.st_size,
+                                                                       st.st_mtime_ns)
     return out
 
 
