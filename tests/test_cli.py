@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from sfg.cli import main, parse_seeds
+from sfg.cli import main
 from sfg.errors import SfgError
+from sfg.replay_cli import parse_seeds
 
 
 def sfg(*args: str) -> subprocess.CompletedProcess:

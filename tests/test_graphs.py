@@ -327,3 +327,55 @@ def test_unknown_names_and_keys_suggest():
         make_graph("erdos_renyi", 10, seed=0)
     with pytest.raises(SfgError, match="did you mean 'k'"):
         make_graph("ring:kk=2", 10, seed=0)
+
+
+def _bfs_components(n, edges):
+    """Oracle: component labels by breadth-first search, numbered by smallest client."""
+    nbrs = [[] for _ in range(n)]
+    for a, b in edges:
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    labels = [-1] * n
+    count = 0
+    for start in range(n):
+        if labels[start] >= 0:
+            continue
+        labels[start] = count
+        queue = [start]
+        while queue:
+            x = queue.pop()
+            for y in nbrs[x]:
+                if labels[y] < 0:
+                    labels[y] = count
+                    queue.append(y)
+        count += 1
+    return count, labels
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_components_match_a_breadth_first_search(seed):
+    from sfg.graphs import _components
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 200))
+    m = int(rng.integers(0, 2 * n))
+    edges = canonical_edges(n, rng.integers(0, n, size=(m, 2)))
+    count, labels = _components(n, edges)
+    want_count, want_labels = _bfs_components(n, edges.tolist())
+    assert count == want_count and labels.tolist() == want_labels
+    # a path given in decreasing order is one component (pointer chains are compressed)
+    path = np.stack([np.arange(n - 1, 0, -1), np.arange(n - 2, -1, -1)], axis=1)
+    assert _components(n, path)[0] == 1
+
+
+def test_knn_numpy_search_and_kd_tree_give_the_same_graph(monkeypatch):
+    """Up to _BRUTE_FORCE_N clients the neighbours come from numpy, beyond from scipy's k-d
+    tree; forcing either path on the same positions gives the same edges."""
+    import sfg.graphs as G
+
+    for k in (1, 6):  # k=1 leaves many components: exercises join_components on both paths
+        numpy_path = knn_graph(600, k=k, seed=4)
+        monkeypatch.setattr(G, "_BRUTE_FORCE_N", 10)
+        tree_path = knn_graph(600, k=k, seed=4)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(numpy_path.edges, tree_path.edges)
