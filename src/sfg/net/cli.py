@@ -9,19 +9,17 @@ from typing import Any
 
 import typer
 
+from .. import console
 from ..errors import SfgError
 
 MODE_HELP = "lockstep (SPEC §11.1: equals `sfg run --backend loop`) or async (SPEC §11.2)"
 
 
 def _settings(config: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
-    from ..sim.cli import _load_config
+    """The run settings: ``sfg run``'s one schema (RunConfig) over the config file and flags."""
+    from ..sim.cli import run_config
 
-    cfg: dict[str, Any] = _load_config(config) if config else {}
-    cfg.pop("kind", None)
-    cfg.pop("horizon", None)
-    cfg.update({k: v for k, v in flags.items() if v is not None})
-    return cfg
+    return run_config(config, flags).model_dump()
 
 
 def _read_peers(path: Path) -> tuple[dict[int, str], list | None]:
@@ -53,14 +51,12 @@ def _read_peers(path: Path) -> tuple[dict[int, str], list | None]:
 
 def _progress_printer(n: int, rounds: int, enabled: bool):
     """A one-line live display on stderr: slowest node's round, live nodes, mean accuracy."""
-    from ..cli import err
-
-    if not enabled or not err.is_terminal:
+    if not enabled or not console.interactive():
         return None, None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    console=err, transient=True)
+    prog = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                    MofNCompleteColumn(), console=console.stderr(), transient=True)
     task = prog.add_task("swarm", total=rounds)
     last_round = [-1] * n
     live = [False] * n
@@ -102,14 +98,8 @@ def _store(path: str, cfg: dict, mode: str, out: dict) -> str:
 
 
 def _print_summary(out: dict, title: str) -> None:
-    from rich.table import Table
-
-    from ..cli import out as console
-
     m = out["metrics"]
-    table = Table(title=title, title_justify="left")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    t = console.table(title, ["metric", ("value", "right")])
     for name, key in [("mean accuracy", "acc_mean"), ("10th percentile", "acc_p10"),
                       ("time-averaged accuracy", "acc_time_avg"),
                       ("realised unavailability", "unavailability"), ("messages", "messages"),
@@ -117,8 +107,8 @@ def _print_summary(out: dict, title: str) -> None:
                       ("deliveries refused (offline)", "refused"), ("restarts", "restarts"),
                       ("wall seconds", "wall_seconds")]:
         v = m[key]
-        table.add_row(name, "–" if math.isnan(v) else (f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}"))
-    console.print(table)
+        t.add_row(name, "–" if math.isnan(v) else (f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}"))
+    console.show(t)
 
 
 def register(app: typer.Typer) -> None:
@@ -154,7 +144,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
-        from ..cli import dumps_json
         from .swarm import SwarmOptions, check_nodes, parse_kill, run_swarm
         from .world import build_world
 
@@ -180,10 +169,7 @@ def register(app: typer.Typer) -> None:
             else:
                 res = run_swarm(world, opts)
         except RuntimeError as e:
-            from ..cli import err
-
-            err.print(f"error: swarm failed: {e}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
+            raise console.WorkFailed(f"swarm failed: {e}") from None
         config_out = {**world.cfg, "mode": mode, "procs": procs}
         if mode == "async":
             config_out.update(period=period, jitter=jitter, window=window)
@@ -191,7 +177,7 @@ def register(app: typer.Typer) -> None:
         if store is not None:
             out["run_id"] = _store(store, world.cfg, mode, res)
         if as_json:
-            print(dumps_json(out))
+            console.print_json(out)
             return
         _print_summary(res, f"sfg swarm ({mode}): {world.rule} under {world.cfg['process']}, "
                             f"{world.n} nodes")
@@ -229,7 +215,6 @@ def register(app: typer.Typer) -> None:
         """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
         import asyncio
 
-        from ..cli import dumps_json, out
         from .node import Node, NodeConfig
         from .transport import TlsFiles
         from .world import build_world
@@ -270,11 +255,11 @@ def register(app: typer.Typer) -> None:
             raise SfgError(f"cannot serve on {listen}: {e}") from None
         res["wall_seconds"] = time.perf_counter() - t
         if as_json:
-            print(dumps_json(res))
+            console.print_json(res)
             return
-        out.print(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
-                  f"rejected {sum(res['rejected'].values())}, final age {res['state']['age']}, "
-                  f"lag {res['state']['lag']:.2f}", markup=False, highlight=False)
+        console.echo(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
+                     f"rejected {sum(res['rejected'].values())}, final age "
+                     f"{res['state']['age']}, lag {res['state']['lag']:.2f}")
 
     @app.command("tls-ca")
     def tls_ca(
@@ -284,14 +269,12 @@ def register(app: typer.Typer) -> None:
         days: int = typer.Option(30, help="Validity in days"),
     ) -> None:
         """Create a test CA and a certificate per node for `sfg swarm/node --tls-dir`."""
-        from ..cli import out
         from .tls import make_test_ca
 
         if nodes < 1 or days < 1:
             raise SfgError("--nodes and --days must be >= 1")
         d = make_test_ca(dir, range(nodes), hosts=host, days=days)
-        out.print(f"wrote {d}/ca.pem and certificates for nodes 0..{nodes - 1}",
-                  markup=False, highlight=False)
+        console.echo(f"wrote {d}/ca.pem and certificates for nodes 0..{nodes - 1}")
 
 
 
