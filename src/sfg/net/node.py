@@ -242,17 +242,18 @@ class Node:
             if not self._accepting(header.sender, header.round):
                 self.stats.refused += 1
                 return False, "unavailable"
-            buf = bytearray()
+            parts, size = [], 0
             async for c in chunks:
-                buf += c
-                if len(buf) > header.length:
+                parts.append(c)
+                size += len(c)
+                if size > header.length:
                     raise Rejected("oversize", f"payload exceeds the announced {header.length} bytes")
-            if len(buf) < header.length:
+            if size < header.length:
                 # a sender that cancels its call (it has a newer model, or is shutting down)
                 # ends the stream early too; gRPC then cancels this handler within moments,
                 # so only a stream that was really closed short is counted as truncated
                 await asyncio.sleep(0.05)
-            msg = check_message(raw_header, bytes(buf), self.layout, neighbours=self.nbr_set,
+            msg = check_message(raw_header, b"".join(parts), self.layout, neighbours=self.nbr_set,
                                 max_bytes=self.cfg.max_bytes, identity=identity)
         except Rejected as e:
             self.rejections.add(e, peer)

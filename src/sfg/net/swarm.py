@@ -159,6 +159,18 @@ def parse_kill(text: str) -> tuple[int, int]:
     return out
 
 
+def _rss_bytes(pid: int) -> float | None:
+    """Resident memory of a process (Linux /proc), or None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def groups(n: int, procs: int) -> list[list[int]]:
     """Nodes 0..n-1 dealt round-robin over ``procs`` worker processes."""
     procs = max(1, min(procs, n))
@@ -220,11 +232,23 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     errors: list[str] = []
     realised = world.available.copy()
 
-    async def supervise(ids: list[int]) -> None:
+    peak_rss: dict[int, float] = {}          # worker slot -> peak resident memory (bytes)
+    live_pids: dict[int, int] = {}
+
+    async def sample_memory() -> None:
+        while True:
+            for slot, pid in list(live_pids.items()):
+                rss = _rss_bytes(pid)
+                if rss is not None:
+                    peak_rss[slot] = max(peak_rss.get(slot, 0.0), rss)
+            await asyncio.sleep(0.25)
+
+    async def supervise(slot: int, ids: list[int]) -> None:
         nonlocal restarts
         resume = False
         while True:
             proc = await _launch(spec_path, ids, resume)
+            live_pids[slot] = proc.pid
             killed_now = False
             assert proc.stdout is not None
             async for line in proc.stdout:
@@ -256,7 +280,11 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
             return
 
     start = time.perf_counter()
-    await asyncio.gather(*(supervise(ids) for ids in parts))
+    sampler = asyncio.ensure_future(sample_memory())
+    try:
+        await asyncio.gather(*(supervise(slot, ids) for slot, ids in enumerate(parts)))
+    finally:
+        sampler.cancel()
     wall = time.perf_counter() - start
     if errors:
         raise RuntimeError(errors[0].removeprefix("error: "))
@@ -264,6 +292,9 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     if missing:
         raise RuntimeError(f"nodes {missing[:5]} finished without a result")
     out = summarise(world, list(done.values()), wall=wall, restarts=restarts, realised=realised)
+    # a worker's memory is shared by its nodes (one interpreter, torch, the data set)
+    out["metrics"]["rss_mb_per_node"] = (sum(peak_rss.values()) / 2**20 / N if peak_rss
+                                         else float("nan"))
     out["workdir"] = str(work)
     return out
 

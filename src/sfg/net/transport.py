@@ -100,7 +100,8 @@ DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[t
 FetchFn = Callable[[int, int], tuple[bytes, bytes] | None]
 
 
-def chunks(payload: bytes, size: int = CHUNK):
+def chunks(payload: bytes, size: int | None = None):
+    size = size or CHUNK
     view = memoryview(payload)
     for off in range(0, len(payload), size):
         yield bytes(view[off:off + size])
