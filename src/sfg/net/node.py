@@ -150,7 +150,8 @@ class _Stats:
     messages: int = 0            # neighbour models aggregated (received and used)
     bytes: int = 0               # bytes of accepted messages
     sent: int = 0
-    send_failed: int = 0
+    send_failed: int = 0         # not delivered: transport error or rejection
+    offline_peer: int = 0        # refused by a neighbour that is offline
     refused: int = 0             # deliveries refused while unavailable or partitioned
     steps: int = 0
     trains: int = 0
@@ -304,6 +305,8 @@ class Node:
         if ok:
             self.stats.sent += 1
             self._delivered.add((j, r))
+        elif reason == "unavailable":
+            self.stats.offline_peer += 1  # the neighbour is offline: its server refuses
         else:
             self.stats.send_failed += 1
             log.info("node %d -> %d round %d not delivered: %s", self.i, j, self.round, reason)
@@ -538,7 +541,8 @@ class Node:
         acc = s.curve[-1][1] if s.curve else self.trainer.evaluate(self.x)
         return {"node": self.i, "acc": acc, "curve": [list(c) for c in s.curve],
                 "messages": s.messages, "bytes": s.bytes, "sent": s.sent,
-                "send_failed": s.send_failed, "refused": s.refused, "steps": s.steps,
+                "send_failed": s.send_failed, "offline_peer": s.offline_peer,
+                "refused": s.refused, "steps": s.steps,
                 "trains": s.trains, "available_rounds": s.available_rounds,
                 "rejected": self.rejections.as_dict(), "state": self.state.as_dict(),
                 "restored": self.restored}

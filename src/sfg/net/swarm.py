@@ -23,7 +23,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,24 +37,29 @@ from .world import World
 
 async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
                     addresses: dict[int, str] | None = None,
-                    ready: Callable[[dict[int, int]], None] | None = None,
+                    ready: Callable[[dict[int, int]], Awaitable[float | None]] | None = None,
                     nodes_out: list | None = None) -> list[dict]:
     """Run nodes ``ids`` of ``world`` in this event loop; returns their results.
 
     ``addresses`` maps every node id to "host:port" (the ports these nodes listen on must match);
     without it the nodes listen on free ports of 127.0.0.1 and find each other directly.
+    ``ready(ports)`` is awaited once every server listens; it may return the wall-clock start
+    ``t0`` of round 0 (async mode) for the nodes that did not resume one from a checkpoint.
     """
     nodes = [Node(world, i, make_config(i)) for i in ids]
     if nodes_out is not None:
         nodes_out.extend(nodes)  # for inspection (tests, embedding)
     try:
         ports = {n.i: await n.start() for n in nodes}
-        if ready is not None:
-            ready(ports)
         if addresses is None:
             addresses = {i: f"127.0.0.1:{p}" for i, p in ports.items()}
         for n in nodes:
             n.connect(addresses)
+        if ready is not None:
+            t0 = await ready(ports)
+            for n in nodes:
+                if t0 is not None and n.t0 is None:
+                    n.t0 = t0
         results = await asyncio.gather(*(n.run() for n in nodes))
     finally:
         for n in nodes:
@@ -185,7 +190,8 @@ async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subp
             "--nodes", ",".join(map(str, ids))]
     if resume:
         args.append("--resume")
-    return await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+    return await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, env=env)
 
 
@@ -206,11 +212,10 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="sfg-swarm-"))
     work.mkdir(parents=True, exist_ok=True)
     ports = free_ports(N)
-    t0 = time.time() + opts.start_delay
     spec = {"cfg": world.cfg, "mode": opts.mode, "ports": ports, "period": opts.period,
             "jitter": opts.jitter, "window": opts.window, "deadline": opts.deadline,
             "partitions": opts.partitions, "tls_dir": opts.tls_dir,
-            "checkpoint_dir": str(work / "checkpoints"), "t0": t0,
+            "checkpoint_dir": str(work / "checkpoints"),
             "results_dir": str(work / "results")}
     (work / "checkpoints").mkdir(exist_ok=True)
     (work / "results").mkdir(exist_ok=True)
@@ -243,6 +248,16 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
                     peak_rss[slot] = max(peak_rss.get(slot, 0.0), rss)
             await asyncio.sleep(0.25)
 
+    # round 0 starts (async clocks) once every worker's servers listen: workers report
+    # "ready" and wait for the start time on stdin; a restarted worker gets the same one
+    start_at: asyncio.Future = asyncio.get_running_loop().create_future()
+    ready_slots: set[int] = set()
+
+    async def send_start(proc) -> None:
+        t0 = await start_at
+        proc.stdin.write(f"{t0!r}\n".encode())
+        await proc.stdin.drain()
+
     async def supervise(slot: int, ids: list[int]) -> None:
         nonlocal restarts
         resume = False
@@ -250,13 +265,19 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
             proc = await _launch(spec_path, ids, resume)
             live_pids[slot] = proc.pid
             killed_now = False
+            starter = None
             assert proc.stdout is not None
             async for line in proc.stdout:
                 try:
                     ev = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if ev.get("event") == "round":
+                if ev.get("event") == "ready":
+                    ready_slots.add(slot)
+                    if len(ready_slots) == len(parts) and not start_at.done():
+                        start_at.set_result(time.time() + 0.2 + opts.start_delay)
+                    starter = asyncio.ensure_future(send_start(proc))
+                elif ev.get("event") == "round":
                     i, r = int(ev["node"]), int(ev["round"])
                     live_round[i] = r
                     if progress is not None:
@@ -269,6 +290,8 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
                 elif ev.get("event") == "done":
                     done[int(ev["node"])] = ev["result"]
             await proc.wait()
+            if starter is not None:
+                starter.cancel()
             err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
             if killed_now:
                 restarts += 1
@@ -280,6 +303,7 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
             return
 
     start = time.perf_counter()
+    wall_start = time.time()
     sampler = asyncio.ensure_future(sample_memory())
     try:
         await asyncio.gather(*(supervise(slot, ids) for slot, ids in enumerate(parts)))
@@ -295,6 +319,8 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     # a worker's memory is shared by its nodes (one interpreter, torch, the data set)
     out["metrics"]["rss_mb_per_node"] = (sum(peak_rss.values()) / 2**20 / N if peak_rss
                                          else float("nan"))
+    out["metrics"]["startup_seconds"] = (start_at.result() - opts.start_delay - wall_start
+                                         if start_at.done() else float("nan"))
     out["workdir"] = str(work)
     return out
 

@@ -45,10 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             return NodeConfig(mode=spec["mode"], port=spec["ports"][i], period=spec["period"],
                               jitter=spec["jitter"], window=spec["window"],
                               deadline=spec["deadline"], checkpoint_dir=Path(spec["checkpoint_dir"]),
-                              resume=a.resume, tls=tls, partitions=parts, t0=spec["t0"],
+                              resume=a.resume, tls=tls, partitions=parts,
                               on_round=on_round)
 
-        results = asyncio.run(run_nodes(world, ids, make_config, addresses))
+        async def ready(ports) -> float:
+            print(json.dumps({"event": "ready", "nodes": ids}), flush=True)
+            line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            if not line.strip():
+                raise SfgError("the swarm controller went away before the start")
+            return float(line)
+
+        results = asyncio.run(run_nodes(world, ids, make_config, addresses, ready=ready))
     except SfgError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
