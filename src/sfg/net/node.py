@@ -278,11 +278,13 @@ class Node:
                 self.latest[h.sender] = (msg, time.monotonic())
         self._arrived.set()
 
-    def _prune_outbox(self) -> None:
+    def _prune_outbox(self, *, delivered: bool = False) -> None:
         """Drop own round-r messages every neighbour expecting them is past: a neighbour that
-        sent a message of a later round has finished round r."""
+        sent a message of a later round has finished round r. A delivery alone is no proof
+        (the receiver may crash and restart from its checkpoint before using it), so
+        ``delivered`` counts it only when the run is over."""
         for r in list(self.outbox):
-            if all(self.heard.get(j, -1) > r or (j, r) in self._delivered
+            if all(self.heard.get(j, -1) > r or (delivered and (j, r) in self._delivered)
                    for j in self._expected.get(r, ())):
                 del self.outbox[r]
                 self._expected.pop(r, None)
@@ -508,7 +510,7 @@ class Node:
             # keep serving until every neighbour has the messages it needs (pushed or pulled)
             end = time.monotonic() + self.cfg.deadline
             while True:
-                self._prune_outbox()
+                self._prune_outbox(delivered=True)
                 if not self.outbox or time.monotonic() > end:
                     break
                 await asyncio.sleep(0.05)
