@@ -207,3 +207,28 @@ def test_checkpoint_roundtrip_is_atomic_and_exact(tmp_path):
     x, s2, extra = load_checkpoint(path, LAYOUT)
     assert np.array_equal(x, flat) and s2 == st and extra == {"t0": 12.5}
     assert [p.name for p in tmp_path.iterdir()] == ["node-1.safetensors"]  # no temp left
+
+
+def test_lockstep_node_bounds_what_a_neighbour_may_queue_ahead():
+    """A lockstep neighbour is at most one shared round ahead: two pending messages per
+    sender; a third round, or one past the run, is rejected as "ahead" (bounded memory)."""
+    world = build_world(dict(n_clients=4, rounds=4, graph="ring:k=1", process="none",
+                             eval_every=4))
+
+    async def main():
+        node = Node(world, 0, NodeConfig(mode="lockstep"))
+        port = await node.start()
+        peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 26)
+        replies = []
+        for r in (0, 1, 1, 2, 9):
+            h, p = encode(world.x0, world.layout, sender=1, round=r, age=0, lag=0.0, count=1,
+                          local_count=1)
+            replies.append(await peer.deliver(h, p, timeout=5))
+        await peer.close()
+        await node.close()
+        return node, replies
+
+    node, replies = asyncio.run(asyncio.wait_for(main(), 60))
+    assert replies == [(True, ""), (True, ""), (True, ""), (False, "ahead"), (False, "ahead")]
+    assert sorted(node.inbox) == [(1, 0), (1, 1)]
+    assert node.rejections.as_dict() == {"ahead": 2}

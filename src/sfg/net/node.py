@@ -243,6 +243,8 @@ class Node:
             if not self._accepting(header.sender, header.round):
                 self.stats.refused += 1
                 return False, "unavailable"
+            if self.cfg.mode == "lockstep":
+                self._check_ahead(header.sender, header.round)
             parts, size = [], 0
             async for c in chunks:
                 parts.append(c)
@@ -261,6 +263,17 @@ class Node:
             return False, e.reason
         self._accept(msg, len(raw_header) + msg.header.length)
         return True, ""
+
+    def _check_ahead(self, sender: int, r: int) -> None:
+        """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
+        round in which both are available without this node's message, so it is at most one
+        such round ahead — at most two of its messages (rounds >= this node's) are pending."""
+        if r >= self.world.rounds:
+            raise Rejected("ahead", f"round {r} is past the run's {self.world.rounds} rounds")
+        pending = [k for k in self.inbox if k[0] == sender and k[1] >= self.round]
+        if (sender, r) not in self.inbox and len(pending) >= 2:
+            raise Rejected("ahead", f"node {sender} already has rounds "
+                                    f"{sorted(k[1] for k in pending)} waiting here")
 
     def _accept(self, msg: Message, nbytes: int) -> None:
         h = msg.header
