@@ -87,11 +87,13 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-REPLAY_COLUMNS = [
-    ("unavailability", "unavail"), ("returns", "returns"), ("premise", "stalest"),
-    ("spread_age", "Δage"), ("spread_lag", "Δlag"), ("kept", "kept"),
-    ("self_weight_return", "w_ii ret"), ("H", "H"),
-]
+def _replay_columns() -> list[tuple[str, str]]:
+    from .replay.metrics import columns  # the metrics' own list (no numba import)
+
+    return columns()
+
+
+REPLAY_COLUMNS = _replay_columns()
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,12 +122,13 @@ def replay_table(summary: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
-REPLAY_LEGEND = (
-    "unavail: realised offline fraction · returns: aggregations by a returning client (τ≥1) · "
-    "stalest: share of returns where the receiver is strictly the stalest candidate · "
-    "Δage/Δlag: mean largest relative age/lag among candidates · kept: candidates with weight > 0 · "
-    "w_ii ret: receiver self-weight on return · H: receiver self-return over 50 rounds"
-)
+def _replay_legend() -> str:
+    from .replay.metrics import legend
+
+    return legend()
+
+
+REPLAY_LEGEND = _replay_legend()
 
 
 @app.command()
@@ -141,7 +144,7 @@ def replay(
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
-    engine: str = typer.Option("auto", help="auto (compiled kernel where it has the rule), compiled, or numpy (the simulator's own round code)"),
+    engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
 ) -> None:
@@ -150,12 +153,12 @@ def replay(
     from .replay import replay as run_replay
 
     seed_list = parse_seeds(seeds)
-    if engine != "numpy" and not as_json and err.is_terminal:
+    if not as_json and err.is_terminal:
         from .replay import warm_compiled
 
-        with err.status("loading the compiled replay kernel (its first use on a machine "
-                        "compiles it: about 15 s)"):
-            warm_compiled()
+        with err.status("loading the compiled round of each rule (a rule's first use on a "
+                        "machine compiles it: about 15 s)"):
+            warm_compiled(rule)
     with progress_bar("replay", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,

@@ -269,7 +269,7 @@ def candidate_mask(rg: RoundGraph, caps: Capabilities, live: np.ndarray | None =
     oracles): {i} ∪ {j ∈ N(i): j sends and link (i, j) is live}, for receivers that aggregate.
     The same set as the round's own (tested)."""
     nb = caps.send[rg.send]
-    if live is not None:
+    if live is not None and live.size:
         nb = nb & live[np.maximum(rg.edge_id, 0)]
     return caps.aggregate[rg.recv] & (rg.is_self | nb)
 

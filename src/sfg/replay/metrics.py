@@ -73,10 +73,10 @@ METRICS: tuple[Metric, ...] = (
            "share of returns where the receiver is strictly the stalest candidate",
            total=lambda f: f.return_with_neighbours & (f.age > f.max_neighbour_age),
            per=lambda f: f.return_with_neighbours),
-    Metric("spread_age", "Δage", "mean largest relative age among candidates",
+    Metric("spread_age", "Δage", "mean largest relative age/lag among candidates",
            total=lambda f: np.where(f.aggregation, f.spread_age, 0.0),
            per=lambda f: f.aggregation),
-    Metric("spread_lag", "Δlag", "mean largest relative lag among candidates",
+    Metric("spread_lag", "Δlag", None,
            total=lambda f: np.where(f.aggregation, f.spread_lag, 0.0),
            per=lambda f: f.aggregation),
     Metric("kept", "kept", "candidates with weight > 0",
@@ -84,7 +84,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("self_weight_return", "w_ii ret", "receiver self-weight on return",
            total=lambda f: np.where(f.return_with_neighbours, f.self_weight, 0.0),
            per=lambda f: f.return_with_neighbours),
-    Metric("H", "H", "receiver self-return over the horizon (50 rounds by default)",
+    Metric("H", "H", "receiver self-return over 50 rounds",
            value=lambda r: float(r.H.mean()) if r.H.size else float("nan")),
     Metric("H_se", value=_H_se),
     Metric("H_pairs", value=lambda r: float(r.H.size)),
@@ -101,8 +101,16 @@ def columns() -> list[tuple[str, str]]:
 
 
 def legend() -> str:
-    return " · ".join(f"{m.label}: {m.legend}" for m in METRICS
-                      if m.label and m.legend and m.curve is None)
+    """The table's legend; a metric without a legend shares the previous one's ("Δage/Δlag")."""
+    parts: list[list[str]] = []
+    for m in METRICS:
+        if not m.label or m.curve is not None:
+            continue
+        if m.legend is None and parts:
+            parts[-1][0] += f"/{m.label}"
+        else:
+            parts.append([m.label, m.legend or ""])
+    return " · ".join(f"{label}: {text}" for label, text in parts)
 
 
 def curves() -> list[Metric]:
