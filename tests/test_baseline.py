@@ -10,10 +10,9 @@ import json
 import math
 from pathlib import Path
 
+import make_baseline as mb
 import numpy as np
 import pytest
-
-import make_baseline as mb
 
 BASE = json.loads((Path(__file__).parent / "fixtures" / "baseline.json").read_text())
 

@@ -14,6 +14,7 @@ from sfg.rounds import RoundGraph
 from sfg.rules import parse_rule, rule_names
 from sfg.staleness import StalenessState
 
+
 # every registered rule that runs without models, picked up automatically, plus variants
 def model_free_rules() -> list[str]:
     return [r for r in rule_names() if "model" not in parse_rule(r).tags]

@@ -6,7 +6,7 @@ once for the replay, the simulator and the one-receiver form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
