@@ -235,6 +235,62 @@ def plan_forward_batched(plan: list[_Op], w: dict[str, Tensor], x: Tensor,
     return x
 
 
+_LSM_BACKWARD = torch.ops.aten._log_softmax_backward_data
+_RELU_BACKWARD = torch.ops.aten.threshold_backward
+
+
+def is_linear_chain(plan: list[_Op] | None) -> bool:
+    """Whether a plan is only Linear / ReLU / Flatten layers (an MLP): then
+    :func:`chain_grads` gives its gradients without autograd."""
+    return bool(plan) and any(op.kind == "linear" for op in plan) and all(
+        op.kind in ("linear", "relu", "flatten") for op in plan)
+
+
+def chain_grads(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
+                ) -> dict[str, Tensor]:
+    """Per-client gradients of each client's mean cross-entropy for a linear chain
+    (:func:`is_linear_chain`): ``x: [n, B, ...]``, ``y: [n, B]``, ``w[name]: [n, *shape]``.
+
+    The backward pass written out: the same ATen kernels, called on the same operands, that
+    autograd runs for :func:`plan_forward_batched` + ``cross_entropy(reduction="sum") / B``
+    (``baddbmm``'s backward as two ``bmm``, ``threshold_backward`` for ReLU, the bias
+    gradient as a sum over the batch), so the result is bit-for-bit autograd's (tested),
+    without the graph's overhead.
+    """
+    n, B = x.shape[0], x.shape[1]
+    h = x.reshape(n, B, -1)
+    tape: list[tuple[_Op, Tensor]] = []   # (op, its saved tensor: linear input / relu output)
+    for op in plan:
+        if op.kind == "linear":
+            tape.append((op, h))
+            weight = w[op.weight].transpose(1, 2)
+            h = (torch.baddbmm(w[op.bias].unsqueeze(1), h, weight) if op.bias
+                 else torch.bmm(h, weight))
+        elif op.kind == "relu":
+            h = F.relu(h)
+            tape.append((op, h))
+        else:  # flatten
+            h = h.reshape(n, B, -1)
+    C = h.shape[-1]
+    lsm = torch.log_softmax(h.reshape(n * B, C), 1)
+    g = torch.zeros_like(lsm)   # nll_loss's backward: -1/B at each example's label
+    g.scatter_(1, y.reshape(-1, 1), (-(torch.ones((), dtype=h.dtype) / B)).expand(n * B, 1))
+    d = _LSM_BACKWARD(g, lsm, 1, h.dtype).view(n, B, C)
+    first = next(i for i, (op, _) in enumerate(tape) if op.kind == "linear")
+    grads: dict[str, Tensor] = {}
+    for i in range(len(tape) - 1, first - 1, -1):
+        op, saved = tape[i]
+        if op.kind == "relu":
+            d = _RELU_BACKWARD(d, saved, 0)
+            continue
+        if op.bias:
+            grads[op.bias] = d.sum(1, keepdim=True).squeeze(1)
+        grads[op.weight] = torch.bmm(saved.transpose(1, 2), d).transpose(1, 2)
+        if i > first:
+            d = torch.bmm(d, w[op.weight])
+    return grads
+
+
 # ----------------------------------------------------------------------------------------------
 # shared plumbing: validation, worker threads, evaluation data
 
@@ -708,6 +764,10 @@ class _StackedBackend(_BackendBase):
               f"got {chunk!r}")
         self.chunk = chunk
 
+    #: copy a chunk's minibatches to step-major order ``[K, m, B, ...]`` once per call, so
+    #: that every step reads a contiguous ``[m, B, ...]`` block (same values, no per-step copy)
+    step_major = False
+
     def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
         if not self.chunk:
             return [(lo, hi)]
@@ -734,8 +794,10 @@ class _StackedBackend(_BackendBase):
                 g = torch.empty_like(p)
                 buf = a["buf"][c0:c1] if a["buf"] is not None else None
                 center = a["center"][c0:c1] if a["center"] is not None else None
+                # step-major minibatches: one copy per call instead of one per step
+                xk = xs[c0:c1].transpose(0, 1).contiguous() if self.step_major else None
                 for k in range(a["K"]):
-                    grads(p, xs[c0:c1, k], ys[c0:c1, k], g)
+                    grads(p, xk[k] if xk is not None else xs[c0:c1, k], ys[c0:c1, k], g)
                     sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
                               momentum=a["momentum"], buf=buf, center=center,
                               prox_lam=a["prox_lam"], mask=a["mask"])
@@ -790,6 +852,7 @@ class BatchedBackend(_StackedBackend):
     """All clients in one pass: ``baddbmm`` for linear layers, grouped conv for conv layers."""
 
     name = "batched"
+    step_major = True
 
     def __init__(self, model: nn.Module, *, device: str | torch.device = "cpu", workers: int = 0,
                  chunk: int = 0, channels_last: bool = True):
@@ -804,6 +867,13 @@ class BatchedBackend(_StackedBackend):
 
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         spec = self.spec
+        if is_linear_chain(self.plan):  # an MLP: the backward pass written out, no autograd
+            def chain(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
+                per_client = chain_grads(self.plan, spec.unflatten(p), x, y)
+                for name, view in spec.unflatten(g).items():  # one copy each, no cat
+                    view.copy_(per_client[name])
+
+            return chain
 
         def grads(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
             m = p.shape[0]
