@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -387,19 +388,36 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None]) -> No
             errors.append(exc)
 
     threads_before = torch.get_num_threads()
-    threads = [threading.Thread(target=target, args=(slot, *part), daemon=True)
-               for slot, part in enumerate(parts) if slot > 0]
-    for t in threads:
-        t.start()
+    pool = _worker_pool(len(parts) - 1)
+    futures = [pool.submit(target, slot, *part) for slot, part in enumerate(parts) if slot > 0]
     try:
         torch.set_num_threads(1)
         fn(0, *parts[0])
     finally:
-        for t in threads:
-            t.join()
+        for f in futures:
+            f.result()
         torch.set_num_threads(threads_before)
     if errors:
         raise errors[0]
+
+
+_POOL: tuple[int, int, Any] | None = None   # (pid, size, ThreadPoolExecutor)
+_POOL_LOCK = threading.Lock()
+
+
+def _worker_pool(size: int):
+    """A process-wide pool of at least ``size`` worker threads, kept between calls (a round
+    of the simulator trains and evaluates in several calls; starting threads for each cost
+    about a millisecond). Rebuilt after a fork, whose child inherits no threads."""
+    global _POOL
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < size:
+            if _POOL is not None and _POOL[0] == os.getpid():
+                _POOL[2].shutdown(wait=False)
+            _POOL = (os.getpid(), size, ThreadPoolExecutor(size, thread_name_prefix="sfg-train"))
+        return _POOL[2]
 
 
 def _check_float(value: Any, what: str, *, low: float = 0.0, high: float = math.inf,
