@@ -883,15 +883,34 @@ class BatchedBackend(_StackedBackend):
         self.plan = plan
         self.channels_last = bool(channels_last)
 
+    def _train(self, out: Tensor, a: dict[str, Any]) -> None:
+        if not is_linear_chain(self.plan):
+            super()._train(out, a)
+            return
+        # an MLP: the backward pass written out (chain_grads); parameter and gradient views
+        # made once per call; each gradient copied into the flat buffer, then the shared step
+        spec, xs, ys, K = self.spec, a["xs"], a["ys"], a["K"]
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for c0, c1 in self._parts(lo, hi):
+                p = out[c0:c1]
+                g = torch.empty_like(p)
+                pv, gv = spec.unflatten(p), spec.unflatten(g)
+                buf = a["buf"][c0:c1] if a["buf"] is not None else None
+                center = a["center"][c0:c1] if a["center"] is not None else None
+                xk = xs[c0:c1].transpose(0, 1).contiguous()  # step-major: [K, m, B, ...]
+                for k in range(K):
+                    grads = chain_grads(self.plan, pv, xk[k], ys[c0:c1, k])
+                    for name, view in gv.items():
+                        view.copy_(grads[name])
+                    sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
+                              momentum=a["momentum"], buf=buf, center=center,
+                              prox_lam=a["prox_lam"], mask=a["mask"])
+
+        _run_chunks(a["n"], self.workers, run)
+
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         spec = self.spec
-        if is_linear_chain(self.plan):  # an MLP: the backward pass written out, no autograd
-            def chain(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
-                per_client = chain_grads(self.plan, spec.unflatten(p), x, y)
-                for name, view in spec.unflatten(g).items():  # one copy each, no cat
-                    view.copy_(per_client[name])
-
-            return chain
 
         def grads(p: Tensor, x: Tensor, y: Tensor, g: Tensor) -> None:
             m = p.shape[0]
