@@ -352,7 +352,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
     meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
             "backend": getattr(backend, "name", ""),
-            "D": spec.D, "minibatch_digest": digest.hexdigest()}
+            "D": spec.D, "minibatch_digest": digest.hexdigest(),
+            "client_steps": steps_taken}  # local SGD steps taken by available clients
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log)
 
