@@ -550,3 +550,27 @@ def test_worker_pool_is_reused_and_errors_reach_the_caller():
     with pytest.raises(ValueError, match="worker failed"):
         B._run_chunks(10, 2, bad)
     assert torch.get_num_threads() == 1  # restored (the module fixture set one thread)
+
+
+@pytest.mark.parametrize("wd", [0.0, 5e-4, 0.1])
+def test_fused_chain_step_equals_gradient_then_sgd_step(wd):
+    from sfg.sim.backends import chain_grads, chain_sgd_step_, sgd_step_
+
+    model = make_model("mlp", input_shape=(64,), num_classes=10)
+    spec = ParamSpec.from_module(model)
+    plan, _ = sequential_plan(model)
+    gen = torch.Generator().manual_seed(3)
+    n, B = 6, 16
+    X = torch.randn(n, spec.D, generator=gen) * 0.2
+    x = torch.randn(n, B, 64, generator=gen)
+    y = torch.randint(0, 10, (n, B), generator=gen)
+    ref = X.clone()
+    grads = chain_grads(plan, spec.unflatten(ref), x, y)
+    g = torch.cat([grads[k].reshape(n, -1) for k in spec.names], dim=1)
+    sgd_step_(ref, g, lr=0.1, weight_decay=wd, momentum=0.0, buf=None, center=None,
+              prox_lam=0.0, mask=None)
+    w = {k: v.clone() for k, v in spec.unflatten(X).items()}
+    chain_sgd_step_(plan, w, x, y, lr=0.1, weight_decay=wd)
+    got = torch.cat([w[k].reshape(n, -1) for k in spec.names], dim=1)
+    assert not torch.equal(got, X)
+    torch.testing.assert_close(got - X, ref - X, rtol=1e-5, atol=1e-6 * (ref - X).abs().max())

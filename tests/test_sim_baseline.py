@@ -19,11 +19,13 @@ Parameters: two deliberate changes alter their last bits, nothing else does.
 2. The batched backend's MLP backward pass is written out (``chain_grads``) in class-major
    form, which sums the head's gradient in another order than autograd (about 1e-7 relative
    per step; ``tests/test_backends.py`` checks it against autograd and torch.optim.SGD).
+3. Plain SGD steps of the batched MLP apply each weight's step in the ``baddbmm_`` that
+   computes its gradient (``chain_sgd_step_``): the same sum, rounded differently.
 
 So the per-client sums and sums of squares of the parameters must agree with the recording to
 a relative 1e-6 (measured ≤ 2e-7), 1e-3 for the catch-up run of the loop backend (measured
 6e-4: up to 12 local steps a round amplify the rounding), and ``current_digest`` holds the
-parameter digest re-recorded right after each of those two changes (and at no other time):
+parameter digest re-recorded right after each of those changes (and at no other time):
 every other optimisation must reproduce it bit for bit.
 
 Re-record (only when a change of numbers is intended and explained here):

@@ -247,23 +247,14 @@ def is_linear_chain(plan: list[_Op] | None) -> bool:
         op.kind in ("linear", "relu", "flatten") for op in plan)
 
 
-def chain_grads(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
-                ) -> dict[str, Tensor]:
-    """Per-client gradients of each client's mean cross-entropy for a linear chain
-    (:func:`is_linear_chain`): ``x: [n, B, ...]``, ``y: [n, B]``, ``w[name]: [n, *shape]``;
-    returns ``{name: [n, *shape]}`` (contiguous).
-
-    The backward pass written out with batched matmuls, without autograd's graph. The logits
-    and their gradient are kept class-major (``[n, C, B]`` per client, ``[C, n·B]`` for the
-    log-softmax): with few classes the row-wise log-softmax kernels are 6-8× slower than the
-    column-wise ones, and the ``[out, in]`` weight gradients come out of one ``bmm`` in
-    place. Agrees with autograd to float rounding (about 1e-7 relative; tested), not bit for
-    bit: autograd's forms of the same sums are slower here (``bmm(h^T, d)`` with 10 output
-    columns, the row-wise log-softmax).
-    """
+def _chain_forward_loss(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
+                        ) -> tuple[list[tuple[_Op, Tensor]], Tensor]:
+    """Forward pass of a linear chain and the gradient of Σ_clients mean_b CE w.r.t. the
+    logits: ``(tape, d)`` with ``tape`` the (op, saved tensor) pairs (a linear layer's input,
+    a ReLU's output) and ``d: [n, B, C]``."""
     n, B = x.shape[0], x.shape[1]
     h = x.reshape(n, B, -1)
-    tape: list[tuple[_Op, Tensor]] = []   # (op, its saved tensor: linear input / relu output)
+    tape: list[tuple[_Op, Tensor]] = []
     last = len(plan) - 1
     logits_t = None                       # [n, C, B] when the chain ends in a linear layer
     for i, op in enumerate(plan):
@@ -285,15 +276,32 @@ def chain_grads(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
     if logits_t is None:
         logits_t = h.transpose(1, 2)
     C = logits_t.shape[1]
-    # log-softmax over the classes and its backward for the loss Σ_clients mean_b CE
-    lsm = torch.log_softmax(logits_t.transpose(0, 1).reshape(C, n * B), 0)   # [C, n·B]
+    # log-softmax over the classes, class-major [C, n·B], and its backward
+    lsm = torch.log_softmax(logits_t.transpose(0, 1).reshape(C, n * B), 0)
     g = torch.zeros_like(lsm)   # d loss / d log-softmax: -1/B at each example's label
     g.scatter_(0, y.reshape(1, -1), -1.0 / B)
     d_t = _LSM_BACKWARD(g, lsm, 0, lsm.dtype).view(C, n, B).transpose(0, 1).contiguous()
-    d = d_t.transpose(1, 2)             # [n, B, C]: gradient w.r.t. the current output
     first = next(i for i, (op, _) in enumerate(tape) if op.kind == "linear")
+    return tape[first:], d_t.transpose(1, 2)
+
+
+def chain_grads(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
+                ) -> dict[str, Tensor]:
+    """Per-client gradients of each client's mean cross-entropy for a linear chain
+    (:func:`is_linear_chain`): ``x: [n, B, ...]``, ``y: [n, B]``, ``w[name]: [n, *shape]``;
+    returns ``{name: [n, *shape]}`` (contiguous).
+
+    The backward pass written out with batched matmuls, without autograd's graph. The logits
+    and their gradient are kept class-major (``[n, C, B]`` per client, ``[C, n·B]`` for the
+    log-softmax): with few classes the row-wise log-softmax kernels are 6-8× slower than the
+    column-wise ones, and the ``[out, in]`` weight gradients come out of one ``bmm`` in
+    place. Agrees with autograd to float rounding (about 1e-7 relative; tested), not bit for
+    bit: autograd's forms of the same sums are slower here (``bmm(h^T, d)`` with 10 output
+    columns, the row-wise log-softmax).
+    """
+    tape, d = _chain_forward_loss(plan, w, x, y)
     grads: dict[str, Tensor] = {}
-    for i in range(len(tape) - 1, first - 1, -1):
+    for i in range(len(tape) - 1, -1, -1):
         op, saved = tape[i]
         if op.kind == "relu":
             d = _RELU_BACKWARD(d, saved, 0)
@@ -302,9 +310,39 @@ def chain_grads(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor
         grads[op.weight] = torch.bmm(d_t, saved)          # [n, out, in]
         if op.bias:
             grads[op.bias] = d_t.sum(2)
-        if i > first:
+        if i > 0:
             d = torch.bmm(d, w[op.weight])                # [n, B, in]
     return grads
+
+
+def chain_sgd_step_(plan: list[_Op], w: dict[str, Tensor], x: Tensor, y: Tensor, *,
+                    lr: float, weight_decay: float) -> None:
+    """One plain SGD step (no momentum, proximal term or mask) of a linear chain, in place on
+    the contiguous per-parameter tensors ``w``: the gradients of :func:`chain_grads`, each
+    weight stepped as it is computed, ``W ← W − lr·wd·W`` then ``W ← W − lr·(d^T h)`` in the
+    same ``baddbmm_`` that computes the gradient: torch.optim.SGD's ``W − lr·(∇ + wd·W)``
+    with the gradient never stored (agrees to about 1e-6 relative; tested). The weight decay
+    is its own small term, as in torch, not a factor ``1 − lr·wd`` folded into the product,
+    whose float32 rounding would shrink every weight by a biased 1e-8 a step."""
+    tape, d = _chain_forward_loss(plan, w, x, y)
+    decay = -lr * weight_decay
+    for i in range(len(tape) - 1, -1, -1):
+        op, saved = tape[i]
+        if op.kind == "relu":
+            d = _RELU_BACKWARD(d, saved, 0)
+            continue
+        d_t = d.transpose(1, 2)
+        weight = w[op.weight]
+        d_in = torch.bmm(d, weight) if i > 0 else None   # with the weight before its step
+        if decay:
+            weight.add_(weight, alpha=decay)
+        weight.baddbmm_(d_t, saved, alpha=-lr)
+        if op.bias:
+            bias = w[op.bias]
+            if decay:
+                bias.add_(bias, alpha=decay)
+            bias.sub_(d_t.sum(2), alpha=lr)
+        d = d_in
 
 
 # ----------------------------------------------------------------------------------------------
@@ -902,20 +940,34 @@ class BatchedBackend(_StackedBackend):
         if not is_linear_chain(self.plan):
             super()._train(out, a)
             return
-        # an MLP: the backward pass written out (chain_grads); parameter and gradient views
-        # made once per call; each gradient copied into the flat buffer, then the shared step
+        # an MLP: the backward pass written out. Plain SGD (no momentum, proximal term or
+        # mask) runs on contiguous per-parameter copies of the chunk's rows, updated in place
+        # by chain_sgd_step_ and copied back once; otherwise chain_grads' gradients are
+        # copied into a flat buffer for the shared sgd_step_.
         spec, xs, ys, K = self.spec, a["xs"], a["ys"], a["K"]
+        plain = a["buf"] is None and a["center"] is None and a["mask"] is None
 
         def run(slot: int, lo: int, hi: int) -> None:
             for c0, c1 in self._parts(lo, hi):
                 p = out[c0:c1]
+                pv = spec.unflatten(p)
+                xk = xs[c0:c1].transpose(0, 1).contiguous()  # step-major: [K, m, B, ...]
+                yk = ys[c0:c1].transpose(0, 1).contiguous()  # [K, m, B]
+                if plain:
+                    w = {name: view.clone(memory_format=torch.contiguous_format)
+                         for name, view in pv.items()}
+                    for k in range(K):
+                        chain_sgd_step_(self.plan, w, xk[k], yk[k], lr=a["lr"],
+                                        weight_decay=a["weight_decay"])
+                    for name, view in pv.items():
+                        view.copy_(w[name])
+                    continue
                 g = torch.empty_like(p)
-                pv, gv = spec.unflatten(p), spec.unflatten(g)
+                gv = spec.unflatten(g)
                 buf = a["buf"][c0:c1] if a["buf"] is not None else None
                 center = a["center"][c0:c1] if a["center"] is not None else None
-                xk = xs[c0:c1].transpose(0, 1).contiguous()  # step-major: [K, m, B, ...]
                 for k in range(K):
-                    grads = chain_grads(self.plan, pv, xk[k], ys[c0:c1, k])
+                    grads = chain_grads(self.plan, pv, xk[k], yk[k])
                     for name, view in gv.items():
                         view.copy_(grads[name])
                     sgd_step_(p, g, lr=a["lr"], weight_decay=a["weight_decay"],
