@@ -207,8 +207,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     X = init_params(factory, N, seed=seed).to(device)
     backend = make_backend(str(c["backend"]), model, device=str(device))
     clients = _ClientData(data, device)
-    test_x = [x.to(device) for x in data.test_x]
-    test_y = [y.to(device) for y in data.test_y]
+    test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
+    test_y: list[torch.Tensor] | torch.Tensor = [y.to(device) for y in data.test_y]
+    if len({int(y.shape[0]) for y in test_y}) == 1:
+        # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
+        # per-client bookkeeping on every call (same accuracies)
+        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
 
     backbone = c["backbone"]
     momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
