@@ -205,8 +205,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     X = init_params(factory, N, seed=seed).to(device)
     backend = make_backend(str(c["backend"]), model, device=str(device))
     clients = _ClientData(data, device)
-    test_x = [x.to(device) for x in data.test_x]
-    test_y = [y.to(device) for y in data.test_y]
+    test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
+    test_y: list[torch.Tensor] | torch.Tensor = [y.to(device) for y in data.test_y]
+    if len({int(y.shape[0]) for y in test_y}) == 1:
+        # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
+        # per-client bookkeeping on every call (same accuracies)
+        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
 
     backbone = c["backbone"]
     momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
@@ -348,7 +352,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
     meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
             "backend": getattr(backend, "name", ""),
-            "D": spec.D, "minibatch_digest": digest.hexdigest()}
+            "D": spec.D, "minibatch_digest": digest.hexdigest(),
+            "client_steps": steps_taken}  # local SGD steps taken by available clients
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log)
 
