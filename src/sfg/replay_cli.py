@@ -101,13 +101,9 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
-    if engine != "numpy" and not as_json and console.interactive():
-        from .replay import warm_compiled  # under a spinner: the first use compiles
-
-        with console.spinner("loading the compiled replay kernel (its first use on a machine "
-                             "compiles it: about 15 s)"):
-            warm_compiled()
-    with console.progress("replay", enabled=not as_json) as update:
+    # the bar shows from the start: a machine's first compiled replay compiles the kernels
+    label = "replay" if engine == "numpy" else "replay (first use compiles: ~15 s)"
+    with console.progress(label, enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine)
