@@ -84,6 +84,9 @@ def parse_component(text: str, *, kind: str = "component") -> Component:
     modifiers = [m.strip().lower() for m in modifiers]
     if any(not m for m in modifiers):
         raise SfgError(f"{kind} {raw!r} has an empty '+' modifier")
+    twice = sorted({m for m in modifiers if modifiers.count(m) > 1})
+    if twice:
+        raise SfgError(f"{kind} {raw!r} gives the modifier '+{twice[0]}' twice; keep one")
     return Component(name=name, params=params, modifiers=tuple(modifiers), text=raw)
 
 

@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import SfgError
-from ..safety import compose_yaml, max_runs, read_text
+from ..safety import check_cells, check_int64, compose_yaml, max_runs, read_text
 from ..spec import did_you_mean
 from .config import ConfigError, RunConfig, config_error_message, run_id, validate_names
 
@@ -224,6 +224,13 @@ def _expand(where: _Where, base: dict, axes: dict[str, list[Any]], overrides: li
         except ValidationError as err:
             fld, msg = config_error_message(err)
             raise where.error(located.get(fld, fallback), msg) from None
+        try:  # sizes in range before anything runs: the availability of a run, the seed
+            check_cells(cfg.rounds, cfg.n_clients, 2, "a run of this grid",
+                        cols_name="clients", fix="lower rounds or n_clients")
+            check_int64(cfg.seed, "seed", lo=0)
+        except SfgError as err:
+            fld = "seed" if "seed" in str(err).split(" ", 1)[0] else "rounds"
+            raise where.error(located.get(fld, fallback), str(err)) from None
         if check_names:
             key = (cfg.kind, cfg.rule, cfg.process, cfg.dataset, cfg.graph, cfg.model)
             if key not in checked:

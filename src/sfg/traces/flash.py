@@ -298,7 +298,7 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
     long_enough = states.last_s >= midnight_s + W * 60
     idx = np.flatnonzero(long_enough)
     # the int64 minute index and the bool rule of every device-minute of the window
-    check_cells(W, len(idx), 9, f"the FLASH window ({rounds} rounds of {rm} min)",
+    check_cells(W, max(len(idx), 1), 9, f"the FLASH window ({rounds} rounds of {rm} min)",
                 rows_name="minutes", fix="lower rounds= or round_minutes=")
     cols = (states.span_start[idx] + (midnight_s[idx] // 60 - states.m0[idx]))[:, None] \
         + np.arange(W)[None, :]
