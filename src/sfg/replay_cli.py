@@ -103,13 +103,8 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
-    if not as_json and console.interactive():
-        from .replay import warm_compiled  # under a spinner: a rule's first use compiles
-
-        with console.spinner("loading the compiled round of each rule (a rule's first use on "
-                             "a machine compiles it: about 15 s)"):
-            warm_compiled(rule)
-    with console.progress("replay", enabled=not as_json) as update:
+    # the bar shows from the start: a rule's first use on a machine compiles its round
+    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine)
