@@ -444,6 +444,11 @@ DATASET_CASES = cases_for("data", [
     (lambda f: run_data("cifar10", tar_gz_zeros_member(
         f, "cifar-10-python.tar.gz", "cifar-10-batches-py/data_batch_1", 64 << 20).parent),
      "declares 64 MiB.*SFG_MAX_MEMBER", {"env": {"SFG_MAX_MEMBER": "16M"}, "limit_gib": 3}),
+    # 100 MiB of zeros in a ~100 KiB archive: refused for its ratio before decompressing
+    (lambda f: run_data("cifar10", tar_gz_zeros_member(
+        f, "cifar-10-python.tar.gz", "cifar-10-batches-py/data_batch_1", 100 << 20).parent),
+     "expands to more than 100 MiB from .* looks like a decompression bomb.*SFG_MAX_RATIO",
+     {"limit_gib": 3}),
     # members under the per-member limit but over the total
     (lambda f: run_data("cifar10", tar_gz(f, "cifar-10-python.tar.gz", {
         f"cifar-10-batches-py/{n}": bytes(6 << 20) for n in
