@@ -61,11 +61,47 @@ def slowest_imports(cmd: list[str], top: int = 6) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])[:top]
 
 
+BREAKDOWN = r"""
+import time
+t0 = time.perf_counter()
+import numpy
+t1 = time.perf_counter()
+import typer, sfg.cli
+t2 = time.perf_counter()
+import numba
+t3 = time.perf_counter()
+from sfg.replay import replay
+t4 = time.perf_counter()
+kw = dict(n={n}, T=300)
+replay(["bursty:u=0.8"], ["{rule}"], [1], **kw)  # first call: loads the cached kernels
+t5 = time.perf_counter()
+replay(["bursty:u=0.8"], ["{rule}"], [2], **kw)  # the replay itself
+t6 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4 - (t6 - t5), t6 - t5)
+"""
+PHASES = ["import numpy", "import typer + sfg.cli (all sub-commands)", "import numba",
+          "import sfg.replay (graphs, outages, rules)", "load the cached kernels (first call)",
+          "the replay itself (N = {n}, T = 300, with H)"]
+
+
+def breakdown(repeats: int, n: int = 100, rule: str = "sfg-cut") -> list[tuple[str, float]]:
+    """Median seconds of each phase of the N = 100 replay command, in one process each."""
+    runs = []
+    for _ in range(repeats):
+        res = subprocess.run([PY, "-c", BREAKDOWN.format(n=n, rule=rule)], capture_output=True,
+                             text=True, check=True)
+        runs.append([float(x) for x in res.stdout.split()])
+    return [(name.format(n=n), statistics.median(r[i] for r in runs))
+            for i, name in enumerate(PHASES)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--importtime", action="store_true")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the phases of the N = 100 replay inside one process")
     args = ap.parse_args()
 
     for _, cmd, _ in CASES:  # warm-up: numba's cache, the OS page cache
@@ -82,9 +118,11 @@ def main() -> None:
                      "min_s": round(min(times[name]), 3), "ratio_to_numpy": round(med / base, 2),
                      "target_s": target, "meets_target": None if target is None else med <= target,
                      **({"slowest_imports": slowest_imports(cmd)} if args.importtime else {})})
+    phases = breakdown(args.repeats) if args.breakdown else []
     if args.json:
         print(json.dumps({"repeats": args.repeats, "python": sys.version.split()[0],
-                          "cpus": os.cpu_count(), "rows": rows}, indent=2))
+                          "cpus": os.cpu_count(), "rows": rows,
+                          "replay_phases_s": dict(phases)}, indent=2))
         return
     print(f"start-up, whole processes, median of {args.repeats} (warm numba cache), "
           f"{os.cpu_count()} CPUs")
@@ -97,6 +135,10 @@ def main() -> None:
               f"{r['ratio_to_numpy']:>7.2f}  {target}")
         for mod, sec in r.get("slowest_imports", []):
             print(f"{'':<{width}}    import {mod}: {sec:.3f} s")
+    if phases:
+        print("\nphases of the N = 100 replay inside one process (median s):")
+        for name, sec in phases:
+            print(f"  {name:<48} {sec:.3f}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ Kind = Literal["train", "replay", "selftest"]
 Backbone = Literal["full", "personal-head", "dfedavgm", "ditto"]
 Anatomy = Literal["full", "cannot-communicate", "cannot-train-shares", "cannot-train-adopts"]
 
-_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 class ConfigError(SfgError):
@@ -160,7 +160,7 @@ class RunConfig(BaseModel):
     def _device(cls, v: str) -> str:
         v = v.strip().lower()
         if not _DEVICE.match(v):
-            raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
+            raise ValueError(f"device {v!r} is not one of auto, cpu, cuda, cuda:N, mps")
         return v
 
     @field_validator("backend")
