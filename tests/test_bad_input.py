@@ -126,6 +126,8 @@ BAD_FLAGS = [  # (options replacing the small problem's, extra arguments, messag
     ({"seeds": "x"}, [], "cannot read seeds 'x'"),
     ({"seeds": "-1"}, [], "seeds '-1' must be non-negative"),
     ({"seeds": ","}, [], "seeds ',' must be"),
+    ({"seeds": "0-999999999999"}, [], "name 1,000,000,000,000 seeds, over the limit"),
+    ({"seeds": "5-1"}, [], "seeds '5-1' must be"),
     ({}, ["--horizon", "-5"], "--horizon -5 must be >= 0"),
     ({"engine": "bogus"}, [], "engine"),
     ({}, ["--engine", "compiled"], "--engine is given twice"),
@@ -626,6 +628,15 @@ for _i, (_make, _m) in enumerate(STORE_MAKERS):
         STORE_CASES.append(Case(f"store-run-{_i}", (lambda mk: lambda f: [
             "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
             str(mk(f))])(_make), _m))
+
+STORE_CASES += [
+    Case("store-parent-is-a-file", lambda f: [
+        "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
+        str(write(f, "afile", "x") / "s.sqlite")], "cannot create the folder of results store"),
+    Case("store-in-proc", lambda f: [
+        "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
+        "/proc/sfg-store.sqlite"], "cannot open results store|cannot create"),
+]
 
 ALL = (COMPONENT_CASES + FLAG_CASES + FLASH_CASES + STUNNER_CASES + TABULAR_CASES
        + PROCESS_FILE_CASES + DATASET_CASES + CONFIG_CASES + GRID_CASES + STORE_CASES)
