@@ -85,6 +85,8 @@ class RunConfig(BaseModel):
     backend: str = "auto"
     device: str = "cpu"
     horizon: int = 50
+    partition: str = "dirichlet"
+    diagnostics: str = ""
 
     # ------------------------------------------------------------------ field checks
     @field_validator("rule", "process", "graph", "dataset", "model")
@@ -97,6 +99,22 @@ class RunConfig(BaseModel):
             return _canonical_component(v, info.field_name)
         except SfgError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("partition", "diagnostics")
+    @classmethod
+    def _issue11(cls, v: str, info) -> str:
+        try:
+            if info.field_name == "partition":
+                from ..data.partition import parse_partition
+
+                parse_partition(v)
+            else:
+                from ..sim.diagnostics import parse_diagnostics
+
+                parse_diagnostics(v)
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+        return v.strip()
 
     @field_validator("seed")
     @classmethod
@@ -223,7 +241,14 @@ def make_config(data: dict[str, Any] | None = None, **fields: Any) -> RunConfig:
 
 def canonical_json(cfg: RunConfig) -> str:
     """The canonical JSON of the fully resolved config: every field, sorted keys, no spaces."""
-    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = cfg.model_dump(mode="json")
+    for key, default in _OMIT_AT_DEFAULT.items():  # later additions keep earlier run ids
+        if data.get(key) == default:
+            data.pop(key)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": ""}
 
 
 def run_id(cfg: RunConfig) -> str:

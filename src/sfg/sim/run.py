@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "n_clients": 100, "rounds": 300, "local_steps": 10, "batch_size": 32, "lr": 0.05,
     "weight_decay": 5e-4, "momentum": 0.0, "ditto_lambda": 0.2, "anatomy": "full",
     "link_failure": 0.0, "eval_every": 10, "backend": "auto", "device": "cpu",
+    "partition": "dirichlet", "diagnostics": "",
 }
 
 
@@ -196,7 +197,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     # -- everything keyed by the seed only (pairing, SPEC §7)
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]))
+                          alpha=float(c["alpha"]), partition=c["partition"])
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     caps_all = capabilities(available, c["anatomy"])
