@@ -295,7 +295,7 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
                       metric: str) -> Path:
     """Left: pooled gain, leave-one-process-out range and the mean without i.i.d. outages per
     rule. Right: share of the outage gap closed per process (when there is a none process)."""
-    fig = Figure(figsize=(11.0, 1.6 + 0.5 * len(comps)))
+    fig = Figure(figsize=(11.0, max(3.6, 1.6 + 0.5 * len(comps))))
     ax = fig.add_subplot(1, 2, 1)
     y = np.arange(len(comps))[::-1]
     for yi, c in zip(y, comps, strict=True):
@@ -324,7 +324,7 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
                 vals, dtype=np.float64) * 100, nan=0.0), width, label=c.rule)
         ax2.set_xticks(x, [*procs, "overall"], rotation=20, ha="right")
         ax2.axhline(0.0, color="black", lw=0.8)
-        ax2.set_ylabel("share of the outage gap closed (%)")
+        ax2.set_ylabel("gap closed (%)")
         ax2.legend(fontsize=7)
     else:
         ax2.text(0.5, 0.5, "share of the outage gap: needs runs\nof the 'none' process",
