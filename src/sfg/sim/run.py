@@ -71,6 +71,7 @@ class SimResult:
     state: StalenessState
     meta: dict[str, Any] = field(default_factory=dict)
     weights_log: list[np.ndarray] | None = None
+    diagnostics: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------- minibatches
@@ -238,6 +239,10 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     scalars_per_msg = 0 if rule.name in _NO_SCALARS else 1
     digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing checks)
 
+    diag = _diagnostics(c, rg=rg, available=available, seed=seed, model=model, spec=spec,
+                        data=data, clients=clients, backend=backend, device=device, K=K, B=B,
+                        lr=lr, wd=wd, momentum=momentum)
+
     def evaluate() -> np.ndarray:
         evalX = personal if personal is not None else X
         return backend.evaluate(evalX, test_x, test_y).detach().cpu().numpy().astype(np.float64)
@@ -273,7 +278,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         steps_dfedavg += int(trains.sum()) * K
         # a fresh tensor from the gossip step: trained rows are written into it (kept intact
         # for an observer)
-        X_new = X_agg.clone() if observer is not None else X_agg
+        X_new = X_agg.clone() if observer is not None or diag is not None else X_agg
         finite = True
         extra_idx = extra_flips = None
         if rule.catchup and (steps > K).any():
@@ -317,10 +322,14 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             i = int(torch.nonzero(bad_rows)[0])
             raise SfgError(f"training diverged (non-finite parameters) at round {t} on client {i}; "
                            f"lower --lr (now {lr}) or check the data")
-        if observer is not None:
-            observer({"t": t, "X": X, "X_agg": X_agg, "X_next": X_new, "weights": rw.weights,
-                      "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
-                      "personal": personal, "head": head})
+        if observer is not None or diag is not None:
+            seen = {"t": t, "X": X, "X_agg": X_agg, "X_next": X_new, "weights": rw.weights,
+                    "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
+                    "personal": personal, "head": head}
+            if observer is not None:
+                observer(seen)
+            if diag is not None:  # SPEC §10: reads the models, draws from its own streams
+                diag.observe(seen)
         X = X_new
         state = advance(state, rg, rw, caps)
 
@@ -351,10 +360,43 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             "backend": getattr(backend, "name", ""),
             "D": spec.D, "minibatch_digest": digest.hexdigest()}
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
-                     state=state, meta=meta, weights_log=weights_log)
+                     state=state, meta=meta, weights_log=weights_log,
+                     diagnostics=diag.result() if diag is not None else None)
+
+
+def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, clients, backend,
+                 device, K, B, lr, wd, momentum):
+    """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
+    from .diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
+
+    kinds = parse_diagnostics(c.get("diagnostics") or "")
+    if not kinds:
+        return None
+    val = ValidationLoss(model, spec, data.val_x, data.val_y, device) \
+        if {"finetune", "returning"} & set(kinds) else None
+    sizes = clients.sizes
+
+    def train_batches(i: int, t: int):
+        idx = minibatch_indices(sizes[i:i + 1], K, B, seed=seed,
+                                stream_name=f"diagnostics-finetune-{i}", t=t)
+        flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
+                 if clients.hflip else None)
+        xs, ys = clients.gather(np.array([i]), idx, flips)
+        return xs[0], ys[0]
+
+    def train(P, xs, ys):
+        buf = torch.zeros_like(P) if momentum > 0 else None
+        return backend.train(P, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
+                             momentum_buf=buf)
+
+    return Diagnostics(kinds, rg=rg, available=available, seed=seed, val=val,
+                       train_batches=train_batches, train=train)
 
 
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
     res = simulate(cfg, progress=progress)
-    return {"metrics": res.metrics, "curves": res.curves}
+    out = {"metrics": res.metrics, "curves": res.curves}
+    if res.diagnostics is not None:
+        out["diagnostics"] = res.diagnostics
+    return out
