@@ -17,7 +17,7 @@ hands them out), runs the paired comparisons of :mod:`sfg.stats` and writes into
   of the outage gap closed (overall and per process, when the grid has a ``none`` process)
   and the per-availability-quartile gains (SPEC §10.4, :func:`sfg.stats.design_sensitivity`);
 * ``diagnostics/`` — tables and plots of the training diagnostics of runs that recorded them
-  (SPEC §10.1–10.3, :mod:`sfg.diagnostics_report`).
+  (SPEC §10.1–10.3, :mod:`sfg.report_diagnostics`), linked from a section of ``report.md``.
 
 A plot that has nothing to show (no comparisons, no quartile metrics, no curves) is not
 written; the reason goes into ``Report.notes`` and the Markdown. :func:`print_report` renders
@@ -85,6 +85,8 @@ class Report:
     markdown: str
     files: dict[str, Path] = field(default_factory=dict)  # file name -> path written
     notes: list[str] = field(default_factory=list)
+    # pooled training diagnostics per (dataset, process, rule) (SPEC §10), when runs have them
+    diagnostics: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -383,6 +385,22 @@ def _markdown(report: Report) -> str:
     for name in PLOT_FILES:
         if name in report.files:
             lines.append(f"![{name}]({name})")
+    if report.diagnostics:
+        lines += ["", "## Training diagnostics (SPEC §10)", "",
+                  "Lag law: E d²/E d₀² = 1 + (ρ/2)·x fitted over differences 1–20, pooled over "
+                  "seeds; tables in `diagnostics/*.csv`.", "",
+                  "| dataset | process | rule | runs | ρ (ages) | ρ (lags) | lag ÷ age |",
+                  "|---|---|---|---|---|---|---|"]
+        for (dataset, process, rule), g in report.diagnostics.items():
+            if "lag" in g:
+                lag = g["lag"]
+                lines.append(f"| {dataset} | {process} | {rule} | {g['runs']} | "
+                             f"{_num(lag['rho_age'])} | {_num(lag['rho_lag'])} | "
+                             f"{_num(lag['rho_ratio'], 2)} |")
+        lines.append("")
+        for name in sorted(report.files):
+            if name.startswith("diagnostics/") and name.endswith(".png"):
+                lines.append(f"![{name}]({name})")
     for note in report.notes:
         lines.append(f"* Note: {note}")
     return "\n".join(lines) + "\n"
@@ -421,6 +439,12 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
                     rows=rows, comparisons=comps, markdown="")
     report.files["comparisons.csv"] = comparisons_to_csv(comps, out / "comparisons.csv")
     _write_plots(report, records, weighting=weighting)
+    if any(isinstance(r.get("diagnostics"), Mapping) for r in records):
+        from .report_diagnostics import pooled, write_diagnostics
+
+        report.diagnostics = pooled(records)
+        for name, path in write_diagnostics(records, out / "diagnostics").items():
+            report.files[f"diagnostics/{name}"] = path
     report.markdown = _markdown(report)
     try:
         (out / "report.md").write_text(report.markdown)
