@@ -239,7 +239,7 @@ def demo(
 
 _mount("sfg.traces.cli", "traces", "Real availability traces: stats and plots.")
 _mount("sfg.experiments.cli", "grid", "Paired experiment grids and the results store.")
-for _name in ("sfg.sim.cli", "sfg.report_cli"):
+for _name in ("sfg.sim.cli", "sfg.report_cli", "sfg.pretrain_cli"):
     try:
         _mod = __import__(_name, fromlist=["register"])
         _mod.register(app)

@@ -87,6 +87,7 @@ class RunConfig(BaseModel):
     horizon: int = 50
     partition: str = "dirichlet"
     diagnostics: str = ""
+    backbone_from: str | None = None
 
     # ------------------------------------------------------------------ field checks
     @field_validator("rule", "process", "graph", "dataset", "model")
@@ -248,7 +249,7 @@ def canonical_json(cfg: RunConfig) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": ""}
+_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None}
 
 
 def run_id(cfg: RunConfig) -> str:

@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
         momentum: float | None = typer.Option(None),
         alpha: float | None = typer.Option(None, help="Dirichlet label-skew concentration"),
         partition: str | None = typer.Option(None, help="dirichlet (uses --alpha) or classes:k=2 (each client exactly k classes)"),
+        backbone_from: str | None = typer.Option(None, help="Start every client from this pretrained backbone (.safetensors from `sfg pretrain`), head re-initialised"),
         diagnostics: str | None = typer.Option(None, help="Training diagnostics to record, e.g. raw,lag,finetune,returning (or all)"),
         backbone: str | None = typer.Option(None, help="full, personal-head, dfedavgm, ditto"),
         ditto_lambda: float | None = typer.Option(None),
@@ -72,7 +73,8 @@ def register(app: typer.Typer) -> None:
                  "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
                  "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
                  "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
-                 "device": device, "partition": partition, "diagnostics": diagnostics}
+                 "device": device, "partition": partition, "diagnostics": diagnostics,
+                 "backbone_from": backbone_from}
         cfg.update({k: v for k, v in flags.items() if v is not None})
         with progress_bar("training", enabled=not as_json) as update:
             res = simulate(cfg, progress=update)

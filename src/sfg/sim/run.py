@@ -55,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "n_clients": 100, "rounds": 300, "local_steps": 10, "batch_size": 32, "lr": 0.05,
     "weight_decay": 5e-4, "momentum": 0.0, "ditto_lambda": 0.2, "anatomy": "full",
     "link_failure": 0.0, "eval_every": 10, "backend": "auto", "device": "cpu",
-    "partition": "dirichlet", "diagnostics": "",
+    "partition": "dirichlet", "diagnostics": "", "backbone_from": None,
 }
 
 
@@ -203,9 +203,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     caps_all = capabilities(available, c["anatomy"])
 
+    # a pretrained body for every client, the head freshly initialised (SPEC §6)
+    body = {"backbone": str(c["backbone_from"])} if c.get("backbone_from") else {}
+
     def factory():
         return make_model(c["model"], input_shape=tuple(data.input_shape),
-                          num_classes=data.num_classes)
+                          num_classes=data.num_classes, **body)
 
     model = factory()
     spec = ParamSpec.from_module(model)
