@@ -41,7 +41,7 @@ from .sim.diagnostics import (
 
 FILES = ("raw_law.csv", "lag_law.csv", "lag_rates.csv", "finetune.csv", "returning.csv",
          "raw_law.png", "lag_law.png", "finetune.png", "returning.png")
-PLOT_MAX_DIFF = 30
+PLOT_MAX_DIFF = 20  # the fit range; beyond it the bins hold few pairs
 
 
 def _groups(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[dict]]:
