@@ -228,7 +228,7 @@ def test_unknown_engine_names_the_choices():
         replay_trace(avail, g, "sfg", seed=SEED, engine="fast")
     msg = str(e.value)
     assert "'fast'" in msg and all(c in msg for c in ("auto", "compiled", "numpy"))
-    with pytest.raises(SfgError):
+    with pytest.raises(SfgError, match=r"unknown replay engine 'numba'; choose one of auto, compiled"):
         replay(["iid:u=0.5"], ["sfg"], [1], n=14, T=10, engine="numba")
 
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from .engine import RoundWeights, advance, caps_at, rule_draws
@@ -91,6 +90,8 @@ class _Horizon:
                 sl = np.flatnonzero(adopt[rg.recv])  # slots of adopting receivers, by receiver
                 lens = rg.indptr[rows + 1] - rg.indptr[rows]
                 indptr = np.concatenate([[0], np.cumsum(lens)])
+                import scipy.sparse as sp  # numpy engine only: not on the compiled path
+
                 W_rows = sp.csr_matrix((w[sl], rg.send[sl], indptr), shape=(rows.size, rg.n))
                 # a sparse product over all columns (dead ones are overwritten when their block
                 # is reused): cost ∝ adopters' slots × columns, no gathers
