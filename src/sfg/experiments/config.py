@@ -101,21 +101,28 @@ class RunConfig(BaseModel):
         except SfgError as e:
             raise ValueError(str(e)) from None
 
-    @field_validator("partition", "diagnostics")
+    @field_validator("diagnostics")
     @classmethod
-    def _issue11(cls, v: str, info) -> str:
+    def _diagnostics(cls, v: str) -> str:
+        from ..sim.diagnostics import parse_diagnostics  # numpy only
+
         try:
-            if info.field_name == "partition":
-                from ..data.partition import parse_partition
-
-                parse_partition(v)
-            else:
-                from ..sim.diagnostics import parse_diagnostics
-
-                parse_diagnostics(v)
+            parse_diagnostics(v)
         except SfgError as e:
             raise ValueError(str(e)) from None
         return v.strip()
+
+    @model_validator(mode="after")
+    def _partition(self) -> RunConfig:
+        # checked for training runs only: the data package imports torch, replay never reads it
+        if self.kind == "train" and self.partition != "dirichlet":
+            from ..data.partition import parse_partition
+
+            try:
+                parse_partition(self.partition)
+            except SfgError as e:
+                raise ValueError(f"partition: {e}") from None
+        return self
 
     @field_validator("seed")
     @classmethod
