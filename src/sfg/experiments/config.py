@@ -259,19 +259,23 @@ def make_config(data: dict[str, Any] | None = None, **fields: Any) -> RunConfig:
 
 def canonical_json(cfg: RunConfig) -> str:
     """The canonical JSON of the fully resolved config: every field, sorted keys, no spaces."""
-    data = cfg.model_dump(mode="json")
-    for key, default in _OMIT_AT_DEFAULT.items():  # later additions keep earlier run ids
-        if data.get(key) == default:
-            data.pop(key)
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
+# settings added after stores were first written: left out of the run's identity at their
+# defaults, so that earlier stores keep their run ids (a resumed grid redoes nothing)
 _OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None}
 
 
 def run_id(cfg: RunConfig) -> str:
-    """SHA-256 of :func:`canonical_json` (first 16 hex digits): the run's identity."""
-    return hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:16]
+    """SHA-256 (first 16 hex digits) of :func:`canonical_json` without the later settings that
+    are at their defaults (:data:`_OMIT_AT_DEFAULT`): the run's identity."""
+    data = cfg.model_dump(mode="json")
+    for key, default in _OMIT_AT_DEFAULT.items():
+        if data.get(key) == default:
+            data.pop(key)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+                          ).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------- registry checks
