@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from sfg.engine import candidate_mask
+
 from sfg.errors import SfgError
 from sfg.outages.anatomy import capabilities
 from sfg.rounds import RoundGraph
