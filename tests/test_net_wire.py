@@ -173,19 +173,24 @@ def test_node_rejects_and_counts_bad_deliveries_and_keeps_working(tmp_path):
 # ------------------------------------------------------------------ state and checkpoints
 def test_star_update_matches_spec_hand_case():
     """Receiver with neighbours 1, 2; candidates self and 2 with weights 0.25 / 0.75."""
-    star = Star(2)
+    from sfg.rules import parse_rule
+
+    star = Star(2, parse_rule("sfg-l+ipw"))  # modifiers must not touch the given weights
     s = NodeState(t=3, age=2, lag=2.5, count=4, local_count=3, q_hat=[1.0, 0.5])
-    new = star.advance(s, trained=True, adopted=True, cand=np.array([True, False, True]),
+    new = star.advance(s, available=True, cand=np.array([True, False, True]),
                        weights=np.array([0.25, 0.0, 0.75]), ages=np.array([2, 0, 1]),
-                       lags=np.array([2.5, 0.0, 1.5]), counts=np.array([4, 1, 9]))
+                       lags=np.array([2.5, 0.0, 1.5]), counts=np.array([4, 1, 9]),
+                       local_counts=np.array([3, 1, 5]))
     assert new.t == 4 and new.age == 0
     assert new.lag == pytest.approx(0.25 * 2.5 + 0.75 * 1.5)   # Σ w ℓ; training keeps it
     assert new.count == 9 + 1 and new.local_count == 4
     assert new.q_hat == pytest.approx([0.9 * 1.0 + 0.0, 0.9 * 0.5 + 0.1])
-    off = star.advance(new, trained=False, adopted=False, cand=np.zeros(3, bool),
-                       weights=np.array([1.0, 0, 0]), ages=np.zeros(3, np.int64),
-                       lags=np.zeros(3), counts=np.ones(3, np.int64))
-    assert (off.age, off.lag, off.count, off.q_hat) == (1, new.lag + 1, new.count, new.q_hat)
+    k = np.zeros(3, np.int64)
+    off = star.advance(new, available=False, cand=np.zeros(3, bool),
+                       weights=np.array([1.0, 0, 0]), ages=k, lags=np.zeros(3),
+                       counts=k + 1, local_counts=k + 1)
+    assert (off.t, off.age, off.lag, off.count, off.local_count, off.q_hat) == (
+        5, 1, new.lag + 1, new.count, new.local_count, new.q_hat)
 
 
 def test_waited_messages_age_by_whole_rounds_and_lag_by_real_periods():

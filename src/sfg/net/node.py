@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine import rule_draws
 from ..errors import SfgError
 from ..rng import stream
+from ..round import rule_draws
 from .state import NodeState, Star, load_checkpoint, save_checkpoint
 from .transport import Peer, Server, TlsFiles
 from .wire import (
@@ -169,7 +169,7 @@ class Node:
         self.nbrs = world.neighbours(self.i)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
-        self.star = Star(len(self.nbrs))
+        self.star = Star(len(self.nbrs), world.rule)
         self.trainer = trainer or Trainer(world, self.i)
         self.layout = world.layout
         self.x = world.x0.copy()
@@ -225,7 +225,7 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
     def _blocked(self, j: int, r: int) -> bool:
-        return any(p.blocks(self.i, j, r) for p in self.cfg.partitions)
+        return self._blocked_pair(self.i, j, r)
 
     def _accepting(self, sender: int, r: int) -> bool:
         if self.cfg.mode == "lockstep":
@@ -339,32 +339,50 @@ class Node:
         self._backlog = [t for t in self._backlog if not t.done()]
 
     # ------------------------------------------------------------------ the round
+    def _degrees(self, r: int, nodes: list[int]) -> list[int] | None:
+        """Lockstep: the live-neighbour counts of ``nodes`` at round r (the trace and graph are
+        common knowledge), for rules that read them; async: None (the rule's default)."""
+        if self.cfg.mode != "lockstep":
+            return None
+        A, out = self.world.available[r], []
+        for j in nodes:
+            nb = self.world.neighbours(j)
+            out.append(int(sum(1 for k in nb if A[k] and not self._blocked_pair(j, int(k), r))))
+        return out
+
+    def _blocked_pair(self, a: int, b: int, r: int) -> bool:
+        return any(p.blocks(a, b, r) for p in self.cfg.partitions)
+
     def _aggregate(self, r: int, senders: list[int], msgs: list[Message],
                    ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
-        """Weights with the rule's one-receiver form, the aggregate, and the star's view."""
+        """Weights with the rule's one-receiver form (:meth:`Rule.weights_one`), the
+        aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them."""
         s = self.state
         counts = [s.count] + [m.header.count for m in msgs]
         local = [s.local_count] + [m.header.local_count for m in msgs]
         q = [1.0] + [s.q_hat[self.pos[j] - 1] for j in senders]
         rule = self.world.rule
         u, keys = 0.5, None
-        if rule.random:
+        if rule.random:  # the round's own draws: stream keyed by (seed, round), global slots
             u_all, key_all = rule_draws(self.world.seed, r, self.world.n, self.world.rg.n_slots)
             seg = key_all[self.world.rg.indptr[self.i]:self.world.rg.indptr[self.i + 1]]
             u, keys = float(u_all[self.i]), seg[[0] + [self.pos[j] for j in senders]]
         w = rule.weights_one(ages=[s.age, *ages], lags=[s.lag, *lags], counts=counts,
-                             local_counts=local, q_hat=q, t=r, u=u, keys=keys)
+                             local_counts=local, q_hat=q, t=r, u=u, keys=keys,
+                             degrees=self._degrees(r, [self.i, *senders]))
         X = np.stack([self.x] + [m.params for m in msgs])
         agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
         k = self.star.deg + 1
         full = {"cand": np.zeros(k, bool), "weights": np.zeros(k), "ages": np.zeros(k, np.int64),
-                "lags": np.zeros(k), "counts": np.ones(k, np.int64)}
+                "lags": np.zeros(k), "counts": np.ones(k, np.int64),
+                "local_counts": np.ones(k, np.int64)}
         idx = [0] + [self.pos[j] for j in senders]
         full["cand"][idx] = True
         full["weights"][idx] = w
         full["ages"][idx] = [s.age, *ages]
         full["lags"][idx] = [s.lag, *lags]
         full["counts"][idx] = counts
+        full["local_counts"][idx] = local
         return agg, full
 
     def _train_round(self, r: int, agg: np.ndarray, full: dict) -> None:
@@ -373,16 +391,16 @@ class Node:
         self.stats.steps += n_steps
         self.stats.trains += 1
         self.stats.messages += int(full["cand"].sum()) - 1
-        self.state = self.star.advance(self.state, trained=True, adopted=True, **full)
+        self.state = self.star.advance(self.state, available=True, **full)
 
     def _offline_round(self) -> None:
         k = self.star.deg + 1
         w = np.zeros(k)
         w[0] = 1.0
-        self.state = self.star.advance(self.state, trained=False, adopted=False,
-                                       cand=np.zeros(k, bool), weights=w,
-                                       ages=np.zeros(k, np.int64), lags=np.zeros(k),
-                                       counts=np.ones(k, np.int64))
+        self.state = self.star.advance(self.state, available=False, cand=np.zeros(k, bool),
+                                       weights=w, ages=np.zeros(k, np.int64), lags=np.zeros(k),
+                                       counts=np.ones(k, np.int64),
+                                       local_counts=np.ones(k, np.int64))
 
     def _end_round(self, r: int, available: bool) -> None:
         T = self.world.rounds
