@@ -203,8 +203,20 @@ class Node:
         return None if d is None else Path(d) / f"node-{self.i}.safetensors"
 
     async def start(self) -> int:
-        """Start the gRPC server; returns the port."""
+        """Start the gRPC server (after warming up the compiled round and the training
+        backend, so that the round clock never waits on first-use set-up); returns the port."""
+        self.warm_up()
         return await self.server.start(self.cfg.host, self.cfg.port)
+
+    def warm_up(self) -> None:
+        """One throw-away weights call, staleness update and training step."""
+        k = self.star.deg + 1
+        self.world.rule.weights_one(ages=np.zeros(k, np.int64), t=0)
+        self.star.advance(self.state, available=True, cand=np.ones(k, bool),
+                          weights=np.full(k, 1.0 / k), ages=np.zeros(k, np.int64),
+                          lags=np.zeros(k), counts=np.ones(k, np.int64),
+                          local_counts=np.ones(k, np.int64))
+        self.trainer.train(self.x, 0, 0)
 
     def connect(self, addresses: dict[int, str]) -> None:
         """Open channels to the neighbours (``addresses``: id -> "host:port")."""
@@ -237,6 +249,9 @@ class Node:
     async def _on_deliver(self, raw_header: bytes, chunks, identity: int | None,
                           peer: str) -> tuple[bool, str]:
         try:
+            if not raw_header:  # a call cancelled before its first message, or an empty one
+                await asyncio.sleep(0.05)
+                raise Rejected("truncated", "empty stream")
             header = unpack_header(raw_header)
             check_header(header, neighbours=self.nbr_set, max_bytes=self.cfg.max_bytes,
                          identity=identity)
@@ -555,8 +570,9 @@ class Node:
                 jitter = self.cfg.jitter * P * float(
                     stream(self.world.seed, "net-jitter", self.i, r).random())
                 delay = self.t0 + r * P + jitter - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # a late node runs its due rounds back to back, but always lets the others
+                # (and its server) run in between
+                await asyncio.sleep(max(0.0, delay))
                 await self._async_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
             self.answering = True
