@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine import rule_draws
 from ..errors import SfgError
 from ..rng import stream
+from ..round import rule_draws
 from .state import NodeState, Star, load_checkpoint, save_checkpoint
 from .transport import Peer, Server, TlsFiles
 from .wire import (

@@ -1,6 +1,6 @@
 """One node's staleness state (SPEC §2) and its checkpoint (SPEC §11.3).
 
-The update is the simulator's own :func:`sfg.staleness.update_state`, applied to the node's
+The update is the simulator's own compiled round (:func:`sfg.round.play_round`), applied to the node's
 *star*: the node (index 0) and its graph neighbours in increasing id order, the slots laid out
 exactly as the node's segment of the simulator's round graph. So the scalar arithmetic (and its
 summation order) is the simulator's; only the node's own row of the result is kept.
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..rounds import RoundGraph
-from ..staleness import StalenessState, update_state
+from ..staleness import StalenessState
 
 
 @dataclass
@@ -49,17 +49,21 @@ class Star:
     def advance(self, s: NodeState, *, trained: bool, adopted: bool, cand: np.ndarray,
                 weights: np.ndarray, ages: np.ndarray, lags: np.ndarray,
                 counts: np.ndarray) -> NodeState:
-        """The state after a round (SPEC §2).
+        """The state after a round (SPEC §2), by the simulator's own compiled round.
 
         cand, weights, ages, lags, counts: [deg + 1] over (self, neighbours...) — the candidate
         mask, the weights used (0 off the candidates) and the scalars each slot's model carried
-        as the rule saw them.
+        as the rule saw them. The weights enter the round as given scores (the round's
+        normalisation leaves a row that already sums to 1 as it is), so the staleness update
+        is :func:`sfg.round.play_round`'s, not a copy of it.
         """
+        from ..outages.anatomy import Capabilities
+        from ..round import play_round
+        from ..rules import parse_rule
+
         n, E = self.deg + 1, self.rg.n_slots
-        w = np.where(self.rg.is_self, 1.0, 0.0)
-        w[self.seg] = weights
-        c = self.rg.is_self.copy()
-        c[self.seg] = cand
+        scores = np.where(self.rg.is_self, 1.0, 0.0)
+        scores[self.seg] = weights
         slot_ages = np.zeros(E, np.int64)
         slot_lags = np.zeros(E)
         slot_counts = np.ones(E, np.int64)
@@ -69,12 +73,14 @@ class Star:
         st = StalenessState(t=s.t, ages=np.full(n, s.age, np.int64),
                             lags=np.full(n, s.lag), counts=np.full(n, s.count, np.int64),
                             local_counts=np.full(n, s.local_count, np.int64), q_hat=q)
-        trains = np.zeros(n, bool)
-        trains[0] = trained
-        adopts = np.zeros(n, bool)
-        adopts[0] = adopted
-        new = update_state(st, self.rg, w, c, trains=trains, adopts=adopts,
-                           slot_ages=slot_ages, slot_lags=slot_lags, slot_counts=slot_counts)
+        own = np.zeros(n, bool)
+        own[0] = True
+        sends = np.ones(n, bool)
+        sends[1:] = np.asarray(cand, bool)[1:]
+        caps = Capabilities(train=own & trained, send=sends, aggregate=own & adopted,
+                            adopt=own & adopted)
+        new = play_round(parse_rule("dfedavg"), self.rg, st, caps, seed=0, scores=scores,
+                         slot_staleness=(slot_ages, slot_lags, slot_counts)).state
         return NodeState(t=int(new.t), age=int(new.ages[0]), lag=float(new.lags[0]),
                          count=int(new.counts[0]), local_count=int(new.local_counts[0]),
                          q_hat=[float(v) for v in new.q_hat[self.seg.start + 1:self.seg.stop]])

@@ -21,7 +21,7 @@ from ..outages import make_process
 from ..rng import stream
 from ..rounds import RoundGraph
 from ..rules import Rule, parse_rule
-from ..sim.run import _NO_SCALARS, CATCHUP_CAP, minibatch_indices, resolve_config
+from ..sim.run import CATCHUP_CAP, minibatch_indices, resolve_config
 from .wire import Layout
 
 # Settings of `sfg run` a swarm does not implement (it would silently differ otherwise).
@@ -66,7 +66,7 @@ class World:
 
     @property
     def scalars_per_message(self) -> int:
-        return 0 if self.rule.name in _NO_SCALARS else 1
+        return self.rule.scalars_per_message
 
 
 def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | None = None,
