@@ -220,6 +220,21 @@ def test_swarm_bad_input_is_one_line_and_exit_2(args, needle, capsys):
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in err, err
 
 
+def test_swarm_whose_worker_fails_exits_1_with_one_error_line(tmp_path, capsys):
+    """Certificates for nodes 0-1 only: the worker holding nodes 2-3 fails; the swarm stops
+    the other worker at once and reports the worker's error (exit status 1)."""
+    from sfg.net.tls import make_test_ca
+
+    make_test_ca(tmp_path / "ca", range(2))
+    code, _, err = _cli(["swarm", "--nodes", "4", "-T", "20", "-p", "none", "--graph",
+                         "ring:k=1", "--procs", "2", "--tls-dir", str(tmp_path / "ca"),
+                         "--deadline", "60"], capsys)
+    assert code == 1, err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: swarm failed:")
+    assert "node-2.pem" in err or "node-3.pem" in err
+
+
 def test_node_cli_checks_peers_file(tmp_path, capsys):
     peers = tmp_path / "peers.yaml"
     peers.write_text("nodes: {0: 127.0.0.1:1, 2: 127.0.0.1:2}\n")
