@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from sfg.engine import candidate_mask
 from sfg.errors import SfgError
 from sfg.outages.anatomy import capabilities
+from sfg.round import candidate_mask
 from sfg.rounds import RoundGraph
 from sfg.sim.diagnostics import (
     Diagnostics,

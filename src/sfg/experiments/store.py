@@ -276,7 +276,11 @@ class Store:
             raise SfgError(f"no results store at {self.path}; run `sfg grid run GRID.yaml "
                            f"--store {self.path}` first or fix the path")
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise SfgError(f"cannot create the folder of results store {self.path} "
+                               f"({e.strerror or e}); give a path in a writable folder") from None
         self._con: sqlite3.Connection | None = None
         # Several processes opening a new store at once race to switch it to WAL; SQLite then
         # answers "database is locked" at once, without waiting on the busy handler, so the

@@ -3,11 +3,12 @@
 One loop, one round at a time:
 
 1. availability and capabilities of round t (the outage process, anatomy mode §4.1, link failures);
-2. candidate sets and the rule's weights (:mod:`sfg.engine`, shared with the replay);
+2. candidate sets, the rule's weights and the next staleness state (:func:`sfg.round.play_round`,
+   the round the replay runs too);
 3. gossip: the weights applied as one sparse row-stochastic product to the flat ``[N, D]``
    parameter store (rows of clients that do not adopt are untouched);
 4. K local SGD steps for the clients that train (catch-up, update amplification, backbones);
-5. the staleness update (SPEC §2); evaluation every ``eval_every`` rounds.
+5. the staleness state of step 2 is taken over (SPEC §2); evaluation every ``eval_every`` rounds.
 
 Pairing (SPEC §7): graph, partition, initial model, outage trace, link failures and the
 minibatch of every (client, round, step) come from streams keyed by the seed only. Minibatches
@@ -31,23 +32,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine import RoundWeights, advance, caps_at, round_weights
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
 from ..outages.anatomy import capabilities
 from ..outages.links import live_links_round
 from ..rng import stream
+from ..round import RoundResult, caps_at, play_round
 from ..rounds import RoundGraph
-from ..rules import Rule, parse_rule
+from ..rules import CATCHUP_CAP, Rule, parse_rule
 from ..staleness import StalenessState, init_state
 from .gossip import gossip_
 
 BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
-CATCHUP_CAP = 3
 
-# rules whose weights read no staleness scalar: their messages carry none
-_NO_SCALARS = {"dfedavg", "local", "self-weight", "copy-random", "update-amplification"}
 
 
 @dataclass
@@ -211,8 +209,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     X = init_params(factory, N, seed=seed).to(device)
     backend = make_backend(str(c["backend"]), model, device=str(device))
     clients = _ClientData(data, device)
-    test_x = [x.to(device) for x in data.test_x]
-    test_y = [y.to(device) for y in data.test_y]
+    test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
+    test_y: list[torch.Tensor] | torch.Tensor = [y.to(device) for y in data.test_y]
+    if len({int(y.shape[0]) for y in test_y}) == 1:
+        # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
+        # per-client bookkeeping on every call (same accuracies)
+        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
 
     backbone = c["backbone"]
     momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
@@ -235,7 +237,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curve_mean: list[float] = []
     curve_p10: list[float] = []
     weights_log: list[np.ndarray] | None = [] if record_weights else None
-    scalars_per_msg = 0 if rule.name in _NO_SCALARS else 1
+    scalars_per_msg = rule.scalars_per_message
     digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing checks)
 
     diag = _diagnostics(c, rg=rg, available=available, seed=seed, model=model, spec=spec,
@@ -258,7 +260,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
-                rw: RoundWeights = round_weights(rule, rg, state, caps, seed=seed, live=live)
+                rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live)
                 gossip_(X, rg, rw.weights, caps.adopt,
                         keep=head if backbone == "personal-head" else None)
             else:
@@ -278,9 +280,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             digest.update(base_idx.tobytes())
             flips = stream(seed, "augment", t).random((N, K, B)) < 0.5 if clients.hflip else None
             trains = caps.train
-            steps = np.where(trains, K, 0)
-            if rule.catchup:
-                steps = np.where(trains & (state.ages >= 1), K * (1 + np.minimum(state.ages, CATCHUP_CAP)), steps)
+            steps = rule.local_steps(K, trains, state.ages)
             n_train = int(np.count_nonzero(trains))
             steps_taken += int(steps.sum())
             steps_dfedavg += n_train * K
@@ -336,7 +336,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                     observer(seen)
                 if diag is not None:  # SPEC §10: reads the models, draws from its own streams
                     diag.observe(seen)
-            state = advance(state, rg, rw, caps)
+            state = rw.state
 
             if (t + 1) % int(c["eval_every"]) == 0 or t == T - 1:
                 acc = evaluate()
@@ -365,7 +365,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
     meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
             "backend": getattr(backend, "name", ""),
-            "D": spec.D, "minibatch_digest": digest.hexdigest()}
+            "D": spec.D, "minibatch_digest": digest.hexdigest(),
+            "client_steps": steps_taken}  # local SGD steps taken by available clients
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log,
                      diagnostics=diag.result() if diag is not None else None)

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SfgError
-from ..safety import check_cells, loads_json, read_text
+from ..safety import check_cells, check_memory, loads_json, read_text
 from ..spec import did_you_mean
 from .base import (
     Trace,
@@ -287,8 +287,9 @@ def parse_flash(path: str | Path, *, ignore_unknown: bool = False) -> FlashState
         )
     M = int(length.sum())
     # per flat minute: the int64 marks, four int8 states and three bool rules (~24 bytes)
-    check_cells(M, 1, 24, f"FLASH trace {p}: its {D} devices' spans", rows_name="minutes",
-                cols_name="series", fix="pass a trace of fewer devices or shorter spans")
+    check_memory(24.0 * M, f"FLASH trace {p}: its {D} devices span {M:.3g} minutes of "
+                           "per-minute states in all", fix="pass a trace of fewer devices or "
+                                                           "shorter spans")
     span_start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     pos = span_start[dev] + (secs // 60 - m0[dev])
     rank = np.arange(len(dev), dtype=np.int64)
