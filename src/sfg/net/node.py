@@ -529,6 +529,7 @@ class Node:
             setattr(self.stats, k, [tuple(e) for e in v] if k == "curve" else v)
         if extra.get("t0") is not None:
             self.t0 = float(extra["t0"])
+        self.round = self.state.t
         self.restored = {"round": self.state.t, "age": self.state.age, "lag": self.state.lag,
                          "missed": 0}
 
