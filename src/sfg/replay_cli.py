@@ -41,20 +41,19 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _replay_columns() -> list[tuple[str, str]]:
-    from .replay.metrics import columns  # the metrics' own list (no numba import)
+def replay_columns() -> list[tuple[str, str]]:
+    """(metric, column label) of the replay table: the metrics' own list, read when a table
+    is made (it imports numpy, which ``sfg --help`` does not need; no numba)."""
+    from .replay.metrics import columns
 
     return columns()
 
 
-def _replay_legend() -> str:
+def replay_legend() -> str:
+    """The line under the replay table that explains its columns."""
     from .replay.metrics import legend
 
     return legend()
-
-
-REPLAY_COLUMNS = _replay_columns()
-REPLAY_LEGEND = _replay_legend()
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,9 +62,10 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         groups.setdefault((r["process"], r["rule"]), []).append(r)
     out_rows = []
+    cols = replay_columns()
     for (p, rule), rs in groups.items():
         summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in REPLAY_COLUMNS:
+        for key, _ in cols:
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -74,8 +74,9 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def replay_table(summary: list[dict[str, Any]], title: str):
     """The per-(process, rule) summary as a table (literal names)."""
-    return console.table(title, ["process", "rule", *((label, "right") for _, label in REPLAY_COLUMNS)],
-                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in REPLAY_COLUMNS)]
+    cols = replay_columns()
+    return console.table(title, ["process", "rule", *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in cols)]
                                for r in summary])
 
 
@@ -126,7 +127,7 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    console.caption(REPLAY_LEGEND)
+    console.caption(replay_legend())
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
