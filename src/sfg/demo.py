@@ -53,7 +53,7 @@ def run_pilot(base: dict) -> tuple[float, float]:
 
 def run_replay_demo(*, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
     from .replay import plot_staleness, replay
-    from .replay_cli import replay_legend, replay_table, summarise_replay
+    from .replay_cli import REPLAY_LEGEND, replay_table, summarise_replay
 
     with console.progress("replay") as update:
         rows = replay(["bursty:u=0.8"], DEMO_RULES, list(seeds), n=n, T=T, with_curves=True,
@@ -63,7 +63,7 @@ def run_replay_demo(*, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
     console.show(replay_table(summarise_replay(rows),
                               f"2. Model-free replay: N={n} clients on a 6-NN graph, T={T} "
                               f"rounds, seeds {list(seeds)}"))
-    _say(replay_legend(), style="dim")
+    _say(REPLAY_LEGEND, style="dim")
     _say(f"   mean age and effective lag over rounds: {png}")
 
 
