@@ -97,14 +97,18 @@ REPLAY_COLUMNS = _replay_columns()
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean over seeds per (process, rule), in first-seen order."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Mean over seeds per (process, rule[, attack]), in first-seen order."""
+    from .replay.metrics import columns
+
+    with_attack = any("attack" in r for r in rows)
+    groups: dict[tuple[str, str, str | None], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["process"], r["rule"]), []).append(r)
+        groups.setdefault((r["process"], r["rule"], r.get("attack")), []).append(r)
     out_rows = []
-    for (p, rule), rs in groups.items():
-        summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in REPLAY_COLUMNS:
+    for (p, rule, att), rs in groups.items():
+        summary: dict[str, Any] = {"process": p, "rule": rule,
+                                   **({"attack": att} if with_attack else {}), "seeds": len(rs)}
+        for key, _ in columns(attack=with_attack):
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -112,13 +116,20 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def replay_table(summary: list[dict[str, Any]], title: str) -> Table:
+    from .replay.metrics import columns
+
+    with_attack = any("attack" in r for r in summary)
+    cols = columns(attack=with_attack)
     table = Table(title=title, title_justify="left")
     table.add_column("process")
     table.add_column("rule")
-    for _, label in REPLAY_COLUMNS:
+    if with_attack:
+        table.add_column("attack")
+    for _, label in cols:
         table.add_column(label, justify="right")
     for r in summary:
-        table.add_row(r["process"], r["rule"], *(_fmt(r[k]) for k, _ in REPLAY_COLUMNS))
+        table.add_row(r["process"], r["rule"], *([r["attack"]] if with_attack else []),
+                      *(_fmt(r[k]) for k, _ in cols))
     return table
 
 
@@ -147,6 +158,7 @@ def replay(
     engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
+    attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
     from .replay import plot_staleness
@@ -162,7 +174,8 @@ def replay(
     with progress_bar("replay", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                          with_curves=plot is not None, progress=update, engine=engine)
+                          with_curves=plot is not None, progress=update, engine=engine,
+                          attacks=attack or [None])
     if plot is not None:
         written = plot_staleness(rows, plot)
         for r in rows:
@@ -174,7 +187,9 @@ def replay(
         return
     out.print(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                     f"seeds {','.join(map(str, seed_list))}"))
-    out.print(f"[dim]{REPLAY_LEGEND}[/dim]")
+    from .replay.metrics import legend
+
+    out.print(f"[dim]{legend(attack=bool(attack))}[/dim]")
 
 
 def jsonable(v: Any) -> Any:

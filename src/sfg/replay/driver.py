@@ -11,6 +11,7 @@ from functools import partial
 
 import numpy as np
 
+from ..attacks import Attack, Reach, availability, claims, place
 from ..graphs import Graph
 from ..outages.anatomy import capabilities
 from ..outages.links import link_failures
@@ -30,6 +31,7 @@ class Lane:
     graph: Graph
     rule: Rule
     seed: int
+    attack: Attack | None = None
 
 
 @dataclass
@@ -55,7 +57,12 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     T, n = ln.available.shape
     rg = RoundGraph.from_graph(ln.graph)
     E = rg.n_slots
-    caps = capabilities(np.asarray(ln.available, bool), anatomy)
+    attackers = place(ln.attack, n, np.diff(rg.indptr) - 1, seed=ln.seed)
+    attack = ln.attack if attackers.any() else None  # frac=0: exactly the no-attack replay
+    available = availability(np.asarray(ln.available, bool), attack, attackers)
+    frozen = attackers if (attack is not None and attack.model == "constant") else None
+    reach = Reach(T, n, horizon, attackers)
+    caps = capabilities(available, anatomy)
     live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
     ts, flat, sampled = pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                   sample=sample_pairs)
@@ -82,10 +89,17 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
             t1 = min(T, t0 + R)
             w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
             for t in range(t0, t1):
+                forged = None if attack is None else claims(attack, rg, state, attackers,
+                                                            seed=ln.seed)
                 state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
                                    live=None if live is None else live[t],
-                                   weights_out=w_blk[t - t0], facts_out=fbuf[t - t0]).state
+                                   weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
+                                   slot_staleness=forged,
+                                   attackers=None if attack is None else attackers,
+                                   frozen=frozen).state
             acc.add(fbuf[: t1 - t0])
+            if attack is not None:
+                reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
             if h:
                 run = partial(HorizonPart.run, t0=t0, t1=t1, rg=rg, w=w_blk,
                               adopt=caps.adopt[t0:t1], tile=tile)
@@ -101,6 +115,6 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     hk = np.empty(flat.size)
     for sel, part in zip(picks, parts, strict=True):
         hk[sel] = part.out
-    metrics, curves = acc.summary(RunEnd(np.asarray(ln.available, bool), hk, bool(sampled),
-                                         state.lags))
+    metrics, curves = acc.summary(RunEnd(available, hk, bool(sampled), state.lags,
+                                         reach=reach.value))
     return ReplayResult(metrics=metrics, curves=curves)
