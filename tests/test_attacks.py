@@ -79,7 +79,7 @@ def test_bad_attacks(text, fragment):
 @pytest.mark.parametrize("text, fragment", [
     ("sfg:kappa=3", "kappa is a parameter of the +cap defence"),
     ("sfg:margin=-1+relative", "must be >= 0"), ("sfg:kappa=0.5+cap", "must be >= 1"),
-    ("oracle-gls+guard", "do not apply"), ("pwg+guard", "only +catchup and +clip"),
+    ("oracle-gls+guard", "do not apply"), ("pwg+guard", "only +catchup composes"),
 ])
 def test_bad_defences(text, fragment):
     with pytest.raises(SfgError) as e:
@@ -91,7 +91,7 @@ def test_clip_is_training_only_in_replay():
     g, avail = _scenario()
     with pytest.raises(SfgError, match="training only"):
         replay(["bursty:u=0.7"], ["sfg+clip"], [1], n=8, T=5, graph="ring:k=1")
-    assert parse_rule("sfg+clip").clip and parse_rule("pwg+clip").clip
+    assert parse_rule("sfg+clip").clip and not parse_rule("sfg").clip
 
 
 # ----------------------------------------------------------------------------- placement
@@ -310,3 +310,61 @@ def test_damage_reference_can_fail():
     att = place(parse_attack("forge:frac=0.2"), N, np.zeros(N), seed=SEED)
     wrong = damage_reference(w, g, avail, np.roll(att, 1), "full", H)  # the wrong clients
     assert wrong["attack_weight"] != pytest.approx(res.metrics["attack_weight"])
+
+
+# ----------------------------------------------------------------------------- training
+TINY = dict(dataset="digits", model="mlp", n_clients=16, rounds=8, local_steps=2, batch_size=8,
+            eval_every=4, process="bursty:u=0.6", graph="knn:k=4", seed=3, backend="loop")
+
+
+def _train(**kw):
+    from sfg.sim.run import simulate
+
+    return simulate({**TINY, **kw})
+
+
+def test_training_frac_zero_is_the_no_attack_run_bit_for_bit():
+    base = _train(rule="sfg-cut")
+    for attack in ["forge:frac=0,model=sign-flip,always_on=true", "none"]:
+        got = _train(rule="sfg-cut", attack=attack)
+        assert got.metrics == base.metrics
+        assert got.meta["minibatch_digest"] == base.meta["minibatch_digest"]
+        assert bool((got.params == base.params).all())
+    assert base.metrics["acc_honest_mean"] == base.metrics["acc_mean"]
+
+
+def test_training_attack_is_paired_and_poisons():
+    base = _train(rule="dfedavg")
+    flip = _train(rule="dfedavg", attack="forge:frac=0.25,claim=honest,model=sign-flip")
+    # same minibatches (pairing), different models; honest accuracy over the 12 honest clients
+    assert flip.meta["minibatch_digest"] == base.meta["minibatch_digest"]
+    assert not bool((flip.params == base.params).all())
+    att = place(parse_attack("forge:frac=0.25"), 16, np.zeros(16), seed=3)
+    assert flip.metrics["acc_honest_mean"] == pytest.approx(float(flip.accuracy[~att].mean()))
+    assert flip.metrics["acc_honest_mean"] < base.metrics["acc_honest_mean"]
+
+
+def test_clipped_gossip_hand_case():
+    """+clip: neighbour differences clipped to the receiver's median neighbour distance; with
+    one neighbour (its own median) nothing is clipped and it is plain gossip."""
+    import torch
+
+    from sfg.sim.attack_train import clipped_gossip
+
+    rg = RoundGraph.from_edges(3, np.array([[0, 1], [1, 2], [0, 2]]))
+    X = torch.tensor([[0.0, 0.0], [3.0, 4.0], [30.0, 40.0]], dtype=torch.float64)
+    w = np.zeros(rg.n_slots)
+    w[:] = 1.0 / 3
+    cand = np.ones(rg.n_slots, bool)
+    rows = np.ones(3, bool)
+    out = clipped_gossip(X, X, rg, w, cand, rows)
+    # receiver 0: distances 5 and 50, median (lower) 5: the far one is clipped to length 5
+    np.testing.assert_allclose(out[0].numpy(), [(3 + 3) / 3, (4 + 4) / 3])
+    # receiver 2: distances 45 (to 1) and 50 (to 0): clipped to 45
+    far = np.array([-30.0, -40.0]) * 45 / 50
+    np.testing.assert_allclose(out[2].numpy(), [30 + (-27 + far[0]) / 3, 40 + (-36 + far[1]) / 3])
+    # with one neighbour per receiver nothing is clipped: plain gossip
+    rg2 = RoundGraph.from_edges(2, np.array([[0, 1]]))
+    w2 = np.full(rg2.n_slots, 0.5)
+    out2 = clipped_gossip(X[:2], X[:2], rg2, w2, np.ones(rg2.n_slots, bool), np.ones(2, bool))
+    np.testing.assert_allclose(out2.numpy(), [[1.5, 2.0], [1.5, 2.0]])

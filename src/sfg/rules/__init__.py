@@ -294,12 +294,12 @@ def parse_rule(text: str | Component) -> Rule:
         raise SfgError(f"rule {name!r} is an oracle (global information); the defences "
                        f"{', '.join(defences)} do not apply to it")
     if "model" in RULES.entry(name).tags:
-        unsupported = [f"+{m}" for m in modifiers if m not in ("catchup", "clip")]
+        unsupported = [f"+{m}" for m in modifiers if m != "catchup"]
         if params.get("c", 1.0) != 1.0:
             unsupported.append("c")
         if unsupported:
             raise SfgError(f"rule {name!r} reads model parameters and does not support "
-                           f"{', '.join(unsupported)}; only +catchup and +clip compose with it")
+                           f"{', '.join(unsupported)}; only +catchup composes with it")
     return Rule(name=name, params=params, modifiers=tuple(modifiers), text=comp.text or name)
 
 

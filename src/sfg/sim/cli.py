@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         eval_every: int | None = typer.Option(None),
         backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
         device: str | None = typer.Option(None, help="cpu, cuda, auto"),
+        attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Train N personalised models under outages with one rule; print the metrics."""
@@ -70,7 +71,7 @@ def register(app: typer.Typer) -> None:
                  "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
                  "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
                  "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
-                 "device": device}
+                 "device": device, "attack": attack}
         cfg.update({k: v for k, v in flags.items() if v is not None})
         with progress_bar("training", enabled=not as_json) as update:
             res = simulate(cfg, progress=update)
@@ -85,7 +86,10 @@ def register(app: typer.Typer) -> None:
                       title_justify="left")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        rows = [("mean accuracy", m["acc_mean"]), ("10th percentile", m["acc_p10"]),
+        honest = ([("honest clients: mean accuracy", m["acc_honest_mean"]),
+                   ("honest clients: 10th percentile", m["acc_honest_p10"])]
+                  if cfg.get("attack") not in (None, "none") else [])
+        rows = [("mean accuracy", m["acc_mean"]), ("10th percentile", m["acc_p10"]), *honest,
                 ("time-averaged accuracy", m["acc_time_avg"]),
                 *((f"accuracy, availability quartile {q}", m[f"acc_q{q}"]) for q in range(1, 5)),
                 ("realised unavailability", m["unavailability"]), ("messages", m["messages"]),

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..attacks import availability, claims, parse_attack, place
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
@@ -52,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "n_clients": 100, "rounds": 300, "local_steps": 10, "batch_size": 32, "lr": 0.05,
     "weight_decay": 5e-4, "momentum": 0.0, "ditto_lambda": 0.2, "anatomy": "full",
     "link_failure": 0.0, "eval_every": 10, "backend": "auto", "device": "cpu",
+    "attack": None,
 }
 
 
@@ -181,6 +183,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     from ..data import load_federated
     from ..models import make_model
     from .backends import make_backend
+    from .attack_train import mix
     from .model_rules import make_model_rule
     from .params import ParamSpec, init_params
 
@@ -196,6 +199,11 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                           alpha=float(c["alpha"]))
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
+    # forged staleness (sfg.attacks): attackers from the attack's own stream; frac=0 is no attack
+    attack = parse_attack(c["attack"])
+    attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
+    attack = attack if attackers.any() else None
+    available = availability(available, attack, attackers)
     caps_all = capabilities(available, c["anatomy"])
 
     def factory():
@@ -221,6 +229,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     rg = RoundGraph.from_graph(graph)
     state = init_state(rg, rounds=T, track_missed=rule.oracle)  # A only for oracle rules
+    if attack is not None and model_rule is not None and attack.forges:
+        raise SfgError(f"rule {rule.name!r} reads model parameters; forged claims apply to "
+                       "model-free rules (use claim=honest to poison models only)")
+    X0 = X.clone() if (attack is not None and attack.model == "constant") else X
+    frozen = attackers if (attack is not None and attack.model == "constant") else None
+    mixes = (attack is not None and attack.model != "none") or rule.clip
     sizes = clients.sizes
     with_replacement = int((sizes < B).sum())
 
@@ -245,8 +259,14 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
         # ---- aggregation (reads the models as they were at the start of round t)
         if model_rule is None:
-            rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live)
-            X_agg = gossip(X, rg, rw.weights, caps.adopt)
+            forged = None if attack is None else claims(attack, rg, state, attackers, seed=seed)
+            rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live,
+                                         slot_staleness=forged,
+                                         attackers=None if attack is None else attackers,
+                                         frozen=frozen)
+            X_agg = (mix(X, X0, rg, rw.weights, rw.candidate, caps.adopt, attackers, attack,
+                         clip=rule.clip, seed=seed, t=t) if mixes
+                     else gossip(X, rg, rw.weights, caps.adopt))
         else:
             X_agg, rw = model_rule.aggregate(X, rg, state, caps, live=live, seed=seed)
         if backbone == "personal-head":
@@ -327,12 +347,14 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             progress(t + 1, T)
 
     acc = evaluate()
-    availability = available.mean(axis=0)
     metrics = {
         "acc_mean": float(acc.mean()),
         "acc_p10": float(np.percentile(acc, 10)),
         "acc_time_avg": float(np.mean(curve_mean)),
-        **_quartile_means(acc, availability),
+        **_quartile_means(acc, available.mean(axis=0)),
+        # honest clients only (all clients without an attack; sfg.attacks)
+        "acc_honest_mean": float(acc[~attackers].mean()),
+        "acc_honest_p10": float(np.percentile(acc[~attackers], 10)),
         "messages": float(messages),
         "scalars": float(scalars),
         "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
