@@ -26,7 +26,19 @@ def register(app: typer.Typer) -> None:
         if not store.exists():
             raise SfgError(f"results store {store} does not exist; run `sfg grid run GRID.yaml --store {store}` first")
         recs = records(store)
-        rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
-                           rules=rule or None, alpha=alpha)
-        print_report(rep, console=console)
-        console.print(f"[dim]wrote {', '.join(str(p) for p in rep.files.values())}[/dim]")
+        attack_files: dict = {}
+        if any((r.get("config") or {}).get("attack") for r in recs):
+            # forged-staleness runs (sfg.attacks) get their own paired report; the ordinary
+            # one compares the training runs without an attack
+            from .attack_report import print_attack_rows, without_attacks, write_attack_report
+
+            rows, attack_files = write_attack_report(recs, out)
+            print_attack_rows(rows, console=console)
+            recs = [r for r in without_attacks(recs)
+                    if (r.get("config") or {}).get("kind", "train") == "train"]
+        if recs or not attack_files:
+            rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
+                               rules=rule or None, alpha=alpha)
+            print_report(rep, console=console)
+            attack_files = {**rep.files, **attack_files}
+        console.print(f"[dim]wrote {', '.join(str(p) for p in attack_files.values())}[/dim]")

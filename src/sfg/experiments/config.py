@@ -20,8 +20,14 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, ValidationError, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..errors import SfgError
 from ..spec import format_component, parse_component

@@ -182,8 +182,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     from ..data import load_federated
     from ..models import make_model
-    from .backends import make_backend
     from .attack_train import mix
+    from .backends import make_backend
     from .model_rules import make_model_rule
     from .params import ParamSpec, init_params
 
