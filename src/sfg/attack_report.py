@@ -122,39 +122,67 @@ def _fmt(x: float, signed: bool = False) -> str:
     return f"{x:+.4f}" if signed else f"{x:.4f}"
 
 
+def _defence(rule: str) -> str:
+    """The defence modifiers of a rule ("none" without)."""
+    mods = [m for m in parse_component(rule, kind="rule").modifiers if m in DEFENCES]
+    return "+".join(mods) or "none"
+
+
+PLOT_METRIC = {"train": "acc_honest_mean", "replay": "attack_weight"}
+_STYLES = ("-", "--", ":", "-.")
+
+
 def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
+    """One panel per (kind, undefended rule): damage against the attacker fraction, one colour
+    per defence, one line style per attack. Training: the paired loss of honest mean accuracy
+    against the same rule without attack (95 % CI); replay: the weight honest receivers give
+    attackers."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = sorted({(r.kind, r.series, r.metric) for r in rows
-                     if r.metric in ("acc_honest_mean", "attack_weight", "reach")})
+    sel = [r for r in rows if r.metric == PLOT_METRIC.get(r.kind)]
+    panels = sorted({(r.kind, undefended(r.rule)) for r in sel})
     if not panels:
         return None
-    cols = min(3, len(panels))
+    defences = sorted({_defence(r.rule) for r in sel}, key=lambda d: (d != "none", d))
+    series = sorted({r.series for r in sel})
+    colours = {d: f"C{k % 10}" for k, d in enumerate(defences)}
+    cols = min(4, len(panels))
     nrow = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(5.2 * cols, 3.8 * nrow))
+    fig = Figure(figsize=(4.2 * cols, 3.3 * nrow + 0.8))
     FigureCanvasAgg(fig)
-    for k, (kind, series, metric) in enumerate(panels):
+    for k, (kind, base) in enumerate(panels):
         ax = fig.add_subplot(nrow, cols, k + 1)
-        sel = [r for r in rows if (r.kind, r.series, r.metric) == (kind, series, metric)]
-        for rule in sorted({r.rule for r in sel}):
-            pts = sorted((r.frac, r) for r in sel if r.rule == rule)
-            x = np.array([f for f, _ in pts])
-            if kind == "train":
-                y = np.array([0.0 if f == 0 else r.loss for f, r in pts])
-                lo = np.array([0.0 if f == 0 else r.low for f, r in pts])
-                hi = np.array([0.0 if f == 0 else r.high for f, r in pts])
-                err = np.nan_to_num(np.stack([y - lo, hi - y]), nan=0.0)
-                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=rule)
-                ax.set_ylabel(f"Δ {metric} vs no attack (95% CI)")
-            else:
-                ax.plot(x, [r.value for _, r in pts], marker="o", label=rule)
-                ax.set_ylabel(metric)
-        ax.set_xlabel("attacker fraction")
-        ax.set_title(f"{kind}: {series}", fontsize=9)
+        for rule in sorted({r.rule for r in sel if r.kind == kind and undefended(r.rule) == base}):
+            for si, s in enumerate(series):
+                pts = sorted((r.frac, r) for r in sel
+                             if r.kind == kind and r.rule == rule and r.series == s)
+                if not pts:
+                    continue
+                x = np.array([f for f, _ in pts])
+                style = dict(color=colours[_defence(rule)], linestyle=_STYLES[si % len(_STYLES)],
+                             marker="o", markersize=3)
+                if kind == "train":
+                    y = np.array([0.0 if f == 0 else r.loss for f, r in pts])
+                    lo = np.array([0.0 if f == 0 else r.low for f, r in pts])
+                    hi = np.array([0.0 if f == 0 else r.high for f, r in pts])
+                    err = np.nan_to_num(np.stack([y - lo, hi - y]), nan=0.0)
+                    ax.errorbar(x, y, yerr=err, capsize=2, **style)
+                else:
+                    ax.plot(x, [r.value for _, r in pts], **style)
+        ax.set_title(f"{base} ({kind})", fontsize=9)
+        ax.set_xlabel("attacker fraction", fontsize=8)
+        ax.set_ylabel("Δ honest acc vs no attack" if kind == "train" else "weight to attackers",
+                      fontsize=8)
+        ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=colours[d], label=f"defence: {d}") for d in defences]
+    handles += [Line2D([], [], color="k", linestyle=_STYLES[i % len(_STYLES)], label=s)
+                for i, s in enumerate(series)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7)
+    fig.tight_layout(rect=(0, 0.9 / (3.3 * nrow + 0.8), 1, 1))
     fig.savefig(path, dpi=110)
     return path
 
