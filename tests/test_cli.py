@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from sfg.cli import main, parse_seeds
+from sfg.cli import main
 from sfg.errors import SfgError
+from sfg.replay_cli import parse_seeds
 
 
 def sfg(*args: str) -> subprocess.CompletedProcess:
@@ -81,7 +82,7 @@ def test_run_json_and_config_file(tmp_path):
 def test_parse_seeds():
     assert parse_seeds("1,2,3") == [1, 2, 3]
     assert parse_seeds("1-5") == [1, 2, 3, 4, 5]
-    with pytest.raises(SfgError):
+    with pytest.raises(SfgError, match=r"seeds '-1' must be non-negative integers"):
         parse_seeds("-1")
 
 

@@ -290,7 +290,7 @@ def test_real_cifar10_jpeg(real_cifar):
 def test_real_cifar10_cached_reload_is_identical(real_cifar, real_cache):
     again = load_federated(f"cifar10:limit_per_class={LIMIT}", n_clients=20, seed=1,
                            data_root=DATA, cache_dir=real_cache)
-    assert again.meta["decoded"] is False and again.meta["seconds"] < 5
+    assert again.meta["decoded"] is False  # read from the cache, not decoded again
     assert _same(real_cifar, again)
     other = load_federated(f"cifar10:limit_per_class={LIMIT}", n_clients=20, seed=2,
                            data_root=DATA, cache_dir=real_cache)

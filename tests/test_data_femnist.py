@@ -155,7 +155,7 @@ def test_non_byte_pixels_are_kept_as_floats(tmp_path):
 
 
 @pytest.mark.parametrize("doc, match", [
-    ("{not json", "cannot parse LEAF shard .*bad.json"),
+    ("{not json", "LEAF shard .*bad.json: invalid JSON"),
     (json.dumps({"users": []}), "has no 'user_data' object"),
     (json.dumps({"user_data": {"w": {"x": [[0.5] * 783], "y": [1]}}}), "lists of 784 values"),
     (json.dumps({"user_data": {"w": {"x": [[0.5] * 784], "y": [62]}}}), "labels outside 0..61"),

@@ -178,7 +178,8 @@ def test_regular_degrees(n, d):
 @given(n=st.integers(3, 40), d=st.integers(2, 39), seed=st.integers(0, 10_000))
 def test_regular_property(n, d, seed):
     if d >= n or n * d % 2:
-        with pytest.raises(SfgError):
+        with pytest.raises(SfgError, match=rf"must be smaller than the number of clients N={n}"
+                                           rf"|{d}-regular graph on N={n} clients needs N\*d even"):
             random_regular_graph(n, d=d, seed=seed)
         return
     g = random_regular_graph(n, d=d, seed=seed)
@@ -297,26 +298,26 @@ def test_knn_k_too_large_message():
         knn_graph(100, k=100, seed=0)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: knn_graph(1, k=1),
-    lambda: knn_graph(10, k=0),
-    lambda: knn_graph(10, k=2.5),
-    lambda: knn_graph(10, k=True),
-    lambda: erdos_renyi_graph(10, p=0),
-    lambda: erdos_renyi_graph(10, p=1.5),
-    lambda: erdos_renyi_graph(10, mean_degree=10),
-    lambda: erdos_renyi_graph(10, mean_degree=-1),
-    lambda: random_regular_graph(7, d=3),
-    lambda: random_regular_graph(6, d=6),
-    lambda: random_regular_graph(10, d=1),
-    lambda: random_regular_graph(10, d=0),
-    lambda: ring_graph(6, k=3),
-    lambda: ring_graph(2, k=1),
-    lambda: make_graph("knn:k=6", 100, seed=-1),
-    lambda: make_graph("knn+ipw", 10, seed=0),
+@pytest.mark.parametrize("call, message", [
+    (lambda: knn_graph(1, k=1), r"n=1 must be at least 2 \(a graph needs at least 2 clients\)"),
+    (lambda: knn_graph(10, k=0), r"k=0 must be at least 1"),
+    (lambda: knn_graph(10, k=2.5), r"k=2.5 must be an integer"),
+    (lambda: knn_graph(10, k=True), r"k=True must be an integer"),
+    (lambda: erdos_renyi_graph(10, p=0), r"edge probability p=0.0 must lie in \(0, 1\]"),
+    (lambda: erdos_renyi_graph(10, p=1.5), r"edge probability p=1.5 must lie in \(0, 1\]"),
+    (lambda: erdos_renyi_graph(10, mean_degree=10), r"mean_degree=10.0 must lie in \(0, N-1\]"),
+    (lambda: erdos_renyi_graph(10, mean_degree=-1), r"mean_degree=-1.0 must lie in \(0, N-1\]"),
+    (lambda: random_regular_graph(7, d=3), r"3-regular graph on N=7 clients needs N\*d even"),
+    (lambda: random_regular_graph(6, d=6), r"d=6 must be smaller than the number of clients N=6"),
+    (lambda: random_regular_graph(10, d=1), r"1-regular graph is a perfect matching"),
+    (lambda: random_regular_graph(10, d=0), r"d=0 must be at least 1"),
+    (lambda: ring_graph(6, k=3), r"ring k=3 links each client to 2k=6 others but N=6"),
+    (lambda: ring_graph(2, k=1), r"ring k=1 links each client to 2k=2 others but N=2"),
+    (lambda: make_graph("knn:k=6", 100, seed=-1), r"seed=-1 must be at least 0"),
+    (lambda: make_graph("knn+ipw", 10, seed=0), r"graph 'knn\+ipw' takes no '\+' modifiers"),
 ])
-def test_bad_arguments_raise_sfg_error(call):
-    with pytest.raises(SfgError):
+def test_bad_arguments_raise_sfg_error(call, message):
+    with pytest.raises(SfgError, match=message):
         call()
 
 
@@ -327,3 +328,55 @@ def test_unknown_names_and_keys_suggest():
         make_graph("erdos_renyi", 10, seed=0)
     with pytest.raises(SfgError, match="did you mean 'k'"):
         make_graph("ring:kk=2", 10, seed=0)
+
+
+def _bfs_components(n, edges):
+    """Oracle: component labels by breadth-first search, numbered by smallest client."""
+    nbrs = [[] for _ in range(n)]
+    for a, b in edges:
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    labels = [-1] * n
+    count = 0
+    for start in range(n):
+        if labels[start] >= 0:
+            continue
+        labels[start] = count
+        queue = [start]
+        while queue:
+            x = queue.pop()
+            for y in nbrs[x]:
+                if labels[y] < 0:
+                    labels[y] = count
+                    queue.append(y)
+        count += 1
+    return count, labels
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_components_match_a_breadth_first_search(seed):
+    from sfg.graphs import _components
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 200))
+    m = int(rng.integers(0, 2 * n))
+    edges = canonical_edges(n, rng.integers(0, n, size=(m, 2)))
+    count, labels = _components(n, edges)
+    want_count, want_labels = _bfs_components(n, edges.tolist())
+    assert count == want_count and labels.tolist() == want_labels
+    # a path given in decreasing order is one component (pointer chains are compressed)
+    path = np.stack([np.arange(n - 1, 0, -1), np.arange(n - 2, -1, -1)], axis=1)
+    assert _components(n, path)[0] == 1
+
+
+def test_knn_numpy_search_and_kd_tree_give_the_same_graph(monkeypatch):
+    """Up to _BRUTE_FORCE_N clients the neighbours come from numpy, beyond from scipy's k-d
+    tree; forcing either path on the same positions gives the same edges."""
+    import sfg.graphs as G
+
+    for k in (1, 6):  # k=1 leaves many components: exercises join_components on both paths
+        numpy_path = knn_graph(600, k=k, seed=4)
+        monkeypatch.setattr(G, "_BRUTE_FORCE_N", 10)
+        tree_path = knn_graph(600, k=k, seed=4)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(numpy_path.edges, tree_path.edges)

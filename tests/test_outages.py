@@ -269,7 +269,8 @@ def test_uncalibratable_small_trace_raises_with_advice():
 
 @pytest.mark.parametrize("T_,N_", [(0, 5), (5, 0), (2.5, 5), (-1, 3)])
 def test_bad_shape_raises(T_, N_):
-    with pytest.raises(SfgError):
+    bad = "T" if not (isinstance(T_, int) and T_ >= 1) else "N"
+    with pytest.raises(SfgError, match=rf"{bad}=.* must be a positive integer \(rounds T, clients N\)"):
         make_process("iid:u=0.2").sample(T_, N_, seed=0)
 
 
@@ -319,7 +320,7 @@ def test_anatomy_outputs_do_not_alias_input_and_accept_01():
     caps.train[0] = False
     np.testing.assert_array_equal(avail, [1, 0, 1])
     assert caps.send.tolist() == [True, False, True]
-    with pytest.raises(SfgError):
+    with pytest.raises(SfgError, match=r"availability must be boolean \(or 0/1\)"):
         capabilities(np.array([0, 2]), "full")
 
 
@@ -357,9 +358,9 @@ def test_links_determinism_and_edge_cases():
     assert not np.array_equal(a, link_failures(edges, 50, p=0.5, seed=2))
     assert link_failures(edges, 5, p=0.0, seed=1).all()
     for bad in (1.0, -0.1, 2):
-        with pytest.raises(SfgError):
+        with pytest.raises(SfgError, match=rf"link failure probability p={bad} must lie in \[0, 1\)"):
             link_failures(edges, 5, p=bad, seed=1)
-    with pytest.raises(SfgError):
+    with pytest.raises(SfgError, match=r"edges must have shape \[M, 2\], got \(3,\)"):
         link_failures(np.zeros(3), 5, p=0.3, seed=1)
-    with pytest.raises(SfgError):
+    with pytest.raises(SfgError, match=r"t=-1 must be a non-negative integer"):
         live_links_round(3, -1, p=0.3, seed=1)

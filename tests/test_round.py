@@ -183,9 +183,9 @@ def test_kernels_are_made_once_per_rule_and_named_after_it():
     from sfg.round import kernels
 
     fn = parse_rule("sfg-cut").fn
-    wk, rk = kernels(fn)
-    assert kernels(fn) == (wk, rk)
-    assert "sfg_cut" in rk.py_func.__name__ and "sfg_cut" in wk.py_func.__name__
+    wk, rk, rounds = kernels(fn)
+    assert kernels(fn) == (wk, rk, rounds)
+    assert all("sfg_cut" in k.py_func.__name__ for k in (wk, rk, rounds))
     assert kernels(parse_rule("sfg").fn)[1] is not rk
 
 
@@ -194,4 +194,4 @@ def test_warm_compiled_loads_the_rules_given():
     from sfg.round import kernels
 
     warm_compiled(["sfg-l", "dfedavg"])
-    assert kernels(parse_rule("sfg-l").fn)[1].signatures
+    assert kernels(parse_rule("sfg-l").fn)[2].signatures

@@ -80,7 +80,7 @@ def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
     keeps the own model, never NaN (SPEC §1)."""
     from sfg.round import Candidates
 
-    wk, _ = kernels(given_scores)
+    wk = kernels(given_scores)[0]
     k = 3
     x = Candidates(5, 0.5, np.zeros(k, np.int64), np.zeros(k), np.ones(k, np.int64),
                    np.ones(k, np.int64), np.ones(k), np.ones(k, np.int64), np.zeros(k),

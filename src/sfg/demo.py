@@ -22,7 +22,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from rich.console import Console
+from . import console
 
 DEMO_RULES = ["dfedavg", "aoi+ipw", "dfl-aa", "limited-merging:L=2", "sfg", "sfg-l", "sfg-cut"]
 OUT = Path("sfg-out")
@@ -32,7 +32,12 @@ def demo_grid_text() -> str:
     return resources.files("sfg").joinpath("assets/demo.yaml").read_text()
 
 
-def run_pilot(console: Console, base: dict) -> tuple[float, float]:
+def _say(text: str, *, style: str | None = None) -> None:
+    """One literal line of the demo's story on stdout (``style`` e.g. "bold", "dim")."""
+    console.stdout().print(text, style=style, soft_wrap=True)
+
+
+def run_pilot(base: dict) -> tuple[float, float]:
     from .sim.run import simulate
 
     accs = []
@@ -40,60 +45,62 @@ def run_pilot(console: Console, base: dict) -> tuple[float, float]:
         res = simulate({**{k: v for k, v in base.items() if k != "kind"}, "seed": 0,
                         "process": process, "rule": "dfedavg"})
         accs.append(res.metrics["acc_mean"])
-    console.print(f"[bold]1. Pilot[/bold] (seed 0, DFedAvg): mean accuracy {accs[0]:.3f} without "
-                  f"outages, {accs[1]:.3f} under bursty outages (u = 0.8): outages cost "
-                  f"{100 * (accs[0] - accs[1]):.1f} points.")
+    _say(f"1. Pilot (seed 0, DFedAvg): mean accuracy {accs[0]:.3f} without "
+         f"outages, {accs[1]:.3f} under bursty outages (u = 0.8): outages cost "
+         f"{100 * (accs[0] - accs[1]):.1f} points.")
     return accs[0], accs[1]
 
 
-def run_replay_demo(console: Console, *, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
-    from .cli import REPLAY_LEGEND, progress_bar, replay_table, summarise_replay
+def run_replay_demo(*, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
     from .replay import plot_staleness, replay
+    from .replay_cli import REPLAY_LEGEND, replay_table, summarise_replay
 
-    with progress_bar("replay") as update:
+    with console.progress("replay") as update:
         rows = replay(["bursty:u=0.8"], DEMO_RULES, list(seeds), n=n, T=T, with_curves=True,
                       progress=update)
     OUT.mkdir(exist_ok=True)
     png = plot_staleness(rows, OUT / "demo-staleness.png")
-    console.print(replay_table(summarise_replay(rows),
-                               f"2. Model-free replay: N={n} clients on a 6-NN graph, T={T} "
-                               f"rounds, seeds {list(seeds)}"))
-    console.print(f"[dim]{REPLAY_LEGEND}[/dim]")
-    console.print(f"   mean age and effective lag over rounds: {png}")
+    console.show(replay_table(summarise_replay(rows),
+                              f"2. Model-free replay: N={n} clients on a 6-NN graph, T={T} "
+                              f"rounds, seeds {list(seeds)}"))
+    _say(REPLAY_LEGEND, style="dim")
+    _say(f"   mean age and effective lag over rounds: {png}")
 
 
-def run_demo(*, quick: bool = False, console: Console | None = None, resume: bool = False) -> None:
+def run_demo(*, quick: bool = False, resume: bool = False) -> None:
     from .experiments.executors import run_grid
     from .experiments.grid import parse_grid
     from .experiments.store import records
     from .report import build_report, print_report
 
-    console = console or Console()
     t0 = time.perf_counter()
     grid = parse_grid(demo_grid_text(), source="sfg/assets/demo.yaml")
     configs = list(grid.configs)
     if quick:  # one seed, fewer rounds: a smoke test of the whole pipeline
         configs = [c.model_copy(update={"rounds": 30}) for c in configs if c.seed == 1]
     base = configs[0].model_dump()
-    run_pilot(console, base if not quick else {**base, "rounds": 30})
-    run_replay_demo(console, seeds=(1,) if quick else (1, 2, 3), T=int(base["rounds"]))
+    run_pilot(base if not quick else {**base, "rounds": 30})
+    run_replay_demo(seeds=(1,) if quick else (1, 2, 3), T=int(base["rounds"]))
 
     OUT.mkdir(exist_ok=True)
     store = OUT / ("demo-quick.sqlite" if quick else "demo.sqlite")
     if store.exists() and not resume:
         store.unlink()
-    console.print(f"[bold]3. Paired grid[/bold]: {len(configs)} runs (digits, N = 100, T = "
-                  f"{base['rounds']}, K = {base['local_steps']}; processes none and bursty u=0.8; "
-                  f"{len(DEMO_RULES)} rules; seeds {sorted({c.seed for c in configs})}) -> {store}")
+    _say(f"3. Paired grid: {len(configs)} runs (digits, N = 100, T = "
+         f"{base['rounds']}, K = {base['local_steps']}; processes none and bursty u=0.8; "
+         f"{len(DEMO_RULES)} rules; seeds {sorted({c.seed for c in configs})}) -> {store}")
     summary = run_grid(configs, store, workers=0, show_progress=True, label="demo grid")
-    console.print(f"   {summary.done} runs done, {summary.failed} failed in {summary.seconds:.0f} s")
+    _say(f"   {summary.done} runs done, {summary.failed} failed in {summary.seconds:.0f} s")
     for rid, error in summary.failures[:5]:
-        console.print(f"   [red]failed[/red] {rid}: {error}")
+        _say(f"   failed {rid}: {error}", style="red")
 
     recs = records(store)
     out_dir = OUT / ("demo-report-quick" if quick else "demo-report")
     rep = build_report(recs, baseline="dfedavg", out_dir=out_dir, metric="acc_mean")
-    console.print("[bold]4. Report[/bold]: gain in mean personalised accuracy over DFedAvg, "
-                  "paired by seed and averaged over the two processes")
-    print_report(rep, console=console)
-    console.print(f"[dim]demo finished in {time.perf_counter() - t0:.0f} s[/dim]")
+    _say("4. Report: gain in mean personalised accuracy over DFedAvg, "
+         "paired by seed and averaged over the two processes")
+    print_report(rep, console=console.stdout())
+    _say(f"demo finished in {time.perf_counter() - t0:.0f} s", style="dim")
+    if summary.failed or summary.pending:
+        raise console.WorkFailed(f"demo grid: {summary.failed} failed and {summary.pending} "
+                                 f"pending runs; see `sfg grid status --store {store}`")

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from numbers import Integral, Real
+from typing import Any
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
 
 from .errors import SfgError, check
 from .rng import as_generator, stream
+from .safety import check_cells
 from .spec import Component, Registry, parse_component
 
 __all__ = [
@@ -143,6 +142,12 @@ def _check_n(n: object) -> int:
     return _check_int("n", n, lo=2, hint=" (a graph needs at least 2 clients)")
 
 
+def _check_edges(n: int, degree: float) -> None:
+    """Refuse a graph whose edge arrays (~64 bytes per client and neighbour) exceed the budget."""
+    check_cells(n, max(degree, 1.0), 64, "this graph", rows_name="clients",
+                cols_name="neighbours each", fix="lower --clients or the degree")
+
+
 def canonical_edges(n: int, edges: np.ndarray) -> np.ndarray:
     """``[M, 2] int64`` edges with i < j, sorted, no self-loops or duplicates.
 
@@ -164,10 +169,31 @@ def canonical_edges(n: int, edges: np.ndarray) -> np.ndarray:
 
 
 def _components(n: int, edges: np.ndarray) -> tuple[int, np.ndarray]:
-    """(number of components, ``labels [N] int32``) of the undirected graph."""
-    m = len(edges)
-    adj = coo_matrix((np.ones(m, dtype=np.int8), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    return connected_components(adj, directed=False)
+    """(number of components, ``labels [N] int32``) of the undirected graph.
+
+    Components are numbered in the order of their smallest client (component 0 holds client 0).
+    Vectorised hook-and-compress: every tree root hooks onto the smallest root it shares an
+    edge with, then pointers jump to their roots; pointers only ever go to smaller clients, so
+    each root is its component's smallest client.
+    """
+    parent = np.arange(n, dtype=np.int64)
+    if len(edges):
+        u = np.asarray(edges[:, 0], dtype=np.int64)
+        v = np.asarray(edges[:, 1], dtype=np.int64)
+        while True:
+            ru, rv = parent[u], parent[v]
+            differ = ru != rv
+            if not differ.any():
+                break
+            np.minimum.at(parent, np.maximum(ru[differ], rv[differ]),
+                          np.minimum(ru[differ], rv[differ]))
+            while True:
+                grand = parent[parent]
+                if np.array_equal(grand, parent):
+                    break
+                parent = grand
+    roots, labels = np.unique(parent, return_inverse=True)
+    return len(roots), labels.astype(np.int32).reshape(n)
 
 
 def _members_by_component(labels: np.ndarray, n_comp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,27 +209,73 @@ def _members_by_component(labels: np.ndarray, n_comp: int) -> tuple[np.ndarray, 
 # Making graphs connected
 
 _SMALL_COMPONENT = 64  # components up to this size find their closest outsider by a k-query
+_BRUTE_FORCE_N = 4096  # up to this many clients, nearest neighbours by numpy; beyond, a k-d tree
+_BLOCK = 2_000_000  # distances per block of the brute-force search
+
+
+def _sq_dist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[len(a), len(b)]`` squared Euclidean distances between 2-D points."""
+    return (a[:, None, 0] - b[None, :, 0]) ** 2 + (a[:, None, 1] - b[None, :, 1]) ** 2
+
+
+def _nearest(points: np.ndarray, k: int) -> np.ndarray:
+    """``[N, k] int64``: each point's k nearest points (itself included), in no fixed order.
+
+    numpy in blocks up to :data:`_BRUTE_FORCE_N` points (no scipy import on the common
+    path); scipy's k-d tree beyond (O(N k log N)).
+    """
+    n = len(points)
+    if n > _BRUTE_FORCE_N:
+        from scipy.spatial import cKDTree
+
+        return cKDTree(points).query(points, k=k)[1].reshape(n, k).astype(np.int64)
+    out = np.empty((n, k), dtype=np.int64)
+    step = max(1, _BLOCK // n)
+    for a in range(0, n, step):
+        d = _sq_dist(points[a:a + step], points)
+        out[a:a + step] = np.argpartition(d, k - 1, axis=1)[:, :k] if k < n else np.argsort(d, axis=1)
+    return out
+
+
+def _closest_pair(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
+    """(index into a, index into b) of the closest pair of points between two sets."""
+    if len(a) * len(b) <= _BLOCK * 8 or len(a) + len(b) <= _BRUTE_FORCE_N:
+        best, pair = np.inf, (0, 0)
+        step = max(1, _BLOCK // len(b))
+        for s in range(0, len(a), step):
+            d = _sq_dist(a[s:s + step], b)
+            flat = int(np.argmin(d))
+            if d.flat[flat] < best:
+                best = float(d.flat[flat])
+                pair = (s + flat // len(b), flat % len(b))
+        return pair
+    from scipy.spatial import cKDTree
+
+    dist, idx = cKDTree(b).query(a, k=1)
+    row = int(np.argmin(dist))
+    return row, int(idx[row])
 
 
 def _closest_outside(c: int, members: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-                     tree: cKDTree) -> tuple[int, int]:
-    """The closest pair (member of component c, node outside c)."""
-    n = len(positions)
+                     tree: Any = None) -> tuple[int, int]:
+    """The closest pair (member of component c, node outside c); ``tree`` is a k-d tree of
+    ``positions`` for large N (None: numpy brute force)."""
     s = len(members)
     if s < _SMALL_COMPONENT:
+        if tree is None:
+            d = np.where(labels[None, :] != c, _sq_dist(positions[members], positions), np.inf)
+            row, col = divmod(int(np.argmin(d)), d.shape[1])
+            return int(members[row]), int(col)
         # Among any point's s+1 nearest points at most s lie in its own component.
-        dist, idx = tree.query(positions[members], k=min(s + 1, n))
+        dist, idx = tree.query(positions[members], k=min(s + 1, len(positions)))
         dist = dist.reshape(s, -1)
         idx = idx.reshape(s, -1)
-        outside = labels[idx] != c
-        dist = np.where(outside, dist, np.inf)
-        flat = int(np.argmin(dist))
-        row, col = divmod(flat, dist.shape[1])
+        dist = np.where(labels[idx] != c, dist, np.inf)
+        row, col = divmod(int(np.argmin(dist)), dist.shape[1])
         return int(members[row]), int(idx[row, col])
     others = np.flatnonzero(labels != c)
-    dist, idx = cKDTree(positions[others]).query(positions[members], k=1)
-    row = int(np.argmin(dist))
-    return int(members[row]), int(others[idx[row]])
+    row, col = _closest_pair(positions[members], positions[others])
+    return int(members[row]), int(others[col])
 
 
 def join_components(edges: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -217,12 +289,14 @@ def join_components(edges: np.ndarray, positions: np.ndarray) -> np.ndarray:
     positions = np.asarray(positions, dtype=np.float64)
     n = len(positions)
     edges = canonical_edges(n, edges)
-    tree: cKDTree | None = None
+    tree = None
     while True:
         n_comp, labels = _components(n, edges)
         if n_comp == 1:
             return edges
-        if tree is None:
+        if tree is None and n > _BRUTE_FORCE_N:
+            from scipy.spatial import cKDTree
+
             tree = cKDTree(positions)
         order, starts = _members_by_component(labels, n_comp)
         largest = int(np.argmax(np.diff(starts)))
@@ -260,16 +334,17 @@ def _join_components_randomly(n: int, edges: np.ndarray, rng: np.random.Generato
 def knn_graph(n: int, *, k: int = 6, seed: int | np.random.Generator | None = None) -> Graph:
     """k-nearest-neighbour geometric graph over uniform positions in the unit square (SPEC §6).
 
-    Each client links to its k nearest others (``scipy.spatial.cKDTree``); the relation is
+    Each client links to its k nearest others (:func:`_nearest`); the relation is
     symmetrised (i~j if either is among the other's k nearest), so every client has >= k
     neighbours, and made connected by :func:`join_components`. O(N k log N) time.
     """
     n = _check_n(n)
     k = _check_int("k", k, lo=1)
     check(k < n, f"k={k} must be smaller than the number of clients N={n}; lower k or raise N")
+    _check_edges(n, k + 1)
     rng = as_generator(seed)
     positions = rng.random((n, 2))
-    _, idx = cKDTree(positions).query(positions, k=k + 1)
+    idx = _nearest(positions, k + 1)
     src = np.repeat(np.arange(n, dtype=np.int64), k + 1)
     edges = join_components(np.stack([src, idx.ravel()], axis=1), positions)
     return Graph(n, edges, positions, f"knn:k={k}")
@@ -302,8 +377,9 @@ def erdos_renyi_graph(n: int, *, p: float | None = None, mean_degree: float = 6,
         p = _check_real("p", p)
         check(0 < p <= 1, f"edge probability p={p} must lie in (0, 1]")
         label = f"erdos-renyi:p={p:g}"
-    rng = as_generator(seed)
     total = n * (n - 1) // 2
+    _check_edges(n, 2 * total * p / n)
+    rng = as_generator(seed)
     check(total * p <= _MAX_EXPECTED_EDGES,
           f"erdos-renyi with N={n}, p={p:g} would have ~{total * p:.3g} edges; lower p or N")
     if p == 1 or (p > 0.25 and total <= _DENSE_PAIRS):
@@ -408,6 +484,7 @@ def random_regular_graph(n: int, *, d: int = 6,
                           "change d or N by one")
     check(d >= 2 or n == 2, f"a 1-regular graph is a perfect matching and cannot be connected "
                             f"for N={n} > 2; use d >= 2")
+    _check_edges(n, d if d <= (n - 1) / 2 else n)  # the complement route builds n x n masks
     rng = as_generator(seed)
     if d > (n - 1) / 2:
         sparse = canonical_edges(n, _configuration_pairs(n, n - 1 - d, rng))
@@ -432,6 +509,7 @@ def ring_graph(n: int, *, k: int = 1, seed: int | np.random.Generator | None = N
     k = _check_int("k", k, lo=1)
     check(2 * k < n, f"ring k={k} links each client to 2k={2 * k} others but N={n} has only "
                      f"{n - 1}; lower k to at most {(n - 1) // 2} or raise N")
+    _check_edges(n, k)
     i = np.repeat(np.arange(n, dtype=np.int64), k)
     j = (i + np.tile(np.arange(1, k + 1, dtype=np.int64), n)) % n
     return Graph(n, canonical_edges(n, np.stack([i, j], axis=1)), None, f"ring:k={k}")

@@ -259,6 +259,27 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
             local_counts[i] += 1
 
 
+def _rounds(t0, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends, aggregates,
+            adopts, live, u, key, defence, margin, kappa, versions, ev_ver, ev_first,
+            ages, lags, counts, local_counts, q, w, facts):  # pragma: no cover
+    """Rounds t0, t0 + 1, … of a replay, one :func:`_round` each (per-round inputs and outputs
+    are rows r = t − t0: train/sends/aggregates/adopts [R, N], live [R, M] or [0, 0], u [R, N]
+    and key [R, E] or [0, 0], w [R, E], facts [R, N, F]); saves a Python call per round.
+    Defences as in :func:`_round` (no attack: claims are the senders' own state)."""
+    no_b = np.zeros(0, np.bool_)
+    no_f = np.zeros(0)
+    no_i = np.zeros(0, np.int64)
+    cand = np.empty(send.shape[0], np.bool_)
+    for r in range(train.shape[0]):
+        live_r = live[r] if live.shape[0] > 0 else no_b
+        u_r = u[r] if u.shape[0] > 0 else no_f
+        key_r = key[r] if key.shape[0] > 0 else no_f
+        round_(t0 + r, params, c_self, ipw, rounded, indptr, send, edge_id, train[r],  # noqa: F821
+               sends[r], aggregates[r], adopts[r], live_r, u_r, key_r, no_f,
+               no_i, no_f, no_i, no_b, defence, margin, kappa, no_b, no_b, versions, ev_ver,
+               ev_first, ages, lags, counts, local_counts, q, w[r], cand, facts[r])
+
+
 def _given(x):  # pragma: no cover - compiled
     """Scores computed outside the round (model-reading rules, oracles)."""
     return x.given
@@ -278,7 +299,7 @@ def _specialise(fn, tag: str, **bind):
 
 
 def kernels(fn) -> tuple:
-    """(weights, round) compiled for the rule function ``fn`` (loaded from numba's cache when
+    """(weights, round, rounds) compiled for the rule function ``fn`` (loaded from numba's cache when
     there), made once per process."""
     got = _KERNELS.get(fn)
     if got is None:
@@ -289,7 +310,8 @@ def kernels(fn) -> tuple:
         name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
         tag = f"{name}_{digest}"
         wk = _specialise(_weights, tag, rule=fn)
-        got = (wk, _specialise(_round, tag, receiver_weights=wk))
+        rk = _specialise(_round, tag, receiver_weights=wk)
+        got = (wk, rk, _specialise(_rounds, tag, round_=rk))
         _KERNELS[fn] = got
     return got
 
@@ -359,7 +381,7 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
         fn, params = given_scores, ()
     else:
         fn, params = rule.fn, rule.args
-    _, kr = kernels(fn)
+    kr = kernels(fn)[1]
     n, E = rg.n, rg.n_slots
     u = key = _EMPTY_F
     if rule.random:
@@ -442,7 +464,7 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
                         np.asarray(missed, np.float64),
                         **{kk: v for kk, v in rule.params.items() if kk != "c"})
         fn = given_scores
-    wk, _ = kernels(fn)
+    wk = kernels(fn)[0]
     defence = rule.defence_flags
     if defence:  # claims clamped as in the round (no evidence history here)
         age, raw, count = age.copy(), raw.copy(), count.copy()

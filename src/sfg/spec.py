@@ -70,6 +70,10 @@ def parse_component(text: str, *, kind: str = "component") -> Component:
                     f"cannot parse {kind} parameter {item!r} in {raw!r}; write key=value, "
                     "e.g. 'bursty:u=0.8'"
                 )
+            if key.strip() in params:
+                raise SfgError(
+                    f"{kind} {raw!r} gives parameter {key.strip()!r} twice; keep one value"
+                )
             params[key.strip()] = _value(value)
     else:
         parts = head.split("+")
@@ -80,6 +84,9 @@ def parse_component(text: str, *, kind: str = "component") -> Component:
     modifiers = [m.strip().lower() for m in modifiers]
     if any(not m for m in modifiers):
         raise SfgError(f"{kind} {raw!r} has an empty '+' modifier")
+    twice = sorted({m for m in modifiers if modifiers.count(m) > 1})
+    if twice:
+        raise SfgError(f"{kind} {raw!r} gives the modifier '+{twice[0]}' twice; keep one")
     return Component(name=name, params=params, modifiers=tuple(modifiers), text=raw)
 
 

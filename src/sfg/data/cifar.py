@@ -157,8 +157,9 @@ def _batch(where: str, blob: bytes, label_key: str, n_classes: int) -> tuple[np.
                                   f"{getattr(x, 'shape', '')}")
     try:
         y = np.asarray(d[label_key], dtype=np.int64).reshape(-1)
-    except (TypeError, ValueError):
-        raise SfgError(f"{where}: {label_key!r} must be a list of integers") from None
+    except (TypeError, ValueError, OverflowError):
+        raise SfgError(f"{where}: {label_key!r} must be a list of integers in the int64 "
+                       "range") from None
     check(y.size == x.shape[0], f"{where}: {x.shape[0]} images but {y.size} labels")
     check(y.size == 0 or (y.min() >= 0 and y.max() < n_classes),
           f"{where}: labels must lie in 0..{n_classes - 1}")

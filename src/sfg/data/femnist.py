@@ -18,7 +18,6 @@ in LEAF's output, else float32), keyed like the image cache (:mod:`sfg.data.file
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 from ..errors import SfgError, check
 from ..rng import stream
+from ..safety import check_memory, human_bytes, loads_json
 from .base import (
     DATASETS,
     FederatedData,
@@ -100,16 +100,21 @@ def _shards(source: LeafSource):
             parts = [p for p in name.split("/") if p and p != "."]
             found.append((parts[depth], f"{source.path}:{name}", blob))
         return sorted(found, key=lambda f: (f[0], f[1]))
-    return [(split, str(f), f.read_bytes()) for split in SPLITS
-            for f in sorted((source.path / split).glob("*.json"))]
+    files = [(split, f) for split in SPLITS for f in sorted((source.path / split).glob("*.json"))]
+    total = sum(f.stat().st_size for _, f in files if f.is_file())
+    check_memory(total, f"LEAF shards at {source.path} hold {human_bytes(total)}",
+                 fix="use fewer shards")
+    for _, f in files:
+        check(f.is_file(), f"LEAF shard {f} is not a regular file")
+    return [(split, str(f), f.read_bytes()) for split, f in files]
 
 
 def _parse_shard(where: str, blob: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """writer -> (x float32 [k, 784], y int64 [k]) of one shard, validated."""
-    try:
-        doc = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SfgError(f"cannot parse LEAF shard {where}: {exc}") from None
+    # parsed into Python lists of floats: ~12 bytes of memory per byte of JSON
+    check_memory(12.0 * len(blob), f"parsing LEAF shard {where} ({human_bytes(len(blob))})",
+                 fix="split the shard")
+    doc = loads_json(blob, where, what="LEAF shard")
     check(isinstance(doc, dict) and isinstance(doc.get("user_data"), dict),
           f"LEAF shard {where} has no 'user_data' object; expected "
           "{'users': [...], 'num_samples': [...], 'user_data': {...}}")
@@ -120,9 +125,9 @@ def _parse_shard(where: str, blob: bytes) -> dict[str, tuple[np.ndarray, np.ndar
         try:
             x = np.asarray(data["x"], dtype=np.float32)
             y = np.asarray(data["y"], dtype=np.int64)
-        except (TypeError, ValueError):
-            raise SfgError(f"LEAF shard {where}: writer {writer!r} has non-numeric or ragged "
-                           "'x'/'y'") from None
+        except (TypeError, ValueError, OverflowError):
+            raise SfgError(f"LEAF shard {where}: writer {writer!r} has non-numeric, ragged or "
+                           "out-of-range 'x'/'y'") from None
         if x.size == 0:
             x = x.reshape(0, 784)
         check(x.ndim == 2 and x.shape[1] == 784,

@@ -10,7 +10,6 @@ options that change the decoded arrays), so an edited source is decoded afresh.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -18,6 +17,7 @@ import os
 import re
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import SfgError
+from ..safety import check_memory, human_bytes, max_member, max_memory
 
 T = TypeVar("T")
 
 TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 CACHE_VERSION = 1
-_IN_MEMORY_LIMIT = 2 << 30  # archives whose decompressed size exceeds this are streamed
 
 
 def normalized_name(text: str) -> str:
@@ -92,36 +92,108 @@ def locate(data_root: str | os.PathLike | None, accept: Callable[[Path], T | Non
 
 
 # --------------------------------------------------------------------------- tar archives
+# Archives are hostile input: every member's declared size is checked against SFG_MAX_MEMBER
+# before its bytes are read, the sum against SFG_MAX_MEMORY, and a gzip stream is decompressed
+# with the same running limit (a small .tar.gz of zeros cannot expand past it).
+_HEADS: dict[tuple, list[str]] = {}
+
+
+def _fingerprint(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+class _Budget:
+    """Running per-member and total decompressed-size limits of one pass over an archive."""
+
+    def __init__(self, path: Path):
+        self.path, self.member, self.total, self.used = path, max_member(), max_memory(), 0
+
+    def add(self, name: str, size: int) -> None:
+        if size > self.member:
+            raise SfgError(f"archive {self.path}: member {name} declares {human_bytes(size)} "
+                           f"decompressed, over the per-member limit of "
+                           f"{human_bytes(self.member)} (raise it with SFG_MAX_MEMBER=4G if the "
+                           "archive is genuine)")
+        self.used += size
+        check_memory(self.used, f"archive {self.path} decompresses to more than "
+                                f"{human_bytes(self.used)} (by member {name})",
+                     fix="or extract only what is needed")
+
+
 def tar_file_names(path: Path, limit: int = 64) -> list[str]:
-    """Names of the first ``limit`` regular files of a tar archive (cheap: streams the head)."""
-    names: list[str] = []
+    """Names of the first ``limit`` regular files of a tar archive (cheap: streams the head).
+
+    The head is scanned once per archive (cached by path, size and modification time, up to
+    4,096 names), however many dataset detectors ask, with the size limits above.
+    """
+    key = _fingerprint(path)
+    if key not in _HEADS:
+        names: list[str] = []
+        budget = _Budget(path)
+        try:
+            with tarfile.open(path, "r|*") as tf:
+                for member in tf:
+                    if member.isfile():
+                        budget.add(member.name, member.size)
+                        names.append(member.name)
+                        if len(names) >= 4096:
+                            break
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise SfgError(f"cannot read archive {path}: {exc}") from None
+        if len(_HEADS) > 64:
+            _HEADS.clear()
+        _HEADS[key] = names
+    return _HEADS[key][:limit]
+
+
+def _gunzip_bounded(path: Path) -> bytes:
+    """The decompressed bytes of a gzip file (all members), refused past SFG_MAX_MEMORY."""
+    limit = max_memory()
+    out = bytearray()
+    d = zlib.decompressobj(wbits=31)
+    fed = False
     try:
-        with tarfile.open(path, "r|*") as tf:
-            for member in tf:
-                if member.isfile():
-                    names.append(member.name)
-                    if len(names) >= limit:
-                        break
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SfgError(f"cannot read archive {path}: {exc}") from None
-    return names
+        with open(path, "rb") as fh:
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                while chunk:
+                    fed = True
+                    out += d.decompress(chunk, limit + 1 - len(out))
+                    if len(out) > limit:
+                        check_memory(len(out), f"archive {path} decompresses to more than "
+                                               f"{human_bytes(limit)}",
+                                     fix="or extract only what is needed")
+                    chunk = d.unconsumed_tail
+                    if d.eof:  # concatenated gzip members
+                        rest = d.unused_data
+                        d, fed = zlib.decompressobj(wbits=31), False
+                        chunk = rest + chunk
+                        if not rest.strip(b"\0"):
+                            chunk = b""
+    except zlib.error as exc:
+        raise SfgError(f"cannot decompress archive {path}: {exc}") from None
+    if fed and not d.eof:
+        raise SfgError(f"cannot decompress archive {path}: it ends before the end of its gzip "
+                       "stream (truncated download?)")
+    return bytes(out)
 
 
 def _tar_bytes(path: Path) -> bytes | None:
-    """The decompressed tar stream of ``path`` in memory, or None when too large."""
+    """The decompressed tar stream of ``path`` in memory (bounded), or None to stream it."""
     name = path.name.lower()
     if name.endswith(".tar"):
-        return path.read_bytes() if path.stat().st_size <= _IN_MEMORY_LIMIT else None
+        size = path.stat().st_size
+        check_memory(size, f"archive {path} holds {human_bytes(size)}",
+                     fix="or extract only what is needed")
+        return path.read_bytes()
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic != b"\x1f\x8b":
-        return None  # bz2/xz or mislabelled: let tarfile handle it
-    if path.stat().st_size > _IN_MEMORY_LIMIT // 4:
-        return None
-    try:
-        return gzip.decompress(path.read_bytes())
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise SfgError(f"cannot decompress archive {path}: {exc}") from None
+        return None  # bz2/xz or mislabelled: let tarfile stream it (member sizes checked)
+    return _gunzip_bounded(path)
 
 
 def _octal(field: bytes) -> int | None:
@@ -169,13 +241,19 @@ def _parse_ustar(raw: bytes) -> list[tuple[str, int, int]] | None:
 
 
 def iter_tar_files(path: Path, keep: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
-    """``(name, content)`` for every regular file of a tar(.gz) whose name ``keep`` accepts."""
+    """``(name, content)`` for every regular file of a tar(.gz) whose name ``keep`` accepts.
+
+    One pass over the archive; a member over SFG_MAX_MEMBER or members kept over
+    SFG_MAX_MEMORY in total are refused before their bytes are copied.
+    """
     raw = _tar_bytes(path)
     entries = _parse_ustar(raw) if raw is not None else None
+    budget = _Budget(path)
     if entries is not None:
         view = memoryview(raw)
         for name, offset, size in entries:
             if keep(name):
+                budget.add(name, size)
                 if offset + size > len(raw):
                     raise SfgError(f"archive {path} is truncated (member {name})")
                 yield name, bytes(view[offset:offset + size])
@@ -186,9 +264,10 @@ def iter_tar_files(path: Path, keep: Callable[[str], bool]) -> Iterator[tuple[st
         with tf:
             for member in tf:
                 if member.isfile() and keep(member.name):
+                    budget.add(member.name, member.size)
                     fh = tf.extractfile(member)
                     yield member.name, fh.read() if fh is not None else b""
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise SfgError(f"cannot read archive {path}: {exc}") from None
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SfgError, check
+from ..safety import check_memory, human_bytes, max_member
 from .base import (
     DATASETS,
     FederatedData,
@@ -99,15 +100,33 @@ def locate_image_folder(data_root, *, what: str = "image folder", hint: str | No
 Entry = tuple[str, str, bytes]  # (class, file name, encoded bytes)
 
 
+def _inside(root: Path, path: Path) -> None:
+    """Refuse ``path`` (a symbolic link, or below one) that resolves outside ``root``."""
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        raise SfgError(f"image folder {root}: {path} is a symbolic link to {real}, outside the "
+                       "data root; copy the file into the folder or point --data-root at the "
+                       "real folder")
+
+
 def _list_directory(root: Path) -> dict[str, list[Entry]]:
-    out: dict[str, list[Entry]] = {s: [] for s in SPLITS}
+    real_root = root.resolve()
+    files: dict[str, list[tuple[str, Path]]] = {s: [] for s in SPLITS}
+    total = 0
     for split in SPLITS:
+        _inside(real_root, root / split)
         for cls_dir in sorted(p for p in (root / split).iterdir()
                               if p.is_dir() and not p.name.startswith(".")):
+            _inside(real_root, cls_dir)
             for file in sorted(cls_dir.iterdir()):
                 if file.is_file() and _is_image(file.name):
-                    out[split].append((cls_dir.name, str(file), file.read_bytes()))
-    return out
+                    _inside(real_root, file)
+                    total += file.stat().st_size
+                    files[split].append((cls_dir.name, file))
+    check_memory(total, f"image folder {root} holds {human_bytes(total)} of encoded images",
+                 fix="pass limit_per_class=K to read fewer")
+    return {split: [(c, str(f), f.read_bytes()) for c, f in entries]
+            for split, entries in files.items()}
 
 
 def _list_archive(source: ImageFolderSource) -> dict[str, list[Entry]]:
@@ -163,6 +182,7 @@ def _decode(blobs: list[bytes], names: list[str], mode: str, size: tuple[int, in
     for i, (blob, name) in enumerate(zip(blobs, names, strict=True)):
         try:
             im = Image.open(io.BytesIO(blob), formats=_format_hint(name))
+            _check_pixels(im.size, name)
             if im.mode != mode:
                 im = im.convert(mode)
             if im.size != size:
@@ -177,6 +197,16 @@ def _decode(blobs: list[bytes], names: list[str], mode: str, size: tuple[int, in
         except Exception as exc:
             raise SfgError(f"cannot decode image {name}: {type(exc).__name__}: {exc}") from None
     return out
+
+
+def _check_pixels(size: tuple[int, int], name: str) -> None:
+    """Refuse one image whose decoded RGBA pixels would exceed SFG_MAX_MEMBER (a pixel bomb)."""
+    limit = max_member()
+    if size[0] * size[1] * 4 > limit:
+        raise SfgError(f"image {name} is {size[0]}x{size[1]} pixels = "
+                       f"{human_bytes(size[0] * size[1] * 4)} decoded, over the per-image limit "
+                       f"of {human_bytes(limit)} (SFG_MAX_MEMBER); is it really an image of "
+                       "the data set?")
 
 
 def _decode_range(task: tuple[int, int, str, tuple[int, int], bool]) -> np.ndarray:
@@ -204,6 +234,12 @@ def decode_images(blobs: list[bytes], names: list[str], *, grayscale: bool = Fal
             size = Image.open(io.BytesIO(blobs[0])).size
         except Exception as exc:
             raise SfgError(f"cannot decode image {names[0]}: {type(exc).__name__}: {exc}") from None
+        _check_pixels(size, names[0])
+    channels = 1 if grayscale else 3
+    # the decoded array (and its transposed copy), computed before decoding any image
+    check_memory(2.0 * len(blobs) * size[0] * size[1] * channels,
+                 f"{len(blobs):,} images of {size[0]}x{size[1]} pixels x {channels} channels",
+                 fix="pass limit_per_class=K or resize=S")
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
     chunk = 2048
     tasks = [(s, min(s + chunk, len(blobs)), mode, size, resize is not None)

@@ -9,11 +9,32 @@
                                          #   "config", "metrics", "curves"}, ...]
 """
 
-from .config import ConfigError, RunConfig, canonical_json, make_config, run_id, validate_names
-from .executors import GridSummary, run_grid, worker_loop
-from .grid import Grid, load_grid, parse_grid
-from .runner import run_config, selftest_run
-from .store import SCHEMA_VERSION, Store, records
+from importlib import import_module
+from typing import Any
+
+# name -> submodule; loaded on first access (PEP 562): `sfg grid --help` and the commands
+# that never touch a grid do not import pydantic, yaml or sqlite
+_EXPORTS = {
+    "ConfigError": "config", "RunConfig": "config", "canonical_json": "config",
+    "make_config": "config", "run_id": "config", "validate_names": "config",
+    "GridSummary": "executors", "run_grid": "executors", "worker_loop": "executors",
+    "Grid": "grid", "load_grid": "grid", "parse_grid": "grid",
+    "run_config": "runner", "selftest_run": "runner",
+    "SCHEMA_VERSION": "store", "Store": "store", "records": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = ["ConfigError", "Grid", "GridSummary", "RunConfig", "SCHEMA_VERSION", "Store",
            "canonical_json", "load_grid", "make_config", "parse_grid", "records", "run_config",

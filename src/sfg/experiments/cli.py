@@ -13,19 +13,14 @@ Also runnable on its own: ``python -m sfg.experiments run GRID.yaml --store S``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ..errors import SfgError
-from .executors import run_grid
-from .grid import load_grid
-from .store import Store, worker_gone
+from .. import console
 
 app = typer.Typer(help="Run experiment grids into a results store (SPEC §7-8).",
                   no_args_is_help=True, add_completion=False)
@@ -45,9 +40,15 @@ def run_cmd(
     progress: bool = typer.Option(True, help="show a progress bar"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary"),
 ) -> None:
-    """Run every config of GRID not yet done in STORE (resumable; failed runs are retried)."""
+    """Run every config of GRID not yet done in STORE (resumable; failed runs are retried).
+
+    Exit status 1 when a run failed or is still pending (the summary says which).
+    """
+    from .executors import run_grid
+    from .grid import load_grid
+    from .store import Store
+
     g = load_grid(grid)
-    console = Console()
     if dry_run:
         done = 0
         if store.exists():
@@ -58,31 +59,36 @@ def run_cmd(
                    "axes": {a: len(v) for a, v in g.axes.items()},
                    "kinds": sorted({c.kind for c in g})}
         if as_json:
-            print(json.dumps(summary))
+            console.print_json(summary, indent=None)
             return
         axes = " x ".join(f"{n} {a}" for a, n in summary["axes"].items()) or "base only"
-        console.print(f"grid {g.name!r}: {len(g)} runs ({axes}); {done} already done in "
-                      f"{store}, {len(g) - done} to run")
+        console.echo(f"grid {g.name!r}: {len(g)} runs ({axes}); {done} already done in "
+                     f"{store}, {len(g) - done} to run")
         return
     result = run_grid(g.configs, store, executor=executor, workers=workers, address=address,
                       gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run,
                       show_progress=progress and not as_json, label=g.name)
     if as_json:
-        print(json.dumps({"grid": g.name, "total": result.total,
-                          "already_done": result.already_done, "done": result.done,
-                          "failed": result.failed, "pending": result.pending,
-                          "seconds": round(result.seconds, 3),
-                          "failures": [{"run_id": r, "error": e} for r, e in result.failures]}))
+        console.print_json({"grid": g.name, "total": result.total,
+                            "already_done": result.already_done, "done": result.done,
+                            "failed": result.failed, "pending": result.pending,
+                            "seconds": round(result.seconds, 3),
+                            "failures": [{"run_id": r, "error": e} for r, e in result.failures]},
+                           indent=None)
     else:
-        console.print(f"grid {g.name!r}: {result.done}/{result.total} done "
-                      f"({result.already_done} were already done), {result.failed} failed, "
-                      f"{result.pending} pending, {result.seconds:.1f} s; store {store}")
+        console.echo(f"grid {g.name!r}: {result.done}/{result.total} done "
+                     f"({result.already_done} were already done), {result.failed} failed, "
+                     f"{result.pending} pending, {result.seconds:.1f} s; store {store}")
         for rid, err in result.failures[:10]:
-            console.print(f"  failed {rid}: {err}", markup=False)
+            console.echo(f"  failed {rid}: {err}")
         if len(result.failures) > 10:
-            console.print(f"  ... and {len(result.failures) - 10} more (sfg grid status)")
+            console.echo(f"  ... and {len(result.failures) - 10} more (sfg grid status)")
     if result.failed or result.pending:
-        raise typer.Exit(1)
+        what = " and ".join(f"{n} {k}" for n, k in ((result.failed, "failed"),
+                                                     (result.pending, "pending")) if n)
+        raise console.WorkFailed(f"grid {g.name!r}: {what} of {result.total} runs; see "
+                                 f"`sfg grid status --store {store}` and run the grid again "
+                                 "to retry them")
 
 
 @app.command("status")
@@ -91,6 +97,8 @@ def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Show how many runs are queued, running, done and failed, and why runs failed."""
+    from .store import Store, worker_gone
+
     with Store(store, create=False) as s:
         counts = s.counts()
         rows = [r for r in s.runs() if r["status"] in ("running", "failed")]
@@ -104,43 +112,26 @@ def status_cmd(
     failed = [{"run_id": r["run_id"], "rule": r["rule"], "process": r["process"],
                "seed": r["seed"], "error": r["error"]} for r in rows if r["status"] == "failed"]
     if as_json:
-        print(json.dumps({"store": str(store), "schema_version": int(meta["schema_version"]),
-                          "counts": counts, "running": running, "failed": failed}))
+        console.print_json({"store": str(store), "schema_version": int(meta["schema_version"]),
+                            "counts": counts, "running": running, "failed": failed}, indent=None)
         return
-    console = Console()
     total = sum(counts.values())
-    console.print(f"{store}: {total} runs - " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    console.echo(f"{store}: {total} runs - " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     for title, items, cols in (("running", running, ("run_id", "rule", "process", "seed",
                                                       "worker", "seconds", "worker_alive")),
                                ("failed", failed, ("run_id", "rule", "process", "seed",
                                                    "error"))):
         if items:
-            table = Table(title=title)
-            for c in cols:
-                table.add_column(c, overflow="fold")
+            table = console.table(title, cols, overflow="fold")
             for it in items[:50]:
                 table.add_row(*(str(it[c]) for c in cols))
-            console.print(table)
+            console.show(table)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m sfg.experiments``: SfgError -> ``error: ...``, exit 2."""
-    import click
-
-    try:
-        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False)
-    except SfgError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.exceptions.Abort:
-        print("aborted", file=sys.stderr)
-        return 130
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``python -m sfg.experiments``: the exit statuses of ``sfg`` (0 success,
+    1 failed or pending runs, 2 bad input with one ``error: ...`` line)."""
+    return console.run_app(app, argv, prog_name="python -m sfg.experiments")
 
 
 if __name__ == "__main__":

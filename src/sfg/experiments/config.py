@@ -36,7 +36,7 @@ Kind = Literal["train", "replay", "selftest"]
 Backbone = Literal["full", "personal-head", "dfedavgm", "ditto"]
 Anatomy = Literal["full", "cannot-communicate", "cannot-train-shares", "cannot-train-adopts"]
 
-_DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 class ConfigError(SfgError):
@@ -161,7 +161,8 @@ class RunConfig(BaseModel):
     @classmethod
     def _positive(cls, v: float, info) -> float:
         if not v > 0 or v != v or v == float("inf"):
-            raise ValueError(f"{info.field_name} must be a finite number > 0 (got {v})")
+            what = {"lr": "learning rate lr", "alpha": "Dirichlet concentration alpha"}
+            raise ValueError(f"{what[info.field_name]} must be a finite number > 0 (got {v})")
         return v
 
     @field_validator("weight_decay", "ditto_lambda")
@@ -190,7 +191,7 @@ class RunConfig(BaseModel):
     def _device(cls, v: str) -> str:
         v = v.strip().lower()
         if not _DEVICE.match(v):
-            raise ValueError(f"device {v!r} is not one of cpu, cuda, cuda:N, mps")
+            raise ValueError(f"device {v!r} is not one of auto, cpu, cuda, cuda:N, mps")
         return v
 
     @field_validator("backend")
@@ -233,10 +234,19 @@ def config_error_message(err: ValidationError) -> tuple[str, str]:
     if kind == "extra_forbidden":
         from ..spec import did_you_mean
 
-        return field, (f"unknown config key {field!r}"
+        return field, (f"unknown run setting {field!r}"
                        f"{did_you_mean(field, RunConfig.model_fields)}")
-    if kind in ("literal_error",) or kind.endswith("_type") or kind.endswith("_parsing"):
-        got = first.get("input")
+    got = first.get("input")
+    if kind == "literal_error" and isinstance(got, str):
+        from typing import get_args
+
+        from ..spec import did_you_mean
+
+        choices = get_args(RunConfig.model_fields[field].annotation)
+        hint = did_you_mean(got, choices)
+        listed = f" one of {', '.join(choices)}" if hint.startswith("; did") else " valid"
+        msg = f"{field} {got!r} is not{listed}{hint}"
+    elif kind == "literal_error" or kind.endswith("_type") or kind.endswith("_parsing"):
         msg = f"{msg} (got {got!r} of type {type(got).__name__})"
     where = f"{field}: " if field and not msg.startswith(field) else ""
     return field, where + msg

@@ -149,8 +149,9 @@ class _Bar:
             TimeRemainingColumn,
         )
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                 MofNCompleteColumn(),
+                                 TextColumn("{task.fields[note]}", markup=False),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         self.task = self.progress.add_task(label, total=total, completed=done, note="")
         self.round_task = None

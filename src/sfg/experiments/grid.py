@@ -28,6 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import SfgError
+from ..safety import check_cells, check_int64, compose_yaml, max_runs, read_text
 from ..spec import did_you_mean
 from .config import ConfigError, RunConfig, config_error_message, run_id, validate_names
 
@@ -143,15 +144,7 @@ def _check_axis(where: _Where, name: str, values: Any) -> list[Any]:
 def parse_grid(text: str, *, source: str = "<grid>", default_name: str = "grid",
                check_names: bool = True) -> Grid:
     """Parse, validate and expand grid YAML ``text`` (``source`` names it in errors)."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise SfgError(f"{source}{line}: invalid YAML ({problem}); check the indentation and "
-                       "quoting there") from None
+    root, data = compose_yaml(text, source, what="grid file")  # bounded: depth, alias bombs
     if root is None:
         raise SfgError(f"{source}: the grid file is empty; see examples/demo.yaml")
     where = _Where(source, root)
@@ -195,6 +188,14 @@ def parse_grid(text: str, *, source: str = "<grid>", default_name: str = "grid",
             if axis in axes:
                 raise where.error(("overrides", i, fld), f"overrides[{i}] sets {fld!r}, which "
                                   f"the axis {axis!r} already varies; remove one", key=True)
+    cells = len(overrides)
+    for values in axes.values():
+        cells *= len(values)
+    if cells > max_runs():
+        sizes = " x ".join(f"{len(v)} {a}" for a, v in axes.items())
+        raise where.error((), f"this grid expands to {cells:,} runs ({sizes} x {len(overrides)} "
+                              f"overrides), over the limit of {max_runs():,}; split it into "
+                              "smaller grids, or raise SFG_MAX_RUNS if it is meant")
     configs = _expand(where, base, axes, overrides, check_names)
     return Grid(name=name.strip(), configs=tuple(configs), axes=axes, source=source)
 
@@ -223,6 +224,13 @@ def _expand(where: _Where, base: dict, axes: dict[str, list[Any]], overrides: li
         except ValidationError as err:
             fld, msg = config_error_message(err)
             raise where.error(located.get(fld, fallback), msg) from None
+        try:  # sizes in range before anything runs: the availability of a run, the seed
+            check_cells(cfg.rounds, cfg.n_clients, 2, "a run of this grid",
+                        cols_name="clients", fix="lower rounds or n_clients")
+            check_int64(cfg.seed, "seed", lo=0)
+        except SfgError as err:
+            fld = "seed" if "seed" in str(err).split(" ", 1)[0] else "rounds"
+            raise where.error(located.get(fld, fallback), str(err)) from None
         if check_names:
             key = (cfg.kind, cfg.rule, cfg.process, cfg.dataset, cfg.graph, cfg.model)
             if key not in checked:
@@ -245,11 +253,9 @@ def _expand(where: _Where, base: dict, axes: dict[str, list[Any]], overrides: li
 def load_grid(path: str | Path, *, check_names: bool = True) -> Grid:
     """Read and expand the grid file at ``path`` (see :func:`parse_grid`)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise SfgError(f"grid file {p} does not exist; give the path of a YAML grid such as "
                        "examples/demo.yaml")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SfgError(f"cannot read grid file {p}: {e}") from None
+    text = read_text(p, "grid file", hint="; give the path of a YAML grid such as "
+                                          "examples/demo.yaml", bytes_per_byte=50)
     return parse_grid(text, source=str(p), default_name=p.stem, check_names=check_names)

@@ -27,6 +27,7 @@ NFS); on a cluster, let the driver write (the Ray executor does).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SfgError
+from ..safety import sqlite_message
 from .config import RunConfig, canonical_json, run_id
 
 APPLICATION = "sfg-results"
@@ -127,6 +129,40 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _leftovers(path: Path) -> list[Path]:
+    """The ``-wal`` and ``-shm`` files beside ``path`` that do not exist yet."""
+    return [q for q in (Path(f"{path}-wal"), Path(f"{path}-shm")) if not q.exists()]
+
+
+def _remove_new(paths: list[Path]) -> None:
+    """Remove the side files that opening a refused store created (never pre-existing ones)."""
+    for q in paths:
+        try:
+            if q.exists() and (q.name.endswith("-shm") or q.stat().st_size == 0):
+                q.unlink()
+        except OSError:
+            pass
+
+
+def _connect_readonly(path: Path, *, timeout: float = 5.0) -> sqlite3.Connection:
+    """A read-only connection; on read-only storage (no ``-shm`` can be made) an immutable one.
+
+    A WAL database needs its ``-shm`` file even to read; where that cannot be created (a
+    read-only mount or folder) SQLite is told the file cannot change (``immutable=1``), which
+    holds there since nobody can write it either.
+    """
+    uri = path.resolve().as_uri()
+    con = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=timeout)
+    try:
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return con
+    except sqlite3.OperationalError as e:
+        con.close()
+        if "unable to open" not in str(e) and "readonly" not in str(e):
+            raise
+    return sqlite3.connect(uri + "?immutable=1", uri=True, timeout=timeout)
+
+
 def _inspect(path: Path) -> bool:
     """Check an existing file read-only. True: an sfg store of this version; False: empty.
 
@@ -135,7 +171,7 @@ def _inspect(path: Path) -> bool:
     for every other process.
     """
     try:
-        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        con = _connect_readonly(path)
         try:
             tables = {r[0] for r in con.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -143,8 +179,10 @@ def _inspect(path: Path) -> bool:
         finally:
             con.close()
     except sqlite3.DatabaseError as e:
-        raise SfgError(f"{path} is not an SQLite database ({e}), so not an sfg results store; "
-                       "give a new file name for --store") from None
+        if "not a database" in str(e):
+            raise SfgError(f"{path} is not an SQLite database ({e}), so not an sfg results "
+                           "store; give a new file name for --store") from None
+        raise SfgError(sqlite_message(path, e)) from None
     if not tables:
         return False
     if meta.get("application") != APPLICATION:
@@ -159,6 +197,28 @@ def _inspect(path: Path) -> bool:
     return True
 
 
+def _writable(path: Path) -> bool:
+    """Whether this process may write ``path`` and create its ``-wal``/``-shm`` beside it."""
+    return os.access(path, os.W_OK) and os.access(path.parent if str(path.parent) else ".",
+                                                  os.W_OK)
+
+
+def _guarded(method):
+    """Turn SQLite failures inside a store method (a damaged page...) into one-line errors."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as e:
+            if self.readonly and "readonly" in str(e).lower():
+                raise SfgError(f"results store {self.path} was opened read-only; running a "
+                               "grid needs a writable store") from None
+            raise SfgError(sqlite_message(self.path, e)) from None
+
+    return wrapper
+
+
 class Store:
     """One connection to a results store (use one per process or thread).
 
@@ -166,15 +226,45 @@ class Store:
     """
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True,
-                 busy_timeout: float = 120.0):
+                 busy_timeout: float = 120.0, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
+        self._con = None
         if self.path.is_dir():
             raise SfgError(f"results store {self.path} is a directory; give a file name such "
                            "as results.sqlite")
+        if self.path.exists() and not self.path.is_file():
+            raise SfgError(f"results store {self.path} is not a regular file; give a file name "
+                           "such as results.sqlite")
         exists = self.path.exists() and self.path.stat().st_size > 0
+        new_side_files = _leftovers(self.path)
         if exists:
-            _inspect(self.path)
-        elif not create:
+            try:
+                _inspect(self.path)
+            except SfgError:
+                _remove_new(new_side_files)
+                raise
+        if readonly or (exists and not create and not _writable(self.path)):
+            if not exists:
+                raise SfgError(f"no results store at {self.path}; run `sfg grid run GRID.yaml "
+                               f"--store {self.path}` first or fix the path")
+            self.readonly = True
+            try:
+                if _writable(self.path):
+                    # an ordinary connection that never writes: SQLite then removes the -wal
+                    # and -shm files it made when it closes (a mode=ro one would leave them)
+                    self._con = sqlite3.connect(self.path, timeout=busy_timeout,
+                                                isolation_level=None, check_same_thread=False)
+                    self._con.execute("PRAGMA query_only = ON")
+                else:
+                    self._con = _connect_readonly(self.path, timeout=busy_timeout)
+                self._con.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            except sqlite3.DatabaseError as e:
+                self._close_quietly()
+                _remove_new(new_side_files)
+                raise SfgError(sqlite_message(self.path, e)) from None
+            return
+        if not exists and not create:
             raise SfgError(f"no results store at {self.path}; run `sfg grid run GRID.yaml "
                            f"--store {self.path}` first or fix the path")
         else:
@@ -192,14 +282,16 @@ class Store:
             except sqlite3.OperationalError as e:
                 self._close_quietly()
                 if "locked" not in str(e) or time.monotonic() + delay > deadline:
-                    raise SfgError(f"cannot open results store {self.path}: {e}") from None
+                    _remove_new(new_side_files)
+                    raise SfgError(sqlite_message(self.path, e, "open")) from None
                 time.sleep(delay)
                 delay = min(2 * delay, 0.5)
             except (sqlite3.DatabaseError, SfgError) as e:
                 self._close_quietly()
+                _remove_new(new_side_files)
                 if isinstance(e, SfgError):
                     raise
-                raise SfgError(f"cannot open results store {self.path}: {e}") from None
+                raise SfgError(sqlite_message(self.path, e, "open")) from None
 
     def _open(self, busy_timeout: float) -> None:
         self._con = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
@@ -245,7 +337,8 @@ class Store:
 
     # ------------------------------------------------------------------ plumbing
     def close(self) -> None:
-        self._con.close()
+        if self._con is not None:
+            self._con.close()
 
     def __enter__(self) -> Store:
         return self
@@ -256,11 +349,14 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE: takes the write lock up front)."""
+        if self.readonly:
+            raise SfgError(f"results store {self.path} is read-only here (read-only storage); "
+                           "`sfg report` and `sfg grid status` can read it, but running a grid "
+                           "needs a writable copy")
         try:
             self._con.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            raise SfgError(f"results store {self.path} stayed locked ({e}); another process "
-                           "holds it, retry later") from None
+        except sqlite3.DatabaseError as e:
+            raise SfgError(sqlite_message(self.path, e, "write to")) from None
         try:
             yield self._con
         except BaseException:
@@ -268,10 +364,12 @@ class Store:
             raise
         self._con.execute("COMMIT")
 
+    @_guarded
     def meta(self) -> dict[str, str]:
         return dict(self._con.execute("SELECT key, value FROM meta"))
 
     # ------------------------------------------------------------------ queue
+    @_guarded
     def add_runs(self, configs: Iterable[RunConfig], *, retry_failed: bool = True) -> list[str]:
         """Queue ``configs`` (runs already present keep their state); return their run ids.
 
@@ -296,6 +394,7 @@ class Store:
                     "run_id IN (SELECT value FROM json_each(?))", (now, json.dumps(ids)))
         return ids
 
+    @_guarded
     def claim(self, run_ids: Sequence[str], worker: str, *, lease: float = 60.0,
               max_attempts: int = 3) -> tuple[str, dict] | None:
         """Atomically take the next claimable run of ``run_ids`` (in their order) for ``worker``.
@@ -329,6 +428,7 @@ class Store:
                 return rid, json.loads(config)
         return None
 
+    @_guarded
     def claimable(self, run_ids: Sequence[str], *, lease: float = 60.0) -> int:
         """How many of ``run_ids`` :meth:`claim` could take now (read-only)."""
         now = time.time()
@@ -338,12 +438,14 @@ class Store:
             (json.dumps(list(run_ids)),)).fetchall()
         return sum(_claimable(status, owner, beat, now, lease) for status, owner, beat in rows)
 
+    @_guarded
     def heartbeat(self, worker: str) -> int:
         """Refresh the lease of every run ``worker`` holds; returns how many."""
         with self._write() as con:
             return con.execute("UPDATE runs SET heartbeat = ? WHERE worker = ? AND "
                                "status = 'running'", (time.time(), worker)).rowcount
 
+    @_guarded
     def finish(self, rid: str, worker: str, result: dict, *, seconds: float) -> bool:
         """Record a finished run (metrics, curves, status done) in one transaction.
 
@@ -366,6 +468,7 @@ class Store:
                             points)
         return True
 
+    @_guarded
     def fail(self, rid: str, worker: str, error: str, *, traceback: str | None = None,
              seconds: float | None = None) -> bool:
         """Record a failed run (one-line ``error``); False when ``worker`` lost the run."""
@@ -377,6 +480,7 @@ class Store:
                 (" ".join(error.split()), traceback, now, seconds, rid, worker))
             return cur.rowcount == 1
 
+    @_guarded
     def release(self, rid: str, worker: str) -> None:
         """Put a run ``worker`` holds back in the queue (interrupted, not failed)."""
         with self._write() as con:
@@ -385,6 +489,7 @@ class Store:
                         "WHERE run_id = ? AND worker = ? AND status = 'running'", (rid, worker))
 
     # ------------------------------------------------------------------ reading
+    @_guarded
     def counts(self, run_ids: Sequence[str] | None = None) -> dict[str, int]:
         """Runs per status (all four keys present), over ``run_ids`` or the whole store."""
         if run_ids is None:
@@ -398,6 +503,7 @@ class Store:
         out.update(dict(rows.fetchall()))
         return out
 
+    @_guarded
     def runs(self, status: str | None = None) -> list[dict]:
         """Every run row (no curves) as a dict, in insertion order."""
         cols = ("run_id", "status", "error", "traceback", "worker", "attempts", "started",
@@ -414,6 +520,7 @@ class Store:
             out.append(d)
         return out
 
+    @_guarded
     def curves(self, rid: str | None = None) -> dict[str, dict[str, list[float]]]:
         """``{run_id: {name: [value per round index]}}`` (NaN restored from NULL)."""
         where, args = ("WHERE run_id = ?", (rid,)) if rid else ("", ())
@@ -425,6 +532,7 @@ class Store:
                 math.nan if value is None else float(value))
         return out
 
+    @_guarded
     def records(self, status: str | None = "done") -> list[dict]:
         """Runs with ``status`` (None: all) as report records, see :func:`records`."""
         if status is not None and status not in STATUSES:
@@ -443,5 +551,5 @@ def records(store: Store | str | os.PathLike, status: str | None = "done") -> li
     """
     if isinstance(store, Store):
         return store.records(status)
-    with Store(store, create=False) as s:
+    with Store(store, create=False, readonly=True) as s:
         return s.records(status)

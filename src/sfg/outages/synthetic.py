@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import SfgError, check
 from ..rng import stream
+from ..safety import check_cells
 from ..spec import format_component
 from .registry import PROCESSES
 
@@ -104,6 +105,9 @@ def _check_shape(T: object, N: object) -> tuple[int, int]:
     for name, v in (("T", T), ("N", N)):
         if isinstance(v, bool) or not isinstance(v, Integral) or v < 1:
             raise SfgError(f"{name}={v!r} must be a positive integer (rounds T, clients N)")
+    # the availability matrix, and as much again for the draws behind it
+    check_cells(int(T), int(N), 2, "the availability of this run", cols_name="clients",  # type: ignore[arg-type]
+                fix="lower --rounds or --clients")
     return int(T), int(N)  # type: ignore[arg-type]
 
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
 
 from ..attacks import Attack, Reach, availability, claims, place
+from ..defences import GUARD
 from ..graphs import Graph
 from ..outages.anatomy import capabilities
 from ..outages.links import link_failures
-from ..round import FACTS, caps_at, play_round
+from ..round import FACTS, caps_at, kernels, play_round, rule_draws
 from ..rounds import RoundGraph
 from ..rules import Rule
 from ..staleness import init_state
@@ -79,6 +80,9 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     parts = [HorizonPart(T, n, h, ts[sel], flat[sel], max_adopt) for sel in picks]
 
     state = init_state(rg, rounds=T, track_missed=ln.rule.oracle)
+    if ln.rule.defence_flags & GUARD:  # +guard's evidence, updated in place by the block path
+        state = replace(state, versions=np.zeros(n, np.int64),
+                        evidence=np.full((2, E), -1, np.int64))
     acc = Accumulator()
     R = max(1, min(T, chunk_elems // max(E, n * len(FACTS), 1)))
     wbuf = np.empty((R, E)) if weights_out is None else None
@@ -88,15 +92,20 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
         for t0 in range(0, T, R):
             t1 = min(T, t0 + R)
             w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
-            for t in range(t0, t1):
-                forged = None if attack is None else claims(attack, rg, state, attackers,
-                                                            seed=ln.seed)
-                state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
-                                   live=None if live is None else live[t],
-                                   weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
-                                   slot_staleness=forged,
-                                   attackers=None if attack is None else attackers,
-                                   frozen=frozen).state
+            if ln.rule.compiled and attack is None:
+                # the same round, its rounds looped in compiled code (one call per block)
+                _rounds_block(ln.rule, rg, state, caps, live, ln.seed, t0, t1, w_blk, fbuf)
+                state = replace(state, t=t1)
+            else:
+                for t in range(t0, t1):
+                    forged = None if attack is None else claims(attack, rg, state, attackers,
+                                                                seed=ln.seed)
+                    state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
+                                       live=None if live is None else live[t],
+                                       weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
+                                       slot_staleness=forged,
+                                       attackers=None if attack is None else attackers,
+                                       frozen=frozen).state
             acc.add(fbuf[: t1 - t0])
             if attack is not None:
                 reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
@@ -118,3 +127,27 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     metrics, curves = acc.summary(RunEnd(available, hk, bool(sampled), state.lags,
                                          reach=reach.value))
     return ReplayResult(metrics=metrics, curves=curves)
+
+
+def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: int, t1: int,
+                  w: np.ndarray, facts: np.ndarray) -> None:
+    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round._rounds`, updating the
+    state's arrays in place (the driver owns them)."""
+    n, E = rg.n, rg.n_slots
+    u = key = np.zeros((0, 0))
+    if rule.random:
+        u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
+        for t in range(t0, t1):
+            u[t - t0], key[t - t0] = rule_draws(seed, t, n, E)
+    no_i = np.zeros(0, np.int64)
+    guard = state.versions is not None
+    kernels(rule.fn)[2](t0, rule.args, rule.self_weight, rule.ipw, rule.rounded, rg.indptr,
+                        rg.send, rg.edge_id, caps.train[t0:t1], caps.send[t0:t1],
+                        caps.aggregate[t0:t1], caps.adopt[t0:t1],
+                        live[t0:t1] if live is not None else np.zeros((0, 0), bool), u, key,
+                        rule.defence_flags, rule.margin, rule.kappa,
+                        state.versions if guard else no_i,
+                        state.evidence[0] if guard else no_i,
+                        state.evidence[1] if guard else no_i,
+                        state.ages, state.lags, state.counts, state.local_counts, state.q_hat,
+                        w[: t1 - t0], facts[: t1 - t0])

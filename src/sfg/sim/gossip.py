@@ -45,15 +45,37 @@ def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor
         return W @ M
 
 
+def mix_rows(X: torch.Tensor, rg: RoundGraph, weights: np.ndarray, rows: np.ndarray,
+             memory: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The receivers ``rows`` (bool[N]) as a long index ``[n]`` and their mixed models
+    ``[n, D]`` (x̃_i = Σ_j w_ij x_j), computed from ``X`` (or the per-slot ``memory``)."""
+    idx = torch.from_numpy(np.flatnonzero(rows)).to(X.device)
+    cols = None if memory is None else np.arange(rg.n_slots)
+    M = X if memory is None else memory
+    return idx, slot_matmul(rg, weights, rows, M, cols)
+
+
+def gossip_(X: torch.Tensor, rg: RoundGraph, weights: np.ndarray, rows: np.ndarray, *,
+            keep: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`gossip` in place: the rows of the receivers are overwritten with their mixes
+    (all read from ``X`` as it was on entry); ``keep`` (bool[D]) coordinates keep their value.
+    Same numbers as :func:`gossip`, without a copy of the whole store. Returns ``X``."""
+    if rows.any():
+        idx, Y = mix_rows(X, rg, weights, rows)
+        if keep is not None:
+            Y[:, keep] = X.index_select(0, idx)[:, keep]
+        X.index_copy_(0, idx, Y)
+    return X
+
+
 def gossip(X: torch.Tensor, rg: RoundGraph, weights: np.ndarray, rows: np.ndarray,
            memory: torch.Tensor | None = None) -> torch.Tensor:
     """x̃_i = Σ_j w_ij x_j for the receivers ``rows``; every other row is returned untouched.
 
     With ``memory`` ([E, D], one model per slot) the slots' remembered models are mixed instead
-    of the senders' current ones (model memory)."""
+    of the senders' current ones (model memory). Returns a new tensor; see :func:`gossip_`."""
     out = X.clone()
     if rows.any():
-        cols = None if memory is None else np.arange(rg.n_slots)
-        M = X if memory is None else memory
-        out[torch.from_numpy(np.flatnonzero(rows)).to(X.device)] = slot_matmul(rg, weights, rows, M, cols)
+        idx, Y = mix_rows(X, rg, weights, rows, memory)
+        out.index_copy_(0, idx, Y)
     return out

@@ -5,12 +5,33 @@ Every pipeline returns a :class:`Trace` (``available: bool[T, D]`` plus device m
 :mod:`sfg.traces.process` registers the outage processes ``flash``, ``stunner`` and ``trace``.
 """
 
-from .base import Trace, minutes_to_rounds
-from .flash import FlashStates, flash_trace, load_flash, parse_flash
-from .process import TraceProcess, clear_cache, load_trace
-from .stats import outage_runs, trace_stats
-from .stunner import Sessions, load_stunner, parse_sessions, stunner_trace
-from .tabular import load_tabular, save_tabular
+from importlib import import_module
+from typing import Any
+
+# name -> submodule; loaded on first access (PEP 562) so that `sfg --help` and commands that
+# never read a trace do not pay for the readers
+_EXPORTS = {
+    "Trace": "base", "minutes_to_rounds": "base",
+    "FlashStates": "flash", "flash_trace": "flash", "load_flash": "flash", "parse_flash": "flash",
+    "TraceProcess": "process", "clear_cache": "process", "load_trace": "process",
+    "outage_runs": "stats", "trace_stats": "stats",
+    "Sessions": "stunner", "load_stunner": "stunner", "parse_sessions": "stunner",
+    "stunner_trace": "stunner",
+    "load_tabular": "tabular", "save_tabular": "tabular",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "FlashStates",

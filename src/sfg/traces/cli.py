@@ -8,15 +8,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from .base import Trace
-from .plot import plot_trace
-from .process import load_trace
-from .stats import trace_stats
+from .. import console
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Trace
 
 app = typer.Typer(help="Real availability traces (FLASH, STUNner, your own CSV): stats, plots.",
                   no_args_is_help=True, add_completion=False)
@@ -33,6 +32,8 @@ _MINAV = typer.Option(None, "--min-availability",
 
 def _load(source: str, path: Path, rule: str, variant: str, rounds: int | None,
           round_minutes: float | None, min_availability: float | None) -> Trace:
+    from .process import load_trace
+
     src = source.lower()
     params: dict = {"rounds": rounds, "round_minutes": round_minutes,
                     "min_availability": min_availability}
@@ -57,22 +58,20 @@ def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
           interior: bool = typer.Option(False, "--interior-outages",
                                         help="ignore outages touching the window edges")) -> None:
     """Eligible devices, availability and outage lengths of a trace."""
+    from .stats import trace_stats
+
     trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability)
     s = trace_stats(trace, include_edges=not interior)
     if as_json:
-        from ..cli import dumps_json
-
-        typer.echo(dumps_json(s))
+        console.print_json(s)
         return
     label = s.get("rule") or s.get("variant")
-    table = Table(title=f"{s['source']} trace" + (f" ({label})" if label else ""),
-                  caption=str(s["path"]))
-    table.add_column("statistic")
-    table.add_column("value", justify="right")
+    table = console.table(f"{s['source']} trace" + (f" ({label})" if label else ""),
+                          ["statistic", ("value", "right")], caption=str(s["path"]))
     for k, v in s.items():
         if k not in ("source", "path"):
             table.add_row(k, _fmt(v))
-    Console().print(table)
+    console.show(table)
 
 
 @app.command()
@@ -81,6 +80,8 @@ def plot(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
          round_minutes: float | None = _RM, min_availability: float | None = _MINAV,
          out: Path = typer.Option(..., "--out", "-o", help="folder for the PNGs")) -> None:
     """Availability by hour, outage lengths, per-device availability, raster (PNG)."""
+    from .plot import plot_trace
+
     trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability)
     for p in plot_trace(trace, out):
-        typer.echo(str(p))
+        console.echo(p)

@@ -37,7 +37,6 @@ any minute of their whole trace (SPEC §5 quotes 29.5 % for ``strict`` on the fu
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SfgError
+from ..safety import check_cells, loads_json, read_text
 from ..spec import did_you_mean
 from .base import (
     Trace,
@@ -118,16 +118,11 @@ class FlashStates:
 
 
 def _load_json(path: Path) -> dict:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    # parsed JSON and the per-event arrays: ~12 bytes of memory per byte of file
+    text = read_text(path, "FLASH trace", bytes_per_byte=12)
     if not text.strip():
         raise SfgError(f"FLASH trace {path} is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SfgError(
-            f"FLASH trace {path}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}); "
-            "is the file truncated?"
-        ) from None
+    data = loads_json(text, str(path), what="FLASH trace")
     if not isinstance(data, dict) or not data:
         raise SfgError(
             f"FLASH trace {path}: expected a non-empty JSON object "
@@ -268,8 +263,11 @@ def parse_flash(path: str | Path, *, ignore_unknown: bool = False) -> FlashState
             f"({np.datetime64(int(first_s[d]), 's')} to {np.datetime64(int(last_s[d]), 's')}); "
             f"more than {_MAX_SPAN_DAYS} days usually means a wrong clock, check its timestamps"
         )
-    span_start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     M = int(length.sum())
+    # per flat minute: the int64 marks, four int8 states and three bool rules (~24 bytes)
+    check_cells(M, 1, 24, f"FLASH trace {p}: its {D} devices' spans", rows_name="minutes",
+                cols_name="series", fix="pass a trace of fewer devices or shorter spans")
+    span_start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     pos = span_start[dev] + (secs // 60 - m0[dev])
     rank = np.arange(len(dev), dtype=np.int64)
     st = {k: _fill(kind, value, pos, rank, span_start, first_idx.astype(np.int64), M, k)
@@ -299,6 +297,9 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
     midnight_s = -(-states.first_s // 86400) * 86400  # first local midnight at/after first event
     long_enough = states.last_s >= midnight_s + W * 60
     idx = np.flatnonzero(long_enough)
+    # the int64 minute index and the bool rule of every device-minute of the window
+    check_cells(W, max(len(idx), 1), 9, f"the FLASH window ({rounds} rounds of {rm} min)",
+                rows_name="minutes", fix="lower rounds= or round_minutes=")
     cols = (states.span_start[idx] + (midnight_s[idx] // 60 - states.m0[idx]))[:, None] \
         + np.arange(W)[None, :]
     per_minute = rule_flat[cols] if len(idx) else np.zeros((0, W), bool)

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import SfgError
 from ..outages.registry import PROCESSES
 from ..rng import stream
+from ..safety import check_cells
 from ..spec import did_you_mean, format_component
 from .base import Trace, existing_file, positive_int
 from .flash import FlashStates, flash_trace, parse_flash
@@ -93,6 +94,8 @@ class TraceProcess:
     def draw(self, N: int, *, seed: int) -> np.ndarray:
         """int64[N]: the trace columns (devices) given to nodes 0..N-1 under ``seed``."""
         N = positive_int(N, "N (number of clients)")
+        check_cells(self.trace.rounds, N, 1, "the availability of this run", cols_name="clients",
+                    fix="lower --clients")
         D = self.trace.n_devices
         where = _where(self.trace)
         if D == 0:

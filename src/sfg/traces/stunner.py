@@ -38,12 +38,17 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SfgError
+from ..safety import check_cells, read_text
 from ..spec import did_you_mean
 from .base import Trace, existing_file, fraction, minutes_to_rounds, positive_int, whole_minutes
 
 VARIANTS: dict[str, tuple[int, int]] = {"10min": (300, 10), "6day": (300, 30)}
 _DAY_MS = 86_400_000
 _MIN_MS = 60_000
+# a window start before 2100 and durations of at most ten years (in ms): anything else is a
+# wrong clock, and these bounds keep every sum far inside int64
+_MAX_START_MS = 4_102_444_800_000
+_MAX_SPAN_MS = 10 * 366 * _DAY_MS
 _FORMAT = "'<user-id> <firstOnline 0/1> <start epoch ms> <tz offset h> <d1> <d2> ...'"
 
 
@@ -90,8 +95,9 @@ def _parse_line(path: Path, lineno: int, line: str) -> SessionLine:
         start = int(p[2])
     except ValueError:
         raise _err(path, lineno, f"window start must be epoch milliseconds, got {p[2]!r}") from None
-    if start < 0:
-        raise _err(path, lineno, f"window start must be non-negative, got {start}")
+    if not 0 <= start <= _MAX_START_MS:
+        raise _err(path, lineno, f"window start must be epoch milliseconds between 0 and "
+                                 f"{_MAX_START_MS} (the year 2100), got {p[2][:40]}")
     try:
         tz = float(p[3])
     except ValueError:
@@ -106,13 +112,25 @@ def _parse_line(path: Path, lineno: int, line: str) -> SessionLine:
                 int(tok)
             except ValueError:
                 raise _err(path, lineno, f"duration {j} is not an integer number of ms: "
-                                         f"{tok!r}") from None
+                                         f"{tok[:40]!r}") from None
+            if not -_MAX_SPAN_MS <= int(tok) <= _MAX_SPAN_MS:
+                raise _err(path, lineno, f"duration {j} ({tok[:40]} ms) is longer than ten "
+                                         "years; check the line") from None
         raise  # pragma: no cover
     if (dur < 0).any():
         j = int(np.flatnonzero(dur < 0)[0]) + 1
         raise _err(path, lineno, f"duration {j} is negative ({dur[j - 1]} ms)")
-    if dur.sum() <= 0:
+    if (dur > _MAX_SPAN_MS).any():
+        j = int(np.flatnonzero(dur > _MAX_SPAN_MS)[0]) + 1
+        raise _err(path, lineno, f"duration {j} ({dur[j - 1]} ms) is longer than ten years; "
+                                 "check the line")
+    # each duration <= ten years, so the sum of up to 2**25 of them cannot wrap around int64
+    total = int(dur.sum()) if len(dur) < (1 << 25) else sum(int(d) for d in dur)
+    if total <= 0:
         raise _err(path, lineno, "durations sum to 0 ms; a window must have positive length")
+    if total > _MAX_SPAN_MS:
+        raise _err(path, lineno, f"durations sum to {total} ms, more than ten years; check "
+                                 "the line")
     return SessionLine(user=p[0], first_online=p[1] == "1", start_ms=start,
                        tz_ms=int(round(tz * 3_600_000)), durations=dur, lineno=lineno)
 
@@ -122,12 +140,13 @@ def parse_sessions(path: str | Path) -> Sessions:
     p = existing_file(path, "STUNner session",
                       " (e.g. ../shared/data/stunner/peersim_session_100.txt)")
     lines: dict[str, list[SessionLine]] = {}
-    with p.open("r", encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            s = _parse_line(p, lineno, line)
-            lines.setdefault(s.user, []).append(s)
+    # parsed lines (Python objects and small arrays): ~16 bytes of memory per byte of file
+    text = read_text(p, "STUNner session file", bytes_per_byte=16)
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        s = _parse_line(p, lineno, line)
+        lines.setdefault(s.user, []).append(s)
     if not lines:
         raise SfgError(f"STUNner session file {p} has no session lines; expected {_FORMAT}")
     for user_lines in lines.values():
@@ -162,6 +181,11 @@ def _timelines(lines: list[SessionLine]) -> list[_Timeline]:
             groups.append([s])
     out = []
     for g in groups:
+        span = g[-1].end_ms - g[0].start_ms
+        if span > _MAX_SPAN_MS:
+            raise SfgError(f"STUNner user {g[0].user!r}: contiguous lines from line "
+                           f"{g[0].lineno} span {span / _DAY_MS:.0f} days, more than ten years; "
+                           "check the window starts and durations")
         dur = np.concatenate([s.durations for s in g])
         online = np.concatenate([
             (np.arange(len(s.durations)) % 2 == (0 if s.first_online else 1)) for s in g])
@@ -197,6 +221,9 @@ def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | N
     min_av = fraction(min_availability, "min_availability")
     need = int(np.ceil(min_av * rounds - 1e-9))
     W_ms = rounds * rm * _MIN_MS
+    # per window: float64 minute edges, interpolated online time and the per-minute rule
+    check_cells(rounds * rm + 1, 1, 25, f"a STUNner window of {rounds} rounds of {rm} min",
+                rows_name="minutes", cols_name="window", fix="lower rounds or round_minutes")
 
     cols, devices, start, no_window, low = [], [], [], 0, 0
     total_ms = online_ms = 0

@@ -40,18 +40,20 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import SfgError
+from ..safety import check_cells, check_memory, read_text
 from .base import Trace, eligible_mask, existing_file, fraction, positive_int
 
 _TRUE = {"1", "true", "t", "yes", "y", "on", "1.0"}
 _FALSE = {"0", "false", "f", "no", "n", "off", "0.0"}
 _FORMS = ("rounds", "intervals")
-_MAX_CELLS = 500_000_000
+_FIX_ROUNDS = "check the round/time columns, or pass rounds= or a longer round_minutes"
 _KIND = {"number": "numbers of minutes", "naive": "ISO timestamps without a time-zone offset",
          "aware": "ISO timestamps with a time-zone offset"}
 
@@ -63,7 +65,9 @@ def _read_columns(path: Path) -> tuple[dict[str, list[str]], list[int], str]:
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         return _read_parquet(path)
-    with path.open("r", encoding="utf-8", newline="") as fh:
+    # ~20 bytes of Python strings and lists per byte of CSV
+    text = read_text(path, "trace file", bytes_per_byte=20)
+    with io.StringIO(text, newline="") as fh:
         reader = csv.reader(fh)
         try:
             header = next(reader)
@@ -100,9 +104,18 @@ def _read_parquet(path: Path) -> tuple[dict[str, list[str]], list[int], str]:
             "or save the trace as CSV"
         ) from None
     try:
+        meta = pq.ParquetFile(path).metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        # decoded columns become Python strings: ~60 bytes per cell
+        check_memory(max(size, meta.num_rows * meta.num_columns * 60),
+                     f"Parquet trace {path} holds {meta.num_rows:,} rows x "
+                     f"{meta.num_columns} columns", fix="split the file")
         table = pq.read_table(path)
+    except SfgError:
+        raise
     except Exception as e:  # noqa: BLE001 - any pyarrow failure is a bad file
-        raise SfgError(f"trace file {path}: cannot read Parquet ({e})") from None
+        raise SfgError(f"trace file {path}: cannot read Parquet "
+                       f"({' '.join(str(e).split())[:200]})") from None
     data = table.to_pydict()
     cols = {str(k).strip().lower(): ["" if v is None else _cell(v) for v in vals]
             for k, vals in data.items()}
@@ -201,19 +214,19 @@ def _from_rounds(path: Path, cols, lines, where: str, rounds: int | None,
         i = int(np.flatnonzero(bad)[0])
         raise SfgError(f"trace file {path}, {where} {lines[i]}: round must be a non-negative "
                        f"integer, got {cols['round'][i]!r}")
-    r = r.astype(np.int64)
     a = _bools(path, cols["available"], lines, where)
     T = int(r.max()) + 1 if rounds is None else rounds
-    if T * len(devices) > _MAX_CELLS:
-        raise SfgError(f"trace file {path}: round numbers up to {T - 1} for {len(devices)} "
-                       "devices are too many cells; check the round column or pass rounds=")
-    key = dev * (int(r.max()) + 1) + r
-    _, first, counts = np.unique(key, return_index=True, return_counts=True)
-    if (counts > 1).any():
-        k = int(first[np.flatnonzero(counts > 1)[0]])
-        dup = np.flatnonzero(key == key[k])
-        raise SfgError(f"trace file {path}, {where} {lines[dup[1]]}: device {devices[dev[k]]!r} "
-                       f"round {r[k]} appears twice (also {where} {lines[dup[0]]})")
+    # the matrix, plus the sort below: computed from the figures before anything is allocated
+    check_cells(T, len(devices), 1, f"trace file {path}", fix=_FIX_ROUNDS)
+    r = np.minimum(r, T).astype(np.int64)  # rounds past T are dropped below
+    order = np.lexsort((np.arange(len(r)), r, dev))
+    same = (dev[order][1:] == dev[order][:-1]) & (r[order][1:] == r[order][:-1]) \
+        & (r[order][1:] < T)
+    if same.any():
+        j = int(np.flatnonzero(same)[0])
+        k0, k1 = int(order[j]), int(order[j + 1])
+        raise SfgError(f"trace file {path}, {where} {lines[k1]}: device {devices[dev[k1]]!r} "
+                       f"round {r[k1]} appears twice (also {where} {lines[k0]})")
     inside = r < T
     avail = np.zeros((T, len(devices)), dtype=bool)
     avail[r[inside], dev[inside]] = a[inside]
@@ -261,14 +274,16 @@ def _from_intervals(path: Path, cols, lines, where: str, rounds: int | None,
                        f"{devices[dev[b_]]!r} overlaps the one on {where} {lines[a_]}")
     s0, e0 = s[order] - o, e[order] - o
     d0 = dev[order]
-    T = int(np.ceil(max(float(e.max() - o), 0.0) / L - 1e-9)) if rounds is None else rounds
+    span = float(np.ceil(max(float(e.max() - o), 0.0) / L - 1e-9))
+    if rounds is None:
+        # the coverage (float64) and availability (bool) matrices: 9 bytes per cell
+        check_cells(span + 1, max(len(devices), 1), 9,
+                    f"trace file {path}: the intervals ({L:g}-minute rounds)", fix=_FIX_ROUNDS)
+        T = int(span)
+    else:
+        check_cells(rounds + 1, max(len(devices), 1), 9, f"trace file {path}", fix=_FIX_ROUNDS)
+        T = rounds
     T = max(T, 0)
-    if T * max(len(devices), 1) > _MAX_CELLS:
-        raise SfgError(
-            f"trace file {path}: the intervals span {T} rounds of {L:g} min for {len(devices)} "
-            f"devices (too many cells); check the timestamps, or pass rounds= or a longer "
-            "round_minutes"
-        )
     cover = np.zeros((len(devices), T + 1))
     s0c, e0c = np.clip(s0, 0, T * L), np.clip(e0, 0, T * L)
     keep = e0c > s0c
@@ -276,6 +291,8 @@ def _from_intervals(path: Path, cols, lines, where: str, rounds: int | None,
     r0 = np.floor(s0c / L).astype(np.int64)
     r1 = np.ceil(e0c / L).astype(np.int64)  # exclusive
     n = r1 - r0
+    check_memory(float(n.sum()) * 40, f"trace file {path}: the intervals cover "
+                 f"{float(n.sum()):.3g} device-rounds", fix=_FIX_ROUNDS)
     rep = np.repeat(np.arange(len(n)), n)
     rr = r0[rep] + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
     overlap = np.minimum(e0c[rep], (rr + 1) * L) - np.maximum(s0c[rep], rr * L)
