@@ -94,8 +94,7 @@ def parse_attack(text: str | None) -> Attack | None:
     for key, allowed in choices.items():
         v = str(p.get(key, Attack.__dataclass_fields__[key].default)).lower()
         if v not in allowed:
-            raise SfgError(f"attack {key}={v!r} is not one of {', '.join(allowed)}"
-                           f"{did_you_mean(v, allowed)}")
+            raise SfgError(f"attack {key}={v!r} is not valid{did_you_mean(v, allowed)}")
         vals[key] = v
     always = p.get("always_on", False)
     if not isinstance(always, bool):

@@ -100,7 +100,7 @@ METRICS: tuple[Metric, ...] = (
            total=lambda f: f.honest_aggregation & (f.self_weight == 0.0),
            per=lambda f: f.honest_aggregation, attack=True),
     Metric("reach", "reach", "share of honest clients whose model carries >= 10% attacker "
-           "weight after each 50-round window", value=lambda r: r.reach, attack=True),
+           "weight at the end of each horizon window", value=lambda r: r.reach, attack=True),
     Metric("clamped", total=lambda f: f.clamped),
     Metric("final_mean_lag", value=lambda r: float(r.final_lags.mean())),
     Metric("mean_age", "mean age τ", curve=lambda f: f.age.mean(axis=-1)),
