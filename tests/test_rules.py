@@ -24,7 +24,8 @@ MODEL_FREE = model_free_rules()
 VARIANTS = MODEL_FREE + ["oracle-gls:kappa=0.3", "oracle-qp:kappa=5", "sfg-l:gamma=0.3+ipw",
                          "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded", "sfg-cut:L=2",
                          "sfg:c=0.5", "limited-merging:L=2", "sfg-cut:L=0", "two-random+ipw",
-                         "metropolis-hastings:c=0.5"]
+                         "metropolis-hastings:c=0.5", "sfg-cut+guard+relative+cap",
+                         "limited-merging:L=2,kappa=1.5,margin=0.5+cap+relative+guard"]
 
 
 @st.composite

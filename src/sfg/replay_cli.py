@@ -53,8 +53,14 @@ def _replay_legend() -> str:
     return legend()
 
 
-REPLAY_COLUMNS = _replay_columns()
-REPLAY_LEGEND = _replay_legend()
+def __getattr__(name: str):
+    # REPLAY_COLUMNS / REPLAY_LEGEND are read from the metrics on first use, so that `sfg --help`
+    # (which imports this module to register the command) loads no numpy
+    if name == "REPLAY_COLUMNS":
+        return _replay_columns()
+    if name == "REPLAY_LEGEND":
+        return _replay_legend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -138,12 +144,9 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    if attack:
-        from .replay.metrics import legend
+    from .replay.metrics import legend
 
-        console.caption(legend(attack=True))
-    else:
-        console.caption(REPLAY_LEGEND)
+    console.caption(legend(attack=bool(attack)))
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
