@@ -200,7 +200,11 @@ def test_random_claims_are_keyed_by_seed_and_round():
 def test_frac_zero_is_the_no_attack_replay_bit_for_bit(rule, attack):
     base, w0, _, _ = _lane(rule)
     got, w1, _, _ = _lane(rule, attack)
-    assert _same(base.metrics, got.metrics)
+    # the no-attack replay reports no damage measures; under frac=0 they are all zero except
+    # the own-model cuts the rule makes anyway
+    assert _same(base.metrics, {k: got.metrics[k] for k in base.metrics})
+    assert got.metrics["attack_weight"] == 0 and got.metrics["reach"] == 0
+    assert "attack_weight" not in base.metrics
     assert np.array_equal(w0, w1)
     assert base.curves == got.curves
 
@@ -214,7 +218,7 @@ def test_attack_keeps_the_honest_world_and_changes_weights():
     expect = 1 - availability(avail, parse_attack("forge:frac=0.25,always_on=true"), att).mean()
     assert got.metrics["unavailability"] == pytest.approx(expect)
     assert not np.array_equal(w0, w1)
-    assert base.metrics["attack_weight"] == 0 and base.metrics["reach"] == 0
+    assert "attack_weight" not in base.metrics and "clamped" not in base.metrics
     assert got.metrics["attack_weight"] > 0.2 and got.metrics["reach"] > 0
 
 
@@ -327,10 +331,12 @@ def test_training_frac_zero_is_the_no_attack_run_bit_for_bit():
     base = _train(rule="sfg-cut")
     for attack in ["forge:frac=0,model=sign-flip,always_on=true", "none"]:
         got = _train(rule="sfg-cut", attack=attack)
-        assert got.metrics == base.metrics
+        assert {k: got.metrics[k] for k in base.metrics} == base.metrics
         assert got.meta["minibatch_digest"] == base.meta["minibatch_digest"]
         assert bool((got.params == base.params).all())
-    assert base.metrics["acc_honest_mean"] == base.metrics["acc_mean"]
+        if attack != "none":  # honest accuracy is reported under an attack: all clients here
+            assert got.metrics["acc_honest_mean"] == base.metrics["acc_mean"]
+    assert "acc_honest_mean" not in base.metrics
 
 
 def test_training_attack_is_paired_and_poisons():
@@ -341,7 +347,7 @@ def test_training_attack_is_paired_and_poisons():
     assert not bool((flip.params == base.params).all())
     att = place(parse_attack("forge:frac=0.25"), 16, np.zeros(16), seed=3)
     assert flip.metrics["acc_honest_mean"] == pytest.approx(float(flip.accuracy[~att].mean()))
-    assert flip.metrics["acc_honest_mean"] < base.metrics["acc_honest_mean"]
+    assert flip.metrics["acc_honest_mean"] < float(base.accuracy[~att].mean())
 
 
 def test_clipped_gossip_hand_case():

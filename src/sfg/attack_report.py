@@ -42,7 +42,7 @@ def without_attacks(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 def _attack_key(record: Mapping[str, Any]) -> tuple[str, float]:
     """(attack series = the attack without its fraction, fraction); ("none", 0) without one."""
     a = parse_attack((record.get("config") or {}).get("attack"))
-    if a is None:
+    if a is None or a.frac == 0:  # frac=0 is the run without attack (bit for bit)
         return "none", 0.0
     comp = parse_component(a.text, kind="attack")
     params = {k: v for k, v in comp.params.items() if k != "frac"}
@@ -84,7 +84,18 @@ def attack_rows(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.9
     for r in records:
         kind = (r.get("config") or {}).get("kind", "train")
         series, frac = _attack_key(r)
-        by_kind.setdefault(kind, []).append({**r, "rule": _label(r["rule"], series, frac),
+        metrics = dict(r.get("metrics") or {})
+        if kind == "train" and series == "none":  # no attacker: every client is honest
+            for honest, every in (("acc_honest_mean", "acc_mean"), ("acc_honest_p10", "acc_p10")):
+                if every in metrics:
+                    metrics.setdefault(honest, metrics[every])
+        if kind == "replay" and series == "none":
+            # no attacker: no weight to attackers and no reach (replays without an attack do
+            # not report them; own-model cuts are reported by frac=0 runs)
+            metrics.setdefault("attack_weight", 0.0)
+            metrics.setdefault("reach", 0.0)
+        by_kind.setdefault(kind, []).append({**r, "metrics": metrics,
+                                             "rule": _label(r["rule"], series, frac),
                                              "_rule": r["rule"], "_series": series,
                                              "_frac": frac})
     for kind, recs in by_kind.items():

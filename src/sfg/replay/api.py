@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..attacks import parse_attack
+from ..attacks import Attack, parse_attack
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
@@ -163,6 +163,9 @@ def replay(
     attacks = list(attacks) or [None]
     parsed_attacks = [parse_attack(a) for a in attacks]
     tag_attack = any(a is not None for a in parsed_attacks)
+    if tag_attack:  # "none" next to attacks: frac=0 (the same replay, with the damage measures)
+        parsed_attacks = [Attack(frac=0.0, text="none") if a is None else a
+                          for a in parsed_attacks]
     _check_engine(engine)
     for p in processes:
         make_process(p)

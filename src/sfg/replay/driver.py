@@ -125,7 +125,8 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     for sel, part in zip(picks, parts, strict=True):
         hk[sel] = part.out
     metrics, curves = acc.summary(RunEnd(available, hk, bool(sampled), state.lags,
-                                         reach=reach.value))
+                                         reach=reach.value), attack=ln.attack is not None,
+                                  defence=bool(ln.rule.defence_flags))
     return ReplayResult(metrics=metrics, curves=curves)
 
 

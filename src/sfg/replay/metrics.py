@@ -60,7 +60,8 @@ class Metric:
     per: Callable[[Facts], np.ndarray] | None = None
     value: Callable[[RunEnd], float] | None = None
     curve: Callable[[Facts], np.ndarray] | None = None  # [rounds] from [rounds, N] facts
-    attack: bool = False  # a damage measure of forged claims: shown only when attacks are given
+    attack: bool = False  # a damage measure of forged claims: reported only under an attack
+    defence: bool = False  # reported only when the rule has a defence (sfg.defences)
 
 
 def _H_se(r: RunEnd) -> float:
@@ -101,7 +102,7 @@ METRICS: tuple[Metric, ...] = (
            per=lambda f: f.honest_aggregation, attack=True),
     Metric("reach", "reach", "share of honest clients whose model carries >= 10% attacker "
            "weight at the end of each horizon window", value=lambda r: r.reach, attack=True),
-    Metric("clamped", total=lambda f: f.clamped),
+    Metric("clamped", total=lambda f: f.clamped, defence=True),
     Metric("final_mean_lag", value=lambda r: float(r.final_lags.mean())),
     Metric("mean_age", "mean age τ", curve=lambda f: f.age.mean(axis=-1)),
     Metric("mean_lag", "mean effective lag ℓ", curve=lambda f: f.lag.mean(axis=-1)),
@@ -151,10 +152,14 @@ class Accumulator:
             if m.curve is not None:
                 self.curves[m.name].append(m.curve(f))
 
-    def summary(self, end: RunEnd) -> tuple[dict[str, float], dict[str, list[Any]]]:
-        """(metrics in :data:`METRICS` order, curves with their ``round`` axis)."""
+    def summary(self, end: RunEnd, *, attack: bool = True, defence: bool = True
+                ) -> tuple[dict[str, float], dict[str, list[Any]]]:
+        """(metrics in :data:`METRICS` order, curves with their ``round`` axis); the damage
+        measures only with ``attack``, the defences' counts only with ``defence``."""
         out: dict[str, float] = {}
         for m in METRICS:
+            if (m.attack and not attack) or (m.defence and not defence):
+                continue
             if m.value is not None:
                 out[m.name] = m.value(end)
             elif m.per is not None:

@@ -377,14 +377,14 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         "acc_p10": float(np.percentile(acc, 10)),
         "acc_time_avg": float(np.mean(curve_mean)),
         **_quartile_means(acc, available.mean(axis=0)),
-        # honest clients only (all clients without an attack; sfg.attacks)
-        "acc_honest_mean": float(acc[~attackers].mean()),
-        "acc_honest_p10": float(np.percentile(acc[~attackers], 10)),
         "messages": float(messages),
         "scalars": float(scalars),
         "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
         "unavailability": float(1 - available.mean()),
     }
+    if c.get("attack") is not None:  # honest clients only (sfg.attacks; all clients at frac=0)
+        metrics["acc_honest_mean"] = float(acc[~attackers].mean())
+        metrics["acc_honest_p10"] = float(np.percentile(acc[~attackers], 10))
     # an availability quartile with no client (N < 4) is reported empty (NaN), not an error
     if not all(math.isfinite(v) for k, v in metrics.items()
                if k.startswith("acc") and not k.startswith("acc_q")):
