@@ -293,3 +293,127 @@ def test_store_writes_an_in_process_swarm_run_into_the_results_store(tmp_path):
     assert rec["metrics"]["acc_mean"] == pytest.approx(out["metrics"]["acc_mean"])
     assert rec["metrics"]["rejected"] == 0.0
     assert curves[rid]["acc_mean"] == pytest.approx(out["curves"]["acc_mean"])
+
+
+# ------------------------------------------------------------------ forged claims (issue 13)
+FORGE = dict(n_clients=6, rounds=10, process="iid:u=0.5", rule="sfg-cut", model="mlp",
+             dataset="digits", seed=1, eval_every=10, graph="ring:k=1", local_steps=2,
+             attack="forge:frac=0.2,claim=fresh,model=constant,always_on=true")
+
+
+def _attacker_weights(world, nodes):
+    """(attacker weight, honest weight) of every honest aggregation with an attacker candidate."""
+    out = []
+    for n in nodes:
+        if world.attackers[n.i]:
+            continue
+        for w in n.weights:
+            if any(world.attackers[c] for c in w["candidates"]):
+                att = sum(v for c, v in zip(w["candidates"], w["weights"], strict=True)
+                          if world.attackers[c])
+                out.append((att, 1.0 - att, w["clamped"]))
+    return out
+
+
+def test_swarm_fresh_claiming_node_takes_all_weight_and_guard_stops_it():
+    """Lockstep swarm with one attacker (always on, claims age 0 / lag 0 / largest count + 1,
+    sends its unchanging initial model): under sfg-cut it takes its honest neighbours' whole
+    weight (they and their own models are cut); with +guard the node's evidence (the payload
+    SHA-256 did not change, so the age claim is too small) clamps it and it never does."""
+    plain = build_world(FORGE)
+    assert plain.attackers.sum() == 1
+    att = int(np.flatnonzero(plain.attackers)[0])
+    assert plain.available[:, att].all()  # always_on
+    _, nodes = _run(plain, lambda i: NodeConfig(mode="lockstep", record_headers=True, deadline=60))
+    forged = [h for n in nodes for h in n.headers if h["sender"] == att]
+    assert forged and all(h["age"] == 0 and h["lag"] == 0.0 for h in forged)
+    honest = [h for n in nodes for h in n.headers if h["sender"] != att]
+    assert any(h["lag"] > 1 for h in honest)  # honest claims are not forged
+    w_plain = _attacker_weights(plain, nodes)
+    assert w_plain and max(a for a, _, _ in w_plain) == 1.0
+    assert all(c == 0 for _, _, c in w_plain)
+
+    guarded = build_world({**FORGE, "rule": "sfg-cut+guard"})
+    _, nodes_g = _run(guarded, lambda i: NodeConfig(mode="lockstep", record_headers=True,
+                                                    deadline=60))
+    w_guard = _attacker_weights(guarded, nodes_g)
+    assert len(w_guard) == len(w_plain)  # the same trace, the same aggregations
+    assert max(a for a, _, _ in w_guard) < 1.0
+    assert sum(c for _, _, c in w_guard) >= len(w_guard)  # the forged claim clamped each time
+    assert sum(a for a, _, _ in w_guard) < sum(a for a, _, _ in w_plain)
+
+
+def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state():
+    """The hand-built 4-client case of issue 13 on a real Node: receiver 0, honest neighbours 1
+    and 2, attacker 3. The node's weights and its next staleness state equal the compiled
+    round's (play_round with +guard: forged lag 0 clamped to 1 + t − count = 3); with the same
+    content seen again 6 rounds later, the evidence bound clamps the attacker's age to 6."""
+    import hashlib
+
+    from sfg.attacks import claims, parse_attack
+    from sfg.net.node import Message
+    from sfg.net.state import NodeState
+    from sfg.net.wire import Header
+    from sfg.outages.anatomy import Capabilities
+    from sfg.round import play_round
+    from sfg.rounds import RoundGraph
+    from sfg.rules import parse_rule
+    from sfg.staleness import StalenessState
+
+    edges = np.array([[0, 1], [0, 2], [0, 3]])
+    world = build_world(dict(n_clients=4, rounds=20, process="none", rule="sfg-cut+guard",
+                             eval_every=20), edges=edges)
+    node = Node(world, 0, NodeConfig(mode="lockstep", record_headers=True))
+    t = 10
+    node.state = NodeState(t=t, age=1, lag=4.0, count=7, local_count=7, q_hat=[1.0] * 3)
+
+    def msg(j, age, lag, count, content):
+        x = world.x0 + content
+        head = Header(sender=j, round=t, age=age, lag=lag, count=count, local_count=7,
+                      length=0, sha256=hashlib.sha256(x.tobytes()).digest())
+        return Message(head, x)
+
+    msgs = [msg(1, 1, 4.0, 7, 1.0), msg(2, 1, 4.0, 7, 2.0), msg(3, 0, 0.0, 8, 3.0)]
+    _, full = node._aggregate(t, [1, 2, 3], msgs, [1, 1, 0], [4.0, 4.0, 0.0])
+    # the compiled round on the same case (tests/test_attacks.py's hand case)
+    rg = RoundGraph.from_edges(4, edges)
+    st = StalenessState(t=t, ages=np.ones(4, np.int64), lags=np.full(4, 4.0),
+                        counts=np.full(4, 7, np.int64), local_counts=np.full(4, 7, np.int64),
+                        q_hat=np.ones(rg.n_slots))
+    att = np.array([0, 0, 0, 1], bool)
+    on = np.ones(4, bool)
+    rr = play_round(parse_rule("sfg-cut+guard"), rg, st, Capabilities(on, on, on, on), seed=0,
+                    slot_staleness=claims(parse_attack("forge:claim=fresh"), rg, st, att, seed=0))
+    sl = slice(rg.indptr[0], rg.indptr[1])
+    want = dict(zip(rg.send[sl].tolist(), rr.weights[sl].tolist(), strict=True))
+    assert full["weights"].tolist() == pytest.approx([want[j] for j in range(4)], abs=1e-12)
+    assert full["weights"][3] == pytest.approx(8 / 29)
+    assert full["lags"].tolist() == [4.0, 4.0, 4.0, 3.0]  # the forged lag as clamped
+    nxt = node.star.advance(node.state, available=True, **full)
+    assert nxt.lag == pytest.approx(rr.state.lags[0], abs=1e-12)
+    assert nxt.count == rr.state.counts[0] and nxt.age == rr.state.ages[0]
+    assert node.weights[-1]["clamped"] == 1
+    # evidence: the attacker's content unchanged 6 rounds later -> age >= 6, lag >= 6
+    _, full = node._aggregate(t + 6, [1, 2, 3], [msg(1, 1, 10.0, 7, 4.0), msg(2, 1, 10.0, 7, 5.0),
+                                                 msg(3, 0, 0.0, 8, 3.0)],
+                              [1, 1, 0], [10.0, 10.0, 0.0])
+    assert full["ages"][3] == 6 and full["lags"][3] >= 6.0
+    assert full["ages"][1] == 1 and full["lags"][1] == 10.0  # changed content: untouched
+
+
+def test_swarm_cli_rejects_a_poisoned_model_attack(capsys):
+    code, _, err = _cli(["swarm", "-n", "10", "-T", "10", "--attack",
+                         "forge:frac=0.2,claim=fresh,model=sign-flip"], capsys)
+    assert code == 2 and "model=none or constant" in err, err
+
+
+def test_swarm_cli_attack_reaches_the_worker_nodes(tmp_path, capsys):
+    """`sfg swarm --attack ...`: the worker processes build the same attackers."""
+    code, out, err = _cli(["swarm", "--nodes", "4", "-T", "4", "-p", "none", "--graph",
+                           "ring:k=1", "--procs", "1", "-K", "1", "--eval-every", "4",
+                           "--attack", "forge:frac=0.25,claim=fresh", "--workdir",
+                           str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["config"]["attack"] == "forge:claim=fresh,frac=0.25"
+    assert sum(n["attacker"] for n in res["nodes"]) == 1

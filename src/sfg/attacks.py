@@ -130,9 +130,14 @@ def availability(available: np.ndarray, attack: Attack | None, attackers: np.nda
     return out
 
 
-def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int):
+def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
+           ids: np.ndarray | None = None, n_all: int | None = None):
     """(ages, lags, counts) [E] that each slot delivers in round ``state.t``: the sender's true
-    state, except on slots from an attacker to someone else, which carry the forged claim."""
+    state, except on slots from an attacker to someone else, which carry the forged claim.
+
+    ``ids`` [rg.n] and ``n_all``: when ``rg`` is part of a larger graph (a networked node's
+    star, :mod:`sfg.net.node`), the clients' ids in it and its size, so that random claims are
+    the draws of the same clients in the whole graph."""
     t = state.t
     age = state.ages[rg.send].astype(np.int64)
     lag = state.lags[rg.send].astype(np.float64)
@@ -144,9 +149,10 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int):
     src = rg.send[forged]
     if attack.claim == "random":
         g = stream(seed, "attack-claims", t)
-        n = rg.n
+        n = rg.n if n_all is None else int(n_all)
         ra, rl, rc = g.integers(0, t + 1, n), g.random(n) * t, g.integers(1, t + 2, n)
-        age[forged], lag[forged], count[forged] = ra[src], rl[src], rc[src]
+        gsrc = src if ids is None else np.asarray(ids, np.int64)[src]
+        age[forged], lag[forged], count[forged] = ra[gsrc], rl[gsrc], rc[gsrc]
         return age, lag, count
     age[forged] = 0
     lag[forged] = 0.0

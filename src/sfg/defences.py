@@ -127,3 +127,32 @@ def cap_weights(w, kappa):  # pragma: no cover - compiled
             w[d] = cap
     if excess > 0.0:
         w[0] += excess
+
+
+def clamp_one(rule, t: int, ages, lags, counts, min_ages=None):
+    """One receiver's claims as the round's defences leave them (index 0 = the receiver):
+    ``(ages [k] int64, lags [k] float64, counts [k] int64, changed)`` — :func:`clamp_claims`,
+    the round's own compiled clamp, on copies. ``min_ages`` [k] is the ``+guard`` evidence
+    bound (rounds since each candidate's content last changed as the receiver observed it;
+    default 0: no evidence). For receivers outside the round, e.g. a networked node
+    (:mod:`sfg.net.node`), which then scores the clamped claims with :func:`claims_as_given`'s
+    rule and keeps them for its own bookkeeping, as the round does."""
+    age = np.array(ages, dtype=np.int64).reshape(-1)
+    raw = np.array(lags, dtype=np.float64).reshape(-1)
+    count = np.array(counts, dtype=np.int64).reshape(-1)
+    k = age.shape[0]
+    lo = np.zeros(k, np.int64) if min_ages is None else np.array(min_ages, np.int64).reshape(-1)
+    changed = 0
+    flags = rule.defence_flags & (GUARD | RELATIVE)
+    if flags:
+        changed = int(clamp_claims(int(t), flags, float(rule.margin), k, age, raw, count, lo))
+    return age, raw, count, changed
+
+
+def claims_as_given(rule):
+    """``rule`` without its claim defences (``+guard``, ``+relative``; ``+cap`` stays): for
+    scoring claims that :func:`clamp_one` already clamped (clamping once, as the round does)."""
+    from dataclasses import replace
+
+    keep = tuple(m for m in rule.modifiers if m not in ("guard", "relative"))
+    return rule if keep == rule.modifiers else replace(rule, modifiers=keep)

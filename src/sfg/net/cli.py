@@ -134,6 +134,7 @@ def register(app: typer.Typer) -> None:
         weight_decay: float | None = typer.Option(None),
         alpha: float | None = typer.Option(None),
         eval_every: int | None = typer.Option(None),
+        attack: str | None = typer.Option(None, "--attack", help="Forged staleness as in `sfg run`, e.g. forge:frac=0.2,claim=fresh: the attackers forge their header claims (model=none|constant)"),
         period: float = typer.Option(0.2, help="async: round period P in seconds"),
         jitter: float = typer.Option(0.0, help="async: start jitter, a fraction of P in [0, 1)"),
         window: float = typer.Option(1.0, help="async: W, periods a neighbour's message stays live"),
@@ -152,7 +153,8 @@ def register(app: typer.Typer) -> None:
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every}
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
+                 "attack": attack}
         cfg = _settings(config, flags)
         cfg["backend"] = "loop"
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
@@ -205,6 +207,7 @@ def register(app: typer.Typer) -> None:
         weight_decay: float | None = typer.Option(None),
         alpha: float | None = typer.Option(None),
         eval_every: int | None = typer.Option(None),
+        attack: str | None = typer.Option(None, "--attack", help="Forged staleness, as for `sfg swarm`"),
         period: float = typer.Option(0.2),
         jitter: float = typer.Option(0.0),
         window: float = typer.Option(1.0),
@@ -230,7 +233,8 @@ def register(app: typer.Typer) -> None:
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every}
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
+                 "attack": attack}
         cfg = _settings(config, flags)
         world = build_world(cfg, edges=edges)
         tls = TlsFiles.load(tls_dir, id) if tls_dir else None

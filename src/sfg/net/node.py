@@ -30,6 +30,16 @@ neighbours. An unavailable node neither trains, sends nor answers (its server re
 deliveries); each of its rounds adds 1 to its age and lag. q̂_ij is updated with "j is a
 candidate" as the event. Timestamps are the receiver's own clock only.
 
+**Forged claims and defences** (:mod:`sfg.attacks`, :mod:`sfg.defences`): an attacker of the
+run's ``--attack forge:...`` puts the forged claim of :func:`sfg.attacks.claims` in its headers
+(played on its star: the largest count it hears is its own and the last its neighbours
+claimed); ``model=constant`` sends the initial model every time. A receiver whose rule has
+``+guard``/``+relative`` clamps the header claims with the round's compiled clamp
+(:func:`sfg.defences.clamp_one`) before the rule scores them, ``+guard`` with its own evidence:
+per neighbour, the payload SHA-256 last aggregated and when it was first seen
+(:meth:`Node._evidence`); its staleness update then uses the claims as clamped, as in
+``sfg run``.
+
 **Checkpoints**: after every round, if ``checkpoint_dir`` is set, the model and state are written
 atomically (``node-<id>.safetensors``). A node started with ``resume=True`` continues from it; in
 async mode the rounds it missed while down (by its own clock) are applied as unavailable rounds,
@@ -49,6 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..defences import GUARD, RELATIVE, claims_as_given, clamp_one
 from ..errors import SfgError
 from ..rng import stream
 from ..round import rule_draws
@@ -177,6 +188,12 @@ class Node:
         self.stats = _Stats()
         self.rejections = Rejections(self.i)
         self.headers: list[dict] = []     # accepted headers' scalars (record_headers)
+        self.weights: list[dict] = []     # each aggregation's weights (record_headers)
+        self.seen: dict[int, tuple[bytes, float]] = {}  # +guard: content digest, first seen
+        self.claimed: dict[int, int] = {}               # latest count each neighbour claimed
+        self._claimed_round: dict[int, int] = {}
+        # the rule that scores claims the node has already clamped (sfg.defences.clamp_one)
+        self._scorer = claims_as_given(world.rule)
         self.restored: dict | None = None
         self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
                              tls=self.cfg.tls)
@@ -303,7 +320,14 @@ class Node:
         else:
             old = self.latest.get(h.sender)
             if old is None or h.round >= old[0].header.round:
-                self.latest[h.sender] = (msg, time.monotonic())
+                now = time.monotonic()
+                self.latest[h.sender] = (msg, now)
+                seen = self.seen.get(h.sender)
+                if seen is None or seen[0] != h.sha256:  # +guard evidence: first arrival
+                    self.seen[h.sender] = (h.sha256, now)
+        if h.round >= self._claimed_round.get(h.sender, -1):
+            self._claimed_round[h.sender] = h.round
+            self.claimed[h.sender] = h.count
         self._arrived.set()
 
     def _prune_outbox(self, *, delivered: bool = False) -> None:
@@ -326,8 +350,35 @@ class Node:
     # ------------------------------------------------------------------ sending
     def _message(self) -> tuple[bytes, bytes]:
         s = self.state
-        return encode(self.x, self.layout, sender=self.i, round=self.round, age=s.age,
-                      lag=s.lag, count=s.count, local_count=s.local_count)
+        age, lag, count = self._claims()
+        att = self.world.attack
+        x = self.world.x0 if (att is not None and att.model == "constant"
+                              and self.world.attackers[self.i]) else self.x
+        return encode(x, self.layout, sender=self.i, round=self.round, age=age,
+                      lag=lag, count=count, local_count=s.local_count)
+
+    def _claims(self) -> tuple[int, float, int]:
+        """The (age, lag, count) this node claims in its headers: its true state, or, for an
+        attacker of the run's ``--attack forge:...``, the forged claim of
+        :func:`sfg.attacks.claims` played on this node's star (the largest count it hears:
+        its own and the last its neighbours claimed)."""
+        s = self.state
+        att = self.world.attack
+        if att is None or not att.forges or not self.world.attackers[self.i]:
+            return s.age, s.lag, s.count
+        from ..attacks import claims
+        from ..staleness import StalenessState
+
+        k, E = self.star.deg + 1, self.star.rg.n_slots
+        counts = np.array([s.count] + [self.claimed.get(int(j), 1) for j in self.nbrs], np.int64)
+        st = StalenessState(t=s.t, ages=np.full(k, s.age, np.int64), lags=np.full(k, s.lag),
+                            counts=counts, local_counts=np.ones(k, np.int64), q_hat=np.ones(E))
+        me = np.zeros(k, bool)
+        me[0] = True
+        age, lag, count = claims(att, self.star.rg, st, me, seed=self.world.seed,
+                                 ids=np.array([self.i, *self.nbrs], np.int64), n_all=self.world.n)
+        e = int(np.flatnonzero((self.star.rg.send == 0) & ~self.star.rg.is_self)[0])
+        return int(age[e]), float(lag[e]), int(count[e])
 
     async def _send(self, j: int, r: int, header: bytes, payload: bytes) -> None:
         ok, reason = await self.peers[j].deliver(header, payload, timeout=self.cfg.rpc_timeout,
@@ -368,23 +419,60 @@ class Node:
     def _blocked_pair(self, a: int, b: int, r: int) -> bool:
         return any(p.blocks(a, b, r) for p in self.cfg.partitions)
 
+    def _evidence(self, r: int, senders: list[int], msgs: list[Message]) -> list[int]:
+        """The ``+guard`` evidence bound per neighbour candidate (:mod:`sfg.defences`): the
+        rounds since that neighbour's model content (the payload's SHA-256, checked on
+        arrival) last changed as this node observed it — an unchanged model was not trained
+        since. Lockstep: this node's rounds since it first aggregated that content, as the
+        round counts it in ``sfg run``. Async: ⌊(now − first arrival of that content)/P⌋,
+        which an honest waited age τ + ⌊d⌋ never undercuts. Kept in memory only (a restarted
+        node starts without evidence: weaker, never wrong)."""
+        out = []
+        now = time.monotonic()
+        for j, m in zip(senders, msgs, strict=True):
+            seen = self.seen.get(j)
+            if self.cfg.mode == "lockstep":
+                if seen is None or seen[0] != m.header.sha256:
+                    self.seen[j] = (m.header.sha256, float(r))
+                    out.append(0)
+                else:
+                    out.append(int(r - seen[1]))
+            else:  # first arrivals are kept by _accept
+                first = seen[1] if seen is not None and seen[0] == m.header.sha256 else now
+                out.append(max(0, math.floor((now - first) / self.cfg.period)))
+        return out
+
     def _aggregate(self, r: int, senders: list[int], msgs: list[Message],
                    ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
         """Weights with the rule's one-receiver form (:meth:`Rule.weights_one`), the
-        aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them."""
+        aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them.
+
+        The rule's claim defences (``+guard``, ``+relative``) first clamp the claims with the
+        round's own compiled clamp (:func:`sfg.defences.clamp_one`, with this node's evidence,
+        :meth:`_evidence`); the rule then scores the clamped claims (``+cap`` applies to the
+        weights), and the staleness update uses the claims as clamped — as in ``sfg run``."""
         s = self.state
+        rule = self.world.rule
         counts = [s.count] + [m.header.count for m in msgs]
         local = [s.local_count] + [m.header.local_count for m in msgs]
+        ages, lags, changed = [s.age, *ages], [s.lag, *lags], 0
+        if rule.defence_flags & (GUARD | RELATIVE):
+            min_ages = [0, *self._evidence(r, senders, msgs)] if rule.defence_flags & GUARD \
+                else None
+            a, lg, c, changed = clamp_one(rule, r, ages, lags, counts, min_ages)
+            ages, lags, counts = a.tolist(), lg.tolist(), c.tolist()
         q = [1.0] + [s.q_hat[self.pos[j] - 1] for j in senders]
-        rule = self.world.rule
         u, keys = 0.5, None
         if rule.random:  # the round's own draws: stream keyed by (seed, round), global slots
             u_all, key_all = rule_draws(self.world.seed, r, self.world.n, self.world.rg.n_slots)
             seg = key_all[self.world.rg.indptr[self.i]:self.world.rg.indptr[self.i + 1]]
             u, keys = float(u_all[self.i]), seg[[0] + [self.pos[j] for j in senders]]
-        w = rule.weights_one(ages=[s.age, *ages], lags=[s.lag, *lags], counts=counts,
-                             local_counts=local, q_hat=q, t=r, u=u, keys=keys,
-                             degrees=self._degrees(r, [self.i, *senders]))
+        w = self._scorer.weights_one(ages=ages, lags=lags, counts=counts, local_counts=local,
+                                     q_hat=q, t=r, u=u, keys=keys,
+                                     degrees=self._degrees(r, [self.i, *senders]))
+        if self.cfg.record_headers:
+            self.weights.append({"round": r, "receiver": self.i, "candidates": [self.i, *senders],
+                                 "weights": [float(v) for v in w], "clamped": changed})
         X = np.stack([self.x] + [m.params for m in msgs])
         agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
         k = self.star.deg + 1
@@ -394,8 +482,8 @@ class Node:
         idx = [0] + [self.pos[j] for j in senders]
         full["cand"][idx] = True
         full["weights"][idx] = w
-        full["ages"][idx] = [s.age, *ages]
-        full["lags"][idx] = [s.lag, *lags]
+        full["ages"][idx] = ages
+        full["lags"][idx] = lags
         full["counts"][idx] = counts
         full["local_counts"][idx] = local
         return agg, full
@@ -589,7 +677,9 @@ class Node:
     def result(self) -> dict[str, Any]:
         s = self.stats
         acc = s.curve[-1][1] if s.curve else self.trainer.evaluate(self.x)
+        att = self.world.attackers
         return {"node": self.i, "acc": acc, "curve": [list(c) for c in s.curve],
+                "attacker": bool(att is not None and att[self.i]),
                 "messages": s.messages, "bytes": s.bytes, "sent": s.sent,
                 "send_failed": s.send_failed, "offline_peer": s.offline_peer,
                 "refused": s.refused, "steps": s.steps,

@@ -117,7 +117,8 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         "send_failed": float(sum(r["send_failed"] for r in res)),
         "restarts": float(restarts),
     }
-    nodes = [{"node": r["node"], "acc": r["acc"], **{k: r["state"][k] for k in
+    nodes = [{"node": r["node"], "acc": r["acc"], "attacker": bool(r.get("attacker", False)),
+              **{k: r["state"][k] for k in
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
               "restored": r["restored"]} for r in res]
     curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}

@@ -35,6 +35,10 @@ class World:
 
     available: bool [T, N] availability trace (node i's round r uses ``available[r, i]``).
     x0:        float32 [D] the common initial model.
+    attack, attackers: the run's forged-staleness attack (``--attack forge:...``,
+               :mod:`sfg.attacks`): attackers placed as in ``sfg run``; each forges the claims
+               in the headers it sends and, with ``model=constant``, sends the initial model
+               every time (:meth:`sfg.net.node.Node._message`).
     """
 
     cfg: dict[str, Any]
@@ -46,6 +50,8 @@ class World:
     x0: np.ndarray
     layout: Layout
     model_factory: Any
+    attack: Any = None             # sfg.attacks.Attack forging header claims, or None
+    attackers: np.ndarray | None = None  # bool [N] the nodes that forge (sfg.attacks.place)
 
     @property
     def n(self) -> int:
@@ -76,6 +82,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     ``available`` overrides the trace the outage process would give; ``edges`` ([M, 2] node
     ids, e.g. from peers.yaml) override the generated graph's edges.
     """
+    from ..attacks import availability, parse_attack, place
     from ..data import load_federated
     from ..models import make_model
     from ..sim.params import ParamSpec, init_params
@@ -101,6 +108,14 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     available = np.asarray(available, bool)
     check(available.shape == (T, N),
           f"availability trace has shape {available.shape}, need (rounds, nodes) = {(T, N)}")
+    # forged staleness (sfg.attacks), placed and made always-on exactly as `sfg run` does
+    attack = parse_attack(c.get("attack"))
+    attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
+    attack = attack if attackers.any() else None
+    check(attack is None or attack.model in ("none", "constant"),
+          f"sfg swarm/node support attack model=none or constant, not "
+          f"model={attack.model if attack else ''}; use `sfg run` for other poisoned models")
+    available = availability(available, attack, attackers)
 
     def factory():
         return make_model(c["model"], input_shape=tuple(data.input_shape),
@@ -110,7 +125,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     spec = ParamSpec.from_module(factory())
     return World(cfg=c, rule=rule, data=data, graph=graph, rg=RoundGraph.from_graph(graph),
                  available=available, x0=x0, layout=Layout.from_spec(spec),
-                 model_factory=factory)
+                 model_factory=factory, attack=attack, attackers=attackers)
 
 
 def _edges(edges, n: int) -> np.ndarray:
