@@ -2,9 +2,11 @@
 
 1. **Model exchange throughput on localhost**: the paper CNN (878,538 parameters, 3.5 MB of
    float32) delivered over sfg's gRPC transport — header + safetensors payload streamed in
-   1 MiB chunks — versus a raw TCP socket copy of the same bytes. Three figures per
-   repetition: raw TCP, the gRPC transport alone (receiver only counts bytes), and a full
-   exchange (encode, send, receive, validate: digest, names/shapes/dtype, finiteness).
+   1 MiB chunks, encoded once in chunks as a node does — versus a raw TCP socket copy of the
+   same bytes, to a receiver in another process (as between two nodes). Three figures per
+   repetition, interleaved: raw TCP, the gRPC transport alone (the receiver only reads the
+   bytes), and a full exchange (encode, send, receive, validate: digest,
+   names/shapes/dtype, finiteness).
 2. **Lockstep overhead**: ``N = 8`` digits MLP nodes in one process in lockstep mode versus
    ``sfg run --backend loop`` (same settings, same results), per round.
 3. **N = 50 async nodes under FLASH-strict churn** (digits MLP) over worker processes on this
@@ -26,6 +28,7 @@ import asyncio
 import os
 import socket
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,17 +43,24 @@ def _load() -> str:
 
 
 # ----------------------------------------------------------------------------------- 1
-def raw_tcp_seconds(data: bytes) -> float:
-    """Seconds to copy ``data`` through a TCP socket on 127.0.0.1 (receiver reads it all)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    port = srv.getsockname()[1]
-    n = len(data)
-    done = threading.Event()
+def _paper_cnn():
+    from sfg.models import count_parameters, make_model
+    from sfg.net.wire import Layout
+    from sfg.sim.params import ParamSpec, flatten
 
-    def receive() -> None:
+    model = make_model("cnn", input_shape=(3, 32, 32), num_classes=10)
+    return count_parameters(model), Layout.from_spec(ParamSpec.from_module(model)), \
+        flatten(model).numpy()
+
+
+def _raw_receive(srv: socket.socket) -> None:
+    """Raw TCP receiver: per connection an 8-byte length, then that many bytes; replies b"k"."""
+    while True:
         conn, _ = srv.accept()
+        head = b""
+        while len(head) < 8:
+            head += conn.recv(8 - len(head))
+        n = int.from_bytes(head, "little")
         buf = bytearray(n)
         view, got = memoryview(buf), 0
         while got < n:
@@ -60,83 +70,105 @@ def raw_tcp_seconds(data: bytes) -> float:
             got += k
         conn.sendall(b"k")
         conn.close()
-        done.set()
 
-    th = threading.Thread(target=receive)
-    th.start()
+
+def receiver_main() -> None:
+    """The receiving process: a raw TCP receiver and sfg's gRPC server; prints both ports.
+    A message with round 0 is only read (transport); round 1 is also validated as a node does
+    (payload joined, SHA-256, names/shapes/dtype, byte ranges, finiteness)."""
+    from sfg.net.transport import Server
+    from sfg.net.wire import check_message, unpack_header
+
+    _, layout, _ = _paper_cnn()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    threading.Thread(target=_raw_receive, args=(srv,), daemon=True).start()
+
+    async def deliver(h, chunks, identity, peer):
+        parts = [c async for c in chunks]
+        if unpack_header(h).round == 1:
+            check_message(h, b"".join(parts), layout, neighbours={1})
+        return True, ""
+
+    async def run() -> None:
+        server = Server(deliver, lambda t, w: None, max_bytes=1 << 27)
+        port = await server.start("127.0.0.1", 0)
+        print(port, srv.getsockname()[1], flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await server.stop()
+
+    asyncio.run(run())
+
+
+def raw_tcp_seconds(data: bytes, port: int) -> float:
+    """Seconds to copy ``data`` through a TCP socket to the receiver on 127.0.0.1:port."""
     c = socket.create_connection(("127.0.0.1", port))
     t = time.perf_counter()
+    c.sendall(len(data).to_bytes(8, "little"))
     c.sendall(data)
     c.recv(1)
     dt = time.perf_counter() - t
     c.close()
-    th.join()
-    srv.close()
     return dt
 
 
 def bench_throughput(repeats: int) -> dict:
-    from sfg.models import count_parameters, make_model
-    from sfg.net.transport import Peer, Server
-    from sfg.net.wire import Layout, check_message, encode
-    from sfg.sim.params import ParamSpec, flatten
+    """Sender here, receiver in another process (two nodes are two processes); per repetition
+    a raw TCP copy, a gRPC delivery of the node's pre-chunked message, and a full exchange
+    (encode + deliver + validate), interleaved. Ratios are medians of per-repetition ratios."""
+    import subprocess
 
-    model = make_model("cnn", input_shape=(3, 32, 32), num_classes=10)
-    D = count_parameters(model)
-    layout = Layout.from_spec(ParamSpec.from_module(model))
-    flat = flatten(model).numpy()
-    header, payload = encode(flat, layout, sender=1, round=0, age=0, lag=0.0, count=1,
-                             local_count=1)
-    nbytes = len(header) + len(payload)
+    from sfg.net.transport import CHUNK, Peer
+    from sfg.net.wire import encode
 
-    async def run() -> tuple[list[float], list[float]]:
-        validate = {"on": False}
+    D, layout, flat = _paper_cnn()
 
-        async def deliver(h, chunks, identity, peer):
-            parts = [c async for c in chunks]
-            if validate["on"]:
-                check_message(h, b"".join(parts), layout, neighbours={1})
-            return True, ""
+    def message(r: int):
+        return encode(flat, layout, sender=1, round=r, age=0, lag=0.0, count=1, local_count=1,
+                      chunk=CHUNK)
 
-        srv = Server(deliver, lambda t, w: None, max_bytes=1 << 27)
-        port = await srv.start("127.0.0.1", 0)
-        peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 27)
-        await peer.deliver(header, payload)  # warm-up: connection set up
-        transport, full = [], []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            ok, _ = await peer.deliver(header, payload)
-            transport.append(time.perf_counter() - t)
-            assert ok
-            validate["on"] = True
-            t = time.perf_counter()
-            h, p = encode(flat, layout, sender=1, round=0, age=0, lag=0.0, count=1,
-                          local_count=1)
-            ok, _ = await peer.deliver(h, p)
-            full.append(time.perf_counter() - t)
-            validate["on"] = False
-            assert ok
-        await peer.close()
-        await srv.stop()
-        return transport, full
+    header, payload = message(0)
+    nbytes = len(header) + payload.nbytes
+    data = header + payload.join()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, __file__, "--receiver"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        grpc_port, raw_port = map(int, proc.stdout.readline().split())
 
-    raw = []
-    transport: list[float] = []
-    full: list[float] = []
-    data = header + payload
-    raw_tcp_seconds(data)  # warm-up
-    for _ in range(3):  # interleave: raw, then a batch of gRPC, repeatedly
-        raw += [raw_tcp_seconds(data) for _ in range(max(1, repeats // 3))]
-        tr, fu = asyncio.run(run())
-        transport += tr
-        full += fu
+        async def run() -> tuple[list[float], list[float], list[float]]:
+            peer = Peer(f"127.0.0.1:{grpc_port}", max_bytes=1 << 27)
+            for r in (0, 1):  # warm-up: connection set up, both receive paths
+                assert (await peer.deliver(*message(r)))[0]
+            raw_tcp_seconds(data, raw_port)
+            raw, transport, full = [], [], []
+            for _ in range(repeats):
+                raw.append(raw_tcp_seconds(data, raw_port))
+                t = time.perf_counter()
+                ok, _ = await peer.deliver(header, payload)
+                transport.append(time.perf_counter() - t)
+                assert ok
+                t = time.perf_counter()
+                ok, _ = await peer.deliver(*message(1))
+                full.append(time.perf_counter() - t)
+                assert ok
+            await peer.close()
+            return raw, transport, full
+
+        raw, transport, full = asyncio.run(run())
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
     mb = nbytes / 1e6
-    out = {"params": D, "MB": mb,
-           "raw_MBps": mb / statistics.median(raw),
-           "grpc_MBps": mb / statistics.median(transport),
-           "exchange_MBps": mb / statistics.median(full)}
-    out["grpc_vs_raw"] = out["grpc_MBps"] / out["raw_MBps"]
-    out["exchange_vs_raw"] = out["exchange_MBps"] / out["raw_MBps"]
+    med = statistics.median
+    out = {"params": D, "MB": mb, "raw_MBps": mb / med(raw), "grpc_MBps": mb / med(transport),
+           "exchange_MBps": mb / med(full),
+           "grpc_vs_raw": med(r / g for r, g in zip(raw, transport, strict=True)),
+           "exchange_vs_raw": med(r / f for r, f in zip(raw, full, strict=True))}
     return out
 
 
@@ -189,6 +221,9 @@ def bench_swarm50(flash: str, rounds: int, procs: int, period: float) -> dict:
 
 
 def main() -> None:
+    if "--receiver" in sys.argv:
+        receiver_main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=["throughput", "lockstep", "swarm50"], action="append")
     ap.add_argument("--repeats", type=int, default=15)

@@ -237,3 +237,24 @@ def test_lockstep_node_bounds_what_a_neighbour_may_queue_ahead():
     assert replies == [(True, ""), (True, ""), (True, ""), (False, "ahead"), (False, "ahead")]
     assert sorted(node.inbox) == [(1, 0), (1, 1)]
     assert node.rejections.as_dict() == {"ahead": 2}
+
+
+def test_chunked_encoding_is_the_same_payload_in_transport_sized_pieces():
+    from sfg.net.transport import chunks
+    from sfg.net.wire import Chunked
+
+    layout = Layout(names=("a.weight", "a.bias"), shapes=((30, 20), (30,)))
+    flat = np.random.default_rng(4).standard_normal(layout.D).astype(np.float32)
+    h, p = encode(flat, layout, sender=1, round=3, age=0, lag=0.0, count=2, local_count=2)
+    hc, pc = encode(flat, layout, sender=1, round=3, age=0, lag=0.0, count=2, local_count=2,
+                    chunk=256)
+    assert isinstance(pc, Chunked) and len(pc) > 2
+    assert hc == h and pc.join() == p and pc.nbytes == len(p)
+    assert all(len(c) == 256 for c in pc[:-1]) and 0 < len(pc[-1]) <= 256
+    assert list(chunks(pc, 256)) == list(pc)                # sent as they are
+    assert b"".join(chunks(p, 256)) == p                    # bytes are sliced
+    with pytest.raises(ValueError):
+        list(chunks(pc, 128))                               # never above the limit
+    with pytest.raises(ValueError):
+        encode(flat, layout, sender=1, round=3, age=0, lag=0.0, count=2, local_count=2, chunk=64)
+    assert np.array_equal(check_message(hc, pc.join(), layout, neighbours={1}).params, flat)

@@ -64,7 +64,7 @@ from ..errors import SfgError
 from ..rng import stream
 from ..round import rule_draws
 from .state import NodeState, Star, load_checkpoint, save_checkpoint
-from .transport import Peer, Server, TlsFiles
+from .transport import CHUNK, Peer, Server, TlsFiles
 from .wire import (
     DEFAULT_MAX_BYTES,
     Message,
@@ -355,7 +355,7 @@ class Node:
         x = self.world.x0 if (att is not None and att.model == "constant"
                               and self.world.attackers[self.i]) else self.x
         return encode(x, self.layout, sender=self.i, round=self.round, age=age,
-                      lag=lag, count=count, local_count=s.local_count)
+                      lag=lag, count=count, local_count=s.local_count, chunk=CHUNK)
 
     def _claims(self) -> tuple[int, float, int]:
         """The (age, lag, count) this node claims in its headers: its true state, or, for an

@@ -126,13 +126,28 @@ class Layout:
         return len(encode_params(np.zeros(self.D, np.float32), self))
 
 
-def encode_params(flat: np.ndarray, layout: Layout, metadata: dict[str, str] | None = None) -> bytes:
+class Chunked(tuple):
+    """A payload held as the chunks the transport sends (bytes objects, in order): a node
+    sends one message to all its neighbours and serves it to ``Fetch`` without copying it
+    again. ``nbytes`` is the payload's length, :meth:`join` the flat payload."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c) for c in self)
+
+    def join(self) -> bytes:
+        return b"".join(self)
+
+
+def encode_params(flat: np.ndarray, layout: Layout, metadata: dict[str, str] | None = None,
+                  chunk: int | None = None) -> bytes | Chunked:
     """``flat: [D] float32`` -> safetensors bytes, one tensor per named parameter.
 
     Written directly (the format is an 8-byte little-endian header length, a JSON index padded
     to 8 bytes, then the tensors' bytes): the parameters are one contiguous block in layout
     order, so the payload is the index followed by ``flat``'s bytes, copied once. Readable by
-    any safetensors library.
+    any safetensors library. With ``chunk``, the same bytes as a :class:`Chunked` of pieces of
+    at most ``chunk`` bytes, each byte still copied once.
     """
     flat = np.ascontiguousarray(flat, dtype="<f4").reshape(-1)
     if flat.shape[0] != layout.D:
@@ -145,16 +160,33 @@ def encode_params(flat: np.ndarray, layout: Layout, metadata: dict[str, str] | N
         off += size
     head = json.dumps(index, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    return b"".join([struct.pack("<Q", len(head)), head, memoryview(flat).cast("B")])
+    prefix = struct.pack("<Q", len(head)) + head
+    data = memoryview(flat).cast("B")
+    if chunk is None:
+        return b"".join([prefix, data])
+    if chunk <= len(prefix):
+        raise ValueError(f"chunk of {chunk} bytes cannot hold the {len(prefix)}-byte index")
+    first = chunk - len(prefix)
+    parts = [b"".join([prefix, data[:first]])]
+    parts += [bytes(data[a:a + chunk]) for a in range(first, len(data), chunk)]
+    return Chunked(parts)
 
 
 def encode(flat: np.ndarray, layout: Layout, *, sender: int, round: int, age: int, lag: float,
-           count: int, local_count: int) -> tuple[bytes, bytes]:
-    """A message: ``(header bytes, payload bytes)``."""
-    payload = encode_params(flat, layout)
+           count: int, local_count: int, chunk: int | None = None) -> tuple[bytes, bytes | Chunked]:
+    """A message: ``(header bytes, payload)``; the payload as bytes, or with ``chunk`` as a
+    :class:`Chunked` ready for the transport (same bytes, same digest)."""
+    payload = encode_params(flat, layout, chunk=chunk)
+    if isinstance(payload, Chunked):
+        h = hashlib.sha256()
+        for c in payload:
+            h.update(c)
+        digest, length = h.digest(), payload.nbytes
+    else:
+        digest, length = hashlib.sha256(payload).digest(), len(payload)
     header = Header(sender=int(sender), round=int(round), age=int(age), lag=float(lag),
-                    count=int(count), local_count=int(local_count), length=len(payload),
-                    sha256=hashlib.sha256(payload).digest())
+                    count=int(count), local_count=int(local_count), length=length,
+                    sha256=digest)
     return header.pack(), payload
 
 
