@@ -5,8 +5,9 @@ One service ``sfg.Node`` with raw-bytes methods:
 * ``Deliver`` (client-streaming): the first request message is the msgpack header, the
   following ones are the safetensors payload in chunks of at most :data:`CHUNK` bytes (large
   models stream; no message ever exceeds gRPC's per-message limit). A node encodes its model
-  once, already in chunks (:class:`~sfg.net.wire.Chunked`), so a send copies nothing more
-  than gRPC itself does (measured: ~1.2× the throughput of slicing a payload per send). The reply is a msgpack
+  once, already in chunks (:class:`~sfg.net.wire.Chunked`), so a send to each neighbour
+  copies nothing more than gRPC itself does (on the benchmark's single send the saved copy
+  is within the noise: gRPC's per-call cost and its own copies dominate). The reply is a msgpack
   map ``{"ok": bool, "reason": str}``. The receiver checks the header (neighbour, identity,
   announced size) before it reads the payload, and stops reading as soon as the payload
   exceeds the announced length.
