@@ -152,15 +152,15 @@ def test_node_rejects_and_counts_bad_deliveries_and_keeps_working(tmp_path):
             "non-neighbour": (hx, px),
         }
         for name, (hh, pp) in cases.items():
-            replies[name] = await peer.deliver(hh, pp, timeout=5)
+            replies[name] = await peer.deliver(hh, pp, timeout=30)
         assert not node.latest, "a rejected message must not reach the inbox"
         assert np.array_equal(node.x, x_before)
-        ok = await peer.deliver(h, p, timeout=5)
+        ok = await peer.deliver(h, p, timeout=30)
         await peer.close()
         await node.close()
         return node, replies, ok
 
-    node, replies, ok = asyncio.run(asyncio.wait_for(main(), 60))
+    node, replies, ok = asyncio.run(asyncio.wait_for(main(), 180))
     for name, (accepted, reason) in replies.items():
         assert not accepted and reason == name, (name, reason)
     assert node.rejections.as_dict() == {k: 1 for k in replies}
@@ -228,12 +228,12 @@ def test_lockstep_node_bounds_what_a_neighbour_may_queue_ahead():
         for r in (0, 1, 1, 2, 9):
             h, p = encode(world.x0, world.layout, sender=1, round=r, age=0, lag=0.0, count=1,
                           local_count=1)
-            replies.append(await peer.deliver(h, p, timeout=5))
+            replies.append(await peer.deliver(h, p, timeout=30))
         await peer.close()
         await node.close()
         return node, replies
 
-    node, replies = asyncio.run(asyncio.wait_for(main(), 60))
+    node, replies = asyncio.run(asyncio.wait_for(main(), 180))
     assert replies == [(True, ""), (True, ""), (True, ""), (False, "ahead"), (False, "ahead")]
     assert sorted(node.inbox) == [(1, 0), (1, 1)]
     assert node.rejections.as_dict() == {"ahead": 2}
