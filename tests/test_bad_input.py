@@ -154,6 +154,18 @@ FLAG_CASES += [
          "--store is given twice"),
 ]
 
+SIM = ["run", "--clients", "8", "--graph", "ring:k=1", "--rounds", "2", "--eval-every", "1",
+       "--process", "none", "--json"]
+FLAG_CASES += [
+    Case("flag-batch-huge", fixed(*SIM, "--batch-size", "1000000000"),
+         "minibatch draws .* over the limit.*lower --batch-size", limit_gib=3),
+    Case("flag-steps-huge", fixed(*SIM, "--local-steps", "100000000"),
+         "minibatch draws .* over the limit.*--local-steps", limit_gib=3),
+    Case("flag-lr-float32", fixed(*SIM, "--lr", "1e308"), "lr=1e\\+308 does not fit the float32"),
+    Case("flag-wd-float32", fixed(*SIM, "--weight-decay", "1e300"), "weight_decay .* float32"),
+    Case("flag-run-clients-1", fixed(*SIM[:1], "--clients", "1", *SIM[3:]), "n_clients"),
+]
+
 # ------------------------------------------------------------------------------ FLASH traces
 def _flash(text: str | bytes, *extra: str, name: str = "flash.json"):
     return lambda f: traces("flash", write(f, name, text), *extra)
