@@ -323,6 +323,13 @@ PROCESS_FILE_CASES = cases_for("trace-process", [
     (lambda f: [*REPLAY, "--rule", "sfg", "--process",
                 f"flash:path={write(f, 'f.json', flash_json({'a': GOOD_FLASH_MSG}))},rounds=10,"
                 "rounds=20"], "'rounds' twice"),
+    (lambda f: [*REPLAY, "--rule", "sfg", "--process",
+                f"flash:path={write(f, 'f.json', flash_json({'a': GOOD_FLASH_MSG}))},"
+                "rounds=99999999999999999999999"], "FLASH window .* over the limit"),
+    (lambda f: [*REPLAY, "--rule", "sfg", "--process",
+                f"trace:path={write(f, 's.txt', GOOD_STUNNER)}"],
+     r"no 'device' column \(columns: u1 1 1614556800000 0 3600000 3600000 3600, \.\.\.\)|"
+     r"no 'device' column \(columns: .{1,40}\)"),
 ])
 
 

@@ -180,8 +180,9 @@ def _minutes(path: Path, values: list[str], lines: list[int], where: str,
 def _need(path: Path, cols: dict[str, list[str]], names: tuple[str, ...]) -> None:
     for n in names:
         if n not in cols:
+            shown = ", ".join(c[:40] for c in list(cols)[:8]) + (", ..." if len(cols) > 8 else "")
             raise SfgError(
-                f"trace file {path} has no {n!r} column (columns: {', '.join(cols) or 'none'}); "
+                f"trace file {path} has no {n!r} column (columns: {shown or 'none'}); "
                 "expected device,start,end[,available] or device,round,available"
             )
 
