@@ -41,18 +41,26 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-REPLAY_COLUMNS = [
-    ("unavailability", "unavail"), ("returns", "returns"), ("premise", "stalest"),
-    ("spread_age", "Δage"), ("spread_lag", "Δlag"), ("kept", "kept"),
-    ("self_weight_return", "w_ii ret"), ("H", "H"),
-]
+def _replay_columns() -> list[tuple[str, str]]:
+    from .replay.metrics import columns  # the metrics' own list (no numba import)
 
-REPLAY_LEGEND = (
-    "unavail: realised offline fraction · returns: aggregations by a returning client (τ≥1) · "
-    "stalest: share of returns where the receiver is strictly the stalest candidate · "
-    "Δage/Δlag: mean largest relative age/lag among candidates · kept: candidates with weight > 0 · "
-    "w_ii ret: receiver self-weight on return · H: receiver self-return over 50 rounds"
-)
+    return columns()
+
+
+def _replay_legend() -> str:
+    from .replay.metrics import legend
+
+    return legend()
+
+
+def __getattr__(name: str):
+    # REPLAY_COLUMNS / REPLAY_LEGEND are read from the metrics on first use, so that `sfg --help`
+    # (which imports this module to register the command) loads no numpy
+    if name == "REPLAY_COLUMNS":
+        return _replay_columns()
+    if name == "REPLAY_LEGEND":
+        return _replay_legend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,7 +71,7 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out_rows = []
     for (p, rule), rs in groups.items():
         summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in REPLAY_COLUMNS:
+        for key, _ in _replay_columns():
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -72,8 +80,9 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def replay_table(summary: list[dict[str, Any]], title: str):
     """The per-(process, rule) summary as a table (literal names)."""
-    return console.table(title, ["process", "rule", *((label, "right") for _, label in REPLAY_COLUMNS)],
-                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in REPLAY_COLUMNS)]
+    cols = _replay_columns()
+    return console.table(title, ["process", "rule", *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in cols)]
                                for r in summary])
 
 
@@ -96,7 +105,7 @@ def replay(
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
-    engine: str = typer.Option("auto", help="auto (compiled kernel where it has the rule), compiled, or numpy (the simulator's own round code)"),
+    engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
 ) -> None:
@@ -106,13 +115,8 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
-    if engine != "numpy" and not as_json and console.interactive():
-        from .replay import warm_compiled  # under a spinner: the first use compiles
-
-        with console.spinner("loading the compiled replay kernel (its first use on a machine "
-                             "compiles it: about 15 s)"):
-            warm_compiled()
-    with console.progress("replay", enabled=not as_json) as update:
+    # the bar shows from the start: a rule's first use on a machine compiles its round
+    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine)
@@ -129,7 +133,7 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    console.caption(REPLAY_LEGEND)
+    console.caption(_replay_legend())
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
