@@ -316,8 +316,8 @@ def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | N
         L = float(round_minutes)
     except (TypeError, ValueError):
         raise SfgError(f"round_minutes must be a positive number, got {round_minutes!r}") from None
-    if not L > 0:
-        raise SfgError(f"round_minutes must be a positive number, got {round_minutes!r}")
+    if not 0 < L < float("inf"):
+        raise SfgError(f"round_minutes must be a positive finite number, got {round_minutes!r}")
     if rounds is not None and rounds != 0:
         rounds = positive_int(rounds, "rounds")
     else:
