@@ -79,6 +79,8 @@ BAD_RULES = [
     ("sfg-l:gamma=-1", "gamma"),
     ("dfedavg:c=-2", "c"),
     ("aoi+ipw+ipw", "modifier '\\+ipw' twice"),
+    ("oracle-gls:kappa=99999999999999999999999", "kappa=.* must lie in \\[0, 1e\\+06\\]"),
+    ("oracle-qp:kappa=1e400", "kappa=inf must lie in"),
 ]
 BAD_PROCESSES = [
     ("bursty:u=2", "u"),
@@ -86,6 +88,7 @@ BAD_PROCESSES = [
     ("iid:u=-0.1", "u"),
     ("iid:u=nan", "u"),
     ("bursty:u=0.8,mean_off=0", "mean_off"),
+    ("heterogeneous:u=0.5,mean_off=99999999999999999999999", "mean_off=1e\\+23 must be at most"),
     ("nope:u=1", "unknown outage process"),
     ("bursty:u=0.8+x", "modifiers"),
     ("flash", "needs a file"),
