@@ -428,3 +428,37 @@ def test_swarm_cli_attack_reaches_the_worker_nodes(tmp_path, capsys):
     res = json.loads(out)
     assert res["config"]["attack"] == "forge:claim=fresh,frac=0.25"
     assert sum(n["attacker"] for n in res["nodes"]) == 1
+
+
+def test_restarted_lockstep_node_still_serves_its_unfetched_older_messages(tmp_path):
+    """A neighbour offline in the node's next round may still wait for an older message when
+    the node crashes: the checkpoint keeps the node's pending messages, and the restarted node
+    serves them (Fetch), byte for byte; messages of later rounds are not resurrected."""
+    from sfg.net.state import NodeState
+
+    world = build_world(dict(n_clients=4, rounds=8, graph="ring:k=1", process="none",
+                             eval_every=8))
+    cfg = dict(mode="lockstep", checkpoint_dir=tmp_path)
+    node = Node(world, 2, NodeConfig(**cfg))
+    node.state = NodeState(t=6, age=0, lag=0.0, count=7, local_count=7, q_hat=[1.0, 1.0])
+    for r in (4, 5):
+        node.round = r
+        node.outbox[r] = node._message()
+        node._expected[r] = [1] if r == 4 else [1, 3]
+    node._checkpoint()
+    want = {r: (h, p.join()) for r, (h, p) in node.outbox.items()}
+    back = Node(world, 2, NodeConfig(**cfg, resume=True))
+    assert back.state.t == 6 and sorted(back.outbox) == [4, 5]
+    assert back._on_fetch(4, 1) == want[4] and back._on_fetch(5, 3) == want[5]
+    assert back._expected == {4: [1], 5: [1, 3]}
+    # once every neighbour is past round 4 it is pruned, and so is its file
+    back.heard = {1: 5, 3: 5}
+    back._prune_outbox()
+    back._save_outbox()
+    assert sorted(back.outbox) == [5]
+    assert sorted(p.name for p in tmp_path.glob("node-2-out-*")) == ["node-2-out-5.msgpack"]
+    # a checkpoint of an earlier round does not bring back messages of its own or later rounds
+    back.state = NodeState(t=5, age=0, lag=0.0, count=6, local_count=6, q_hat=[1.0, 1.0])
+    back._checkpoint()
+    again = Node(world, 2, NodeConfig(**cfg, resume=True))
+    assert again.outbox == {} and not list(tmp_path.glob("node-2-out-*"))

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import torch
 
@@ -63,10 +64,11 @@ from ..defences import GUARD, RELATIVE, claims_as_given, clamp_one
 from ..errors import SfgError
 from ..rng import stream
 from ..round import rule_draws
-from .state import NodeState, Star, load_checkpoint, save_checkpoint
+from .state import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
 from .transport import CHUNK, Peer, Server, TlsFiles
 from .wire import (
     DEFAULT_MAX_BYTES,
+    Chunked,
     Message,
     Rejected,
     Rejections,
@@ -208,6 +210,7 @@ class Node:
         self.answering = True
         self.round = 0
         self.t0 = self.cfg.t0
+        self._saved_out: set[int] = set()                          # outbox rounds on disk
         self._sends: dict[int, asyncio.Task] = {}
         self._backlog: list[asyncio.Task] = []
         if self.cfg.resume:
@@ -603,9 +606,44 @@ class Node:
         path = self.checkpoint_path
         if path is None:
             return
+        self._save_outbox()
         s = self.stats
         extra = {"t0": self.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
         save_checkpoint(path, self.x, self.layout, self.state, extra)
+
+    def _outbox_path(self, r: int) -> Path:
+        return Path(self.cfg.checkpoint_dir) / f"node-{self.i}-out-{r}.msgpack"
+
+    def _save_outbox(self) -> None:
+        """Lockstep: own messages a neighbour may still need are part of the checkpoint (one
+        msgpack file per round, written atomically once, removed when pruned). A neighbour that
+        was offline in the node's next round can still be waiting for an older message when
+        the node crashes; the restarted node must serve it (``Fetch``) or that neighbour,
+        and the swarm, would wait forever."""
+        if self.cfg.mode != "lockstep" or self.cfg.checkpoint_dir is None:
+            return
+        for r, (header, payload) in self.outbox.items():
+            if r not in self._saved_out:
+                body = payload.join() if isinstance(payload, Chunked) else payload
+                write_atomic(self._outbox_path(r), msgpack.packb(
+                    {"round": r, "header": header, "payload": body,
+                     "expected": list(self._expected.get(r, ()))}, use_bin_type=True))
+                self._saved_out.add(r)
+        for r in sorted(self._saved_out - set(self.outbox)):
+            self._outbox_path(r).unlink(missing_ok=True)
+            self._saved_out.discard(r)
+
+    def _restore_outbox(self) -> None:
+        """The saved own messages of rounds before the checkpoint's (later ones are made again)."""
+        for f in Path(self.cfg.checkpoint_dir).glob(f"node-{self.i}-out-*.msgpack"):
+            d = msgpack.unpackb(f.read_bytes(), raw=False)
+            r = int(d["round"])
+            if r < self.state.t:
+                self.outbox[r] = (bytes(d["header"]), bytes(d["payload"]))
+                self._expected[r] = [int(j) for j in d["expected"]]
+                self._saved_out.add(r)
+            else:
+                f.unlink(missing_ok=True)
 
     def _restore(self) -> None:
         path = self.checkpoint_path
@@ -620,6 +658,8 @@ class Node:
         self.round = self.state.t
         self.restored = {"round": self.state.t, "age": self.state.age, "lag": self.state.lag,
                          "missed": 0}
+        if self.cfg.mode == "lockstep":
+            self._restore_outbox()
 
     def _catch_up_missed(self) -> None:
         """Async resume: the own rounds that passed while the node was down count as
@@ -649,6 +689,7 @@ class Node:
                 if not self.outbox or time.monotonic() > end:
                     break
                 await asyncio.sleep(0.05)
+            self._save_outbox()  # drop the saved messages nobody needs any more
         else:
             if self.t0 is None:
                 self.t0 = time.time()
