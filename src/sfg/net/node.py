@@ -41,7 +41,8 @@ per neighbour, the payload SHA-256 last aggregated and when it was first seen
 ``sfg run``.
 
 **Checkpoints**: after every round, if ``checkpoint_dir`` is set, the model and state are written
-atomically (``node-<id>.safetensors``). A node started with ``resume=True`` continues from it; in
+atomically (``node-<id>.safetensors``), in lockstep with the node's own messages that a
+neighbour may still need (``node-<id>-out-<round>.msgpack``, :meth:`Node._save_outbox`). A node started with ``resume=True`` continues from it; in
 async mode the rounds it missed while down (by its own clock) are applied as unavailable rounds,
 so its age and lag grow by the missed rounds.
 """
