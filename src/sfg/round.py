@@ -262,7 +262,10 @@ def kernels(fn) -> tuple:
     there), made once per process."""
     got = _KERNELS.get(fn)
     if got is None:
+        from .jit import materialise
+
         py = getattr(fn, "py_func", fn)
+        fn_key, fn = fn, materialise(fn)
         code = py.__code__
         digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()
                               + repr(code.co_names).encode()).hexdigest()[:10]
@@ -271,7 +274,7 @@ def kernels(fn) -> tuple:
         wk = _specialise(_weights, tag, rule=fn)
         rk = _specialise(_round, tag, receiver_weights=wk)
         got = (wk, rk, _specialise(_rounds, tag, round_=rk))
-        _KERNELS[fn] = got
+        _KERNELS[fn_key] = got
     return got
 
 

@@ -18,8 +18,8 @@ module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=Tru
 """
 
 import numpy as np
-from numba import njit
 
+from ..jit import njit  # numba.njit, imported on first use (listing the rules loads no numba)
 from . import Discount, NonNegative, Unit, register_rule, rule
 
 # Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
