@@ -485,3 +485,92 @@ def test_input_validation_errors():
     if not torch.cuda.is_available():
         with pytest.raises(SfgError, match="CUDA is not available"):
             make_backend("loop", model, device="cuda")
+
+
+# ----------------------------------------------------------------------------------------------
+# the written-out MLP backward pass of the batched backend
+
+
+@pytest.mark.parametrize("hidden,classes", [("64-64", 10), ("", 10), ("32-16", 62), ("128", 3)])
+@pytest.mark.parametrize("n,B", [(20, 32), (1, 1), (7, 5)])
+def test_chain_grads_equal_autograd(hidden, classes, n, B):
+    from sfg.sim.backends import chain_grads, is_linear_chain, plan_forward_batched
+
+    model = make_model(f"mlp:hidden={hidden}", input_shape=(1, 8, 8), num_classes=classes)
+    spec = ParamSpec.from_module(model)
+    plan, _ = sequential_plan(model)
+    assert is_linear_chain(plan)
+    gen = torch.Generator().manual_seed(n * 100 + B)
+    X = torch.randn(n, spec.D, generator=gen) * 0.3
+    x = torch.randn(n, B, 1, 8, 8, generator=gen)
+    y = torch.randint(0, classes, (n, B), generator=gen)
+    leaves = {k: t.detach().requires_grad_() for k, t in spec.unflatten(X).items()}
+    logits = plan_forward_batched(plan, leaves, x)
+    loss = F.cross_entropy(logits.reshape(n * B, -1), y.reshape(-1), reduction="sum") / B
+    want = dict(zip(spec.names, torch.autograd.grad(loss, [leaves[k] for k in spec.names]),
+                    strict=True))
+    got = chain_grads(plan, spec.unflatten(X), x, y)
+    assert set(got) == set(spec.names)
+    for k in spec.names:
+        assert got[k].shape == want[k].shape
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6 * want[k].abs().max())
+    # per client: a client's gradient is that of its own loss only
+    one = chain_grads(plan, spec.unflatten(X[:1]), x[:1], y[:1])
+    for k in spec.names:
+        torch.testing.assert_close(one[k][0], got[k][0], rtol=1e-5, atol=1e-7)
+
+
+def test_only_linear_chains_take_the_written_out_backward():
+    from sfg.sim.backends import is_linear_chain
+
+    mlp = make_model("mlp", input_shape=(64,), num_classes=10)
+    cnn = make_model("small-cnn", input_shape=(1, 8, 8), num_classes=10)
+    assert is_linear_chain(sequential_plan(mlp)[0])
+    assert not is_linear_chain(sequential_plan(cnn)[0])
+    assert not is_linear_chain(None) and not is_linear_chain([])
+
+
+def test_worker_pool_is_reused_and_errors_reach_the_caller():
+    from sfg.sim import backends as B
+
+    seen = []
+
+    def fn(slot, lo, hi):
+        seen.append((slot, lo, hi))
+
+    B._run_chunks(10, 2, fn)
+    pool = B._POOL
+    B._run_chunks(10, 2, fn)
+    assert B._POOL is pool and sorted(seen) == [(0, 0, 5), (0, 0, 5), (1, 5, 10), (1, 5, 10)]
+
+    def bad(slot, lo, hi):
+        if slot == 1:
+            raise ValueError("worker failed")
+
+    with pytest.raises(ValueError, match="worker failed"):
+        B._run_chunks(10, 2, bad)
+    assert torch.get_num_threads() == 1  # restored (the module fixture set one thread)
+
+
+@pytest.mark.parametrize("wd", [0.0, 5e-4, 0.1])
+def test_fused_chain_step_equals_gradient_then_sgd_step(wd):
+    from sfg.sim.backends import chain_grads, chain_sgd_step_, sgd_step_
+
+    model = make_model("mlp", input_shape=(64,), num_classes=10)
+    spec = ParamSpec.from_module(model)
+    plan, _ = sequential_plan(model)
+    gen = torch.Generator().manual_seed(3)
+    n, B = 6, 16
+    X = torch.randn(n, spec.D, generator=gen) * 0.2
+    x = torch.randn(n, B, 64, generator=gen)
+    y = torch.randint(0, 10, (n, B), generator=gen)
+    ref = X.clone()
+    grads = chain_grads(plan, spec.unflatten(ref), x, y)
+    g = torch.cat([grads[k].reshape(n, -1) for k in spec.names], dim=1)
+    sgd_step_(ref, g, lr=0.1, weight_decay=wd, momentum=0.0, buf=None, center=None,
+              prox_lam=0.0, mask=None)
+    w = {k: v.clone() for k, v in spec.unflatten(X).items()}
+    chain_sgd_step_(plan, w, x, y, lr=0.1, weight_decay=wd)
+    got = torch.cat([w[k].reshape(n, -1) for k in spec.names], dim=1)
+    assert not torch.equal(got, X)
+    torch.testing.assert_close(got - X, ref - X, rtol=1e-5, atol=1e-6 * (ref - X).abs().max())

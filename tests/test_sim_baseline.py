@@ -8,23 +8,29 @@ and curves, the minibatch digest and a digest of the final parameters.
 
 Accuracies, metrics, curves and minibatch digests must match exactly.
 
-Parameters: the round loop now runs its own tensor ops on one intra-op thread (the gossip
-product included). MKL's ``sgemm`` rounds differently with one and with two threads for some
-shapes (e.g. [5, 100] @ [100, 8970]), so the final parameters of the recorded runs (made with
-torch's default two threads on the 2-core development machine) differ in the last bits; the
-per-client sums and sums of squares must still agree to a relative 1e-6 (measured: ≤ 2e-7),
-1e-3 for the catch-up run of the loop backend (measured 6e-4: up to 12 local steps a round
-amplify the rounding). Checked once by hand: the original code with only its gossip product
-run on one thread reproduces ``single_thread_digest`` below bit for bit in all 26
-cases. The upside: the gossip no longer depends on the machine's core count.
+Parameters: two deliberate changes alter their last bits, nothing else does.
 
-To keep every *later* optimisation exact, ``single_thread_digest`` holds the parameter digest
-recorded right after that one change (the in-place store and the one-thread loop, nothing
-else); the optimised code must reproduce it bit for bit.
+1. The round loop runs its own tensor ops on one intra-op thread (the gossip product
+   included). MKL's ``sgemm`` rounds differently with one and with two threads for some
+   shapes (e.g. [5, 100] @ [100, 8970]); the recording was made with torch's default two
+   threads on the 2-core development machine. Checked when made: the original code with only
+   its gossip product run on one thread reproduced the new digests bit for bit in all 26
+   cases. The upside: the gossip no longer depends on the machine's core count.
+2. The batched backend's MLP backward pass is written out (``chain_grads``) in class-major
+   form, which sums the head's gradient in another order than autograd (about 1e-7 relative
+   per step; ``tests/test_backends.py`` checks it against autograd and torch.optim.SGD).
+3. Plain SGD steps of the batched MLP apply each weight's step in the ``baddbmm_`` that
+   computes its gradient (``chain_sgd_step_``): the same sum, rounded differently.
 
-Re-record (only when a change of numbers is intended and explained):
-``PYTHONPATH=src python tests/test_sim_baseline.py --record`` (baseline; from the original
-code) or ``--record-single-thread`` (the digests only).
+So the per-client sums and sums of squares of the parameters must agree with the recording to
+a relative 1e-6 (measured ≤ 2e-7), 1e-3 for the catch-up run of the loop backend (measured
+6e-4: up to 12 local steps a round amplify the rounding), and ``current_digest`` holds the
+parameter digest re-recorded right after each of those changes (and at no other time):
+every other optimisation must reproduce it bit for bit.
+
+Re-record (only when a change of numbers is intended and explained here):
+``PYTHONPATH=src python tests/test_sim_baseline.py --record`` (the whole baseline: from the
+original code only) or ``--record-current`` (the current digests only).
 """
 
 from __future__ import annotations
@@ -117,8 +123,8 @@ def test_simulator_reproduces_the_recorded_baseline(name):
     np.testing.assert_allclose(got["row_sum"], want_sum, rtol=rtol,
                                atol=rtol * np.abs(want_sum).max())
     np.testing.assert_allclose(got["row_sq"], want["row_sq"], rtol=rtol)
-    assert got["params_digest"] == want["single_thread_digest"]
-    assert got.get("personal_digest") == want.get("single_thread_personal_digest")
+    assert got["params_digest"] == want["current_digest"]
+    assert got.get("personal_digest") == want.get("current_personal_digest")
 
 
 def test_the_baseline_covers_what_it_claims():
@@ -135,15 +141,15 @@ if __name__ == "__main__":
     if "--record" in sys.argv:
         FIXTURE.parent.mkdir(exist_ok=True)
         record = {name: figures(name) for name in sorted(CASES)}
-    elif "--record-single-thread" in sys.argv:
+    elif "--record-current" in sys.argv:
         record = _expected()
         for name in sorted(CASES):
             got = figures(name)
-            record[name]["single_thread_digest"] = got["params_digest"]
+            record[name]["current_digest"] = got["params_digest"]
             if "personal_digest" in got:
-                record[name]["single_thread_personal_digest"] = got["personal_digest"]
+                record[name]["current_personal_digest"] = got["personal_digest"]
     else:
         sys.exit("usage: PYTHONPATH=src python tests/test_sim_baseline.py "
-                 "--record | --record-single-thread")
+                 "--record | --record-current")
     FIXTURE.write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded {len(CASES)} runs in {FIXTURE}")

@@ -14,6 +14,7 @@ import typer
 
 from . import console
 from .errors import SfgError
+from .safety import max_runs
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -26,11 +27,15 @@ def parse_seeds(text: str) -> list[int]:
         try:
             if "-" in part[1:]:
                 a, b = part.split("-", 1)
-                seeds.extend(range(int(a), int(b) + 1))
+                span = range(int(a), int(b) + 1)
             else:
-                seeds.append(int(part))
+                span = range(int(part), int(part) + 1)
         except ValueError:
             raise SfgError(f"cannot read seeds {text!r}; write e.g. --seeds 1,2,3 or --seeds 1-5") from None
+        if len(seeds) + len(span) > max_runs():  # counted before the list is built
+            raise SfgError(f"seeds {text!r} name {len(seeds) + len(span):,} seeds, over the "
+                           f"limit of {max_runs():,} runs (raise SFG_MAX_RUNS if it is meant)")
+        seeds.extend(span)
     if not seeds or any(s < 0 for s in seeds):
         raise SfgError(f"seeds {text!r} must be non-negative integers, e.g. --seeds 1,2,3")
     return seeds
@@ -110,13 +115,8 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
-    if not as_json and console.interactive():
-        from .replay import warm_compiled  # under a spinner: a rule's first use compiles
-
-        with console.spinner("loading the compiled round of each rule (a rule's first use on "
-                             "a machine compiles it: about 15 s)"):
-            warm_compiled(rule)
-    with console.progress("replay", enabled=not as_json) as update:
+    # the bar shows from the start: a rule's first use on a machine compiles its round
+    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine)

@@ -60,6 +60,7 @@ class SimResult:
     state: StalenessState
     meta: dict[str, Any] = field(default_factory=dict)
     weights_log: list[np.ndarray] | None = None
+    diagnostics: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------- minibatches
@@ -191,22 +192,29 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     # -- everything keyed by the seed only (pairing, SPEC §7)
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]))
+                          alpha=float(c["alpha"]), partition=c["partition"])
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     caps_all = capabilities(available, c["anatomy"])
 
+    # a pretrained body for every client, the head freshly initialised (SPEC §6)
+    body = {"backbone": str(c["backbone_from"])} if c.get("backbone_from") else {}
+
     def factory():
         return make_model(c["model"], input_shape=tuple(data.input_shape),
-                          num_classes=data.num_classes)
+                          num_classes=data.num_classes, **body)
 
     model = factory()
     spec = ParamSpec.from_module(model)
     X = init_params(factory, N, seed=seed).to(device)
     backend = make_backend(str(c["backend"]), model, device=str(device))
     clients = _ClientData(data, device)
-    test_x = [x.to(device) for x in data.test_x]
-    test_y = [y.to(device) for y in data.test_y]
+    test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
+    test_y: list[torch.Tensor] | torch.Tensor = [y.to(device) for y in data.test_y]
+    if len({int(y.shape[0]) for y in test_y}) == 1:
+        # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
+        # per-client bookkeeping on every call (same accuracies)
+        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
 
     backbone = c["backbone"]
     momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
@@ -232,6 +240,11 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     scalars_per_msg = rule.scalars_per_message
     digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing checks)
 
+    diag = _diagnostics(c, rg=rg, available=available, seed=seed, model=model, spec=spec,
+                        data=data, clients=clients, backend=backend, device=device, K=K, B=B,
+                        lr=lr, wd=wd, momentum=momentum)
+    watch = observer is not None or diag is not None  # keep the round's tensors intact
+
     def evaluate() -> np.ndarray:
         evalX = personal if personal is not None else X
         return backend.evaluate(evalX, test_x, test_y).detach().cpu().numpy().astype(np.float64)
@@ -243,7 +256,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             caps = caps_at(caps_all, t)
             live = live_links_round(graph.edges.shape[0], t, p=float(c["link_failure"]), seed=seed) \
                 if float(c["link_failure"]) > 0 else None
-            X_start = X.clone() if observer is not None else X
+            X_start = X.clone() if watch else X
 
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
@@ -255,7 +268,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 if backbone == "personal-head":
                     X_agg[:, head] = X[:, head]
                 X = X_agg
-            X_agg = X.clone() if observer is not None else X
+            X_agg = X.clone() if watch else X
             if weights_log is not None:
                 weights_log.append(rw.weights.copy())
             nb = int(np.count_nonzero(rw.candidate & ~rg.is_self))
@@ -315,10 +328,14 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 i = int(torch.nonzero(bad_rows)[0])
                 raise SfgError(f"training diverged (non-finite parameters) at round {t} on client {i}; "
                                f"lower --lr (now {lr}) or check the data")
-            if observer is not None:
-                observer({"t": t, "X": X_start, "X_agg": X_agg, "X_next": X, "weights": rw.weights,
-                          "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
-                          "personal": personal, "head": head})
+            if watch:
+                seen = {"t": t, "X": X_start, "X_agg": X_agg, "X_next": X, "weights": rw.weights,
+                        "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
+                        "personal": personal, "head": head}
+                if observer is not None:
+                    observer(seen)
+                if diag is not None:  # SPEC §10: reads the models, draws from its own streams
+                    diag.observe(seen)
             state = rw.state
 
             if (t + 1) % int(c["eval_every"]) == 0 or t == T - 1:
@@ -348,12 +365,46 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curves = {"round": curve_round, "acc_mean": curve_mean, "acc_p10": curve_p10}
     meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
             "backend": getattr(backend, "name", ""),
-            "D": spec.D, "minibatch_digest": digest.hexdigest()}
+            "D": spec.D, "minibatch_digest": digest.hexdigest(),
+            "client_steps": steps_taken}  # local SGD steps taken by available clients
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
-                     state=state, meta=meta, weights_log=weights_log)
+                     state=state, meta=meta, weights_log=weights_log,
+                     diagnostics=diag.result() if diag is not None else None)
 
 
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
     res = simulate(cfg, progress=progress)
-    return {"metrics": res.metrics, "curves": res.curves}
+    out = {"metrics": res.metrics, "curves": res.curves}
+    if res.diagnostics is not None:
+        out["diagnostics"] = res.diagnostics
+    return out
+
+
+def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, clients, backend,
+                 device, K, B, lr, wd, momentum):
+    """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
+    from .diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
+
+    kinds = parse_diagnostics(c.get("diagnostics") or "")
+    if not kinds:
+        return None
+    val = ValidationLoss(model, spec, data.val_x, data.val_y, device) \
+        if {"finetune", "returning"} & set(kinds) else None
+    sizes = clients.sizes
+
+    def train_batches(i: int, t: int):
+        idx = minibatch_indices(sizes[i:i + 1], K, B, seed=seed,
+                                stream_name=f"diagnostics-finetune-{i}", t=t)
+        flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
+                 if clients.hflip else None)
+        xs, ys = clients.gather(np.array([i]), idx, flips)
+        return xs[0], ys[0]
+
+    def train(P, xs, ys):
+        buf = torch.zeros_like(P) if momentum > 0 else None
+        return backend.train(P, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
+                             momentum_buf=buf)
+
+    return Diagnostics(kinds, rg=rg, available=available, seed=seed, val=val,
+                       train_batches=train_batches, train=train)
