@@ -28,17 +28,27 @@ from . import Discount, NonNegative, Unit, register_rule, rule
 TIE_TOL = 1e-9
 
 
+# Helpers shared by several rules. They are written as loops with one output array and take
+# arrays, not ``x``: a rule runs once per receiver and round, and each temporary array (and
+# each call that passes ``x``, whose ten arrays are reference-counted) costs time.
 @njit(cache=True)
 def relative(s):
     """s_j − min_k s_k over the given candidates, as float64; differences ≤ TIE_TOL count as 0."""
-    rel = (s - s.min()).astype(np.float64)
-    return np.where(rel > TIE_TOL, rel, 0.0)
+    lo = s.min()
+    rel = np.empty(s.shape[0])
+    for j in range(s.shape[0]):
+        r = s[j] - lo
+        rel[j] = r if r > TIE_TOL else 0.0
+    return rel
 
 
 @njit(cache=True)
 def discount(gamma, s):
     """γ^(s_j − s_min) (0^0 = 1)."""
-    return gamma ** relative(s)
+    h = relative(s)
+    for j in range(h.shape[0]):
+        h[j] = gamma ** h[j]
+    return h
 
 
 @njit(cache=True)
@@ -51,16 +61,25 @@ def neighbours_discount(gamma, s):
 
 
 @njit(cache=True)
-def mean_inherited_cut(x, L):
+def mean_inherited_cut(lag, t, L):
     """(1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    keep = relative(x.lag) <= L + TIE_TOL
-    return np.where(keep, np.maximum(1.0 + x.t - x.lag, 0.0), 0.0)
+    lo = lag.min()
+    h = np.zeros(lag.shape[0])
+    for j in range(h.shape[0]):
+        if lag[j] - lo <= L + TIE_TOL:
+            h[j] = max(1.0 + t - lag[j], 0.0)
+    return h
 
 
 @njit(cache=True)
 def within(counts, L):
     """Counts within L of the largest, weighted by the count; the rest 0."""
-    return np.where(counts >= counts.max() - L, counts.astype(np.float64), 0.0)
+    top = counts.max()
+    h = np.zeros(counts.shape[0])
+    for j in range(h.shape[0]):
+        if counts[j] >= top - L:
+            h[j] = counts[j]
+    return h
 
 
 # ----------------------------------------------------------------- SFG family (SPEC §3.1)
@@ -82,7 +101,7 @@ def sfg_l(x, gamma: Discount = 0.5):
 @njit(cache=True)
 def sfg_cut(x, L: NonNegative = 1.0):
     """``sfg-cut``: h_j = (1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    return mean_inherited_cut(x, L)
+    return mean_inherited_cut(x.lag, x.t, L)
 
 
 @rule("sfg-counts", tags=("sfg",))
@@ -165,11 +184,11 @@ def self_weight(x, c: NonNegative = 0.5):
 
 
 @njit(cache=True)
-def discount_on_return(x, base):
+def discount_on_return(age, base):
     """Neighbours 1; a returning receiver (τ_i ≥ 1) with ≥ 1 live neighbour scores base^τ_i."""
-    h = np.ones(x.age.shape[0])
-    if x.age[0] >= 1 and x.age.shape[0] > 1:
-        h[0] = base ** float(x.age[0])
+    h = np.ones(age.shape[0])
+    if age[0] >= 1 and age.shape[0] > 1:
+        h[0] = base ** float(age[0])
     return h
 
 
@@ -177,14 +196,14 @@ def discount_on_return(x, base):
 @njit(cache=True)
 def self_only(x, base: Unit = 0.5):
     """``self-only``: neighbours 1; a returning receiver with ≥ 1 live neighbour scores itself base^τ_i."""
-    return discount_on_return(x, base)
+    return discount_on_return(x.age, base)
 
 
 @rule("reset-on-return", tags=("control",))
 @njit(cache=True)
 def reset_on_return(x):
     """``reset-on-return``: as ``self-only`` with 0 (discard the own model, average live neighbours)."""
-    return discount_on_return(x, 0.0)
+    return discount_on_return(x.age, 0.0)
 
 
 @rule("neighbour-only-lags", tags=("control",))
@@ -224,7 +243,7 @@ def copy_random(x):
 @njit(cache=True)
 def placebo_cut(x, L: NonNegative = 1.0):
     """``placebo-cut``: keep as many candidates as ``sfg-cut`` would, drawn at random; uniform weights."""
-    kept = np.sum(mean_inherited_cut(x, L) > 0)
+    kept = np.sum(mean_inherited_cut(x.lag, x.t, L) > 0)
     h = np.zeros(x.age.shape[0])
     h[np.argsort(x.key, kind="mergesort")[:kept]] = 1.0
     return h
@@ -241,7 +260,7 @@ def cut_ages(x):
 @njit(cache=True)
 def receiver_kept(x, L: NonNegative = 1.0):
     """``receiver-kept``: ``sfg-cut`` that never drops the receiver."""
-    h = mean_inherited_cut(x, L)
+    h = mean_inherited_cut(x.lag, x.t, L)
     h[0] = max(1.0 + x.t - x.lag[0], 0.0)
     return h
 
