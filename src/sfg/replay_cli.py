@@ -41,26 +41,25 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def replay_columns() -> list[tuple[str, str]]:
-    """(metric, label) of the table's columns: the metrics' own list (:mod:`sfg.replay.metrics`),
-    read on first use so that ``sfg --help`` imports no numpy."""
-    from .replay.metrics import columns
+def _replay_columns() -> list[tuple[str, str]]:
+    from .replay.metrics import columns  # the metrics' own list (no numba import)
 
     return columns()
 
 
-def replay_legend() -> str:
+def _replay_legend() -> str:
     from .replay.metrics import legend
 
     return legend()
 
 
-def __getattr__(name: str) -> Any:
-    """``REPLAY_COLUMNS`` and ``REPLAY_LEGEND`` for importers, computed on first use."""
+def __getattr__(name: str):
+    # REPLAY_COLUMNS / REPLAY_LEGEND are read from the metrics on first use, so that `sfg --help`
+    # (which imports this module to register the command) loads no numpy
     if name == "REPLAY_COLUMNS":
-        return replay_columns()
+        return _replay_columns()
     if name == "REPLAY_LEGEND":
-        return replay_legend()
+        return _replay_legend()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -72,7 +71,7 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out_rows = []
     for (p, rule), rs in groups.items():
         summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in replay_columns():
+        for key, _ in _replay_columns():
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -81,8 +80,9 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def replay_table(summary: list[dict[str, Any]], title: str):
     """The per-(process, rule) summary as a table (literal names)."""
-    return console.table(title, ["process", "rule", *((label, "right") for _, label in replay_columns())],
-                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in replay_columns())]
+    cols = _replay_columns()
+    return console.table(title, ["process", "rule", *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in cols)]
                                for r in summary])
 
 
@@ -133,7 +133,7 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    console.caption(replay_legend())
+    console.caption(_replay_legend())
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
