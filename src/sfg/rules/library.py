@@ -168,8 +168,9 @@ def local_counts(x, L: NonNegative = 1.0):
 @rule("update-amplification", tags=("baseline",), amplify="c", scalars=False)
 @njit(cache=True)
 def update_amplification(x, c: NonNegative = 1.0):
-    """``update-amplification`` (FedAWE-style): DFedAvg weights; a returning client scales its
-    local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
+    """``update-amplification`` (FedAWE-style): DFedAvg weights, returning updates × (1 + min(τ_i, c)).
+
+    A returning client scales its local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
     return np.ones(x.age.shape[0])
 
 
@@ -268,8 +269,10 @@ def receiver_kept(x, L: NonNegative = 1.0):
 @rule("two-random", tags=("control", "random"), scalars=False)
 @njit(cache=True)
 def two_random(x):
-    """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights;
-    the own model alone when there is no live neighbour (SPEC §3.3)."""
+    """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights.
+
+    The own model alone when there is no live neighbour; the draws are the rule's own stream
+    keyed by (seed, round) (SPEC §3.3)."""
     h = np.zeros(x.age.shape[0])
     h[np.argsort(x.key, kind="mergesort")[:2]] = 1.0
     return h
@@ -278,8 +281,10 @@ def two_random(x):
 @rule("metropolis-hastings", tags=("control",), scalars=False)
 @njit(cache=True)
 def metropolis_hastings(x):
-    """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)) over live neighbours, d the current
-    live-neighbour count; w_ii = 1 − Σ_j w_ij (SPEC §3.3)."""
+    """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)), d = live degree; w_ii = 1 − Σ_j w_ij.
+
+    d is the current number of live neighbours (neighbours that send, over live links);
+    symmetric and doubly stochastic without outages (SPEC §3.3)."""
     h = 1.0 / (1.0 + np.maximum(x.degree[0], x.degree).astype(np.float64))
     h[0] = 1.0 - h[1:].sum()
     return h
