@@ -9,8 +9,8 @@
 2. **Per useful client-step.** In this process: the simulator's time divided by the local
    steps actually taken by available clients (``meta.client_steps``), next to a plain
    per-client loop (an ``nn.Module`` and a ``torch.optim.SGD`` per client, one minibatch per
-   step) on the same MLP, batch and number of clients, and next to the batched backend's
-   ``train`` alone on the same minibatches.
+   step, one intra-op thread) on the same MLP, batch and number of clients (20, as trains in
+   a round), and next to the batched backend's ``train`` alone on the same minibatches.
 3. **Profile.** One default run under ``cProfile`` with CPU time as the clock and
    ``backend=batched:workers=1`` (so that all the work runs on the profiled thread), split
    into phases: local training, gossip, weights and staleness, minibatches, evaluation,
@@ -91,13 +91,18 @@ def plain_sgd_step_time(n: int, K: int, B: int, repeats: int) -> float:
         backend.train(params, xs, ys, lr=0.05, weight_decay=5e-4)
 
     best = {"plain": float("inf"), "batched": float("inf")}
-    loop()
-    batched()
-    for _ in range(repeats):  # interleaved, best of
-        for name, fn in (("plain", loop), ("batched", batched)):
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny kernels: extra intra-op threads only stall (as in the loop)
+    try:
+        loop()
+        batched()
+        for _ in range(repeats):  # interleaved, best of
+            for name, fn in (("plain", loop), ("batched", batched)):
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return best["plain"] / (n * K), best["batched"] / (n * K)
 
 
