@@ -126,6 +126,8 @@ BAD_FLAGS = [  # (options replacing the small problem's, extra arguments, messag
     ({"seeds": "x"}, [], "cannot read seeds 'x'"),
     ({"seeds": "-1"}, [], "seeds '-1' must be non-negative"),
     ({"seeds": ","}, [], "seeds ',' must be"),
+    ({"seeds": "0-999999999999"}, [], "name 1,000,000,000,000 seeds, over the limit"),
+    ({"seeds": "5-1"}, [], "seeds '5-1' must be"),
     ({}, ["--horizon", "-5"], "--horizon -5 must be >= 0"),
     ({"engine": "bogus"}, [], "engine"),
     ({}, ["--engine", "compiled"], "--engine is given twice"),
@@ -444,6 +446,11 @@ DATASET_CASES = cases_for("data", [
     (lambda f: run_data("cifar10", tar_gz_zeros_member(
         f, "cifar-10-python.tar.gz", "cifar-10-batches-py/data_batch_1", 64 << 20).parent),
      "declares 64 MiB.*SFG_MAX_MEMBER", {"env": {"SFG_MAX_MEMBER": "16M"}, "limit_gib": 3}),
+    # 100 MiB of zeros in a ~100 KiB archive: refused for its ratio before decompressing
+    (lambda f: run_data("cifar10", tar_gz_zeros_member(
+        f, "cifar-10-python.tar.gz", "cifar-10-batches-py/data_batch_1", 100 << 20).parent),
+     "expands to more than 100 MiB from .* looks like a decompression bomb.*SFG_MAX_RATIO",
+     {"limit_gib": 3}),
     # members under the per-member limit but over the total
     (lambda f: run_data("cifar10", tar_gz(f, "cifar-10-python.tar.gz", {
         f"cifar-10-batches-py/{n}": bytes(6 << 20) for n in
@@ -621,6 +628,15 @@ for _i, (_make, _m) in enumerate(STORE_MAKERS):
         STORE_CASES.append(Case(f"store-run-{_i}", (lambda mk: lambda f: [
             "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
             str(mk(f))])(_make), _m))
+
+STORE_CASES += [
+    Case("store-parent-is-a-file", lambda f: [
+        "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
+        str(write(f, "afile", "x") / "s.sqlite")], "cannot create the folder of results store"),
+    Case("store-in-proc", lambda f: [
+        "grid", "run", str(write(f, "g.yaml", GRID_BASE + "rules: [sfg]\n")), "--store",
+        "/proc/sfg-store.sqlite"], "cannot open results store|cannot create"),
+]
 
 ALL = (COMPONENT_CASES + FLAG_CASES + FLASH_CASES + STUNNER_CASES + TABULAR_CASES
        + PROCESS_FILE_CASES + DATASET_CASES + CONFIG_CASES + GRID_CASES + STORE_CASES)

@@ -46,7 +46,7 @@ def test_replay_table_and_rules_listing():
     (["replay", "--seeds", "a,b"], "seeds"),
     (["replay", "--clients", "3"], "k=6 must be smaller"),
     (["replay", "--engine", "fast"], "choose one of auto, compiled, numpy"),
-    (["replay", "--rule", "oracle-gls", "--engine", "compiled"], "use engine 'numpy' or 'auto'"),
+    (["replay", "--rule", "sfg:gamma=2"], "gamma=2 must lie in [0, 1]"),
     (["run", "--dataset", "digitz"], "did you mean 'digits'"),
     (["run", "--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
     (["run", "--config", "/nonexistent.yaml"], "does not exist"),

@@ -114,12 +114,12 @@ def test_replay_rules_processes_exit_0_and_2(capsys):
         assert fragment in error_line(capsys.readouterr().err)
 
 
-def test_replay_markup_in_a_rule_name_is_one_literal_error_line():
+def test_replay_markup_in_a_rule_name_is_one_literal_error_line(capsys):
     res = run("replay", "-r", "x[/x]", "--seeds", "1")
     assert res.returncode == 2
     assert "unknown rule 'x[/x]'" in error_line(res.stderr)
-    res = run("replay", "-r", "[red]sfg", "--seeds", "1")
-    assert res.returncode == 2 and "'[red]sfg'" in error_line(res.stderr)
+    assert main(["replay", "-r", "[red]sfg", "--seeds", "1"]) == 2
+    assert "'[red]sfg'" in error_line(capsys.readouterr().err)
 
 
 def test_no_command_shows_help_and_exits_2():
@@ -131,27 +131,31 @@ def test_no_command_shows_help_and_exits_2():
     assert "sfg grid --help" in error_line(res.stderr)
 
 
-def test_grid_run_exit_status_0_1_2_from_the_real_command(tmp_path):
-    """The exit status reaches the process: 1 when runs failed (it used to be 0)."""
+def test_grid_run_exit_status_0_1_2(tmp_path, capsys):
     ok = write(tmp_path, "ok.yaml", GRID)
-    res = run("grid", "run", ok, "--store", str(tmp_path / "ok.sqlite"), "--json")
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["done"] == 8 and res.stderr == ""
+    assert main(["grid", "run", ok, "--store", str(tmp_path / "ok.sqlite"), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["done"] == 8 and captured.err == ""
 
-    bad = write(tmp_path, "bad.yaml", FAILING.replace("MISSING", str(tmp_path / "no-cifar")))
-    res = run("grid", "run", bad, "--store", str(tmp_path / "f.sqlite"), "--no-progress")
+    assert main(["grid", "run", write(tmp_path, "typo.yaml", "rulez: [sfg]\n"), "--store",
+                 "x"]) == 2
+    assert "unknown grid key 'rulez'" in error_line(capsys.readouterr().err)
+    assert main(["grid", "status", "--store", str(tmp_path / "ok.sqlite"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["done"] == 8
+    assert main(["grid", "status", "--store", str(tmp_path / "none.sqlite")]) == 2
+    assert "no results store" in error_line(capsys.readouterr().err)
+
+
+def test_failed_runs_exit_1_from_the_real_command(tmp_path):
+    """The status reaches the process: 1 when runs failed (it used to be 0); the grid's name
+    and the paths in the failures print literally."""
+    grid = write(tmp_path, "g.yaml", FAILING.replace("name: tiny", "name: '[/x] [red]g'")
+                 .replace("MISSING", str(tmp_path / "[red]no-cifar[/red]")))
+    res = run("grid", "run", grid, "--store", str(tmp_path / "f.sqlite"), "--no-progress")
     assert res.returncode == 1
-    assert "8/16 done" in res.stdout and "failed" in res.stdout
+    assert "grid '[/x] [red]g': 8/16 done" in res.stdout and "[red]no-cifar[/red]" in res.stdout
     line = error_line(res.stderr)
-    assert "8 failed of 16 runs" in line and "sfg grid status" in line
-
-    res = run("grid", "run", write(tmp_path, "typo.yaml", "rulez: [sfg]\n"), "--store", "x")
-    assert res.returncode == 2 and "unknown grid key 'rulez'" in error_line(res.stderr)
-
-    res = run("grid", "status", "--store", str(tmp_path / "f.sqlite"), "--json")
-    assert res.returncode == 0 and json.loads(res.stdout)["counts"]["failed"] == 8
-    res = run("grid", "status", "--store", str(tmp_path / "none.sqlite"))
-    assert res.returncode == 2 and "no results store" in error_line(res.stderr)
+    assert "'[/x] [red]g': 8 failed of 16 runs" in line and "sfg grid status" in line
 
 
 def test_python_m_sfg_experiments_works_as_documented(tmp_path):
@@ -160,23 +164,8 @@ def test_python_m_sfg_experiments_works_as_documented(tmp_path):
               module="sfg.experiments")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["total"] == 8
-    bad = write(tmp_path, "bad.yaml", FAILING.replace("MISSING", str(tmp_path / "no-cifar")))
-    res = run("run", bad, "--store", str(tmp_path / "f.sqlite"), "--no-progress",
-              module="sfg.experiments")
-    assert res.returncode == 1 and "8 failed" in error_line(res.stderr)
     res = run("status", "--store", str(tmp_path / "nope.sqlite"), module="sfg.experiments")
     assert res.returncode == 2 and "no results store" in error_line(res.stderr)
-    res = run("--help", module="sfg.experiments")
-    assert res.returncode == 0 and "status" in res.stdout
-
-
-def test_grid_name_with_markup_prints_literally(tmp_path):
-    grid = write(tmp_path, "g.yaml", FAILING.replace("name: tiny", "name: '[/x] [red]g'")
-                 .replace("MISSING", str(tmp_path / "[red]no-cifar[/red]")))
-    res = run("grid", "run", grid, "--store", str(tmp_path / "s.sqlite"), "--no-progress")
-    assert res.returncode == 1
-    assert "grid '[/x] [red]g'" in res.stdout and "[red]no-cifar[/red]" in res.stdout
-    assert "'[/x] [red]g'" in error_line(res.stderr)
 
 
 def test_ray_install_hint_prints_the_extra_literally(tmp_path):
@@ -250,14 +239,14 @@ TINY_RUN = ("dataset: digits\nmodel: mlp\nn_clients: 12\nrounds: 4\nlocal_steps:
             "process: bursty:u=0.6\n")
 
 
-def test_run_exit_0_and_the_config_is_the_grid_schema(tmp_path):
-    """`sfg run` settings are a RunConfig: the run id is the one a grid gives the same run."""
+def test_run_exit_0_and_the_config_is_the_grid_schema(tmp_path, capsys):
+    """`sfg run` settings are a RunConfig: the run id is the one a grid gives the same run,
+    and every flag reaches it."""
     from sfg.experiments.config import make_config, run_id
 
     cfg = write(tmp_path, "run.yaml", TINY_RUN + "kind: train\n")
-    res = run("run", "--config", cfg, "-r", "SFG-L:gamma=0.30", "--seed", "3", "--json")
-    assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)
+    assert main(["run", "--config", cfg, "-r", "SFG-L:gamma=0.30", "--seed", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["config"]["rule"] == "sfg-l:gamma=0.3"  # canonical, as in a grid
     assert data["config"]["lr"] == 0.05 and data["config"]["kind"] == "train"  # defaults
     expected = make_config(n_clients=12, rounds=4, local_steps=1, batch_size=8, eval_every=2,
@@ -265,8 +254,6 @@ def test_run_exit_0_and_the_config_is_the_grid_schema(tmp_path):
                            rule="sfg-l:gamma=0.3", seed=3)
     assert data["run_id"] == run_id(expected)
 
-
-def test_every_run_flag_reaches_the_run_config():
     flags = {"--dataset": "digits", "--model": "mlp", "--process": "bursty:u=0.6",
              "--rule": "sfg", "--graph": "knn:k=3", "--seed": "2", "--clients": "12",
              "--rounds": "4", "--local-steps": "1", "--batch-size": "8", "--lr": "0.1",
@@ -274,9 +261,8 @@ def test_every_run_flag_reaches_the_run_config():
              "--backbone": "personal-head", "--ditto-lambda": "0.3",
              "--anatomy": "cannot-communicate", "--link-failure": "0.1", "--eval-every": "2",
              "--backend": "batched", "--device": "auto"}
-    res = run("run", *(x for kv in flags.items() for x in kv), "--json")
-    assert res.returncode == 0, res.stderr
-    cfg = json.loads(res.stdout)["config"]
+    assert main(["run", *(x for kv in flags.items() for x in kv), "--json"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
     for flag, value in flags.items():
         key = {"--clients": "n_clients"}.get(flag, flag[2:].replace("-", "_"))
         assert str(cfg[key]) == value, flag

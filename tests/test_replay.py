@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 import pytest
+from reference import replay_reference
 
 from sfg.errors import SfgError
 from sfg.graphs import make_graph
 from sfg.outages import make_process
 from sfg.replay import build_scenario, horizon_pairs, replay, replay_config, replay_trace
-from sfg.replay_reference import replay_reference
 
 RULES = ["dfedavg", "sfg", "sfg-l", "sfg-cut:L=2", "sfg-counts", "aoi+ipw", "dfl-aa",
          "limited-merging:L=2", "local-counts:L=1", "gl-age", "copy-random", "placebo-cut",

@@ -8,121 +8,151 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
+from sfg.outages.anatomy import Capabilities
+from sfg.round import candidate_mask, given_scores, kernels, play_round
 from sfg.rounds import RoundGraph
-from sfg.rules import BatchSlots, parse_rule, rule_names
-
-MODEL_FREE = [r for r in rule_names() if "model" not in parse_rule(r).tags]
-VARIANTS = MODEL_FREE + ["oracle-gls:kappa=0.3", "oracle-qp:kappa=5","sfg-l:gamma=0.3+ipw", "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded",
-                         "sfg-cut:L=2", "sfg:c=0.5", "limited-merging:L=2", "sfg-cut:L=0"]
+from sfg.rules import parse_rule, rule_names
+from sfg.staleness import StalenessState
 
 
-def random_instance(rng: np.random.Generator, n: int, p_edge: float = 0.4, t: int | None = None):
-    """A random graph, staleness state and candidate mask (a 'round view')."""
+# every registered rule that runs without models, picked up automatically, plus variants
+def model_free_rules() -> list[str]:
+    return [r for r in rule_names() if "model" not in parse_rule(r).tags]
+
+
+MODEL_FREE = model_free_rules()
+VARIANTS = MODEL_FREE + ["oracle-gls:kappa=0.3", "oracle-qp:kappa=5", "sfg-l:gamma=0.3+ipw",
+                         "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded", "sfg-cut:L=2",
+                         "sfg:c=0.5", "limited-merging:L=2", "sfg-cut:L=0", "two-random+ipw",
+                         "metropolis-hastings:c=0.5"]
+
+
+@st.composite
+def candidates(draw, max_k: int = 8):
+    """One receiver's candidates (index 0 = the receiver) with arbitrary staleness."""
+    k = draw(st.integers(1, max_k))
+    t = draw(st.integers(0, 40))
+    ints = st.lists(st.integers(0, 12), min_size=k, max_size=k)
+    ages = np.minimum(np.array(draw(ints)), t)
+    extra = np.array(draw(st.lists(st.floats(0, 5), min_size=k, max_size=k)))
+    lags = np.minimum(ages + extra, t)
+    return dict(
+        ages=ages, lags=lags, t=t,
+        counts=np.array(draw(st.lists(st.integers(1, 20), min_size=k, max_size=k))),
+        local_counts=np.array(draw(st.lists(st.integers(1, 20), min_size=k, max_size=k))),
+        q_hat=np.array(draw(st.lists(st.floats(0.05, 1), min_size=k, max_size=k))),
+        u=draw(st.floats(0, 0.999)),
+        keys=np.array(draw(st.lists(st.floats(0, 1), min_size=k, max_size=k))),
+        degrees=np.array([k - 1] + draw(st.lists(st.integers(1, 9), min_size=k - 1,
+                                                 max_size=k - 1)), dtype=np.int64),
+        missed=np.array(draw(st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=4,
+                                               max_size=4), min_size=k, max_size=k))),
+    )
+
+
+def check_conformance(name: str, x: dict) -> None:
+    """The conformance property of one rule on one receiver's candidates."""
+    rule = parse_rule(name)
+    w = rule.weights_one(**x)
+    assert w.shape == (len(x["ages"]),)
+    assert np.all(np.isfinite(w)) and np.all(w >= 0)
+    assert abs(w.sum() - 1.0) < 1e-12
+    np.testing.assert_array_equal(w, rule.weights_one(**x))
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=candidates(), name=st.sampled_from(VARIANTS))
+def test_conformance_one_receiver(x, name):
+    """Every rule: weights over exactly its candidates, non-negative, finite, summing to 1,
+    deterministic (SPEC §1)."""
+    check_conformance(name, x)
+
+
+def test_conformance_covers_every_registered_rule():
+    names = {parse_rule(v).name for v in VARIANTS}
+    assert {"two-random", "metropolis-hastings", "sfg-cut", "oracle-qp"} <= names
+    assert names == {r for r in rule_names() if "model" not in parse_rule(r).tags}
+
+
+@pytest.mark.parametrize("scores", [[0.0, 0.0, 0.0], [np.nan, np.inf, -1.0], [-2.0, 0.0, -0.0]])
+def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
+    """The shared normalisation: non-finite or negative scores count as 0; an all-zero row
+    keeps the own model, never NaN (SPEC §1)."""
+    from sfg.round import Candidates
+
+    wk = kernels(given_scores)[0]
+    k = 3
+    x = Candidates(5, 0.5, np.zeros(k, np.int64), np.zeros(k), np.ones(k, np.int64),
+                   np.ones(k, np.int64), np.ones(k), np.ones(k, np.int64), np.zeros(k),
+                   np.array(scores, float))
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, True), [1.0, 0.0, 0.0])
+    x = x._replace(given=np.array([np.nan, 2.0, 6.0]))
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, True), [0.0, 0.25, 0.75])
+    # a receiver that does not adopt keeps its own model whatever the scores
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, False), [1.0, 0.0, 0.0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(x=candidates(), name=st.sampled_from([v for v in VARIANTS if not parse_rule(v).random]),
+       seed=st.integers(0, 1000))
+def test_relabelling_neighbours_permutes_weights(x, name, seed):
+    """Reordering the neighbours reorders their weights (no rule reads a neighbour's index)."""
+    rule = parse_rule(name)
+    k = len(x["ages"])
+    perm = np.concatenate([[0], 1 + np.random.default_rng(seed).permutation(k - 1)])
+    y = {key: (v[perm] if isinstance(v, np.ndarray) else v) for key, v in x.items()}
+    np.testing.assert_allclose(rule.weights_one(**y), rule.weights_one(**x)[perm], atol=1e-12)
+
+
+def random_round(rng: np.random.Generator, n: int, p_edge: float = 0.4):
+    """A random graph, staleness state and capabilities (one round)."""
     iu = np.triu_indices(n, 1)
     pick = rng.random(iu[0].size) < p_edge
-    edges = np.stack([iu[0][pick], iu[1][pick]], 1)
-    rg = RoundGraph.from_edges(n, edges)
-    t = int(rng.integers(5, 30)) if t is None else t
+    rg = RoundGraph.from_edges(n, np.stack([iu[0][pick], iu[1][pick]], 1))
+    t = int(rng.integers(5, 30))
     ages = rng.integers(0, 6, n)
-    lags = ages + rng.random(n) * 3 * (rng.random(n) < 0.7)
-    lags = np.minimum(lags, t)
-    counts = rng.integers(1, 12, n)
-    local_counts = rng.integers(1, 12, n)
+    lags = np.minimum(ages + rng.random(n) * 3 * (rng.random(n) < 0.7), t)
     q = rng.uniform(0.05, 1, rg.n_slots)
     q[rg.is_self] = 1
-    aggregating = rng.random(n) < 0.8
-    sends = rng.random(n) < 0.7
-    cand = aggregating[rg.recv] & (rg.is_self | sends[rg.send])
-    u = rng.random(n)[rg.recv]
-    key = rng.random(rg.n_slots)
-    missed = rng.random((n, t)) * (rng.random((n, t)) < 0.3)  # rows of A (oracles)
-    s = BatchSlots(rg=rg, t=t, is_self=rg.is_self, cand=cand, age=ages[rg.send],
-                   lag=lags[rg.send], count=counts[rg.send], local_count=local_counts[rg.send],
-                   q=q, u=u, key=key, missed=missed[rg.send])
-    return rg, s, aggregating
+    state = StalenessState(t=t, ages=ages.astype(np.int64), lags=lags,
+                           counts=rng.integers(1, 12, n).astype(np.int64),
+                           local_counts=rng.integers(1, 12, n).astype(np.int64), q_hat=q,
+                           missed=rng.random((n, t + 1)) * (rng.random((n, t + 1)) < 0.3))
+    aggregate = rng.random(n) < 0.8
+    caps = Capabilities(train=aggregate & (rng.random(n) < 0.8), send=rng.random(n) < 0.7,
+                        aggregate=aggregate, adopt=aggregate & (rng.random(n) < 0.9))
+    live = rng.random(int(pick.sum())) < 0.8
+    return rg, state, caps, live
 
 
-def row(rg, w, i):
-    return w[rg.indptr[i]: rg.indptr[i + 1]]
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_conformance(name):
-    rule = parse_rule(name)
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        rg, s, agg = random_instance(rng, int(rng.integers(2, 12)))
-        w = rule.weights(s, aggregating=agg)
-        assert np.all(np.isfinite(w)) and np.all(w >= 0)
-        sums = np.bincount(rg.recv, weights=w, minlength=rg.n)
-        np.testing.assert_allclose(sums, 1.0, atol=1e-12)
-        assert np.all(w[~s.cand & ~rg.is_self] == 0), "weight outside the candidate set"
-        ident = rg.is_self.astype(float)
-        for i in np.flatnonzero(~agg):
-            np.testing.assert_array_equal(row(rg, w, i), row(rg, ident, i))
-        # determinism
-        np.testing.assert_array_equal(w, rule.weights(s, aggregating=agg))
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_all_zero_scores_fall_back_to_self(name):
-    """q̂ extremes, zero-weight kernels: never NaN; an all-zero row keeps the own model."""
-    rule = parse_rule(name)
-    rng = np.random.default_rng(1)
-    rg, s, agg = random_instance(rng, 6)
-    # force scores to zero through the kernel
-    from sfg.rules import normalise
-
-    w = normalise(np.zeros(rg.n_slots), s, agg)
-    np.testing.assert_array_equal(w, rg.is_self.astype(float))
-    w = normalise(np.full(rg.n_slots, np.nan), s, agg)
-    np.testing.assert_array_equal(w, rg.is_self.astype(float))
-    assert np.all(np.isfinite(rule.weights(s, aggregating=agg)))
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_relabelling_invariance(name):
-    rule = parse_rule(name)
-    rng = np.random.default_rng(2)
-    for _ in range(10):
-        n = int(rng.integers(3, 10))
-        rg, s, agg = random_instance(rng, n)
-        perm = rng.permutation(n)  # new label of old client i is perm[i]
-        edges_old = np.stack([rg.recv[~rg.is_self], rg.send[~rg.is_self]], 1)
-        edges_old = edges_old[edges_old[:, 0] < edges_old[:, 1]]
-        new_edges = np.sort(perm[edges_old], axis=1)
-        rg2 = RoundGraph.from_edges(n, new_edges)
-        # map every new slot to the old slot (recv, send)
-        old_index = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(rg.recv, rg.send, strict=True))}
-        inv = np.argsort(perm)
-        m = np.array([old_index[(int(inv[a]), int(inv[b]))] for a, b in zip(rg2.recv, rg2.send, strict=True)])
-        s2 = BatchSlots(rg=rg2, t=s.t, is_self=rg2.is_self, cand=s.cand[m], age=s.age[m], lag=s.lag[m],
-                        count=s.count[m], local_count=s.local_count[m], q=s.q[m], u=s.u[m], key=s.key[m],
-                        missed=s.missed[m])
-        w1 = rule.weights(s, aggregating=agg)
-        w2 = rule.weights(s2, aggregating=agg[inv])
-        if rule.random:
-            # random rules relabel their draws along with the clients except for slot order
-            # inside a segment; compare the number of kept candidates instead
-            k1 = np.bincount(rg.recv, weights=w1 > 0, minlength=n)
-            k2 = np.bincount(rg2.recv, weights=w2 > 0, minlength=n)
-            np.testing.assert_array_equal(k1[inv], k2)
-        else:
-            np.testing.assert_allclose(w1[m], w2, atol=1e-12)
-
-
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 9), name=st.sampled_from(VARIANTS))
-def test_batched_equals_one_receiver(seed, n, name):
+def test_round_equals_one_receiver(seed, n, name):
+    """The round's weights for every receiver equal the one-receiver form on its candidates;
+    the round's candidate sets equal S_i^t (SPEC §1)."""
+    from sfg.round import rule_draws
+
     rule = parse_rule(name)
-    rg, s, agg = random_instance(np.random.default_rng(seed), n)
-    w = rule.weights(s, aggregating=agg)
-    for i in np.flatnonzero(agg):
+    rg, state, caps, live = random_round(np.random.default_rng(seed), n)
+    rr = play_round(rule, rg, state, caps, seed=seed, live=live)
+    w, cand = rr.weights, rr.candidate
+    np.testing.assert_array_equal(cand, candidate_mask(rg, caps, live))
+    u, key = rule_draws(seed, state.t, n, rg.n_slots)
+    link = live[np.maximum(rg.edge_id, 0)] if live.size else True
+    nb = caps.send[rg.send] & link & ~rg.is_self
+    deg = np.bincount(rg.recv, weights=nb, minlength=n).astype(np.int64)
+    for i in range(n):
         sl = slice(rg.indptr[i], rg.indptr[i + 1])
-        c = s.cand[sl]
-        w1 = rule.weights_one(ages=s.age[sl][c], lags=s.lag[sl][c], counts=s.count[sl][c],
-                              local_counts=s.local_count[sl][c], q_hat=s.q[sl][c], t=s.t,
-                              u=float(s.u[sl][0]), keys=s.key[sl][c], missed=s.missed[sl][c])
+        c = cand[sl]
+        if not caps.adopt[i]:
+            np.testing.assert_array_equal(w[sl], rg.is_self[sl].astype(float))
+            continue
+        j = rg.send[sl][c]
+        w1 = rule.weights_one(ages=state.ages[j], lags=state.lags[j], counts=state.counts[j],
+                              local_counts=state.local_counts[j], q_hat=state.q_hat[sl][c],
+                              t=state.t, u=float(u[i]) if rule.random else 0.5,
+                              keys=key[sl][c] if rule.random else None, degrees=deg[j],
+                              missed=state.missed[j])
         np.testing.assert_allclose(w[sl][c], w1, atol=1e-12)
         assert np.all(w[sl][~c] == 0)
 
@@ -264,25 +294,23 @@ def test_copy_random_and_placebo_cut():
 
 def test_two_histories_same_ages_and_counts_different_lags():
     """Ages and max-inherited counts agree but lags differ: only the lag rules tell them apart."""
-    from sfg.staleness import init_state, update_state
+    from sfg.staleness import init_state
 
     # two 3-client paths 0-1-2 with the same availability for clients 1, 2 but different mixing
     rg = RoundGraph.from_edges(3, np.array([[0, 1], [1, 2]]))
+    allon = np.ones(3, bool)
+    off0 = np.array([False, True, True])
 
     def run(weights_round1):
         st0 = init_state(rg)
-        allon = np.ones(3, bool)
-        off0 = np.array([False, True, True])
         # round 0: client 0 offline, 1 and 2 keep their own models (local)
-        w = rg.is_self.astype(float)
-        cand = off0[rg.recv] & (rg.is_self | off0[rg.send])
-        st1 = update_state(st0, rg, w, cand, trains=off0, adopts=off0)
+        st1 = play_round(parse_rule("local"), rg, st0, Capabilities(off0, off0, off0, off0),
+                         seed=0).state
         # round 1: everyone online; client 1 mixes with the given weights over (1, 0, 2)
-        w = rg.is_self.astype(float)
-        seg = slice(rg.indptr[1], rg.indptr[2])
-        w[seg] = weights_round1
-        cand = allon[rg.recv] & np.ones(rg.n_slots, bool)
-        return update_state(st1, rg, w, cand, trains=allon, adopts=allon)
+        h = rg.is_self.astype(float)
+        h[rg.indptr[1]: rg.indptr[2]] = weights_round1
+        return play_round(parse_rule("dfedavg"), rg, st1,
+                          Capabilities(allon, allon, allon, allon), seed=0, scores=h).state
 
     a = run([0.5, 0.25, 0.25])  # slots of receiver 1: self, 0, 2
     b = run([0.5, 0.5, 0.0])
@@ -361,3 +389,48 @@ def test_dfedavg_local_and_update_amplification_hand_cases():
     np.testing.assert_allclose(one("update-amplification:c=2", ages=[5, 0]), [0.5, 0.5])
     assert parse_rule("update-amplification:c=2").amplify == 2.0
     assert parse_rule("sfg").amplify is None
+
+
+def test_two_random_hand_cases():
+    """Two distinct candidates with the smallest keys of the rule's own stream, equal weights;
+    the own model alone without a live neighbour (SPEC §3.3)."""
+    np.testing.assert_array_equal(one("two-random", ages=[4, 0, 1, 2], keys=[0.7, 0.2, 0.9, 0.1]),
+                                  [0, 0.5, 0, 0.5])
+    np.testing.assert_array_equal(one("two-random", ages=[4, 0, 1], keys=[0.1, 0.2, 0.9]),
+                                  [0.5, 0.5, 0])
+    np.testing.assert_array_equal(one("two-random", ages=[4]), [1.0])
+    # not "the receiver plus one": the receiver can be left out
+    assert one("two-random", ages=[0, 0, 0], keys=[0.9, 0.1, 0.2])[0] == 0
+
+
+def test_metropolis_hastings_hand_case():
+    """w_ij = 1/(1 + max(d_i, d_j)) with d the live-neighbour counts, w_ii = 1 − Σ (SPEC §3.3);
+    not 1/(1 + d_j) nor 1/max(d_i, d_j)."""
+    w = one("metropolis-hastings", ages=[9, 0, 0], degrees=[2, 1, 3])
+    np.testing.assert_allclose(w, [1 - 1 / 3 - 1 / 4, 1 / 3, 1 / 4])
+    np.testing.assert_allclose(one("metropolis-hastings", ages=[0]), [1.0])
+
+
+def test_metropolis_hastings_symmetric_and_doubly_stochastic_without_outages():
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        n = int(rng.integers(3, 12))
+        iu = np.triu_indices(n, 1)
+        pick = rng.random(iu[0].size) < 0.4
+        rg = RoundGraph.from_edges(n, np.stack([iu[0][pick], iu[1][pick]], 1))
+        on = np.ones(n, bool)
+        from sfg.staleness import init_state
+
+        rr = play_round(parse_rule("metropolis-hastings"), rg, init_state(rg),
+                        Capabilities(on, on, on, on), seed=1)
+        W = rg.to_dense(rr.weights)
+        np.testing.assert_allclose(W, W.T, atol=1e-15)
+        np.testing.assert_allclose(W.sum(axis=0), 1.0, atol=1e-12)
+        np.testing.assert_allclose(W.sum(axis=1), 1.0, atol=1e-12)
+        # with an outage the degrees count live neighbours only
+        off = on.copy()
+        off[0] = False
+        rr = play_round(parse_rule("metropolis-hastings"), rg, init_state(rg),
+                        Capabilities(off, off, off, off), seed=1)
+        W = rg.to_dense(rr.weights)
+        np.testing.assert_allclose(W, W.T, atol=1e-15)

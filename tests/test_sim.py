@@ -145,7 +145,7 @@ def test_model_memory_averages_remembered_models_of_offline_neighbours():
     from sfg.rounds import RoundGraph
     from sfg.rules import parse_rule
     from sfg.sim.model_rules import make_model_rule
-    from sfg.staleness import init_state, update_state
+    from sfg.staleness import init_state
 
     rg = RoundGraph.from_edges(3, np.array([[0, 1], [0, 2]]))
     mm = make_model_rule(parse_rule("model-memory"), N=3, D=2, device="cpu")
@@ -154,7 +154,7 @@ def test_model_memory_averages_remembered_models_of_offline_neighbours():
     on = capabilities(np.ones(3, bool))
     agg0, rw0 = mm.aggregate(X0, rg, st, on, live=None, seed=0)
     torch.testing.assert_close(agg0[0], torch.tensor([3.0, 4.0]))
-    st = update_state(st, rg, rw0.weights, rw0.candidate, trains=on.train, adopts=on.adopt)
+    st = rw0.state  # the round's staleness update, with the remembered models' staleness
     # round 1: client 2 offline; client 0 averages its own, 1's current and 2's remembered model
     X1 = torch.tensor([[1.0, 1.0], [4.0, 4.0], [100.0, 100.0]])
     caps = capabilities(np.array([True, True, False]))

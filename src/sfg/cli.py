@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import typer
 
-from . import console, replay_cli, report_cli
+from . import console, pretrain_cli, replay_cli, report_cli
 from .experiments import cli as grid_cli
+from .net import cli as net_cli
 from .sim import cli as run_cli
 from .traces import cli as traces_cli
 
@@ -40,6 +41,8 @@ def demo(
 
 run_cli.register(app)  # run
 report_cli.register(app)  # report
+net_cli.register(app)  # swarm, node, tls-ca
+pretrain_cli.register(app)  # pretrain
 app.add_typer(traces_cli.app, name="traces", help="Real availability traces: stats and plots.")
 app.add_typer(grid_cli.app, name="grid", help="Paired experiment grids and the results store.")
 

@@ -79,11 +79,6 @@ def stderr() -> Console:
     return _consoles["err"]
 
 
-def reset() -> None:
-    """Forget the consoles (they are rebuilt on next use, e.g. after redirecting streams)."""
-    _consoles.clear()
-
-
 # ------------------------------------------------------------------------------- output
 def echo(text: object = "") -> None:
     """One literal line on stdout."""
@@ -265,8 +260,6 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
     except (KeyboardInterrupt, typer.Abort):
         error("interrupted; results already written are kept")
         return INTERRUPTED
-    except typer.Exit as e:  # pragma: no cover - typer returns Exit codes under standalone_mode=False
-        return int(getattr(e, "exit_code", 0) or 0)
     except Exception as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # `sfg` or `sfg grid` alone: help, then error
             ctx = getattr(e, "ctx", None)

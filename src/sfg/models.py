@@ -292,6 +292,7 @@ _IGNORED_KEYS = ("running_mean", "running_var", "num_batches_tracked")
 def load_backbone(model: nn.Module, path: str | Path) -> nn.Module:
     """Copy every non-head parameter of ``model`` from the ``state_dict`` saved at ``path``.
 
+    ``path``: a ``.safetensors`` file (as ``sfg pretrain`` writes) or a torch ``state_dict``.
     The head (``model.head_names``) keeps its fresh initialisation. A checkpoint dict holding
     ``"state_dict"`` or ``"model"`` is unwrapped; a ``module.`` prefix (DataParallel) is
     stripped; BatchNorm running statistics are ignored (GroupNorm has none). Missing or
@@ -301,7 +302,12 @@ def load_backbone(model: nn.Module, path: str | Path) -> nn.Module:
     check(file.is_file(),
           f"backbone file {str(file)!r} does not exist; pass a saved state_dict path")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        if file.suffix == ".safetensors":  # `sfg pretrain` writes these (no pickle)
+            from safetensors.torch import load_file
+
+            state = load_file(str(file))
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is bad input
         raise SfgError(f"cannot read backbone {str(file)!r} as a torch state_dict: {exc}") from None
     for key in ("state_dict", "model"):

@@ -14,6 +14,7 @@ import typer
 
 from . import console
 from .errors import SfgError
+from .safety import max_runs
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -26,28 +27,34 @@ def parse_seeds(text: str) -> list[int]:
         try:
             if "-" in part[1:]:
                 a, b = part.split("-", 1)
-                seeds.extend(range(int(a), int(b) + 1))
+                span = range(int(a), int(b) + 1)
             else:
-                seeds.append(int(part))
+                span = range(int(part), int(part) + 1)
         except ValueError:
             raise SfgError(f"cannot read seeds {text!r}; write e.g. --seeds 1,2,3 or --seeds 1-5") from None
+        if len(seeds) + len(span) > max_runs():  # counted before the list is built
+            raise SfgError(f"seeds {text!r} name {len(seeds) + len(span):,} seeds, over the "
+                           f"limit of {max_runs():,} runs (raise SFG_MAX_RUNS if it is meant)")
+        seeds.extend(span)
     if not seeds or any(s < 0 for s in seeds):
         raise SfgError(f"seeds {text!r} must be non-negative integers, e.g. --seeds 1,2,3")
     return seeds
 
 
-REPLAY_COLUMNS = [
-    ("unavailability", "unavail"), ("returns", "returns"), ("premise", "stalest"),
-    ("spread_age", "Δage"), ("spread_lag", "Δlag"), ("kept", "kept"),
-    ("self_weight_return", "w_ii ret"), ("H", "H"),
-]
+def _replay_columns() -> list[tuple[str, str]]:
+    from .replay.metrics import columns  # the metrics' own list (no numba import)
 
-REPLAY_LEGEND = (
-    "unavail: realised offline fraction · returns: aggregations by a returning client (τ≥1) · "
-    "stalest: share of returns where the receiver is strictly the stalest candidate · "
-    "Δage/Δlag: mean largest relative age/lag among candidates · kept: candidates with weight > 0 · "
-    "w_ii ret: receiver self-weight on return · H: receiver self-return over 50 rounds"
-)
+    return columns()
+
+
+def _replay_legend() -> str:
+    from .replay.metrics import legend
+
+    return legend()
+
+
+REPLAY_COLUMNS = _replay_columns()
+REPLAY_LEGEND = _replay_legend()
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,7 +98,7 @@ def replay(
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
-    engine: str = typer.Option("auto", help="auto (compiled kernel where it has the rule), compiled, or numpy (the simulator's own round code)"),
+    engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
 ) -> None:
@@ -101,13 +108,8 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
-    if engine != "numpy" and not as_json and console.interactive():
-        from .replay import warm_compiled  # under a spinner: the first use compiles
-
-        with console.spinner("loading the compiled replay kernel (its first use on a machine "
-                             "compiles it: about 15 s)"):
-            warm_compiled()
-    with console.progress("replay", enabled=not as_json) as update:
+    # the bar shows from the start: a rule's first use on a machine compiles its round
+    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine)

@@ -11,7 +11,13 @@ hands them out), runs the paired comparisons of :mod:`sfg.stats` and writes into
   stratified intervals, overall / per outage process / per availability quartile
   (``acc_q1`` = least available clients);
 * ``accuracy_over_rounds.png`` — ``curves["acc_mean"]`` averaged over seeds per rule, one
-  panel per (dataset, process).
+  panel per (dataset, process);
+* ``sensitivity.png`` and a second Markdown table — design sensitivity (processes with a
+  positive mean, the leave-one-process-out range, the mean without i.i.d. outages), the share
+  of the outage gap closed (overall and per process, when the grid has a ``none`` process)
+  and the per-availability-quartile gains (SPEC §10.4, :func:`sfg.stats.design_sensitivity`);
+* ``diagnostics/`` — tables and plots of the training diagnostics of runs that recorded them
+  (SPEC §10.1–10.3, :mod:`sfg.report_diagnostics`), linked from a section of ``report.md``.
 
 A plot that has nothing to show (no comparisons, no quartile metrics, no curves) is not
 written; the reason goes into ``Report.notes`` and the Markdown. :func:`print_report` renders
@@ -20,6 +26,7 @@ the same table in the terminal with rich.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +54,10 @@ TABLE_COLUMNS = ("rule", "runs", "mean acc", "p10 acc", "gain [CI]", "wins", "+ 
                  "p perm", "p perm Holm", "p Wilcoxon", "p Wilcoxon Holm", "verdict",
                  "local steps ×DFedAvg")
 PLOT_FILES = ("gains.png", "gains_by_process.png", "gains_by_quartile.png",
-              "accuracy_over_rounds.png")
+              "accuracy_over_rounds.png", "sensitivity.png")
+SENSITIVITY_COLUMNS = ("rule", "processes +", "leave-one-process-out", "mean w/o iid (p)",
+                       "gap closed", "gap closed per process", "gain q1", "gain q2", "gain q3",
+                       "gain q4")
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class Report:
     markdown: str
     files: dict[str, Path] = field(default_factory=dict)  # file name -> path written
     notes: list[str] = field(default_factory=list)
+    # pooled training diagnostics per (dataset, process, rule) (SPEC §10), when runs have them
+    diagnostics: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -113,6 +125,21 @@ def row_cells(row: RuleRow) -> list[str]:
                 _p(c.p_perm), _p(c.p_perm_holm), _p(c.p_wilcoxon), _p(c.p_wilcoxon_holm),
                 c.verdict]
     return head + tail + [_num(row.local_steps_rel, 3)]
+
+
+def sensitivity_cells(c: Comparison) -> list[str]:
+    """The cells of ``c`` in :data:`SENSITIVITY_COLUMNS` order."""
+    loo = ("—" if math.isnan(c.loo_min)
+           else f"[{_signed(c.loo_min)}, {_signed(c.loo_max)}]")
+    shares = json.loads(c.gap_closed_by_process)
+    per = "; ".join(f"{p}: {_share(v)}" for p, v in shares.items()) or "— (no none process)"
+    return [c.rule, f"{c.positive_processes}/{c.processes}", loo,
+            f"{_signed(c.mean_no_iid)} ({_p(c.p_no_iid)})", _share(c.gap_closed), per,
+            *(_signed(g) for g in (c.gain_q1, c.gain_q2, c.gain_q3, c.gain_q4))]
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{100 * x:.0f} %"
 
 
 # --------------------------------------------------------------------------- summaries
@@ -266,6 +293,50 @@ def _plot_curves(records: Sequence[Mapping[str, Any]], rules: Sequence[str],
     return _save(fig, path)
 
 
+def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
+                      metric: str) -> Path:
+    """Left: pooled gain, leave-one-process-out range and the mean without i.i.d. outages per
+    rule. Right: share of the outage gap closed per process (when there is a none process)."""
+    fig = Figure(figsize=(11.0, max(3.6, 1.6 + 0.5 * len(comps))))
+    ax = fig.add_subplot(1, 2, 1)
+    y = np.arange(len(comps))[::-1]
+    for yi, c in zip(y, comps, strict=True):
+        if not math.isnan(c.loo_min):
+            ax.plot([c.loo_min, c.loo_max], [yi, yi], lw=6, color="tab:blue", alpha=0.35,
+                    solid_capstyle="butt", label="leave one process out" if yi == y[0] else None)
+        ax.plot([c.mean_gain], [yi], "o", color="tab:blue", label="all processes"
+                if yi == y[0] else None)
+        ax.plot([c.mean_no_iid], [yi], "x", color="tab:red", ms=8, label="without i.i.d."
+                if yi == y[0] else None)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_yticks(y, [f"{c.rule} ({c.positive_processes}/{c.processes} +)" for c in comps])
+    ax.set_ylim(-0.7, len(comps) - 0.3)
+    ax.set_xlabel(f"pooled gain in {metric} over {baseline}")
+    ax.set_title("design sensitivity", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    ax2 = fig.add_subplot(1, 2, 2)
+    shares = {c.rule: json.loads(c.gap_closed_by_process) for c in comps}
+    procs = sorted({p for d in shares.values() for p in d})
+    if procs:
+        x = np.arange(len(procs) + 1, dtype=np.float64)
+        width = 0.8 / len(comps)
+        for k, c in enumerate(comps):
+            vals = [shares[c.rule].get(p, math.nan) for p in procs] + [c.gap_closed]
+            ax2.bar(x + (k - (len(comps) - 1) / 2) * width, np.nan_to_num(np.array(
+                vals, dtype=np.float64) * 100, nan=0.0), width, label=c.rule)
+        ax2.set_xticks(x, [*procs, "overall"], rotation=20, ha="right")
+        ax2.axhline(0.0, color="black", lw=0.8)
+        ax2.set_ylabel("gap closed (%)")
+        ax2.legend(fontsize=7)
+    else:
+        ax2.text(0.5, 0.5, "share of the outage gap: needs runs\nof the 'none' process",
+                 ha="center", va="center", transform=ax2.transAxes, color="gray")
+        ax2.set_axis_off()
+    ax2.set_title(f"outage gap closed (gap = {baseline} without − with outages)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -276,6 +347,19 @@ def _markdown(report: Report) -> str:
     for row in report.rows:
         cells = [c.replace("|", "\\|") for c in row_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
+    if report.comparisons:
+        lines += ["", "## Design sensitivity, outage gap, availability quartiles (SPEC §10.4)",
+                  "", "| " + " | ".join(SENSITIVITY_COLUMNS) + " |",
+                  "|" + "|".join("---" for _ in SENSITIVITY_COLUMNS) + "|"]
+        for c in report.comparisons:
+            cells = [x.replace("|", "\\|") for x in sensitivity_cells(c)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Processes +: processes with a positive pooled mean gain. "
+                  "Leave-one-process-out: range of the pooled mean over the designs without one "
+                  "process. Mean w/o iid: pooled mean without i.i.d. outages (uncorrected exact "
+                  "sign-flip p). Gap closed: pooled gain ÷ pooled (baseline without outages − "
+                  "baseline with them), same (dataset, seed). Gain q1…q4: gains of the "
+                  "per-availability-quartile mean accuracy (q1 least available)."]
     lines += ["", "## Method (SPEC §8)", ""]
     if report.comparisons:
         c0 = report.comparisons[0]
@@ -301,6 +385,22 @@ def _markdown(report: Report) -> str:
     for name in PLOT_FILES:
         if name in report.files:
             lines.append(f"![{name}]({name})")
+    if report.diagnostics:
+        lines += ["", "## Training diagnostics (SPEC §10)", "",
+                  "Lag law: E d²/E d₀² = 1 + (ρ/2)·x fitted over differences 1–20, pooled over "
+                  "seeds; tables in `diagnostics/*.csv`.", "",
+                  "| dataset | process | rule | runs | ρ (ages) | ρ (lags) | lag ÷ age |",
+                  "|---|---|---|---|---|---|---|"]
+        for (dataset, process, rule), g in report.diagnostics.items():
+            if "lag" in g:
+                lag = g["lag"]
+                lines.append(f"| {dataset} | {process} | {rule} | {g['runs']} | "
+                             f"{_num(lag['rho_age'])} | {_num(lag['rho_lag'])} | "
+                             f"{_num(lag['rho_ratio'], 2)} |")
+        lines.append("")
+        for name in sorted(report.files):
+            if name.startswith("diagnostics/") and name.endswith(".png"):
+                lines.append(f"![{name}]({name})")
     for note in report.notes:
         lines.append(f"* Note: {note}")
     return "\n".join(lines) + "\n"
@@ -339,6 +439,12 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
                     rows=rows, comparisons=comps, markdown="")
     report.files["comparisons.csv"] = comparisons_to_csv(comps, out / "comparisons.csv")
     _write_plots(report, records, weighting=weighting)
+    if any(isinstance(r.get("diagnostics"), Mapping) for r in records):
+        from .report_diagnostics import pooled, write_diagnostics
+
+        report.diagnostics = pooled(records)
+        for name, path in write_diagnostics(records, out / "diagnostics").items():
+            report.files[f"diagnostics/{name}"] = path
     report.markdown = _markdown(report)
     try:
         (out / "report.md").write_text(report.markdown)
@@ -382,6 +488,10 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
                                 "acc_q1..acc_q4 metrics")
     else:
         report.notes.append("gain plots not written: the records hold only the baseline")
+    if comps:
+        report.files["sensitivity.png"] = _plot_sensitivity(comps, out / "sensitivity.png",
+                                                            baseline=report.baseline,
+                                                            metric=report.metric)
     curves = _plot_curves(records, [report.baseline, *rules], out / "accuracy_over_rounds.png")
     if curves is None:
         report.notes.append("accuracy_over_rounds.png not written: no run has curves")

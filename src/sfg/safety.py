@@ -16,6 +16,8 @@ variable               default    what it bounds
 ``SFG_MAX_MEMBER``     ``1G``     the decompressed size of one archive member
 ``SFG_MAX_RUNS``       ``20000``  runs one grid file may expand to (counted before expanding)
 ``SFG_MAX_YAML_NODES`` ``100000`` YAML/JSON nodes of a grid or config (aliases expanded)
+``SFG_MAX_RATIO``      ``200``    decompressed / compressed size of an archive, once past
+                                  64 MiB (real data sets compress 1-25x; zeros 1000x)
 =====================  =========  ===========================================================
 
 Sizes accept ``K``/``M``/``G``/``T`` suffixes (powers of 1024, ``GiB`` also works) or plain
@@ -36,7 +38,7 @@ from .errors import SfgError
 
 GiB = 1 << 30
 DEFAULTS = {"SFG_MAX_MEMORY": 4 * GiB, "SFG_MAX_MEMBER": 1 * GiB, "SFG_MAX_RUNS": 20_000,
-            "SFG_MAX_YAML_NODES": 100_000}
+            "SFG_MAX_YAML_NODES": 100_000, "SFG_MAX_RATIO": 200}
 MAX_DEPTH = 100  # nesting of a YAML/JSON settings document
 INT64_MAX = (1 << 63) - 1
 
@@ -56,7 +58,7 @@ def _limit(var: str) -> int:
     raw = os.environ.get(var, "").strip()
     if not raw:
         return int(DEFAULTS[var])
-    if var in ("SFG_MAX_RUNS", "SFG_MAX_YAML_NODES"):
+    if var in ("SFG_MAX_RUNS", "SFG_MAX_YAML_NODES", "SFG_MAX_RATIO"):
         try:
             value = int(raw)
         except ValueError:
@@ -87,6 +89,11 @@ def max_runs() -> int:
 def max_nodes() -> int:
     """Nodes of a YAML/JSON settings file, aliases expanded (``SFG_MAX_YAML_NODES``)."""
     return _limit("SFG_MAX_YAML_NODES")
+
+
+def max_ratio() -> int:
+    """Largest decompressed/compressed size ratio of an archive (``SFG_MAX_RATIO``, 200)."""
+    return _limit("SFG_MAX_RATIO")
 
 
 def human_bytes(n: float) -> str:

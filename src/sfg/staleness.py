@@ -1,12 +1,12 @@
-"""Staleness state and its one-round update (SPEC §2).
+"""Staleness state (SPEC §2): one scalar per model, piggybacked on messages.
 
-One scalar per model, piggybacked on messages. The update is a single vectorised function of
-the weights the round used; there is no Python loop over clients.
+The one-round update is part of the compiled round (:func:`sfg.round.play_round`), written
+once for the replay, the simulator and the one-receiver form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,88 +58,5 @@ def init_state(rg: RoundGraph, *, rounds: int | None = None, track_missed: bool 
         counts=np.ones(n, np.int64),
         local_counts=np.ones(n, np.int64),
         q_hat=np.ones(rg.n_slots, np.float64),
-        missed=missed,
-    )
-
-
-def _seg_reduce(ufunc, values: np.ndarray, rg: RoundGraph) -> np.ndarray:
-    return ufunc.reduceat(values, rg.indptr[:-1])
-
-
-def update_state(
-    state: StalenessState,
-    rg: RoundGraph,
-    weights: np.ndarray,
-    candidate: np.ndarray,
-    *,
-    trains: np.ndarray,
-    adopts: np.ndarray,
-    aggregates: np.ndarray | None = None,
-    beta: float = Q_HAT_BETA,
-    slot_ages: np.ndarray | None = None,
-    slot_lags: np.ndarray | None = None,
-    slot_counts: np.ndarray | None = None,
-) -> StalenessState:
-    """Advance the state by one round, given the weights used (SPEC §2, anatomy modes §4.1).
-
-    weights:    [E] float64 row-stochastic slot weights used this round (identity rows where a
-                client did not adopt an aggregate)
-    candidate:  [E] bool    slots in the candidate sets S_i^t
-    trains:     [N] bool    clients that ran local training this round
-    adopts:     [N] bool    clients whose model became their aggregate
-    aggregates: [N] bool    clients that formed candidate sets (q̂ is updated for them);
-                defaults to ``adopts``
-    slot_ages, slot_lags, slot_counts: [E] staleness of the model each slot delivered; default
-                the sender's current state (differs only for remembered models, model-memory)
-
-    * age: 0 after training; an aggregate adopted without training is one round older than
-      the youngest model it merged; otherwise +1.
-    * lag: Σ_j w_ij ℓ_j when adopting, else unchanged; +1 when the client did not train
-      (so that lags stay the row sums of A, whose column t is 1 for clients that did not train).
-    * max-inherited count: max over merged candidates when adopting, +1 when training.
-    * q̂: EWMA over the rounds a client aggregates, floored at 0.05.
-    """
-    if aggregates is None:
-        aggregates = adopts
-    recv, send = rg.recv, rg.send
-    not_trained = ~trains
-    merged = weights > 0
-
-    s_age = state.ages[send] if slot_ages is None else slot_ages
-    s_lag = state.lags[send] if slot_lags is None else slot_lags
-    s_cnt = state.counts[send] if slot_counts is None else slot_counts
-    lag_mix = np.bincount(recv, weights=weights * s_lag, minlength=rg.n)
-    lags = np.where(adopts, lag_mix, state.lags) + not_trained
-
-    big = np.iinfo(np.int64).max
-    youngest = _seg_reduce(np.minimum, np.where(merged, s_age, big), rg)
-    ages = np.where(trains, 0, np.where(adopts, youngest + 1, state.ages + 1)).astype(np.int64)
-
-    inherited = _seg_reduce(np.maximum, np.where(merged, s_cnt, 0), rg)
-    counts = np.where(adopts, inherited, state.counts) + trains
-
-    local_counts = state.local_counts + trains
-
-    q_hat = state.q_hat
-    upd = aggregates[recv] & ~rg.is_self
-    if upd.any():
-        q_hat = q_hat.copy()
-        q_hat[upd] = np.maximum((1 - beta) * q_hat[upd] + beta * candidate[upd], Q_HAT_FLOOR)
-
-    missed = state.missed
-    if missed is not None:
-        W = rg.to_sparse(weights)
-        mixed = W @ missed
-        missed = np.where(adopts[:, None], mixed, missed)
-        missed[:, state.t] = not_trained
-
-    return replace(
-        state,
-        t=state.t + 1,
-        ages=ages,
-        lags=lags,
-        counts=counts.astype(np.int64),
-        local_counts=local_counts.astype(np.int64),
-        q_hat=q_hat,
         missed=missed,
     )

@@ -31,11 +31,29 @@ Pipeline for one comparison, rule R against baseline B on metric m:
 mean improvement; "improved" means a larger metric unless the metric is one where lower is
 better (``messages``, ``scalars``, ``local_steps_rel``; override with ``higher_is_better``).
 ``mean_gain`` and the interval are always the raw difference ``m(R) − m(B)``.
+
+**Design sensitivity and the outage gap** (SPEC §10.4), per comparison, every mean pooled like
+the gain (unit mean over the processes kept, weighted mean over units):
+
+* ``processes`` / ``positive_processes``: processes present, and those whose pooled mean gain
+  is an improvement;
+* ``loo_min`` / ``loo_max``: the smallest and largest pooled mean over the designs that leave
+  one process out (NaN with fewer than two processes);
+* ``mean_no_iid`` / ``p_no_iid``: the pooled mean without the ``iid`` processes and its
+  uncorrected sign-flip p (exact up to ``exact_max_units`` units, as the primary test);
+* ``gap_closed``: the share of the outage gap closed, pooled gain ÷ pooled gap, where a run's
+  gap is ``m(B, none) − m(B, process)`` of the same (dataset, seed) and only runs whose
+  (dataset, seed) has a ``none`` run of the baseline count (the ``none`` process itself never);
+  ``gap_closed_by_process``: the same per process, as JSON ``{process: share}``; NaN / ``{}``
+  without a ``none`` process;
+* ``gain_q1`` … ``gain_q4``: pooled mean gains of the per-availability-quartile metrics
+  ``acc_q1`` (least available clients) … ``acc_q4``; NaN when a run lacks them.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -392,6 +410,19 @@ class Comparison:
     weighting: str
     permutation: str  # "exact(2^U)" or "monte-carlo(draws, seed=...)"
     higher_is_better: bool
+    # design sensitivity and the outage gap (SPEC §10.4; module docstring)
+    processes: int = 0
+    positive_processes: int = 0
+    loo_min: float = math.nan
+    loo_max: float = math.nan
+    mean_no_iid: float = math.nan
+    p_no_iid: float = math.nan
+    gap_closed: float = math.nan
+    gap_closed_by_process: str = "{}"
+    gain_q1: float = math.nan
+    gain_q2: float = math.nan
+    gain_q3: float = math.nan
+    gain_q4: float = math.nan
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(Comparison))
@@ -399,6 +430,101 @@ CSV_COLUMNS = tuple(f.name for f in fields(Comparison))
 
 def _improves(x: np.ndarray, higher_is_better: bool) -> np.ndarray:
     return x > 0 if higher_is_better else x < 0
+
+
+def pooled_mean(run_keys: Sequence[tuple[str, str, int]], run_values_: np.ndarray, *,
+                weighting: str = "unit") -> tuple[float, np.ndarray, np.ndarray]:
+    """Pool per-run values like the gain: ``(mean, unit_values [U], unit_weights [U])``.
+
+    ``run_keys``: [P] (dataset, process, seed); a unit's value is the mean over its processes,
+    the pooled mean the weighted mean over units (:func:`unit_weights`). NaN without runs.
+    """
+    if len(run_keys) == 0:
+        return math.nan, np.zeros(0), np.zeros(0)
+    units, unit_vals = _group_mean([(d, s) for d, _, s in run_keys],
+                                   np.asarray(run_values_, np.float64))
+    datasets = sorted({d for d, _ in units})
+    strata = np.array([datasets.index(d) for d, _ in units], np.int64)
+    w = unit_weights(strata, weighting=weighting)
+    return float(w @ unit_vals), unit_vals, w
+
+
+def _is_iid(process: str) -> bool:
+    return process.split(":", 1)[0].split("+", 1)[0].strip().lower() == "iid"
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Design sensitivity and outage-gap figures of one comparison (SPEC §10.4)."""
+
+    processes: int
+    positive_processes: int
+    loo_min: float
+    loo_max: float
+    mean_no_iid: float
+    p_no_iid: float
+    gap_closed: float
+    gap_closed_by_process: dict[str, float]
+
+
+def design_sensitivity(pd: PairedDifferences, values: Sequence[RunValue], *,
+                       weighting: str = "unit", higher_is_better: bool = True,
+                       exact_max_units: int = EXACT_MAX_UNITS, draws: int = MONTE_CARLO_DRAWS,
+                       seed: int = 0) -> Sensitivity:
+    """Processes with a positive mean, leave-one-process-out range, the mean without i.i.d.
+    outages with its uncorrected sign-flip p, and the share of the outage gap closed
+    (SPEC §10.4; module docstring). ``values``: every run's value of the compared metric."""
+    keys, diffs = list(pd.run_keys), pd.run_diffs
+    procs = np.array([p for _, p, _ in keys], dtype=object)
+    distinct = sorted(set(procs.tolist()))
+
+    def pooled(mask: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        return pooled_mean([k for k, m in zip(keys, mask, strict=True) if m], diffs[mask],
+                           weighting=weighting)
+
+    per_proc = [pooled(procs == p)[0] for p in distinct]
+    positive = int(np.count_nonzero(_improves(np.array(per_proc), higher_is_better)))
+    loo = [pooled(procs != p)[0] for p in distinct] if len(distinct) >= 2 else []
+    no_iid = np.array([not _is_iid(p) for p in procs.tolist()], bool)
+    mean_ni, units_ni, w_ni = pooled(no_iid)
+    p_ni = (sign_flip_pvalue(units_ni, weights=w_ni, exact_max_units=exact_max_units,
+                             draws=draws, seed=seed)[0] if units_ni.size else math.nan)
+    # the outage gap: m(B, none) - m(B, process) for the same (dataset, seed)
+    base = {(v.dataset, v.process, v.seed): v.value for v in values if v.rule == pd.baseline}
+    gap = np.array([base.get((d, "none", s), math.nan) - base[(d, p, s)] for d, p, s in keys])
+    has_gap = np.isfinite(gap) & (procs != "none")
+
+    def share(mask: np.ndarray) -> float:
+        sel = [k for k, m in zip(keys, mask, strict=True) if m]
+        if not sel:
+            return math.nan
+        g = pooled_mean(sel, diffs[mask], weighting=weighting)[0]
+        o = pooled_mean(sel, gap[mask], weighting=weighting)[0]
+        return g / o if o != 0 else math.nan
+
+    by_proc = {p: share(has_gap & (procs == p)) for p in distinct if p != "none"
+               and bool((has_gap & (procs == p)).any())}
+    return Sensitivity(
+        processes=len(distinct), positive_processes=positive,
+        loo_min=float(min(loo)) if loo else math.nan,
+        loo_max=float(max(loo)) if loo else math.nan,
+        mean_no_iid=mean_ni, p_no_iid=float(p_ni), gap_closed=share(has_gap),
+        gap_closed_by_process=by_proc)
+
+
+def quartile_gains(records: Sequence[Mapping[str, Any]], *, rule: str, baseline: str,
+                   weighting: str = "unit") -> list[float]:
+    """Pooled mean gains of ``acc_q1`` … ``acc_q4`` (SPEC §8, §10.4); NaNs when a run of
+    ``rule`` or ``baseline`` lacks a quartile metric."""
+    involved = [r for r in records if r.get("rule") in (rule, baseline)]
+    if not all(isinstance(r.get("metrics"), Mapping)
+               and all(f"acc_q{q}" in r["metrics"] for q in range(1, 5)) for r in involved):
+        return [math.nan] * 4
+    out = []
+    for q in range(1, 5):
+        pd = pair_values(run_values(involved, f"acc_q{q}"), rule=rule, baseline=baseline)
+        out.append(pooled_mean(pd.run_keys, pd.run_diffs, weighting=weighting)[0])
+    return out
 
 
 def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None = None,
@@ -416,6 +542,7 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
     check(0.0 < confidence < 1.0, f"confidence must be in (0, 1), got {confidence}")
     check(weighting in WEIGHTINGS,
           f"unknown weighting {weighting!r}{did_you_mean(weighting, WEIGHTINGS)}")
+    records = list(records)
     values = run_values(records, metric)
     present = sorted({v.rule for v in values})
     check(baseline in present, f"baseline {baseline!r} has no runs"
@@ -438,13 +565,17 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
         p_perm, method = sign_flip_pvalue(pd.unit_diffs, weights=weights,
                                           exact_max_units=exact_max_units, draws=draws,
                                           seed=seed)
-        partial.append((rule, pd, interval, p_perm, method, wilcoxon_pvalue(pd.cell_means)))
+        sens = design_sensitivity(pd, values, weighting=weighting, higher_is_better=hib,
+                                  exact_max_units=exact_max_units, draws=draws, seed=seed)
+        quart = quartile_gains(records, rule=rule, baseline=baseline, weighting=weighting)
+        partial.append((rule, pd, interval, p_perm, method, wilcoxon_pvalue(pd.cell_means),
+                        sens, quart))
 
     perm_holm = holm([p[3] for p in partial])
     wil_holm = holm([p[5] for p in partial])
     out = []
-    for (rule, pd, iv, p_perm, method, p_wil), ph, wh in zip(partial, perm_holm, wil_holm,
-                                                             strict=True):
+    for (rule, pd, iv, p_perm, method, p_wil, sens, quart), ph, wh in zip(
+            partial, perm_holm, wil_holm, strict=True):
         out.append(Comparison(
             rule=rule, baseline=baseline, metric=metric, mean_gain=iv.mean, ci_low=iv.low,
             ci_high=iv.high, df=iv.df, units=iv.units, datasets=len(pd.datasets),
@@ -455,7 +586,12 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
             wins=int(np.count_nonzero(_improves(pd.run_diffs, hib))), runs=len(pd.run_keys),
             positive_cells=int(np.count_nonzero(_improves(pd.cell_means, hib))),
             cells=len(pd.cell_keys), dropped=pd.dropped, confidence=confidence, alpha=alpha,
-            weighting=weighting, permutation=method, higher_is_better=hib))
+            weighting=weighting, permutation=method, higher_is_better=hib,
+            processes=sens.processes, positive_processes=sens.positive_processes,
+            loo_min=sens.loo_min, loo_max=sens.loo_max, mean_no_iid=sens.mean_no_iid,
+            p_no_iid=sens.p_no_iid, gap_closed=sens.gap_closed,
+            gap_closed_by_process=json.dumps(sens.gap_closed_by_process, sort_keys=True),
+            gain_q1=quart[0], gain_q2=quart[1], gain_q3=quart[2], gain_q4=quart[3]))
     return out
 
 

@@ -24,9 +24,10 @@ from ..errors import SfgError, check
 from ..rng import stream
 from ..spec import Component, Registry, parse_component
 from .partition import (
-    dirichlet_partition,
     label_histogram,
     label_matched_test_indices,
+    make_partition,
+    parse_partition,
     split_holdout,
 )
 
@@ -143,17 +144,19 @@ def client_tensors(x: np.ndarray, y: np.ndarray, groups: list[np.ndarray], *, sc
 def federate_label_skew(pool: ImagePool, *, name: str, n_clients: int, seed: int, alpha: float,
                         min_train: int, test_per_client: int, val_fraction: float,
                         augment_hflip: bool, balance: bool = True,
-                        meta: dict | None = None) -> FederatedData:
+                        meta: dict | None = None, partition: str = "dirichlet") -> FederatedData:
     """Dirichlet label skew over ``pool.train``, validation hold-out, label-matched test sets.
 
     SPEC §6: each client's share of the training split (at least ``min_train`` examples,
     counted before the hold-out) loses ``val_fraction`` of its examples to validation; its
     test set has ``test_per_client`` images from ``pool.test`` with the label distribution
     of its share (:func:`label_matched_test_indices`). Streams: ``"partition"``,
-    ``"validation"``, ``"test-sets"`` under ``seed``.
+    ``"validation"``, ``"test-sets"`` under ``seed``. ``partition``: ``"dirichlet"`` (label
+    skew with ``alpha``) or ``"classes:k=2"`` (every client exactly k classes,
+    :func:`~sfg.data.partition.class_shard_partition`).
     """
-    groups = dirichlet_partition(pool.train_y, n_clients, alpha=alpha, min_size=min_train,
-                                 rng=stream(seed, "partition"), balance=balance)
+    groups = make_partition(partition, pool.train_y, n_clients, alpha=alpha,
+                            min_size=min_train, rng=stream(seed, "partition"), balance=balance)
     hist = label_histogram(pool.train_y, groups, pool.num_classes)
     train, val = split_holdout(groups, val_fraction, stream(seed, "validation"))
     tests = label_matched_test_indices(pool.test_y, hist, test_per_client,
@@ -166,7 +169,7 @@ def federate_label_skew(pool: ImagePool, *, name: str, n_clients: int, seed: int
     info = dict(pool.meta)
     info.update(meta or {})
     info.update({
-        "alpha": float(alpha), "balance": bool(balance), "min_train": int(min_train),
+        "alpha": float(alpha), "balance": bool(balance), "partition": str(partition), "min_train": int(min_train),
         "test_per_client": int(test_per_client), "val_fraction": float(val_fraction),
         "train_pool": int(pool.train_y.size), "test_pool": int(pool.test_y.size),
         "test_repeats": repeats,
@@ -216,7 +219,8 @@ def dataset_names() -> list[str]:
 def load_federated(name: str | Component, *, n_clients: int, seed: int,
                    data_root: str | None = None, alpha: float = 0.3,
                    min_train: int | None = None, test_per_client: int | None = None,
-                   val_fraction: float = 0.15, **options: Any) -> FederatedData:
+                   val_fraction: float = 0.15, partition: str | None = None,
+                   **options: Any) -> FederatedData:
     """Load dataset ``name`` split over ``n_clients`` clients for ``seed`` (SPEC §6).
 
     ``name`` is a dataset id or a component string carrying dataset options
@@ -225,7 +229,9 @@ def load_federated(name: str | Component, *, n_clients: int, seed: int,
     ``test_per_client`` default per dataset: CIFAR and image folders 20 and 300 (SPEC §6);
     digits 5 (lowered to ⌊pool / 4N⌋, at least 1, for many clients: 3 at N = 100) and 50;
     FEMNIST 250 (its ``min_samples``) and the writer's whole test split. ``alpha`` is the
-    Dirichlet concentration (unused by FEMNIST, whose split is by writer).
+    Dirichlet concentration (unused by FEMNIST, whose split is by writer). ``partition``:
+    ``"dirichlet"`` (default) or ``"classes:k=2"`` (each client exactly k classes; datasets
+    with a natural split such as FEMNIST take none).
     """
     _load_all()
     comp = name if isinstance(name, Component) else parse_component(str(name), kind="dataset")
@@ -241,6 +247,14 @@ def load_federated(name: str | Component, *, n_clients: int, seed: int,
     min_train = option_int(min_train, "min_train", minimum=0)
     test_per_client = option_int(test_per_client, "test_per_client")
     val_fraction = option_fraction(val_fraction, "val_fraction")
+    kind, _ = parse_partition(partition)
+    if kind != "dirichlet":
+        check("natural-split" not in entry.tags,
+              f"dataset {comp.name!r} has a natural split (one client per writer); it takes no "
+              f"partition {partition!r}")
+        options = {**opts, "partition": str(partition)}
+    else:
+        options = opts
     return entry.factory(n_clients=n_clients, seed=seed, data_root=data_root, alpha=float(alpha),
                          min_train=min_train, test_per_client=test_per_client,
-                         val_fraction=val_fraction, **opts)
+                         val_fraction=val_fraction, **options)

@@ -223,7 +223,7 @@ def _factory(classes: int):
                              min_train: int | None, test_per_client: int | None,
                              val_fraction: float, cache_dir=None, limit_per_class=None,
                              workers=None, balance: bool = True,
-                             labels: str = "fine") -> FederatedData:
+                             labels: str = "fine", partition: str = "dirichlet") -> FederatedData:
         pool = cifar_pool(data_root, classes, labels=labels, limit_per_class=limit_per_class,
                           workers=workers, cache_dir=cache_dir)
         return federate_label_skew(
@@ -231,7 +231,7 @@ def _factory(classes: int):
             min_train=20 if min_train is None else min_train,
             test_per_client=300 if test_per_client is None else test_per_client,
             val_fraction=val_fraction, augment_hflip=True,
-            balance=option_bool(balance, "balance"))
+            balance=option_bool(balance, "balance"), partition=partition)
 
     load_cifar_federated.__doc__ = f"Federated CIFAR-{classes} (SPEC §6; module docstring)."
     return load_cifar_federated

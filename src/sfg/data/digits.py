@@ -100,7 +100,7 @@ def default_min_train(pool_size: int, n_clients: int) -> int:
 def load_digits_federated(*, n_clients: int, seed: int, data_root=None, alpha: float,
                           min_train: int | None, test_per_client: int | None,
                           val_fraction: float, test_fraction: float = 0.3,
-                          balance: bool = True) -> FederatedData:
+                          balance: bool = True, partition: str = "dirichlet") -> FederatedData:
     """Federated digits (see the module docstring); ``data_root`` is not used."""
     test_fraction = option_fraction(test_fraction, "test_fraction", low_open=True)
     pool = digits_pool(seed, test_fraction=test_fraction)
@@ -110,7 +110,7 @@ def load_digits_federated(*, n_clients: int, seed: int, data_root=None, alpha: f
         pool, name="digits", n_clients=n_clients, seed=seed, alpha=alpha, min_train=min_train,
         test_per_client=50 if test_per_client is None else test_per_client,
         val_fraction=val_fraction, augment_hflip=False,
-        balance=option_bool(balance, "balance"))
+        balance=option_bool(balance, "balance"), partition=partition)
 
 
 DATASETS.register(

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import SfgError
-from ..safety import check_memory, human_bytes, max_member, max_memory
+from ..safety import check_memory, human_bytes, max_member, max_memory, max_ratio
 
 T = TypeVar("T")
 
@@ -96,6 +96,7 @@ def locate(data_root: str | os.PathLike | None, accept: Callable[[Path], T | Non
 # before its bytes are read, the sum against SFG_MAX_MEMORY, and a gzip stream is decompressed
 # with the same running limit (a small .tar.gz of zeros cannot expand past it).
 _HEADS: dict[tuple, list[str]] = {}
+_RATIO_FLOOR = 64 << 20  # archives expanding to less are never refused for their ratio
 
 
 def _fingerprint(path: Path) -> tuple:
@@ -108,6 +109,8 @@ class _Budget:
 
     def __init__(self, path: Path):
         self.path, self.member, self.total, self.used = path, max_member(), max_memory(), 0
+        self.compressed = path.stat().st_size if path.name.lower().endswith((".gz", ".tgz")) \
+            else None
 
     def add(self, name: str, size: int) -> None:
         if size > self.member:
@@ -116,9 +119,21 @@ class _Budget:
                            f"{human_bytes(self.member)} (raise it with SFG_MAX_MEMBER=4G if the "
                            "archive is genuine)")
         self.used += size
+        if self.compressed is not None:
+            check_ratio(self.path, self.used, self.compressed)
         check_memory(self.used, f"archive {self.path} decompresses to more than "
                                 f"{human_bytes(self.used)} (by member {name})",
                      fix="or extract only what is needed")
+
+
+def check_ratio(path: Path, decompressed: int, compressed: int) -> None:
+    """Refuse an archive that expands more than SFG_MAX_RATIO times (past 64 MiB): a bomb."""
+    ratio = max_ratio()
+    if decompressed > _RATIO_FLOOR and decompressed > ratio * max(compressed, 1):
+        raise SfgError(f"archive {path} expands to more than {human_bytes(decompressed)} from "
+                       f"{human_bytes(compressed)} (over {ratio}x; real data sets compress "
+                       "1-25x), which looks like a decompression bomb; raise SFG_MAX_RATIO if "
+                       "it is genuine")
 
 
 def tar_file_names(path: Path, limit: int = 64) -> list[str]:
@@ -147,9 +162,10 @@ def tar_file_names(path: Path, limit: int = 64) -> list[str]:
     return _HEADS[key][:limit]
 
 
-def _gunzip_bounded(path: Path) -> bytes:
+def _gunzip_bounded(path: Path) -> bytearray:
     """The decompressed bytes of a gzip file (all members), refused past SFG_MAX_MEMORY."""
     limit = max_memory()
+    compressed = path.stat().st_size
     out = bytearray()
     d = zlib.decompressobj(wbits=31)
     fed = False
@@ -162,6 +178,7 @@ def _gunzip_bounded(path: Path) -> bytes:
                 while chunk:
                     fed = True
                     out += d.decompress(chunk, limit + 1 - len(out))
+                    check_ratio(path, len(out), compressed)
                     if len(out) > limit:
                         check_memory(len(out), f"archive {path} decompresses to more than "
                                                f"{human_bytes(limit)}",
@@ -178,10 +195,10 @@ def _gunzip_bounded(path: Path) -> bytes:
     if fed and not d.eof:
         raise SfgError(f"cannot decompress archive {path}: it ends before the end of its gzip "
                        "stream (truncated download?)")
-    return bytes(out)
+    return out
 
 
-def _tar_bytes(path: Path) -> bytes | None:
+def _tar_bytes(path: Path) -> bytes | bytearray | None:
     """The decompressed tar stream of ``path`` in memory (bounded), or None to stream it."""
     name = path.name.lower()
     if name.endswith(".tar"):

@@ -328,7 +328,7 @@ def load_imagefolder_federated(*, n_clients: int, seed: int, data_root, alpha: f
                                min_train: int | None, test_per_client: int | None,
                                val_fraction: float, cache_dir=None, limit_per_class=None,
                                workers=None, grayscale: bool = False, resize=None,
-                               hflip: bool = False, balance: bool = True) -> FederatedData:
+                               hflip: bool = False, balance: bool = True, partition: str = "dirichlet") -> FederatedData:
     """A user's image folder with CIFAR's protocol (see the module docstring)."""
     opts = folder_options(limit_per_class, workers, grayscale, resize)
     source = locate_image_folder(data_root)
@@ -338,7 +338,7 @@ def load_imagefolder_federated(*, n_clients: int, seed: int, data_root, alpha: f
         min_train=20 if min_train is None else min_train,
         test_per_client=300 if test_per_client is None else test_per_client,
         val_fraction=val_fraction, augment_hflip=option_bool(hflip, "hflip"),
-        balance=option_bool(balance, "balance"))
+        balance=option_bool(balance, "balance"), partition=partition)
 
 
 DATASETS.register(

@@ -219,3 +219,122 @@ def label_histogram(labels: np.ndarray, groups: list[np.ndarray], n_classes: int
     flat = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
     return np.bincount(owner * n_classes + labels[flat],
                        minlength=sizes.size * n_classes).reshape(sizes.size, n_classes)
+
+
+# ------------------------------------------------------------------------ pathological shards
+PARTITIONS = ("dirichlet", "classes")
+
+
+def parse_partition(text) -> tuple[str, dict]:
+    """``"dirichlet"`` or ``"classes:k=2"`` -> ``(kind, params)`` (SPEC §6, issue 11 item 3).
+
+    ``dirichlet`` takes its concentration from the separate ``alpha`` setting; ``classes``
+    takes ``k`` (classes per client, default 2).
+    """
+    from ..spec import did_you_mean, parse_component
+
+    comp = parse_component(str(text if text is not None else "dirichlet"), kind="partition")
+    check(not comp.modifiers, f"partition {comp.text!r} takes no '+' modifiers")
+    if comp.name not in PARTITIONS:
+        raise SfgError(f"unknown partition {comp.name!r}{did_you_mean(comp.name, PARTITIONS)} "
+                       "(write 'dirichlet' or 'classes:k=2')")
+    allowed = {"dirichlet": set(), "classes": {"k"}}[comp.name]
+    extra = sorted(set(comp.params) - allowed)
+    check(not extra, f"partition {comp.name!r} has no parameter {extra[0]!r}" if extra else "")
+    if comp.name == "classes":
+        return "classes", {"k": _positive_int(comp.params.get("k", 2), "partition classes:k")}
+    return "dirichlet", {}
+
+
+def _shard_counts(class_counts: np.ndarray, n_shards: int, n_clients: int) -> np.ndarray:
+    """Shards per class: int64 [C], proportional to class sizes (largest remainder), summing to
+    ``n_shards``, each at most ``min(class size, n_clients)``."""
+    cap = np.minimum(class_counts, n_clients)
+    if int(cap.sum()) < n_shards:
+        raise SfgError(f"cannot cut {n_shards} single-class shards (each client a distinct class "
+                       f"per shard) from {class_counts.size} classes of sizes up to "
+                       f"{int(class_counts.max())}; use fewer clients or a smaller k")
+    shares = stratified_counts((class_counts / class_counts.sum())[None, :], n_shards)[0]
+    shares = np.minimum(shares, cap)
+    while int(shares.sum()) < n_shards:  # give what the caps took away to classes with room
+        room = np.flatnonzero(shares < cap)
+        shares[room[np.argmax(class_counts[room] / (shares[room] + 1))]] += 1
+    return shares
+
+
+def class_shard_partition(labels, n_clients: int, *, k: int = 2, min_size: int = 0,
+                          rng: np.random.Generator, max_repairs: int | None = None
+                          ) -> list[np.ndarray]:
+    """The pathological split: every client holds examples of exactly ``k`` classes.
+
+    The shard construction of the classic non-IID benchmark (McMahan et al. 2017): the
+    examples of each class, in random order, are cut into near-equal single-class shards, N·k
+    shards in all (a class gets shards in proportion to its size, at most one per client);
+    the shards are dealt to clients at random, k each, and a client dealt two shards of one
+    class swaps one of them with a random other client until every client has k distinct
+    classes. Returns ``n_clients`` int64 index arrays (ascending), disjoint; every example of
+    a class that gets shards is used. Classes without shards (only when N·k < classes) are
+    left out.
+    """
+    y = _labels(labels)
+    n_clients = _positive_int(n_clients, "n_clients")
+    k = _positive_int(k, "partition classes:k")
+    min_size = _positive_int(min_size, "min_size", 0)
+    class_counts_all = np.bincount(y)
+    present = np.flatnonzero(class_counts_all)
+    check(k <= present.size, f"partition classes:k={k} needs at least {k} classes, the data "
+                             f"has {present.size}; lower k")
+    n_shards = n_clients * k
+    shards_per_class = np.zeros(class_counts_all.size, np.int64)
+    shards_per_class[present] = _shard_counts(class_counts_all[present], n_shards, n_clients)
+    shard_class = np.repeat(np.arange(class_counts_all.size), shards_per_class)  # [N·k]
+    deal = shard_class[rng.permutation(n_shards)].reshape(n_clients, k)
+    # repair: a client holding one class twice swaps a duplicate with another client's shard
+    limit = max_repairs if max_repairs is not None else 200 * n_shards
+    for _ in range(limit):
+        srt = np.sort(deal, axis=1)
+        dup_rows = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) if k > 1 else []
+        if len(dup_rows) == 0:
+            break
+        i = int(dup_rows[rng.integers(len(dup_rows))])
+        vals, first = np.unique(deal[i], return_index=True)
+        p = int(np.setdiff1d(np.arange(k), first)[0])  # a duplicate position
+        c = deal[i, p]
+        j, q = int(rng.integers(n_clients)), int(rng.integers(k))
+        d = deal[j, q]
+        if j != i and d != c and d not in deal[i] and c not in deal[j]:
+            deal[i, p], deal[j, q] = d, c
+    else:
+        raise SfgError(f"could not deal {k} distinct classes to each of {n_clients} clients; "
+                       "use fewer clients or a smaller k")
+    # cut every class (random order) into its shards and hand them to the dealt clients
+    order = rng.permutation(y.size)
+    by_class = order[np.argsort(y[order], kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(class_counts_all)])
+    owner_of_shard = np.argsort(deal.ravel(), kind="stable") // k  # shards sorted by class
+    client_of = np.full(y.size, -1, np.int64)
+    shard = 0
+    for c in np.flatnonzero(shards_per_class):
+        pool = by_class[starts[c]:starts[c + 1]]
+        for part in np.array_split(pool, int(shards_per_class[c])):
+            client_of[part] = owner_of_shard[shard]
+            shard += 1
+    used = np.flatnonzero(client_of >= 0)
+    groups = [np.sort(g) for g in np.split(used[np.argsort(client_of[used], kind="stable")],
+                                           np.cumsum(np.bincount(client_of[used],
+                                                                 minlength=n_clients))[:-1])]
+    smallest = min(g.size for g in groups)
+    if smallest < min_size:
+        raise SfgError(f"partition classes:k={k} gives a client only {smallest} examples, fewer "
+                       f"than the minimum {min_size}; use fewer clients or lower min_train")
+    return groups
+
+
+def make_partition(partition, labels, n_clients: int, *, alpha: float, min_size: int,
+                   rng: np.random.Generator, balance: bool = True) -> list[np.ndarray]:
+    """The client index groups of ``partition`` (:func:`parse_partition`) for ``labels``."""
+    kind, params = parse_partition(partition)
+    if kind == "classes":
+        return class_shard_partition(labels, n_clients, k=params["k"], min_size=min_size, rng=rng)
+    return dirichlet_partition(labels, n_clients, alpha=alpha, min_size=min_size, rng=rng,
+                               balance=balance)

@@ -85,6 +85,9 @@ class RunConfig(BaseModel):
     backend: str = "auto"
     device: str = "cpu"
     horizon: int = 50
+    partition: str = "dirichlet"
+    diagnostics: str = ""
+    backbone_from: str | None = None
 
     # ------------------------------------------------------------------ field checks
     @field_validator("rule", "process", "graph", "dataset", "model")
@@ -97,6 +100,29 @@ class RunConfig(BaseModel):
             return _canonical_component(v, info.field_name)
         except SfgError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("diagnostics")
+    @classmethod
+    def _diagnostics(cls, v: str) -> str:
+        from ..sim.diagnostics import parse_diagnostics  # numpy only
+
+        try:
+            parse_diagnostics(v)
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _partition(self) -> RunConfig:
+        # checked for training runs only: the data package imports torch, replay never reads it
+        if self.kind == "train" and self.partition != "dirichlet":
+            from ..data.partition import parse_partition
+
+            try:
+                parse_partition(self.partition)
+            except SfgError as e:
+                raise ValueError(f"partition: {e}") from None
+        return self
 
     @field_validator("seed")
     @classmethod
@@ -236,9 +262,20 @@ def canonical_json(cfg: RunConfig) -> str:
     return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
+# settings added after stores were first written: left out of the run's identity at their
+# defaults, so that earlier stores keep their run ids (a resumed grid redoes nothing)
+_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None}
+
+
 def run_id(cfg: RunConfig) -> str:
-    """SHA-256 of :func:`canonical_json` (first 16 hex digits): the run's identity."""
-    return hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:16]
+    """SHA-256 (first 16 hex digits) of :func:`canonical_json` without the later settings that
+    are at their defaults (:data:`_OMIT_AT_DEFAULT`): the run's identity."""
+    data = cfg.model_dump(mode="json")
+    for key, default in _OMIT_AT_DEFAULT.items():
+        if data.get(key) == default:
+            data.pop(key)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+                          ).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------- registry checks

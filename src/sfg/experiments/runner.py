@@ -62,7 +62,10 @@ def normalise_result(out: Any) -> dict:
     metrics = {str(k): float(v) for k, v in dict(out["metrics"]).items()}
     curves = {str(k): [float(x) for x in np.asarray(v, dtype=np.float64).reshape(-1)]
               for k, v in dict(out["curves"]).items()}
-    return {"metrics": metrics, "curves": curves}
+    result = {"metrics": metrics, "curves": curves}
+    if isinstance(out.get("diagnostics"), dict):  # training diagnostics (SPEC §10), JSON-ready
+        result["diagnostics"] = out["diagnostics"]
+    return result
 
 
 # ---------------------------------------------------------------------- selftest workload

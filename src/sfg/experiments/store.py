@@ -7,6 +7,8 @@ Tables::
             traceback, worker, attempts, queued, started, heartbeat, finished, seconds,
             metrics JSON, dataset, process, rule, seed)
     curves (run_id, name, round, value)  round = position in the run's curve list
+    diagnostics (run_id PRIMARY KEY, data JSON)  training diagnostics (SPEC §10) of runs that
+                                         recorded them; created with the first such run
 
 Guarantees:
 
@@ -79,6 +81,12 @@ CREATE TABLE IF NOT EXISTS curves (
     PRIMARY KEY (run_id, name, round)
 ) WITHOUT ROWID;
 """
+
+
+_DIAGNOSTICS_TABLE = """CREATE TABLE IF NOT EXISTS diagnostics (
+    run_id TEXT PRIMARY KEY REFERENCES runs (run_id),
+    data   TEXT NOT NULL
+) WITHOUT ROWID"""
 
 
 def new_worker_id() -> str:
@@ -268,7 +276,11 @@ class Store:
             raise SfgError(f"no results store at {self.path}; run `sfg grid run GRID.yaml "
                            f"--store {self.path}` first or fix the path")
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise SfgError(f"cannot create the folder of results store {self.path} "
+                               f"({e.strerror or e}); give a path in a writable folder") from None
         self._con: sqlite3.Connection | None = None
         # Several processes opening a new store at once race to switch it to WAL; SQLite then
         # answers "database is locked" at once, without waiting on the busy handler, so the
@@ -466,6 +478,10 @@ class Store:
             con.execute("DELETE FROM curves WHERE run_id = ?", (rid,))
             con.executemany("INSERT INTO curves (run_id, name, round, value) VALUES (?, ?, ?, ?)",
                             points)
+            if result.get("diagnostics") is not None:
+                con.execute(_DIAGNOSTICS_TABLE)
+                con.execute("INSERT OR REPLACE INTO diagnostics (run_id, data) VALUES (?, ?)",
+                            (rid, json.dumps(result["diagnostics"], sort_keys=True)))
         return True
 
     @_guarded
@@ -533,16 +549,30 @@ class Store:
         return out
 
     @_guarded
+    def diagnostics(self) -> dict[str, dict]:
+        """``{run_id: diagnostics}`` of the runs that recorded training diagnostics."""
+        if not self._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                 "name = 'diagnostics'").fetchone():
+            return {}
+        return {rid: json.loads(data) for rid, data in
+                self._con.execute("SELECT run_id, data FROM diagnostics")}
+
+    @_guarded
     def records(self, status: str | None = "done") -> list[dict]:
         """Runs with ``status`` (None: all) as report records, see :func:`records`."""
         if status is not None and status not in STATUSES:
             raise SfgError(f"unknown run status {status!r}; use one of {', '.join(STATUSES)}")
         curves = self.curves()
-        return [{"run_id": r["run_id"], "dataset": r["dataset"], "process": r["process"],
-                 "rule": r["rule"], "seed": r["seed"], "status": r["status"],
-                 "config": r["config"], "metrics": r["metrics"],
-                 "curves": curves.get(r["run_id"], {})}
-                for r in self.runs(status)]
+        diags = self.diagnostics()
+        out = [{"run_id": r["run_id"], "dataset": r["dataset"], "process": r["process"],
+                "rule": r["rule"], "seed": r["seed"], "status": r["status"],
+                "config": r["config"], "metrics": r["metrics"],
+                "curves": curves.get(r["run_id"], {})}
+               for r in self.runs(status)]
+        for rec in out:
+            if rec["run_id"] in diags:
+                rec["diagnostics"] = diags[rec["run_id"]]
+        return out
 
 
 def records(store: Store | str | os.PathLike, status: str | None = "done") -> list[dict]:

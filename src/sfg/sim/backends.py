@@ -441,7 +441,7 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None]) -> No
             errors.append(exc)
 
     threads_before = torch.get_num_threads()
-    pool = _worker_pool(len(parts) - 1)
+    pool = _worker_pool(max(len(parts) - 1, 1))
     futures = [pool.submit(target, slot, *part) for slot, part in enumerate(parts) if slot > 0]
     try:
         torch.set_num_threads(1)

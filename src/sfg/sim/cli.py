@@ -69,6 +69,9 @@ def run(
     weight_decay: float | None = typer.Option(None),
     momentum: float | None = typer.Option(None),
     alpha: float | None = typer.Option(None, help="Dirichlet label-skew concentration"),
+    partition: str | None = typer.Option(None, help="dirichlet (uses --alpha) or classes:k=2 (each client exactly k classes)"),
+    backbone_from: str | None = typer.Option(None, help="Start every client from this pretrained backbone (.safetensors from `sfg pretrain`), head re-initialised"),
+    diagnostics: str | None = typer.Option(None, help="Training diagnostics to record: raw,lag,finetune,returning or all"),
     backbone: str | None = typer.Option(None, help="full, personal-head, dfedavgm, ditto"),
     ditto_lambda: float | None = typer.Option(None),
     anatomy: str | None = typer.Option(None, help="full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
@@ -86,7 +89,8 @@ def run(
         "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
         "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
         "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
-        "device": device})
+        "device": device, "partition": partition, "backbone_from": backbone_from,
+        "diagnostics": diagnostics})
     from ..experiments.config import run_id
     from .run import simulate
 

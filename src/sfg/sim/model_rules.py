@@ -1,8 +1,9 @@
 """Rules that read model parameters (SPEC §3.2): model memory, relative variance, PWG.
 
 They run only inside the training simulator. Each is an object with
-``aggregate(X, rg, state, caps, live=, seed=) -> (X_agg, RoundWeights)``: the aggregated
-``[N, D]`` models and the weights used (for the staleness update and message counts).
+``aggregate(X, rg, state, caps, live=, seed=) -> (X_agg, RoundResult)``: the aggregated
+``[N, D]`` models and the shared round's result (:func:`sfg.round.play_round`: its weights,
+candidates and next staleness state) for the scores the rule computed from the models.
 
 * ``model-memory`` (MIFA analogue): every receiver keeps the last model it received over each
   edge and averages it in, undiscounted, while that neighbour is offline (or its link is down).
@@ -28,11 +29,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine import RoundWeights, candidate_mask
 from ..errors import SfgError
-from ..rounds import RoundGraph
-from ..rules import BatchSlots, Rule, normalise, parse_rule
-from ..staleness import StalenessState
+from ..round import candidate_mask, play_round
+from ..rules import Rule, parse_rule
 from .gossip import gossip
 
 PWG_MAX_X = 20
@@ -47,15 +46,6 @@ def _sq_dist(A: torch.Tensor, ia: np.ndarray, B: torch.Tensor, ib: np.ndarray,
         b = torch.from_numpy(ib[s:s + chunk]).to(B.device)
         out[s:s + chunk] = (A[a] - B[b]).double().pow(2).sum(1).cpu().numpy()
     return out
-
-
-def _slots(rg: RoundGraph, state: StalenessState, cand: np.ndarray, **over) -> BatchSlots:
-    send = rg.send
-    kw = dict(rg=rg, t=state.t, is_self=rg.is_self, cand=cand, age=state.ages[send],
-              lag=state.lags[send], count=state.counts[send], local_count=state.local_counts[send],
-              q=state.q_hat, u=np.zeros(rg.n_slots), key=np.zeros(rg.n_slots))
-    kw.update(over)
-    return BatchSlots(**kw)
 
 
 class ModelMemory:
@@ -80,24 +70,23 @@ class ModelMemory:
         self.rec_lag[fresh] = state.lags[rg.send[fresh]]
         self.rec_count[fresh] = state.counts[rg.send[fresh]]
         remembered = caps.aggregate[rg.recv] & ~rg.is_self & ~cand & (self.rec_t >= 0)
-        ext = cand | remembered
         since = np.where(remembered, t - self.rec_t, 0)
-        s = _slots(rg, state, ext,
-                   age=np.where(remembered, self.rec_age + since, state.ages[rg.send]),
-                   lag=np.where(remembered, self.rec_lag + since, state.lags[rg.send]),
-                   count=np.where(remembered, self.rec_count, state.counts[rg.send]))
-        w = self.kernel.weights(s, aggregating=caps.adopt)
-        return gossip(X, rg, w, caps.adopt, memory=self.M), RoundWeights(weights=w, candidate=cand, slots=s)
+        staleness = (np.where(remembered, self.rec_age + since, state.ages[rg.send]),
+                     np.where(remembered, self.rec_lag + since, state.lags[rg.send]),
+                     np.where(remembered, self.rec_count, state.counts[rg.send]))
+        rr = play_round(self.kernel, rg, state, caps, seed=seed, live=live,
+                        slot_staleness=staleness, extra=remembered)
+        return gossip(X, rg, rr.weights, caps.adopt, memory=self.M), rr
 
 
 class RelativeVariance:
     def __init__(self, rule: Rule):
+        self.rule = rule
         self.nu = float(rule.params["nu"])
         if not 0 < self.nu <= 1:
             raise SfgError(f"relative-variance: nu={self.nu} must lie in (0, 1]")
         self.v: np.ndarray | None = None
         self.prev: torch.Tensor | None = None
-        self.uniform = parse_rule("dfedavg")
 
     def aggregate(self, X, rg, state, caps, *, live, seed):
         if self.v is None:
@@ -108,17 +97,17 @@ class RelativeVariance:
         d2 = _sq_dist(X, rg.send[sl], self.prev, rg.recv[sl])
         old = self.v[sl]
         self.v[sl] = np.where(np.isnan(old), d2, (1 - self.nu) * old + self.nu * d2)
-        s = _slots(rg, state, cand)
         h = 1.0 / np.maximum(np.nan_to_num(self.v, nan=1.0), 1e-12)
-        w = normalise(h, s, caps.adopt)
-        X_agg = gossip(X, rg, w, caps.adopt)
+        rr = play_round(self.rule, rg, state, caps, seed=seed, live=live, scores=h)
+        X_agg = gossip(X, rg, rr.weights, caps.adopt)
         rows = torch.from_numpy(np.flatnonzero(caps.adopt)).to(X.device)
         self.prev[rows] = X_agg[rows]
-        return X_agg, RoundWeights(weights=w, candidate=cand, slots=s)
+        return X_agg, rr
 
 
 class PrecisionWeightedGossip:
     def __init__(self, rule: Rule, *, on_lags: bool):
+        self.rule = rule
         self.on_lags = on_lags
         self.H = float(rule.params["H"])
         self.rho_fixed = float(rule.params["rho"])
@@ -156,12 +145,13 @@ class PrecisionWeightedGossip:
             np.add.at(self.counts, xbin[ok], 1)
         self.rho_hat = self.estimate()
         rho = self.rho_fixed if self.rho_fixed >= 0 else self.H * self.rho_hat
-        s = _slots(rg, state, cand)
-        rel = (s.lag if self.on_lags else s.age.astype(np.float64))
-        rel = rel - s.min(rel)
+        # staleness relative to the freshest candidate of each receiver
+        s = stale[rg.send]
+        lowest = np.minimum.reduceat(np.where(cand, s, np.inf), rg.indptr[:-1])
+        rel = s - lowest[rg.recv]
         h = 1.0 / (1.0 + rho * np.maximum(rel, 0))
-        w = normalise(h, s, caps.adopt)
-        return gossip(X, rg, w, caps.adopt), RoundWeights(weights=w, candidate=cand, slots=s)
+        rr = play_round(self.rule, rg, state, caps, seed=seed, live=live, scores=h)
+        return gossip(X, rg, rr.weights, caps.adopt), rr
 
 
 def make_model_rule(rule: Rule, *, N: int, D: int, device) -> object:

@@ -3,11 +3,12 @@
 One loop, one round at a time:
 
 1. availability and capabilities of round t (the outage process, anatomy mode §4.1, link failures);
-2. candidate sets and the rule's weights (:mod:`sfg.engine`, shared with the replay);
+2. candidate sets, the rule's weights and the next staleness state (:func:`sfg.round.play_round`,
+   the round the replay runs too);
 3. gossip: the weights applied as one sparse row-stochastic product to the flat ``[N, D]``
    parameter store (rows of clients that do not adopt are untouched);
 4. K local SGD steps for the clients that train (catch-up, update amplification, backbones);
-5. the staleness update (SPEC §2); evaluation every ``eval_every`` rounds.
+5. the staleness state of step 2 is taken over (SPEC §2); evaluation every ``eval_every`` rounds.
 
 Pairing (SPEC §7): graph, partition, initial model, outage trace, link failures and the
 minibatch of every (client, round, step) come from streams keyed by the seed only. Minibatches
@@ -31,23 +32,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine import RoundWeights, advance, caps_at, round_weights
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
 from ..outages.anatomy import capabilities
 from ..outages.links import live_links_round
 from ..rng import stream
+from ..round import RoundResult, caps_at, play_round
 from ..rounds import RoundGraph
-from ..rules import Rule, parse_rule
+from ..rules import CATCHUP_CAP, Rule, parse_rule
 from ..staleness import StalenessState, init_state
 from .gossip import gossip_
 
 BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
-CATCHUP_CAP = 3
 
-# rules whose weights read no staleness scalar: their messages carry none
-_NO_SCALARS = {"dfedavg", "local", "self-weight", "copy-random", "update-amplification"}
 
 
 @dataclass
@@ -62,6 +60,7 @@ class SimResult:
     state: StalenessState
     meta: dict[str, Any] = field(default_factory=dict)
     weights_log: list[np.ndarray] | None = None
+    diagnostics: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------- minibatches
@@ -193,14 +192,17 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     # -- everything keyed by the seed only (pairing, SPEC §7)
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]))
+                          alpha=float(c["alpha"]), partition=c["partition"])
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
     caps_all = capabilities(available, c["anatomy"])
 
+    # a pretrained body for every client, the head freshly initialised (SPEC §6)
+    body = {"backbone": str(c["backbone_from"])} if c.get("backbone_from") else {}
+
     def factory():
         return make_model(c["model"], input_shape=tuple(data.input_shape),
-                          num_classes=data.num_classes)
+                          num_classes=data.num_classes, **body)
 
     model = factory()
     spec = ParamSpec.from_module(model)
@@ -235,8 +237,13 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     curve_mean: list[float] = []
     curve_p10: list[float] = []
     weights_log: list[np.ndarray] | None = [] if record_weights else None
-    scalars_per_msg = 0 if rule.name in _NO_SCALARS else 1
+    scalars_per_msg = rule.scalars_per_message
     digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing checks)
+
+    diag = _diagnostics(c, rg=rg, available=available, seed=seed, model=model, spec=spec,
+                        data=data, clients=clients, backend=backend, device=device, K=K, B=B,
+                        lr=lr, wd=wd, momentum=momentum)
+    watch = observer is not None or diag is not None  # keep the round's tensors intact
 
     def evaluate() -> np.ndarray:
         evalX = personal if personal is not None else X
@@ -249,11 +256,11 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             caps = caps_at(caps_all, t)
             live = live_links_round(graph.edges.shape[0], t, p=float(c["link_failure"]), seed=seed) \
                 if float(c["link_failure"]) > 0 else None
-            X_start = X.clone() if observer is not None else X
+            X_start = X.clone() if watch else X
 
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
-                rw: RoundWeights = round_weights(rule, rg, state, caps, seed=seed, live=live)
+                rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live)
                 gossip_(X, rg, rw.weights, caps.adopt,
                         keep=head if backbone == "personal-head" else None)
             else:
@@ -261,7 +268,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 if backbone == "personal-head":
                     X_agg[:, head] = X[:, head]
                 X = X_agg
-            X_agg = X.clone() if observer is not None else X
+            X_agg = X.clone() if watch else X
             if weights_log is not None:
                 weights_log.append(rw.weights.copy())
             nb = int(np.count_nonzero(rw.candidate & ~rg.is_self))
@@ -273,9 +280,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             digest.update(base_idx.tobytes())
             flips = stream(seed, "augment", t).random((N, K, B)) < 0.5 if clients.hflip else None
             trains = caps.train
-            steps = np.where(trains, K, 0)
-            if rule.catchup:
-                steps = np.where(trains & (state.ages >= 1), K * (1 + np.minimum(state.ages, CATCHUP_CAP)), steps)
+            steps = rule.local_steps(K, trains, state.ages)
             n_train = int(np.count_nonzero(trains))
             steps_taken += int(steps.sum())
             steps_dfedavg += n_train * K
@@ -323,11 +328,15 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 i = int(torch.nonzero(bad_rows)[0])
                 raise SfgError(f"training diverged (non-finite parameters) at round {t} on client {i}; "
                                f"lower --lr (now {lr}) or check the data")
-            if observer is not None:
-                observer({"t": t, "X": X_start, "X_agg": X_agg, "X_next": X, "weights": rw.weights,
-                          "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
-                          "personal": personal, "head": head})
-            state = advance(state, rg, rw, caps)
+            if watch:
+                seen = {"t": t, "X": X_start, "X_agg": X_agg, "X_next": X, "weights": rw.weights,
+                        "candidate": rw.candidate, "caps": caps, "state": state, "rg": rg,
+                        "personal": personal, "head": head}
+                if observer is not None:
+                    observer(seen)
+                if diag is not None:  # SPEC §10: reads the models, draws from its own streams
+                    diag.observe(seen)
+            state = rw.state
 
             if (t + 1) % int(c["eval_every"]) == 0 or t == T - 1:
                 acc = evaluate()
@@ -359,10 +368,43 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             "D": spec.D, "minibatch_digest": digest.hexdigest(),
             "client_steps": steps_taken}  # local SGD steps taken by available clients
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
-                     state=state, meta=meta, weights_log=weights_log)
+                     state=state, meta=meta, weights_log=weights_log,
+                     diagnostics=diag.result() if diag is not None else None)
 
 
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
     res = simulate(cfg, progress=progress)
-    return {"metrics": res.metrics, "curves": res.curves}
+    out = {"metrics": res.metrics, "curves": res.curves}
+    if res.diagnostics is not None:
+        out["diagnostics"] = res.diagnostics
+    return out
+
+
+def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, clients, backend,
+                 device, K, B, lr, wd, momentum):
+    """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
+    from .diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
+
+    kinds = parse_diagnostics(c.get("diagnostics") or "")
+    if not kinds:
+        return None
+    val = ValidationLoss(model, spec, data.val_x, data.val_y, device) \
+        if {"finetune", "returning"} & set(kinds) else None
+    sizes = clients.sizes
+
+    def train_batches(i: int, t: int):
+        idx = minibatch_indices(sizes[i:i + 1], K, B, seed=seed,
+                                stream_name=f"diagnostics-finetune-{i}", t=t)
+        flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
+                 if clients.hflip else None)
+        xs, ys = clients.gather(np.array([i]), idx, flips)
+        return xs[0], ys[0]
+
+    def train(P, xs, ys):
+        buf = torch.zeros_like(P) if momentum > 0 else None
+        return backend.train(P, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
+                             momentum_buf=buf)
+
+    return Diagnostics(kinds, rg=rg, available=available, seed=seed, val=val,
+                       train_batches=train_batches, train=train)

@@ -23,6 +23,8 @@ app = typer.Typer(help="Real availability traces (FLASH, STUNner, your own CSV):
 _SOURCE = typer.Option(..., "--source", "-s", help="flash | stunner | tabular")
 _PATH = typer.Option(..., "--path", "-p", help="trace file")
 _RULE = typer.Option("strict", "--rule", help="FLASH rule: strict | relaxed")
+_SCREEN = typer.Option("either", "--screen",
+                       help="FLASH screen reading: either | last-event | display | lock")
 _VARIANT = typer.Option("10min", "--variant", help="STUNner variant: 10min | 6day")
 _ROUNDS = typer.Option(None, "--rounds", help="window length in rounds (default: source's)")
 _RM = typer.Option(None, "--round-minutes", help="round length in minutes (default: source's)")
@@ -31,7 +33,8 @@ _MINAV = typer.Option(None, "--min-availability",
 
 
 def _load(source: str, path: Path, rule: str, variant: str, rounds: int | None,
-          round_minutes: float | None, min_availability: float | None) -> Trace:
+          round_minutes: float | None, min_availability: float | None,
+          screen: str = "either") -> Trace:
     from .process import load_trace
 
     src = source.lower()
@@ -39,6 +42,7 @@ def _load(source: str, path: Path, rule: str, variant: str, rounds: int | None,
                     "min_availability": min_availability}
     if src == "flash":
         params["rule"] = rule
+        params["screen"] = screen
     elif src == "stunner":
         params["variant"] = variant
     return load_trace(src, path, **params)
@@ -51,7 +55,7 @@ def _fmt(v) -> str:
 
 
 @app.command()
-def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
+def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE, screen: str = _SCREEN,
           variant: str = _VARIANT, rounds: int | None = _ROUNDS,
           round_minutes: float | None = _RM, min_availability: float | None = _MINAV,
           as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
@@ -60,7 +64,7 @@ def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
     """Eligible devices, availability and outage lengths of a trace."""
     from .stats import trace_stats
 
-    trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability)
+    trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability, screen)
     s = trace_stats(trace, include_edges=not interior)
     if as_json:
         console.print_json(s)
@@ -75,13 +79,13 @@ def stats(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
 
 
 @app.command()
-def plot(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE,
+def plot(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE, screen: str = _SCREEN,
          variant: str = _VARIANT, rounds: int | None = _ROUNDS,
          round_minutes: float | None = _RM, min_availability: float | None = _MINAV,
          out: Path = typer.Option(..., "--out", "-o", help="folder for the PNGs")) -> None:
     """Availability by hour, outage lengths, per-device availability, raster (PNG)."""
     from .plot import plot_trace
 
-    trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability)
+    trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability, screen)
     for p in plot_trace(trace, out):
         console.echo(p)

@@ -21,8 +21,12 @@ Pipeline (all vectorised over events and minutes, no per-minute Python loop):
 3. **Unknown state counts as "rule false"**: before the first event of a kind (e.g. no
    ``battery_charged_*`` event yet) the device is treated as not charging / not on WiFi /
    not idle. Events before the window start do set the state at the window start.
-4. Rules per minute: ``idle = display off OR locked``;
-   ``strict = idle AND charging AND wifi``; ``relaxed = idle AND wifi``.
+4. Rules per minute: ``strict = idle AND charging AND wifi``; ``relaxed = idle AND wifi``,
+   where the *screen reading* (``screen=``, :data:`SCREENS`) says what "idle" means:
+   ``either`` (default) display off OR locked; ``last-event`` whichever screen event came
+   last (``screen_off``/``screen_lock`` idle, ``screen_on``/``screen_unlock`` not);
+   ``display`` display off only; ``lock`` locked only. Display and lock are tracked as
+   separate states, so every reading comes from one parse.
 5. Align to the device's first local midnight at or after its first event and cut
    ``rounds`` rounds of ``round_minutes`` (default 300 x 10 min = 50 h). A round is available
    when the rule holds for at least half its minutes.
@@ -44,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SfgError
-from ..safety import check_cells, loads_json, read_text
+from ..safety import check_cells, check_memory, loads_json, read_text
 from ..spec import did_you_mean
 from .base import (
     Trace,
@@ -57,10 +61,12 @@ from .base import (
 )
 
 RULES = ("strict", "relaxed")
+SCREENS = ("either", "last-event", "display", "lock")
 
 # kinds of state an event sets
 _DISPLAY, _LOCK, _CHARGE, _NET, _LEVEL = 0, 1, 2, 3, 4
 _KINDS = (_DISPLAY, _LOCK, _CHARGE, _NET)
+_SCREEN = 5  # display and lock events read as one state (screen=last-event)
 _EVENTS: dict[str, tuple[int, int]] = {
     "screen_on": (_DISPLAY, 0),
     "screen_off": (_DISPLAY, 1),  # 1 = idle
@@ -89,7 +95,10 @@ class FlashStates:
     first_s, last_s: int64[D]   first / last event time (local seconds since 1970-01-01)
     span_start: int64[D]        offset of each device's first minute in the flat arrays
     m0: int64[D]                minute index (local minutes since 1970) of that first minute
-    idle, charging, wifi: bool[M]  flat per-minute states, devices concatenated (unknown=False)
+    idle, charging, wifi: bool[M]  flat per-minute states, devices concatenated (unknown=False);
+                                ``idle`` is the default reading (display off OR locked)
+    display_off, locked, screen_last: bool[M]  the separate screen states (``screen_last``: the
+                                last display-or-lock event says idle)
     n_events: int
     path: str
     devices_without_events: int   entries with no event line (counted as too short, never)
@@ -107,13 +116,26 @@ class FlashStates:
     n_events: int
     path: str
     devices_without_events: int = 0
+    display_off: np.ndarray | None = None
+    locked: np.ndarray | None = None
+    screen_last: np.ndarray | None = None
 
-    def rule(self, rule: str) -> np.ndarray:
-        """bool[M]: the flat per-minute rule ``strict`` or ``relaxed``."""
+    def screen_idle(self, screen: str = "either") -> np.ndarray:
+        """bool[M]: "idle" under the screen reading ``screen`` (:data:`SCREENS`)."""
+        if screen == "either":
+            return self.idle
+        if screen not in SCREENS:
+            raise SfgError(f"unknown FLASH screen reading {screen!r}"
+                           f"{did_you_mean(str(screen), SCREENS)}")
+        return {"last-event": self.screen_last, "display": self.display_off,
+                "lock": self.locked}[screen]
+
+    def rule(self, rule: str, screen: str = "either") -> np.ndarray:
+        """bool[M]: the flat per-minute rule ``strict`` or ``relaxed`` under ``screen``."""
         if rule == "strict":
-            return self.idle & self.charging & self.wifi
+            return self.screen_idle(screen) & self.charging & self.wifi
         if rule == "relaxed":
-            return self.idle & self.wifi
+            return self.screen_idle(screen) & self.wifi
         raise SfgError(f"unknown FLASH rule {rule!r}{did_you_mean(str(rule), RULES)}")
 
 
@@ -265,31 +287,41 @@ def parse_flash(path: str | Path, *, ignore_unknown: bool = False) -> FlashState
         )
     M = int(length.sum())
     # per flat minute: the int64 marks, four int8 states and three bool rules (~24 bytes)
-    check_cells(M, 1, 24, f"FLASH trace {p}: its {D} devices' spans", rows_name="minutes",
-                cols_name="series", fix="pass a trace of fewer devices or shorter spans")
+    check_memory(24.0 * M, f"FLASH trace {p}: its {D} devices span {M:.3g} minutes of "
+                           "per-minute states in all", fix="pass a trace of fewer devices or "
+                                                           "shorter spans")
     span_start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     pos = span_start[dev] + (secs // 60 - m0[dev])
     rank = np.arange(len(dev), dtype=np.int64)
     st = {k: _fill(kind, value, pos, rank, span_start, first_idx.astype(np.int64), M, k)
           for k in _KINDS}
+    screen_kind = np.where((kind == _DISPLAY) | (kind == _LOCK), _SCREEN, kind)
+    last = _fill(screen_kind, value, pos, rank, span_start, first_idx.astype(np.int64), M,
+                 _SCREEN)
     idle = (st[_DISPLAY] == 1) | (st[_LOCK] == 1)
     return FlashStates(
         devices=keys, models=models, first_s=first_s, last_s=last_s, span_start=span_start,
         m0=m0, idle=idle, charging=st[_CHARGE] == 1, wifi=st[_NET] == 1,
         n_events=len(dev), path=str(p), devices_without_events=n_total - D,
+        display_off=st[_DISPLAY] == 1, locked=st[_LOCK] == 1, screen_last=last == 1,
     )
 
 
 def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
-                round_minutes: int = 10, min_availability: float = 0.05) -> Trace:
-    """Availability ``bool[rounds, D_eligible]`` of the FLASH devices under ``rule`` (SPEC §5)."""
+                round_minutes: int = 10, min_availability: float = 0.05,
+                screen: str = "either") -> Trace:
+    """Availability ``bool[rounds, D_eligible]`` of the FLASH devices under ``rule`` (SPEC §5),
+    reading "idle" as ``screen`` says (:data:`SCREENS`, module docstring)."""
     if rule not in RULES:
         raise SfgError(f"unknown FLASH rule {rule!r}{did_you_mean(str(rule), RULES)}")
+    if screen not in SCREENS:
+        raise SfgError(f"unknown FLASH screen reading {screen!r}"
+                       f"{did_you_mean(str(screen), SCREENS)}")
     rounds = positive_int(rounds, "rounds")
     rm = whole_minutes(round_minutes, "round_minutes")
     min_av = fraction(min_availability, "min_availability")
     W = rounds * rm
-    rule_flat = states.rule(rule)
+    rule_flat = states.rule(rule, screen)
     D = len(states.devices)
     n_empty = states.devices_without_events
     never = ~np.logical_or.reduceat(rule_flat, states.span_start)
@@ -312,6 +344,7 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
         "source": "flash",
         "path": states.path,
         "rule": rule,
+        "screen": screen,
         "rounds": rounds,
         "round_minutes": rm,
         "min_availability": min_av,
@@ -333,8 +366,8 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
 
 def load_flash(path: str | Path, *, rule: str = "strict", rounds: int = 300,
                round_minutes: int = 10, min_availability: float = 0.05,
-               ignore_unknown: bool = False) -> Trace:
+               ignore_unknown: bool = False, screen: str = "either") -> Trace:
     """Parse a FLASH state-trace file and build the availability trace under ``rule``."""
     states = parse_flash(path, ignore_unknown=ignore_unknown)
     return flash_trace(states, rule=rule, rounds=rounds, round_minutes=round_minutes,
-                       min_availability=min_availability)
+                       min_availability=min_availability, screen=screen)

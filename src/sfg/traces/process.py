@@ -147,11 +147,15 @@ def _need_path(kind: str, path: Any, example: str) -> str:
 
 def _flash(*, path: str | None = None, rule: str = "strict", rounds: int = 300,
            round_minutes: int = 10, min_availability: float = 0.05,
-           ignore_unknown: bool = False, replace: bool = False) -> TraceProcess:
+           ignore_unknown: bool = False, replace: bool = False,
+           screen: str = "either") -> TraceProcess:
     path = _need_path("flash", path, "../shared/data/flash/flash_state_traces_subset.json")
     trace = load_trace("flash", path, rule=rule, rounds=rounds, round_minutes=round_minutes,
-                       min_availability=min_availability, ignore_unknown=ignore_unknown)
-    return TraceProcess(_name("flash", {"rule": rule, "path": path}), trace, bool(replace))
+                       min_availability=min_availability, ignore_unknown=ignore_unknown,
+                       screen=str(screen))
+    return TraceProcess(_name("flash", {"rule": rule, "path": path,
+                                        "screen": None if screen == "either" else screen}),
+                        trace, bool(replace))
 
 
 def _stunner(*, path: str | None = None, variant: str = "10min",
@@ -175,8 +179,10 @@ def _tabular(*, path: str | None = None, round_minutes: float = 10, rounds: int 
 PROCESSES.register(
     "flash", _flash,
     params={"path": None, "rule": "strict", "rounds": 300, "round_minutes": 10,
-            "min_availability": 0.05, "ignore_unknown": False, "replace": False},
-    doc="FLASH smartphone state trace (SPEC §5): rule=strict|relaxed, 300 x 10-min rounds",
+            "min_availability": 0.05, "ignore_unknown": False, "replace": False,
+            "screen": "either"},
+    doc="FLASH smartphone state trace (SPEC §5): rule=strict|relaxed, "
+        "screen=either|last-event|display|lock, 300 x 10-min rounds",
     tags=("trace",),
 )
 PROCESSES.register(

@@ -1,0 +1,550 @@
+"""A networked node: one model, its data, its staleness state and a round clock (SPEC §11).
+
+::
+
+    world = build_world({"n_clients": 8, "rounds": 20, "rule": "sfg-cut"})
+    node = Node(world, 3, NodeConfig(mode="lockstep"))
+    port = await node.start()                      # gRPC server on 127.0.0.1:port
+    node.connect({j: f"127.0.0.1:{port_j}" ...})   # neighbours' addresses
+    result = await node.run()
+
+Each round the node trains (SPEC §1 step 3, the simulator's own training pieces via
+:class:`~sfg.net.world.Trainer`), sends its model with its staleness scalars to its
+neighbours, and aggregates what it holds with the rule's one-receiver form
+:meth:`sfg.rules.Rule.weights_one` — the rule code ``sfg run`` and ``sfg replay`` use.
+Everything is asyncio; a send never blocks the round on a neighbour that is gone.
+
+**Lockstep** (SPEC §11.1): at round t an available node sends its start-of-round model and
+scalars (τ, ℓ, n, local count) to every neighbour that is available and linked at t (the trace
+is common knowledge), waits (with a deadline) for those neighbours' round-t messages, pulling
+any that were not pushed (``Fetch``), then aggregates, trains and updates its state — exactly
+SPEC §1–§2, so the models equal ``sfg run --backend loop``.
+
+**Async** (SPEC §11.2): node i's round r starts at ``t0 + r·P + jitter`` on its own clock
+(jitter uniform in [0, jitter·P), keyed by (seed, i, r)). Availability is row r of the trace.
+An available node takes as candidates itself and every neighbour whose latest message arrived
+within the last W periods; a message that waited d = (now − arrival)/P periods is used with
+age τ_j + ⌊d⌋ and lag ℓ_j + d (counts unchanged). It aggregates with those scalars, sets its
+lag to the weighted mean of the lags as used, trains (age 0, counts + 1) and sends to all
+neighbours. An unavailable node neither trains, sends nor answers (its server refuses
+deliveries); each of its rounds adds 1 to its age and lag. q̂_ij is updated with "j is a
+candidate" as the event. Timestamps are the receiver's own clock only.
+
+**Checkpoints**: after every round, if ``checkpoint_dir`` is set, the model and state are written
+atomically (``node-<id>.safetensors``). A node started with ``resume=True`` continues from it; in
+async mode the rounds it missed while down (by its own clock) are applied as unavailable rounds,
+so its age and lag grow by the missed rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import SfgError
+from ..rng import stream
+from ..round import rule_draws
+from .state import NodeState, Star, load_checkpoint, save_checkpoint
+from .transport import Peer, Server, TlsFiles
+from .wire import (
+    DEFAULT_MAX_BYTES,
+    Message,
+    Rejected,
+    Rejections,
+    check_header,
+    check_message,
+    encode,
+    unpack_header,
+)
+from .world import Trainer, World
+
+log = logging.getLogger("sfg.net")
+MODES = ("lockstep", "async")
+
+
+def waited(age: int, lag: float, d: float) -> tuple[int, float]:
+    """Scalars of a message that sat in the inbox for ``d`` periods (SPEC §11.2): it counts as
+    older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by d: ℓ + d."""
+    d = max(0.0, float(d))
+    return int(age) + math.floor(d), float(lag) + d
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Traffic between node sets ``a`` and ``b`` is dropped in rounds ``r1..r2`` (inclusive)."""
+
+    a: frozenset[int]
+    b: frozenset[int]
+    r1: int
+    r2: int
+
+    def blocks(self, i: int, j: int, r: int) -> bool:
+        return self.r1 <= r <= self.r2 and ((i in self.a and j in self.b) or
+                                            (i in self.b and j in self.a))
+
+    @classmethod
+    def parse(cls, text: str) -> Partition:
+        """``"0,1,2|3,4@5-9"``: nodes {0,1,2} and {3,4} cut off from each other in rounds 5..9."""
+        try:
+            sets, rounds = text.split("@")
+            a, b = sets.split("|")
+            r1, r2 = rounds.split("-")
+            pa = frozenset(int(x) for x in a.split(",") if x.strip())
+            pb = frozenset(int(x) for x in b.split(",") if x.strip())
+            p = cls(pa, pb, int(r1), int(r2))
+        except ValueError:
+            raise SfgError(f"cannot read partition {text!r}; write A|B@R1-R2, e.g. "
+                           "--partition 0,1,2|3,4@5-9") from None
+        if not pa or not pb or pa & pb or p.r1 > p.r2 or p.r1 < 0:
+            raise SfgError(f"partition {text!r} needs two disjoint non-empty node sets and "
+                           "rounds R1 <= R2, e.g. 0,1|2,3@5-9")
+        return p
+
+
+@dataclass
+class NodeConfig:
+    """How a node runs. Times in seconds."""
+
+    mode: str = "lockstep"
+    host: str = "127.0.0.1"
+    port: int = 0
+    period: float = 0.2          # async: round period P
+    jitter: float = 0.0          # async: start-time jitter as a fraction of P
+    window: float = 1.0          # async: W, periods within which a neighbour counts as live
+    deadline: float = 60.0       # lockstep: longest wait for a round's messages
+    pull_after: float = 0.5      # lockstep: pull a missing message after this long
+    rpc_timeout: float = 10.0
+    retries: int = 3
+    max_bytes: int = DEFAULT_MAX_BYTES
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    tls: TlsFiles | None = None
+    partitions: tuple[Partition, ...] = ()
+    record_headers: bool = False
+    t0: float | None = None      # async: wall-clock start of round 0 (time.time())
+    linger: float | None = None  # async: keep answering this long after the last round
+    on_round: Any = None         # callback(node_id, round, available, acc or None)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
+        for name in ("period", "deadline", "rpc_timeout"):
+            if not getattr(self, name) > 0:
+                raise SfgError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.jitter < 1:
+            raise SfgError(f"jitter must lie in [0, 1) (a fraction of the period), got {self.jitter}")
+        if not self.window > 0:
+            raise SfgError(f"window W must be > 0 periods, got {self.window}")
+
+
+@dataclass
+class _Stats:
+    messages: int = 0            # neighbour models aggregated (received and used)
+    bytes: int = 0               # bytes of accepted messages
+    sent: int = 0
+    send_failed: int = 0         # not delivered: transport error or rejection
+    offline_peer: int = 0        # refused by a neighbour that is offline
+    refused: int = 0             # deliveries refused while unavailable or partitioned
+    steps: int = 0
+    trains: int = 0
+    available_rounds: int = 0
+    curve: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Node:
+    """One networked node; see the module docstring for the protocol."""
+
+    def __init__(self, world: World, i: int, config: NodeConfig | None = None,
+                 trainer: Trainer | None = None):
+        self.world, self.i = world, int(i)
+        self.cfg = config or NodeConfig()
+        self.nbrs = world.neighbours(self.i)
+        self.nbr_set = frozenset(int(j) for j in self.nbrs)
+        self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
+        self.star = Star(len(self.nbrs))
+        self.trainer = trainer or Trainer(world, self.i)
+        self.layout = world.layout
+        self.x = world.x0.copy()
+        self.state = NodeState(q_hat=[1.0] * len(self.nbrs))
+        self.stats = _Stats()
+        self.rejections = Rejections(self.i)
+        self.headers: list[dict] = []     # accepted headers' scalars (record_headers)
+        self.restored: dict | None = None
+        self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
+                             tls=self.cfg.tls)
+        self.peers: dict[int, Peer] = {}
+        self.outbox: dict[int, tuple[bytes, bytes]] = {}         # own messages by round
+        self._expected: dict[int, list[int]] = {}                  # who needs each of them
+        self.heard: dict[int, int] = {}                            # latest round from each
+        self._delivered: set[tuple[int, int]] = set()               # (neighbour, round) pushed
+        self.inbox: dict[tuple[int, int], Message] = {}         # lockstep: (sender, round)
+        self.latest: dict[int, tuple[Message, float]] = {}      # async: sender -> (msg, arrival)
+        self._arrived = asyncio.Event()
+        self.answering = True
+        self.round = 0
+        self.t0 = self.cfg.t0
+        self._sends: dict[int, asyncio.Task] = {}
+        self._backlog: list[asyncio.Task] = []
+        if self.cfg.resume:
+            self._restore()
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def checkpoint_path(self) -> Path | None:
+        d = self.cfg.checkpoint_dir
+        return None if d is None else Path(d) / f"node-{self.i}.safetensors"
+
+    async def start(self) -> int:
+        """Start the gRPC server; returns the port."""
+        return await self.server.start(self.cfg.host, self.cfg.port)
+
+    def connect(self, addresses: dict[int, str]) -> None:
+        """Open channels to the neighbours (``addresses``: id -> "host:port")."""
+        missing = [int(j) for j in self.nbrs if int(j) not in addresses]
+        if missing:
+            raise SfgError(f"node {self.i}: no address for neighbour(s) {missing}; list every "
+                           "node in peers.yaml")
+        for j in self.nbrs:
+            self.peers[int(j)] = Peer(addresses[int(j)], max_bytes=self.cfg.max_bytes,
+                                      tls=self.cfg.tls)
+
+    async def close(self) -> None:
+        for task in [*self._sends.values(), *self._backlog]:
+            task.cancel()
+        for p in self.peers.values():
+            await p.close()
+        await self.server.stop()
+
+    # ------------------------------------------------------------------ receiving
+    def _blocked(self, j: int, r: int) -> bool:
+        return any(p.blocks(self.i, j, r) for p in self.cfg.partitions)
+
+    def _accepting(self, sender: int, r: int) -> bool:
+        if self.cfg.mode == "lockstep":
+            # an unavailable node answers no message of a round it is offline in
+            return bool(self.world.available[min(r, self.world.rounds - 1), self.i]) \
+                and not self._blocked(sender, r)
+        return self.answering and not self._blocked(sender, self.round)
+
+    async def _on_deliver(self, raw_header: bytes, chunks, identity: int | None,
+                          peer: str) -> tuple[bool, str]:
+        try:
+            header = unpack_header(raw_header)
+            check_header(header, neighbours=self.nbr_set, max_bytes=self.cfg.max_bytes,
+                         identity=identity)
+            if not self._accepting(header.sender, header.round):
+                self.stats.refused += 1
+                return False, "unavailable"
+            parts, size = [], 0
+            async for c in chunks:
+                parts.append(c)
+                size += len(c)
+                if size > header.length:
+                    raise Rejected("oversize", f"payload exceeds the announced {header.length} bytes")
+            if size < header.length:
+                # a sender that cancels its call (it has a newer model, or is shutting down)
+                # ends the stream early too; gRPC then cancels this handler within moments,
+                # so only a stream that was really closed short is counted as truncated
+                await asyncio.sleep(0.05)
+            msg = check_message(raw_header, b"".join(parts), self.layout, neighbours=self.nbr_set,
+                                max_bytes=self.cfg.max_bytes, identity=identity)
+        except Rejected as e:
+            self.rejections.add(e, peer)
+            return False, e.reason
+        self._accept(msg, len(raw_header) + msg.header.length)
+        return True, ""
+
+    def _accept(self, msg: Message, nbytes: int) -> None:
+        h = msg.header
+        self.stats.bytes += nbytes
+        if self.cfg.record_headers:
+            self.headers.append({"sender": h.sender, "receiver": self.i, "round": h.round,
+                                 **h.scalars()})
+        if self.cfg.mode == "lockstep":
+            self.heard[h.sender] = max(self.heard.get(h.sender, -1), h.round)
+            if h.round >= self.round:
+                self.inbox[(h.sender, h.round)] = msg
+        else:
+            old = self.latest.get(h.sender)
+            if old is None or h.round >= old[0].header.round:
+                self.latest[h.sender] = (msg, time.monotonic())
+        self._arrived.set()
+
+    def _prune_outbox(self, *, delivered: bool = False) -> None:
+        """Drop own round-r messages every neighbour expecting them is past: a neighbour that
+        sent a message of a later round has finished round r. A delivery alone is no proof
+        (the receiver may crash and restart from its checkpoint before using it), so
+        ``delivered`` counts it only when the run is over."""
+        for r in list(self.outbox):
+            if all(self.heard.get(j, -1) > r or (delivered and (j, r) in self._delivered)
+                   for j in self._expected.get(r, ())):
+                del self.outbox[r]
+                self._expected.pop(r, None)
+
+    def _on_fetch(self, t: int, who: int) -> tuple[bytes, bytes] | None:
+        msg = self.outbox.get(t)
+        if msg is not None and who in self.nbr_set:
+            self._delivered.add((who, t))
+        return msg
+
+    # ------------------------------------------------------------------ sending
+    def _message(self) -> tuple[bytes, bytes]:
+        s = self.state
+        return encode(self.x, self.layout, sender=self.i, round=self.round, age=s.age,
+                      lag=s.lag, count=s.count, local_count=s.local_count)
+
+    async def _send(self, j: int, r: int, header: bytes, payload: bytes) -> None:
+        ok, reason = await self.peers[j].deliver(header, payload, timeout=self.cfg.rpc_timeout,
+                                                 retries=self.cfg.retries)
+        if ok:
+            self.stats.sent += 1
+            self._delivered.add((j, r))
+        elif reason == "unavailable":
+            self.stats.offline_peer += 1  # the neighbour is offline: its server refuses
+        else:
+            self.stats.send_failed += 1
+            log.info("node %d -> %d round %d not delivered: %s", self.i, j, self.round, reason)
+
+    def _send_all(self, targets, msg: tuple[bytes, bytes]) -> None:
+        for j in targets:
+            j = int(j)
+            prev = self._sends.get(j)
+            if prev is not None and not prev.done():
+                if self.cfg.mode == "async":
+                    prev.cancel()  # only the latest model matters: never pile up sends
+                else:
+                    self._backlog.append(prev)  # lockstep needs every round's message
+            self._sends[j] = asyncio.ensure_future(self._send(j, self.round, *msg))
+        self._backlog = [t for t in self._backlog if not t.done()]
+
+    # ------------------------------------------------------------------ the round
+    def _aggregate(self, r: int, senders: list[int], msgs: list[Message],
+                   ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
+        """Weights with the rule's one-receiver form, the aggregate, and the star's view."""
+        s = self.state
+        counts = [s.count] + [m.header.count for m in msgs]
+        local = [s.local_count] + [m.header.local_count for m in msgs]
+        q = [1.0] + [s.q_hat[self.pos[j] - 1] for j in senders]
+        rule = self.world.rule
+        u, keys = 0.5, None
+        if rule.random:
+            u_all, key_all = rule_draws(self.world.seed, r, self.world.n, self.world.rg.n_slots)
+            seg = key_all[self.world.rg.indptr[self.i]:self.world.rg.indptr[self.i + 1]]
+            u, keys = float(u_all[self.i]), seg[[0] + [self.pos[j] for j in senders]]
+        w = rule.weights_one(ages=[s.age, *ages], lags=[s.lag, *lags], counts=counts,
+                             local_counts=local, q_hat=q, t=r, u=u, keys=keys)
+        X = np.stack([self.x] + [m.params for m in msgs])
+        agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
+        k = self.star.deg + 1
+        full = {"cand": np.zeros(k, bool), "weights": np.zeros(k), "ages": np.zeros(k, np.int64),
+                "lags": np.zeros(k), "counts": np.ones(k, np.int64)}
+        idx = [0] + [self.pos[j] for j in senders]
+        full["cand"][idx] = True
+        full["weights"][idx] = w
+        full["ages"][idx] = [s.age, *ages]
+        full["lags"][idx] = [s.lag, *lags]
+        full["counts"][idx] = counts
+        return agg, full
+
+    def _train_round(self, r: int, agg: np.ndarray, full: dict) -> None:
+        n_steps = self.trainer.steps(self.state.age)
+        self.x = self.trainer.train(agg, r, self.state.age)
+        self.stats.steps += n_steps
+        self.stats.trains += 1
+        self.stats.messages += int(full["cand"].sum()) - 1
+        self.state = self.star.advance(self.state, trained=True, adopted=True, **full)
+
+    def _offline_round(self) -> None:
+        k = self.star.deg + 1
+        w = np.zeros(k)
+        w[0] = 1.0
+        self.state = self.star.advance(self.state, trained=False, adopted=False,
+                                       cand=np.zeros(k, bool), weights=w,
+                                       ages=np.zeros(k, np.int64), lags=np.zeros(k),
+                                       counts=np.ones(k, np.int64))
+
+    def _end_round(self, r: int, available: bool) -> None:
+        T = self.world.rounds
+        acc = None
+        if (r + 1) % int(self.world.cfg["eval_every"]) == 0 or r == T - 1:
+            acc = self.trainer.evaluate(self.x)
+            self.stats.curve.append((r + 1, acc))
+        self.stats.available_rounds += int(available)
+        self._checkpoint()
+        if self.cfg.on_round is not None:
+            self.cfg.on_round(self.i, r, available, acc)
+
+    async def _wait_lockstep(self, r: int, expected: list[int]) -> None:
+        start = time.monotonic()
+        last_pull = start
+        while True:
+            missing = [j for j in expected if (j, r) not in self.inbox]
+            if not missing:
+                return
+            now = time.monotonic()
+            if now - start > self.cfg.deadline:
+                raise SfgError(f"lockstep: node {self.i} did not get the round-{r} models of "
+                               f"neighbour(s) {missing} within {self.cfg.deadline:g} s; are those "
+                               "nodes running? (raise --deadline for slow machines)")
+            if now - last_pull >= self.cfg.pull_after:
+                last_pull = now
+                got = await asyncio.gather(*(self.peers[j].fetch(r, self.i, timeout=self.cfg.rpc_timeout)
+                                             for j in missing))
+                for j, m in zip(missing, got, strict=True):
+                    if m is None:
+                        continue
+                    try:
+                        msg = check_message(m[0], m[1], self.layout, neighbours=self.nbr_set,
+                                            max_bytes=self.cfg.max_bytes)
+                        if msg.header.sender != j or msg.header.round != r:
+                            raise Rejected("header", "fetched message of another node or round")
+                    except Rejected as e:
+                        self.rejections.add(e, f"fetch from {j}")
+                        continue
+                    self._accept(msg, len(m[0]) + len(m[1]))
+                continue
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=self.cfg.pull_after)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _lockstep_round(self, r: int) -> None:
+        A = self.world.available
+        if not A[r, self.i]:
+            self._offline_round()
+            return
+        expected = [int(j) for j in self.nbrs if A[r, j] and not self._blocked(int(j), r)]
+        msg = self._message()
+        self.outbox[r] = msg
+        self._expected[r] = expected
+        self._prune_outbox()
+        self._send_all(expected, msg)
+        await self._wait_lockstep(r, expected)
+        msgs = [self.inbox.pop((j, r)) for j in expected]
+        for key in [k for k in self.inbox if k[1] < r]:
+            del self.inbox[key]
+        agg, full = self._aggregate(r, expected, msgs, [m.header.age for m in msgs],
+                                    [m.header.lag for m in msgs])
+        self._train_round(r, agg, full)
+
+    async def _async_round(self, r: int) -> None:
+        P = self.cfg.period
+        available = bool(self.world.available[r, self.i])
+        self.answering = available
+        if not available:
+            self._offline_round()
+            return
+        now = time.monotonic()
+        senders, msgs, ages, lags = [], [], [], []
+        for j in self.nbrs:
+            j = int(j)
+            got = self.latest.get(j)
+            if got is None or self._blocked(j, r):
+                continue
+            msg, arrival = got
+            d = max(0.0, (now - arrival) / P)
+            if d > self.cfg.window:
+                continue
+            age, lag = waited(msg.header.age, msg.header.lag, d)
+            senders.append(j)
+            msgs.append(msg)
+            ages.append(age)
+            lags.append(lag)
+        agg, full = self._aggregate(r, senders, msgs, ages, lags)
+        self._train_round(r, agg, full)
+        targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
+        self.round = r + 1  # the state just computed is the start of round r + 1
+        self._send_all(targets, self._message())
+
+    def _checkpoint(self) -> None:
+        path = self.checkpoint_path
+        if path is None:
+            return
+        s = self.stats
+        extra = {"t0": self.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
+        save_checkpoint(path, self.x, self.layout, self.state, extra)
+
+    def _restore(self) -> None:
+        path = self.checkpoint_path
+        if path is None or not path.is_file():
+            return  # nothing to resume from: start fresh
+        self.x, self.state, extra = load_checkpoint(path, self.layout)
+        st = extra.get("stats", {})
+        for k, v in st.items():
+            setattr(self.stats, k, [tuple(e) for e in v] if k == "curve" else v)
+        if extra.get("t0") is not None:
+            self.t0 = float(extra["t0"])
+        self.restored = {"round": self.state.t, "age": self.state.age, "lag": self.state.lag,
+                         "missed": 0}
+
+    def _catch_up_missed(self) -> None:
+        """Async resume: the own rounds that passed while the node was down count as
+        unavailable rounds (age and lag + 1 each)."""
+        if self.restored is None or self.t0 is None:
+            return
+        due = int(math.floor((time.time() - self.t0) / self.cfg.period))
+        missed = max(0, min(due, self.world.rounds) - self.state.t)
+        for _ in range(missed):
+            self._offline_round()
+        self.restored.update(missed=missed, age_after=self.state.age, lag_after=self.state.lag)
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> dict[str, Any]:
+        """Run the remaining rounds; returns this node's result (see :meth:`result`)."""
+        T = self.world.rounds
+        if self.cfg.mode == "lockstep":
+            while self.state.t < T:
+                r = self.round = self.state.t
+                await self._lockstep_round(r)
+                self._end_round(r, bool(self.world.available[r, self.i]))
+            await self._drain()
+            # keep serving until every neighbour has the messages it needs (pushed or pulled)
+            end = time.monotonic() + self.cfg.deadline
+            while True:
+                self._prune_outbox(delivered=True)
+                if not self.outbox or time.monotonic() > end:
+                    break
+                await asyncio.sleep(0.05)
+        else:
+            if self.t0 is None:
+                self.t0 = time.time()
+            self._catch_up_missed()
+            P = self.cfg.period
+            while self.state.t < T:
+                r = self.round = self.state.t
+                jitter = self.cfg.jitter * P * float(
+                    stream(self.world.seed, "net-jitter", self.i, r).random())
+                delay = self.t0 + r * P + jitter - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self._async_round(r)
+                self._end_round(r, bool(self.world.available[r, self.i]))
+            self.answering = True
+            await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else P)
+            await self._drain()
+        return self.result()
+
+    async def _drain(self) -> None:
+        pending = [t for t in [*self._sends.values(), *self._backlog] if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.cfg.rpc_timeout)
+
+    def result(self) -> dict[str, Any]:
+        s = self.stats
+        acc = s.curve[-1][1] if s.curve else self.trainer.evaluate(self.x)
+        return {"node": self.i, "acc": acc, "curve": [list(c) for c in s.curve],
+                "messages": s.messages, "bytes": s.bytes, "sent": s.sent,
+                "send_failed": s.send_failed, "offline_peer": s.offline_peer,
+                "refused": s.refused, "steps": s.steps,
+                "trains": s.trains, "available_rounds": s.available_rounds,
+                "rejected": self.rejections.as_dict(), "state": self.state.as_dict(),
+                "restored": self.restored}

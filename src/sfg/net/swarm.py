@@ -1,0 +1,331 @@
+"""Running many nodes: in one asyncio loop, or over worker processes with a churn controller.
+
+* :func:`run_nodes` — nodes of one process: start their servers, connect, run, close.
+* :func:`summarise` — the nodes' results as the metrics of ``sfg run --json`` (SPEC §8) plus
+  wall time, messages rejected, restarts and per-node final staleness.
+* :func:`run_swarm` — ``sfg swarm``: N nodes over P worker processes (``python -m
+  sfg.net.worker``), each node with its own server port on 127.0.0.1. The controller reads the
+  workers' progress lines, shows progress, and injects faults: ``--kill NODE@ROUND`` SIGKILLs the
+  process holding NODE once NODE reports ROUND and restarts it from its checkpoints.
+
+Churn: every node reads its availability from the trace of the run's outage process (any
+``--process`` sfg reads: synthetic, ``flash:...``, ``trace:path=...``), row r for its round r; an
+unavailable node stops training and its server refuses deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SfgError
+from .node import Node, NodeConfig, Partition
+from .world import World
+
+
+async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
+                    addresses: dict[int, str] | None = None,
+                    ready: Callable[[dict[int, int]], Awaitable[float | None]] | None = None,
+                    nodes_out: list | None = None) -> list[dict]:
+    """Run nodes ``ids`` of ``world`` in this event loop; returns their results.
+
+    ``addresses`` maps every node id to "host:port" (the ports these nodes listen on must match);
+    without it the nodes listen on free ports of 127.0.0.1 and find each other directly.
+    ``ready(ports)`` is awaited once every server listens; it may return the wall-clock start
+    ``t0`` of round 0 (async mode) for the nodes that did not resume one from a checkpoint.
+    """
+    nodes = [Node(world, i, make_config(i)) for i in ids]
+    if nodes_out is not None:
+        nodes_out.extend(nodes)  # for inspection (tests, embedding)
+    try:
+        ports = {n.i: await n.start() for n in nodes}
+        if addresses is None:
+            addresses = {i: f"127.0.0.1:{p}" for i, p in ports.items()}
+        for n in nodes:
+            n.connect(addresses)
+        if ready is not None:
+            t0 = await ready(ports)
+            for n in nodes:
+                if t0 is not None and n.t0 is None:
+                    n.t0 = t0
+        results = await asyncio.gather(*(n.run() for n in nodes))
+    finally:
+        for n in nodes:
+            await n.close()
+    return list(results)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
+              realised: np.ndarray | None = None) -> dict[str, Any]:
+    """Swarm results as ``sfg run --json`` metrics (SPEC §8) plus the swarm's own figures.
+
+    realised: bool [T, N] the availability the nodes actually had (default the trace).
+    """
+    from ..sim.run import _quartile_means
+
+    res = sorted(results, key=lambda r: r["node"])
+    acc = np.array([r["acc"] for r in res], np.float64)
+    avail = world.available if realised is None else realised
+    K = int(world.cfg["local_steps"])
+    rounds = sorted({c[0] for r in res for c in r["curve"]})
+    curve_mean, curve_p10 = [], []
+    for t in rounds:
+        vals = [c[1] for r in res for c in r["curve"] if c[0] == t]
+        curve_mean.append(float(np.mean(vals)))
+        curve_p10.append(float(np.percentile(vals, 10)))
+    messages = sum(r["messages"] for r in res)
+    trains = sum(r["trains"] for r in res)
+    metrics = {
+        "acc_mean": float(acc.mean()),
+        "acc_p10": float(np.percentile(acc, 10)),
+        "acc_time_avg": float(np.mean(curve_mean)) if curve_mean else float("nan"),
+        **_quartile_means(acc, avail.mean(axis=0)),
+        "messages": float(messages),
+        "scalars": float(messages * world.scalars_per_message),
+        "bytes": float(sum(r["bytes"] for r in res)),
+        "local_steps_rel": float(sum(r["steps"] for r in res) / (trains * K)) if trains else float("nan"),
+        "unavailability": float(1 - avail.mean()),
+        "wall_seconds": float(wall),
+        "rejected": float(sum(sum(r["rejected"].values()) for r in res)),
+        "refused": float(sum(r["refused"] for r in res)),
+        "send_failed": float(sum(r["send_failed"] for r in res)),
+        "restarts": float(restarts),
+    }
+    nodes = [{"node": r["node"], "acc": r["acc"], **{k: r["state"][k] for k in
+              ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
+              "restored": r["restored"]} for r in res]
+    curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
+    return {"metrics": metrics, "curves": curves, "nodes": nodes}
+
+
+# ----------------------------------------------------------------------------------- processes
+@dataclass
+class SwarmOptions:
+    """``sfg swarm`` options beyond the run settings."""
+
+    mode: str = "lockstep"
+    procs: int = 1
+    period: float = 0.2
+    jitter: float = 0.0
+    window: float = 1.0
+    deadline: float = 60.0
+    kills: list[tuple[int, int]] = field(default_factory=list)
+    partitions: list[str] = field(default_factory=list)
+    tls_dir: str | None = None
+    workdir: str | None = None
+    start_delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("lockstep", "async"):
+            raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
+        if self.procs < 1:
+            raise SfgError(f"--procs must be >= 1, got {self.procs}")
+        for p in self.partitions:
+            Partition.parse(p)
+        NodeConfig(mode=self.mode, period=self.period, jitter=self.jitter, window=self.window,
+                   deadline=self.deadline)  # the same checks as every node's
+
+
+def parse_kill(text: str) -> tuple[int, int]:
+    """``"3@10"`` -> (node 3, round 10)."""
+    try:
+        node, r = text.split("@")
+        out = (int(node), int(r))
+    except ValueError:
+        raise SfgError(f"cannot read --kill {text!r}; write NODE@ROUND, e.g. --kill 3@10") from None
+    if out[0] < 0 or out[1] < 0:
+        raise SfgError(f"--kill {text!r}: node and round must be >= 0")
+    return out
+
+
+def _rss_bytes(pid: int) -> float | None:
+    """Resident memory of a process (Linux /proc), or None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def groups(n: int, procs: int) -> list[list[int]]:
+    """Nodes 0..n-1 dealt round-robin over ``procs`` worker processes."""
+    procs = max(1, min(procs, n))
+    return [list(range(p, n, procs)) for p in range(procs)]
+
+
+async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subprocess.Process:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    args = [sys.executable, "-m", "sfg.net.worker", str(spec_path),
+            "--nodes", ",".join(map(str, ids))]
+    if resume:
+        args.append("--resume")
+    return await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env)
+
+
+def check_nodes(world: World, opts: SwarmOptions) -> None:
+    N = world.n
+    for node, _ in opts.kills:
+        if node >= N:
+            raise SfgError(f"--kill node {node} does not exist; nodes are 0..{N - 1}")
+    for p in opts.partitions:
+        part = Partition.parse(p)
+        bad = sorted(x for x in part.a | part.b if x >= N)
+        if bad:
+            raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
+
+
+async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
+    N = world.n
+    work = Path(opts.workdir or tempfile.mkdtemp(prefix="sfg-swarm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(N)
+    spec = {"cfg": world.cfg, "mode": opts.mode, "ports": ports, "period": opts.period,
+            "jitter": opts.jitter, "window": opts.window, "deadline": opts.deadline,
+            "partitions": opts.partitions, "tls_dir": opts.tls_dir,
+            "checkpoint_dir": str(work / "checkpoints"),
+            "results_dir": str(work / "results")}
+    (work / "checkpoints").mkdir(exist_ok=True)
+    (work / "results").mkdir(exist_ok=True)
+    spec_path = work / "swarm.json"
+    spec_path.write_text(json.dumps(spec))
+    parts = groups(N, opts.procs)
+    # a killed node gets a process of its own
+    killed = sorted({k for k, _ in opts.kills})
+    if killed:
+        rest = [i for i in range(N) if i not in killed]
+        parts = [[k] for k in killed]
+        if rest:
+            parts += [[rest[j] for j in g]
+                      for g in groups(len(rest), max(1, opts.procs - len(killed)))]
+    pending_kills = sorted(opts.kills, key=lambda x: x[1])
+    restarts = 0
+    done: dict[int, dict] = {}
+    live_round: dict[int, int] = {}
+    errors: list[str] = []
+    realised = world.available.copy()
+
+    peak_rss: dict[int, float] = {}          # worker slot -> peak resident memory (bytes)
+    live_pids: dict[int, int] = {}
+
+    async def sample_memory() -> None:
+        while True:
+            for slot, pid in list(live_pids.items()):
+                rss = _rss_bytes(pid)
+                if rss is not None:
+                    peak_rss[slot] = max(peak_rss.get(slot, 0.0), rss)
+            await asyncio.sleep(0.25)
+
+    # round 0 starts (async clocks) once every worker's servers listen: workers report
+    # "ready" and wait for the start time on stdin; a restarted worker gets the same one
+    start_at: asyncio.Future = asyncio.get_running_loop().create_future()
+    ready_slots: set[int] = set()
+
+    async def send_start(proc) -> None:
+        t0 = await start_at
+        proc.stdin.write(f"{t0!r}\n".encode())
+        await proc.stdin.drain()
+
+    async def supervise(slot: int, ids: list[int]) -> None:
+        nonlocal restarts
+        resume = False
+        while True:
+            proc = await _launch(spec_path, ids, resume)
+            live_pids[slot] = proc.pid
+            killed_now = False
+            starter = None
+            assert proc.stdout is not None
+            async for line in proc.stdout:
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if ev.get("event") == "ready":
+                    ready_slots.add(slot)
+                    if len(ready_slots) == len(parts) and not start_at.done():
+                        start_at.set_result(time.time() + 0.2 + opts.start_delay)
+                    starter = asyncio.ensure_future(send_start(proc))
+                elif ev.get("event") == "round":
+                    i, r = int(ev["node"]), int(ev["round"])
+                    live_round[i] = r
+                    if progress is not None:
+                        progress(ev)
+                    for kn, kr in list(pending_kills):
+                        if kn == i and r >= kr:
+                            pending_kills.remove((kn, kr))
+                            proc.send_signal(signal.SIGKILL)
+                            killed_now = True
+                elif ev.get("event") == "done":
+                    done[int(ev["node"])] = ev["result"]
+            await proc.wait()
+            if starter is not None:
+                starter.cancel()
+            err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+            if killed_now:
+                restarts += 1
+                resume = True
+                continue
+            if proc.returncode != 0:
+                lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+                errors.append(lines[-1] if lines else f"worker exited with {proc.returncode}")
+            return
+
+    start = time.perf_counter()
+    wall_start = time.time()
+    sampler = asyncio.ensure_future(sample_memory())
+    try:
+        await asyncio.gather(*(supervise(slot, ids) for slot, ids in enumerate(parts)))
+    finally:
+        sampler.cancel()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(errors[0].removeprefix("error: "))
+    missing = sorted(set(range(N)) - set(done))
+    if missing:
+        raise RuntimeError(f"nodes {missing[:5]} finished without a result")
+    out = summarise(world, list(done.values()), wall=wall, restarts=restarts, realised=realised)
+    # a worker's memory is shared by its nodes (one interpreter, torch, the data set)
+    out["metrics"]["rss_mb_per_node"] = (sum(peak_rss.values()) / 2**20 / N if peak_rss
+                                         else float("nan"))
+    out["metrics"]["startup_seconds"] = (start_at.result() - opts.start_delay - wall_start
+                                         if start_at.done() else float("nan"))
+    out["workdir"] = str(work)
+    return out
+
+
+def run_swarm(world: World, opts: SwarmOptions, *, progress=None) -> dict[str, Any]:
+    """``sfg swarm``: run the world's N nodes over worker processes; the summary dict."""
+    check_nodes(world, opts)
+    return asyncio.run(_swarm(world, opts, progress))

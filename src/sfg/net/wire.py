@@ -1,0 +1,283 @@
+"""The wire format between nodes and its validation (SPEC §11.3).
+
+A message is two parts:
+
+* a **header**, a msgpack map with the fields of :class:`Header` (format version, sender id,
+  sender round, age τ, effective lag ℓ, max-inherited count n, local count, payload length
+  and the payload's SHA-256);
+* a **payload**: the model's parameters as safetensors bytes, one float32 tensor per named
+  parameter of the model (``ParamSpec.names``, so a payload is also a valid ``.safetensors``
+  file).
+
+Nothing between peers is ever unpickled. :func:`check_message` accepts a message only if every
+check passes; otherwise it raises :class:`Rejected` with a short reason (one of
+:data:`REASONS`), which the receiver counts in :class:`Rejections`, logs, and otherwise ignores:
+a rejected message changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import struct
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+DEFAULT_MAX_BYTES = 64 << 20   # 64 MiB: above any model sfg ships (ResNet-18-GN is ~45 MB)
+HEADER_MAX_BYTES = 4096
+
+log = logging.getLogger("sfg.net")
+
+REASONS = ("garbage", "truncated", "version", "header", "non-neighbour", "identity",
+           "oversize", "digest", "names", "shape", "dtype", "non-finite", "staleness",
+           "partitioned", "unavailable")
+
+
+class Rejected(Exception):
+    """A message failed a check; ``reason`` is one of :data:`REASONS`, ``detail`` says more."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Header:
+    """What travels with a model (SPEC §11.3). ``lag`` is real-valued; the rest are ints."""
+
+    sender: int
+    round: int
+    age: int
+    lag: float
+    count: int
+    local_count: int
+    length: int
+    sha256: bytes
+    version: int = VERSION
+
+    def pack(self) -> bytes:
+        return msgpack.packb(asdict(self), use_bin_type=True)
+
+    def scalars(self) -> dict[str, float]:
+        return {"age": self.age, "lag": self.lag, "count": self.count,
+                "local_count": self.local_count}
+
+
+_INT_FIELDS = ("sender", "round", "age", "count", "local_count", "length", "version")
+
+
+def unpack_header(raw: bytes) -> Header:
+    """Parse and type-check a header; :class:`Rejected` ("garbage", "header", "version")."""
+    if len(raw) > HEADER_MAX_BYTES:
+        raise Rejected("header", f"header of {len(raw)} bytes exceeds {HEADER_MAX_BYTES}")
+    try:
+        d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=64,
+                            max_str_len=64, max_array_len=16, max_map_len=16)
+    except Exception as e:  # noqa: BLE001 - any decoding failure is garbage
+        raise Rejected("garbage", f"header is not msgpack ({type(e).__name__})") from None
+    if not isinstance(d, dict):
+        raise Rejected("garbage", "header is not a msgpack map")
+    if d.get("version") != VERSION:
+        raise Rejected("version", f"format version {d.get('version')!r}, expected {VERSION}")
+    want = set(Header.__dataclass_fields__)
+    if set(d) != want:
+        raise Rejected("header", f"fields {sorted(set(d) ^ want)} missing or unexpected")
+    for k in _INT_FIELDS:
+        if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 0:
+            raise Rejected("header", f"{k} must be a non-negative integer")
+    if not isinstance(d["lag"], (int, float)) or not math.isfinite(d["lag"]) or d["lag"] < 0:
+        raise Rejected("staleness", f"lag {d['lag']!r} must be a finite number >= 0")
+    if d["age"] > d["lag"] + 1e-9:
+        raise Rejected("staleness", f"age {d['age']} exceeds lag {d['lag']} (SPEC §2: τ ≤ ℓ)")
+    if d["count"] < 1 or d["local_count"] < 1:
+        raise Rejected("staleness", "update counts start at 1")
+    if not isinstance(d["sha256"], bytes) or len(d["sha256"]) != 32:
+        raise Rejected("header", "sha256 must be 32 bytes")
+    d["lag"] = float(d["lag"])
+    return Header(**d)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The tensors a receiver expects: names, shapes (float32), in flat order."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_spec(cls, spec) -> Layout:
+        return cls(tuple(spec.names), tuple(tuple(s) for s in spec.shapes))
+
+    @property
+    def D(self) -> int:
+        return int(sum(math.prod(s) for s in self.shapes))
+
+    @property
+    def payload_bytes(self) -> int:
+        """Exact size of a payload of this layout (safetensors header included)."""
+        return len(encode_params(np.zeros(self.D, np.float32), self))
+
+
+def encode_params(flat: np.ndarray, layout: Layout, metadata: dict[str, str] | None = None) -> bytes:
+    """``flat: [D] float32`` -> safetensors bytes, one tensor per named parameter.
+
+    Written directly (the format is an 8-byte little-endian header length, a JSON index padded
+    to 8 bytes, then the tensors' bytes): the parameters are one contiguous block in layout
+    order, so the payload is the index followed by ``flat``'s bytes, copied once. Readable by
+    any safetensors library.
+    """
+    flat = np.ascontiguousarray(flat, dtype="<f4").reshape(-1)
+    if flat.shape[0] != layout.D:
+        raise ValueError(f"flat parameters have {flat.shape[0]} values, layout needs {layout.D}")
+    index: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    off = 0
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        size = 4 * math.prod(shape)
+        index[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + size]}
+        off += size
+    head = json.dumps(index, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return b"".join([struct.pack("<Q", len(head)), head, memoryview(flat).cast("B")])
+
+
+def encode(flat: np.ndarray, layout: Layout, *, sender: int, round: int, age: int, lag: float,
+           count: int, local_count: int) -> tuple[bytes, bytes]:
+    """A message: ``(header bytes, payload bytes)``."""
+    payload = encode_params(flat, layout)
+    header = Header(sender=int(sender), round=int(round), age=int(age), lag=float(lag),
+                    count=int(count), local_count=int(local_count), length=len(payload),
+                    sha256=hashlib.sha256(payload).digest())
+    return header.pack(), payload
+
+
+def _safetensors_index(payload: bytes) -> dict:
+    """The JSON index of a safetensors payload, read without touching tensor bytes."""
+    if len(payload) < 8:
+        raise Rejected("truncated", f"payload of {len(payload)} bytes has no safetensors header")
+    (n,) = struct.unpack("<Q", payload[:8])
+    if n > min(len(payload) - 8, 1 << 20):
+        raise Rejected("truncated" if n <= 1 << 20 else "garbage",
+                       "safetensors header longer than the payload")
+    try:
+        index = json.loads(payload[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise Rejected("garbage", "safetensors header is not JSON") from None
+    if not isinstance(index, dict):
+        raise Rejected("garbage", "safetensors header is not a JSON object")
+    index.pop("__metadata__", None)
+    return index
+
+
+def decode_params(payload: bytes, layout: Layout) -> np.ndarray:
+    """Validate a payload against ``layout`` and return ``[D] float32`` (a fresh array).
+
+    Checks, in order: safetensors structure, tensor names, dtypes, shapes, the byte ranges
+    (each tensor's exactly, inside the data, no overlaps or gaps), finiteness. The tensors are
+    read straight from the checked byte ranges (one copy, into the flat vector).
+    """
+    index = _safetensors_index(payload)
+    if set(index) != set(layout.names):
+        extra = sorted(set(index) - set(layout.names))[:3]
+        missing = sorted(set(layout.names) - set(index))[:3]
+        raise Rejected("names", f"unexpected {extra}, missing {missing}")
+    (n,) = struct.unpack("<Q", payload[:8])
+    data_len = len(payload) - 8 - n
+    spans = []
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        entry = index[name]
+        if not isinstance(entry, dict) or entry.get("dtype") != "F32":
+            raise Rejected("dtype", f"{name}: dtype {entry.get('dtype') if isinstance(entry, dict) else '?'}, expected F32")
+        if tuple(entry.get("shape", ())) != shape:
+            raise Rejected("shape", f"{name}: shape {entry.get('shape')}, expected {list(shape)}")
+        off = entry.get("data_offsets")
+        if (not isinstance(off, list) or len(off) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in off)):
+            raise Rejected("garbage", f"{name}: bad data_offsets")
+        if off[1] - off[0] != 4 * math.prod(shape) or off[0] < 0:
+            raise Rejected("garbage", f"{name}: byte range does not match its shape")
+        if off[1] > data_len:
+            raise Rejected("truncated", f"{name}: byte range ends past the payload")
+        spans.append((off[0], off[1], name))
+    spans.sort()
+    pos = 0
+    for begin, end, name in spans:
+        if begin != pos:
+            raise Rejected("garbage", f"{name}: tensors overlap or leave gaps")
+        pos = end
+    if pos != data_len:
+        raise Rejected("garbage", f"{data_len - pos} stray bytes after the tensors")
+    base = 8 + n
+    flat = np.empty(layout.D, np.float32)
+    at = 0
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        begin, end = index[name]["data_offsets"]
+        size = math.prod(shape)
+        flat[at:at + size] = np.frombuffer(payload, dtype="<f4", count=size, offset=base + begin)
+        at += size
+    if not np.isfinite(flat).all():
+        raise Rejected("non-finite", f"{int((~np.isfinite(flat)).sum())} non-finite values")
+    return flat
+
+
+@dataclass(frozen=True)
+class Message:
+    """An accepted message: its header and parameters ``[D] float32``."""
+
+    header: Header
+    params: np.ndarray
+
+
+def check_header(header: Header, *, neighbours, max_bytes: int = DEFAULT_MAX_BYTES,
+                 identity: int | None = None) -> None:
+    """The checks that need no payload: sender is a neighbour (and, with TLS, the certificate
+    identity), announced size under the limit."""
+    if identity is not None and identity != header.sender:
+        raise Rejected("identity", f"certificate says node {identity}, header says {header.sender}")
+    if header.sender not in neighbours:
+        raise Rejected("non-neighbour", f"node {header.sender} is not a graph neighbour")
+    if header.length > max_bytes:
+        raise Rejected("oversize", f"{header.length} bytes > limit {max_bytes}")
+
+
+def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbours,
+                  max_bytes: int = DEFAULT_MAX_BYTES, identity: int | None = None) -> Message:
+    """Every check of SPEC §11.3 on a received message; :class:`Rejected` on the first failure."""
+    header = unpack_header(raw_header)
+    check_header(header, neighbours=neighbours, max_bytes=max_bytes, identity=identity)
+    if len(payload) > max_bytes:
+        raise Rejected("oversize", f"{len(payload)} bytes > limit {max_bytes}")
+    if len(payload) < header.length:
+        raise Rejected("truncated", f"{len(payload)} of {header.length} payload bytes")
+    if len(payload) > header.length:
+        raise Rejected("garbage", f"{len(payload) - header.length} bytes past the announced length")
+    if hashlib.sha256(payload).digest() != header.sha256:
+        raise Rejected("digest", "SHA-256 of the payload does not match the header")
+    return Message(header, decode_params(payload, layout))
+
+
+class Rejections:
+    """Counts of rejected messages by reason, with logging (one line per rejection)."""
+
+    def __init__(self, node: int):
+        self.node = node
+        self.counts: Counter[str] = Counter()
+
+    def add(self, err: Rejected, peer: str = "") -> None:
+        self.counts[err.reason] += 1
+        log.warning("node %d rejected a message%s: %s", self.node,
+                    f" from {peer}" if peer else "", err)
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.counts.values()))
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: int(v) for k, v in sorted(self.counts.items())}

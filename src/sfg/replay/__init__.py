@@ -1,0 +1,28 @@
+"""Model-free replay (SPEC §9): the public API (:mod:`.api`), one lane's driver (:mod:`.driver`),
+the self-return H (:mod:`.horizon`), the metrics (:mod:`.metrics`) and plots (:mod:`.plot`).
+
+Names are imported on first use, so that reading :mod:`.metrics` (the command line's table)
+does not load numba.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "DEFAULT_GRAPH": "api", "DEFAULT_N": "api", "DEFAULT_T": "api", "ENGINES": "api",
+    "build_scenario": "api", "replay": "api", "replay_batch": "api", "replay_config": "api",
+    "replay_trace": "api", "warm_compiled": "api", "Lane": "driver", "ReplayResult": "driver",
+    "EXACT_PAIRS": "horizon", "default_threads": "horizon", "horizon_pairs": "horizon",
+    "plot_staleness": "plot",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

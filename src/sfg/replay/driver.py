@@ -1,0 +1,129 @@
+"""One lane's replay: the shared round (:func:`sfg.round.play_round`) for every round, the
+metrics' facts accumulated in blocks of rounds, and the self-return H followed through each
+block's weights on parallel threads (:mod:`sfg.replay.horizon`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import numpy as np
+
+from ..graphs import Graph
+from ..outages.anatomy import capabilities
+from ..outages.links import link_failures
+from ..round import FACTS, caps_at, kernels, play_round, rule_draws
+from ..rounds import RoundGraph
+from ..rules import Rule
+from ..staleness import init_state
+from .horizon import HorizonPart, default_threads, pair_list
+from .metrics import Accumulator, RunEnd
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One replay inside a batch: its trace (bool[T, n]), graph, rule and seed."""
+
+    available: np.ndarray
+    graph: Graph
+    rule: Rule
+    seed: int
+
+
+@dataclass
+class ReplayResult:
+    """Metrics of one (process, rule, seed) replay; ``curves`` per round."""
+
+    metrics: dict[str, float]
+    curves: dict[str, list[float]] = field(default_factory=dict)
+
+
+def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact_pairs: int,
+             sample_pairs: int, progress: Callable[[int, int], None] | None = None,
+             weights_out: np.ndarray | None = None, threads: int | None = None,
+             chunk_elems: int = 2_000_000, tile: int = 4096) -> ReplayResult:
+    """Replay one checked lane.
+
+    Rounds run in blocks: the round records each round's weights and facts, then the metrics
+    accumulate the block's facts and the self-return follows its pairs through the block's
+    weights, split by start round over ``threads`` threads (default: :func:`default_threads`
+    when the H work is large); each pair's arithmetic does not depend on the split, so results
+    are bit-identical for any number of threads. ``weights_out`` [T, E] receives every round's
+    slot weights (tests)."""
+    T, n = ln.available.shape
+    rg = RoundGraph.from_graph(ln.graph)
+    E = rg.n_slots
+    caps = capabilities(np.asarray(ln.available, bool), anatomy)
+    live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
+    ts, flat, sampled = pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
+                                  sample=sample_pairs)
+    h = horizon if flat.size else 0
+    n_adopt = caps.adopt.sum(axis=1)
+    max_adopt = int(n_adopt.max()) if (h and T) else 0
+    if threads is None:
+        # H costs about (pairs × h) columns × adopters row updates; below ~10^7 a second
+        # thread costs more than it saves (measured at N = 100: bursty u = 0.8 is below)
+        work = flat.size * h * (float(n_adopt.mean()) if T else 0.0)
+        threads = default_threads() if work >= 1e7 else 1
+    n_threads = max(1, int(threads))
+    picks = [ts % n_threads == k for k in range(n_threads)] if h else []
+    parts = [HorizonPart(T, n, h, ts[sel], flat[sel], max_adopt) for sel in picks]
+
+    state = init_state(rg, rounds=T, track_missed=ln.rule.oracle)
+    acc = Accumulator()
+    R = max(1, min(T, chunk_elems // max(E, n * len(FACTS), 1)))
+    wbuf = np.empty((R, E)) if weights_out is None else None
+    fbuf = np.empty((R, n, len(FACTS)))
+    pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else None
+    try:
+        for t0 in range(0, T, R):
+            t1 = min(T, t0 + R)
+            w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
+            if ln.rule.compiled:
+                # the same round, its rounds looped in compiled code (one call per block)
+                _rounds_block(ln.rule, rg, state, caps, live, ln.seed, t0, t1, w_blk, fbuf)
+                state = replace(state, t=t1)
+            else:
+                for t in range(t0, t1):
+                    state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
+                                       live=None if live is None else live[t],
+                                       weights_out=w_blk[t - t0], facts_out=fbuf[t - t0]).state
+            acc.add(fbuf[: t1 - t0])
+            if h:
+                run = partial(HorizonPart.run, t0=t0, t1=t1, rg=rg, w=w_blk,
+                              adopt=caps.adopt[t0:t1], tile=tile)
+                if pool is None:
+                    run(parts[0])
+                else:
+                    list(pool.map(run, parts))
+            if progress is not None:
+                progress(t1, T)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    hk = np.empty(flat.size)
+    for sel, part in zip(picks, parts, strict=True):
+        hk[sel] = part.out
+    metrics, curves = acc.summary(RunEnd(np.asarray(ln.available, bool), hk, bool(sampled),
+                                         state.lags))
+    return ReplayResult(metrics=metrics, curves=curves)
+
+
+def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: int, t1: int,
+                  w: np.ndarray, facts: np.ndarray) -> None:
+    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round._rounds`, updating the
+    state's arrays in place (the driver owns them)."""
+    n, E = rg.n, rg.n_slots
+    u = key = np.zeros((0, 0))
+    if rule.random:
+        u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
+        for t in range(t0, t1):
+            u[t - t0], key[t - t0] = rule_draws(seed, t, n, E)
+    kernels(rule.fn)[2](t0, rule.args, rule.self_weight, rule.ipw, rule.rounded, rg.indptr,
+                        rg.send, rg.edge_id, caps.train[t0:t1], caps.send[t0:t1],
+                        caps.aggregate[t0:t1], caps.adopt[t0:t1],
+                        live[t0:t1] if live is not None else np.zeros((0, 0), bool), u, key,
+                        state.ages, state.lags, state.counts, state.local_counts, state.q_hat,
+                        w[: t1 - t0], facts[: t1 - t0])

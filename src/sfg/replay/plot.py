@@ -1,0 +1,52 @@
+"""Plots of replay results: every curve metric of :mod:`sfg.replay.metrics` over rounds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SfgError
+from .metrics import curves
+
+
+def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """PNG of each curve metric (mean age, mean effective lag, …) over rounds, one line per
+    rule (mean over seeds), one column per process. ``rows`` from :func:`sfg.replay.replay`
+    with ``with_curves=True``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = curves()
+    processes = list(dict.fromkeys(r["process"] for r in rows))
+    rules = list(dict.fromkeys(r["rule"] for r in rows))
+    fig, axes = plt.subplots(len(shown), len(processes),
+                             figsize=(5 * len(processes), 3.25 * len(shown)), squeeze=False,
+                             sharex=True)
+    for j, proc in enumerate(processes):
+        for rule in rules:
+            sel = [r["curves"] for r in rows if r["process"] == proc and r["rule"] == rule]
+            if not sel:
+                continue
+            for i, m in enumerate(shown):
+                y = np.mean([c[m.name] for c in sel], axis=0)
+                axes[i, j].plot(sel[0]["round"], y, label=rule, lw=1.2)
+        axes[0, j].set_title(proc)
+        for i, m in enumerate(shown):
+            axes[i, j].set_ylabel(m.label or m.name)
+        axes[-1, j].set_xlabel("round")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise SfgError(f"cannot write plot {path}: {e.strerror}; choose a writable path") from None
+    finally:
+        plt.close(fig)
+    return path
