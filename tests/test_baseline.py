@@ -54,6 +54,12 @@ def test_training_matches_the_recording(k):
     assert res.meta["minibatch_digest"] == exp["minibatch_digest"]
     for m, v in exp["metrics"].items():
         assert _close(res.metrics[m], v), (m, res.metrics[m], v)
-    assert _close(float(res.params.double().sum()), exp["params_sum"])
+    # parameters are float32: the batched MLP backward (class-major, one bmm) reorders float32
+    # sums, so they agree to float32 rounding, not to 1e-9; accuracies above stay exact
+    assert _close(float(res.params.double().sum()), exp["params_sum"], tol=1e-6)
     np.testing.assert_array_equal(res.state.ages, exp["ages"])
-    np.testing.assert_allclose(res.state.lags, exp["lags"], rtol=1e-9, atol=1e-12)
+    # a model-reading rule's weights (hence lags) are functions of those float32 parameters
+    from sfg.rules import parse_rule
+
+    rtol = 1e-6 if parse_rule(exp["config"]["rule"]).reads_models else 1e-9
+    np.testing.assert_allclose(res.state.lags, exp["lags"], rtol=rtol, atol=1e-12)

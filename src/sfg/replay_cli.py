@@ -53,8 +53,14 @@ def _replay_legend() -> str:
     return legend()
 
 
-REPLAY_COLUMNS = _replay_columns()
-REPLAY_LEGEND = _replay_legend()
+def __getattr__(name: str):
+    # REPLAY_COLUMNS / REPLAY_LEGEND are read from the metrics on first use, so that `sfg --help`
+    # (which imports this module to register the command) loads no numpy
+    if name == "REPLAY_COLUMNS":
+        return _replay_columns()
+    if name == "REPLAY_LEGEND":
+        return _replay_legend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,7 +71,7 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out_rows = []
     for (p, rule), rs in groups.items():
         summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in REPLAY_COLUMNS:
+        for key, _ in _replay_columns():
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -74,8 +80,9 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def replay_table(summary: list[dict[str, Any]], title: str):
     """The per-(process, rule) summary as a table (literal names)."""
-    return console.table(title, ["process", "rule", *((label, "right") for _, label in REPLAY_COLUMNS)],
-                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in REPLAY_COLUMNS)]
+    cols = _replay_columns()
+    return console.table(title, ["process", "rule", *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in cols)]
                                for r in summary])
 
 
@@ -126,7 +133,7 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    console.caption(REPLAY_LEGEND)
+    console.caption(_replay_legend())
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:

@@ -169,8 +169,9 @@ class ValidationLoss:
 
     ``losses(P, owner)``: P [m, D] rows, owner [m] client ids -> (loss [m], acc [m]) float64,
     each row on its owner's validation split; NaN where the owner has no validation example.
-    The splits are padded into one tensor once; rows are evaluated with ``torch.func.vmap``
-    over ``functional_call`` in chunks.
+    The splits are kept concatenated on the device; each chunk of rows gathers its owners'
+    examples padded to the chunk's largest split (memory bounded by the chunk) and is
+    evaluated with ``torch.func.vmap`` over ``functional_call``.
     """
 
     def __init__(self, model: torch.nn.Module, spec, val_x, val_y, device, *,
@@ -178,48 +179,46 @@ class ValidationLoss:
         import torch
 
         self.model, self.spec, self.chunk = model, spec, chunk
-        sizes = np.array([len(y) for y in val_y], np.int64)
-        self.sizes = sizes
-        V = max(int(sizes.max()) if sizes.size else 0, 1)
-        shape = tuple(val_x[0].shape[1:])
-        xs = torch.zeros((len(val_y), V, *shape), dtype=torch.float32)
-        ys = torch.zeros((len(val_y), V), dtype=torch.int64)
-        for i, (x, y) in enumerate(zip(val_x, val_y, strict=True)):  # setup only
-            xs[i, :len(y)] = x
-            ys[i, :len(y)] = y
-        self.x, self.y = xs.to(device), ys.to(device)
-        self.mask = (torch.arange(V)[None, :] < torch.from_numpy(sizes)[:, None]).to(device)
+        self.sizes = np.array([len(y) for y in val_y], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.x = torch.cat(list(val_x)).to(device, torch.float32)
+        self.y = torch.cat(list(val_y)).to(device, torch.int64)
 
     def losses(self, P: torch.Tensor, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import torch
         from torch.func import functional_call, vmap
 
+        owner = np.asarray(owner, np.int64)
         m = P.shape[0]
         loss = np.full(m, np.nan)
         acc = np.full(m, np.nan)
-        if m == 0:
-            return loss, acc
 
         def logits(p, x):
             return functional_call(self.model, p, (x,))
 
+        dev = self.x.device
         with torch.no_grad():
             for lo in range(0, m, self.chunk):
                 rows = np.arange(lo, min(m, lo + self.chunk))
-                own = torch.as_tensor(owner[rows], device=self.x.device)
+                rows = rows[self.sizes[owner[rows]] > 0]
+                if rows.size == 0:
+                    continue
+                n = self.sizes[owner[rows]]
+                V = int(n.max())
+                pos = np.arange(V)[None, :]
+                idx = self.offsets[owner[rows]][:, None] + np.minimum(pos, n[:, None] - 1)
+                gidx = torch.as_tensor(idx, device=dev)
+                mask = torch.as_tensor(pos < n[:, None], device=dev)
                 params = self.spec.unflatten(P[torch.as_tensor(rows, device=P.device)])
-                out = vmap(logits)(params, self.x[own])  # [r, V, C]
+                xs, ys = self.x[gidx], self.y[gidx]  # [r, V, ...], [r, V]
+                out = vmap(logits)(params, xs)  # [r, V, C]
                 ce = torch.nn.functional.cross_entropy(
-                    out.flatten(0, 1), self.y[own].flatten(), reduction="none").view(out.shape[:2])
-                mk = self.mask[own].to(ce.dtype)
-                n = mk.sum(dim=1)
-                right = (out.argmax(dim=2) == self.y[own]).to(ce.dtype)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    loss[rows] = ((ce * mk).sum(1) / n).double().cpu().numpy()
-                    acc[rows] = ((right * mk).sum(1) / n).double().cpu().numpy()
-        empty = self.sizes[owner] == 0
-        loss[empty] = np.nan
-        acc[empty] = np.nan
+                    out.flatten(0, 1), ys.flatten(), reduction="none").view(out.shape[:2])
+                mk = mask.to(ce.dtype)
+                right = (out.argmax(dim=2) == ys).to(ce.dtype)
+                cnt = torch.as_tensor(n, device=dev, dtype=ce.dtype)
+                loss[rows] = ((ce * mk).sum(1) / cnt).double().cpu().numpy()
+                acc[rows] = ((right * mk).sum(1) / cnt).double().cpu().numpy()
         return loss, acc
 
 
