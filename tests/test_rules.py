@@ -24,7 +24,8 @@ MODEL_FREE = model_free_rules()
 VARIANTS = MODEL_FREE + ["oracle-gls:kappa=0.3", "oracle-qp:kappa=5", "sfg-l:gamma=0.3+ipw",
                          "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded", "sfg-cut:L=2",
                          "sfg:c=0.5", "limited-merging:L=2", "sfg-cut:L=0", "two-random+ipw",
-                         "metropolis-hastings:c=0.5"]
+                         "metropolis-hastings:c=0.5", "sfg-cut+guard+relative+cap",
+                         "limited-merging:L=2,kappa=1.5,margin=0.5+cap+relative+guard"]
 
 
 @st.composite
@@ -434,3 +435,56 @@ def test_metropolis_hastings_symmetric_and_doubly_stochastic_without_outages():
                         Capabilities(off, off, off, off), seed=1)
         W = rg.to_dense(rr.weights)
         np.testing.assert_allclose(W, W.T, atol=1e-15)
+
+
+# ------------------------------------------------------------------ defences (sfg.defences)
+DEFENCES = ("guard", "relative", "cap", "guard+relative+cap")
+DEFENDED = [f"{r}+{d}" for r in MODEL_FREE if parse_rule(r).compiled for d in DEFENCES]
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=candidates(), name=st.sampled_from(DEFENDED + ["sfg-cut:L=2,kappa=1.5,margin=0+cap+relative"]))
+def test_conformance_with_defences(x, name):
+    """Every model-free rule with every defence keeps the conformance property (weights over
+    its candidates, non-negative, summing to 1) whatever the claims."""
+    check_conformance(name, x)
+
+
+def _consistent(x: dict) -> dict:
+    """Claims every honest history can produce: count ≤ t + 1 and lag ≥ max(age, 1 + t − count)."""
+    t = x["t"]
+    counts = np.minimum(x["counts"], t + 1)
+    lags = np.maximum(x["lags"], np.maximum(x["ages"], 1 + t - counts))
+    return {**x, "counts": counts, "lags": lags}
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=candidates(), name=st.sampled_from([r for r in MODEL_FREE if parse_rule(r).compiled]))
+def test_defences_change_nothing_where_claims_are_consistent(x, name):
+    """+guard never changes consistent claims; +relative changes nothing when no neighbour
+    claims more than the margin below (or, for counts, above) the other candidates; +cap
+    changes nothing when no neighbour's weight exceeds κ/|S_i|."""
+    x = _consistent(x)
+    plain = parse_rule(name).weights_one(**x)
+    np.testing.assert_array_equal(parse_rule(f"{name}+guard").weights_one(**x), plain)
+    k = len(x["ages"])
+    if np.all(plain[1:] <= 2.0 / k):
+        np.testing.assert_array_equal(parse_rule(f"{name}+cap").weights_one(**x), plain)
+    same = {**x, "ages": np.full(k, x["ages"].min()), "lags": np.full(k, x["lags"].min()),
+            "counts": np.full(k, x["counts"].max())}
+    np.testing.assert_array_equal(parse_rule(f"{name}+relative").weights_one(**same),
+                                  parse_rule(name).weights_one(**same))
+
+
+def test_defence_hand_cases():
+    # +relative: a neighbour 4 below the others' minimum (3) is raised to 3 − 1 = 2
+    w = one("sfg-l+relative", ages=[3, 3, 0], lags=[3.0, 3.0, -1.0], t=10)
+    np.testing.assert_allclose(w, np.array([0.5, 0.5, 1.0]) / 2.0)
+    # +cap: κ = 2, k = 4 → at most 0.5 per neighbour, the rest to the receiver
+    w = one("sfg:gamma=0+cap", ages=[5, 0, 5, 5], t=10)
+    np.testing.assert_allclose(w, [0.5, 0.5, 0.0, 0.0])
+    w = one("sfg:gamma=0,kappa=1+cap", ages=[5, 0, 5, 5], t=10)
+    np.testing.assert_allclose(w, [0.75, 0.25, 0.0, 0.0])
+    # +guard: count 30 at t = 10 is clamped to 11; gl-age weights 5 : 11
+    np.testing.assert_allclose(one("gl-age+guard", ages=[0, 0], counts=[5, 30], t=10),
+                               [5 / 16, 11 / 16])

@@ -64,14 +64,19 @@ def __getattr__(name: str):
 
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean over seeds per (process, rule), in first-seen order."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Mean over seeds per (process, rule[, attack]), in first-seen order (with the damage
+    measures of sfg.attacks when rows carry an attack)."""
+    from .replay.metrics import columns
+
+    with_attack = any("attack" in r for r in rows)
+    groups: dict[tuple[str, str, str | None], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["process"], r["rule"]), []).append(r)
+        groups.setdefault((r["process"], r["rule"], r.get("attack")), []).append(r)
     out_rows = []
-    for (p, rule), rs in groups.items():
-        summary: dict[str, Any] = {"process": p, "rule": rule, "seeds": len(rs)}
-        for key, _ in _replay_columns():
+    for (p, rule, att), rs in groups.items():
+        summary: dict[str, Any] = {"process": p, "rule": rule,
+                                   **({"attack": att} if with_attack else {}), "seeds": len(rs)}
+        for key, _ in columns(attack=with_attack):
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         out_rows.append(summary)
@@ -79,11 +84,15 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def replay_table(summary: list[dict[str, Any]], title: str):
-    """The per-(process, rule) summary as a table (literal names)."""
-    cols = _replay_columns()
-    return console.table(title, ["process", "rule", *((label, "right") for _, label in cols)],
-                         rows=[[r["process"], r["rule"], *(r[k] for k, _ in cols)]
-                               for r in summary])
+    """The per-(process, rule[, attack]) summary as a table (literal names)."""
+    from .replay.metrics import columns
+
+    att = any("attack" in r for r in summary)
+    cols = columns(attack=att)
+    return console.table(title, ["process", "rule", *(["attack"] if att else []),
+                                 *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *([r["attack"]] if att else []),
+                                *(r[k] for k, _ in cols)] for r in summary])
 
 
 def register(app: typer.Typer) -> None:
@@ -108,6 +117,7 @@ def replay(
     engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
+    attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
     seed_list = parse_seeds(seeds)
@@ -119,7 +129,8 @@ def replay(
     with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                          with_curves=plot is not None, progress=update, engine=engine)
+                          with_curves=plot is not None, progress=update, engine=engine,
+                          attacks=attack or [None])
     if plot is not None:
         from .replay import plot_staleness
 
@@ -133,7 +144,9 @@ def replay(
         return
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}"))
-    console.caption(_replay_legend())
+    from .replay.metrics import legend
+
+    console.caption(legend(attack=bool(attack)))
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
@@ -147,7 +160,8 @@ def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON"))
     if as_json:
         console.print_json(rows)
         return
-    t = console.table("Aggregation rules (modifiers: +ipw, +rounded, +catchup; universal c)",
+    t = console.table("Aggregation rules (modifiers: +ipw, +rounded, +catchup; defences: +guard, "
+                      "+relative, +cap, +clip; universal c)",
                       ["rule", "kind", "parameters", "description"])
     for r in rows:
         t.add_row(r["rule"], ",".join(r["tags"]),

@@ -30,7 +30,19 @@ def report(
     from .report import build_report, print_report
 
     recs = records(store)
-    rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
-                       rules=rule or None, alpha=alpha)
-    print_report(rep, console=console.stdout())
-    console.note(f"wrote {', '.join(str(p) for p in rep.files.values())}")
+    files: dict = {}
+    if any((r.get("config") or {}).get("attack") for r in recs):
+        # forged-staleness runs (sfg.attacks) get their own paired report; the ordinary one
+        # compares the training runs without an attack
+        from .attack_report import print_attack_rows, without_attacks, write_attack_report
+
+        rows, files = write_attack_report(recs, out)
+        print_attack_rows(rows, console=console.stdout())
+        recs = [r for r in without_attacks(recs)
+                if (r.get("config") or {}).get("kind", "train") == "train"]
+    if recs or not files:
+        rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
+                           rules=rule or None, alpha=alpha)
+        print_report(rep, console=console.stdout())
+        files = {**rep.files, **files}
+    console.note(f"wrote {', '.join(str(p) for p in files.values())}")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
+from .defences import CAP, GUARD, cap_weights, clamp_claims
 from .outages.anatomy import Capabilities
 from .rng import stream
 from .rounds import RoundGraph
@@ -48,9 +49,9 @@ rules); given [k] float64 scores computed outside (model-reading rules, oracles)
 # Per-receiver facts of a round, on the state before it (SPEC §9); metrics are defined on them
 # in sfg.replay.metrics.
 FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age", "spread_lag",
-         "kept", "self_weight")
+         "kept", "self_weight", "attacker_weight", "honest", "clamped")
 (F_ADOPT, F_AGE, F_LAG, F_NB, F_MAX_NB_AGE, F_SPREAD_AGE, F_SPREAD_LAG, F_KEPT,
- F_SELF_W) = range(len(FACTS))
+ F_SELF_W, F_ATT_W, F_HONEST, F_CLAMPED) = range(len(FACTS))
 
 _EMPTY_F = np.zeros(0)
 _EMPTY_I = np.zeros(0, np.int64)
@@ -89,6 +90,7 @@ def _weights(x, params, c_self, ipw, adopt):  # pragma: no cover - compiled per 
 
 def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends, aggregates,
            adopts, live, u, key, given, slot_age, slot_lag, slot_count, extra,
+           defence, margin, kappa, attackers, frozen, versions, ev_ver, ev_first,
            ages, lags, counts, local_counts, q, w, cand, facts):  # pragma: no cover - compiled
     """Round t for every receiver, updating the state arrays in place (SPEC §1, §2).
 
@@ -98,6 +100,12 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
     (remembered models) or empty (the sender's); extra [E] bool slots that are candidates
     besides the live ones (remembered models) or empty. State: ages, lags, counts,
     local_counts [N], q [E]. Out: w [E] weights, cand [E] candidate slots, facts [N, F].
+
+    Forged claims (:mod:`sfg.attacks`) arrive as slot_age/slot_lag/slot_count. Defences
+    (:mod:`sfg.defences`): ``defence`` flags, ``margin``, ``kappa``; ``+guard`` keeps its
+    evidence in versions [N] (content versions; ``frozen`` [N] bool or empty: senders whose
+    content never changes) and ev_ver/ev_first [E] (version last seen per slot, round first
+    seen), updated in place. attackers [N] bool or empty: for the damage facts.
     """
     n = indptr.shape[0] - 1
     use_live = live.shape[0] > 0
@@ -119,6 +127,9 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
     b_deg = np.empty(kmax, np.int64)
     b_key = np.zeros(kmax)
     b_given = np.ones(kmax)
+    b_min_age = np.zeros(kmax, np.int64)
+    guard = (defence & GUARD) != 0
+    use_att = attackers.shape[0] > 0
     # live-neighbour counts d_j (whether or not j aggregates)
     degree = np.zeros(n, np.int64)
     for i in range(n):
@@ -142,6 +153,7 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
         facts[i, F_LAG] = lags[i]
         facts[i, F_MAX_NB_AGE] = -1.0
         facts[i, F_SELF_W] = 1.0
+        facts[i, F_HONEST] = 0.0 if (use_att and attackers[i]) else 1.0
         for e in range(a, b):
             w[e] = 0.0
             cand[e] = False
@@ -169,12 +181,26 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
                 b_key[k] = key[e]
             if use_given:
                 b_given[k] = given[e]
+            b_min_age[k] = 0
+            if guard and c and e != a:  # evidence: the content last seen over this slot
+                if ev_ver[e] == versions[j]:
+                    b_min_age[k] = t - ev_first[e]
+                else:
+                    ev_ver[e] = versions[j]
+                    ev_first[e] = t
             if c and e != a:
                 n_nb += 1
             k += 1
+        n_clamped = 0
+        if defence != 0:
+            n_clamped = clamp_claims(t, defence, margin, k, b_age, b_raw, b_count, b_min_age)
+            for d in range(k):
+                b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
         x = Candidates(t, u[i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                        b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
         wk = receiver_weights(x, params, c_self, ipw, adopts[i])  # noqa: F821
+        if (defence & CAP) != 0 and adopts[i]:
+            cap_weights(wk, kappa)
         # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
         mix = 0.0
         youngest = np.iinfo(np.int64).max
@@ -185,9 +211,12 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
         lmin = np.inf
         lmax = -np.inf
         max_nb_age = -1
+        att_w = 0.0
         for d in range(k):
             e = b_slot[d]
             w[e] = wk[d]
+            if use_att and d > 0 and attackers[send[e]]:
+                att_w += wk[d]
             mix += wk[d] * b_raw[d]
             if wk[d] > 0.0:
                 youngest = min(youngest, b_age[d])
@@ -215,6 +244,13 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
         facts[i, F_SPREAD_LAG] = lmax - lmin
         facts[i, F_KEPT] = kept
         facts[i, F_SELF_W] = w[a]
+        facts[i, F_ATT_W] = att_w
+        facts[i, F_CLAMPED] = n_clamped
+    if guard:  # content versions: a model changes when trained or mixed with others
+        for i in range(n):
+            if (train[i] or (adopts[i] and w[indptr[i]] < 1.0)) and not (
+                    frozen.shape[0] > 0 and frozen[i]):
+                versions[i] += 1
     for i in range(n):
         ages[i] = new_age[i]
         lags[i] = new_lag[i]
@@ -224,19 +260,24 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
 
 
 def _rounds(t0, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends, aggregates,
-            adopts, live, u, key, ages, lags, counts, local_counts, q, w, facts):  # pragma: no cover
+            adopts, live, u, key, defence, margin, kappa, versions, ev_ver, ev_first,
+            ages, lags, counts, local_counts, q, w, facts):  # pragma: no cover
     """Rounds t0, t0 + 1, … of a replay, one :func:`_round` each (per-round inputs and outputs
     are rows r = t − t0: train/sends/aggregates/adopts [R, N], live [R, M] or [0, 0], u [R, N]
-    and key [R, E] or [0, 0], w [R, E], facts [R, N, F]); saves a Python call per round."""
+    and key [R, E] or [0, 0], w [R, E], facts [R, N, F]); saves a Python call per round.
+    Defences as in :func:`_round` (no attack: claims are the senders' own state)."""
     no_b = np.zeros(0, np.bool_)
     no_f = np.zeros(0)
     no_i = np.zeros(0, np.int64)
     cand = np.empty(send.shape[0], np.bool_)
     for r in range(train.shape[0]):
+        live_r = live[r] if live.shape[0] > 0 else no_b
+        u_r = u[r] if u.shape[0] > 0 else no_f
+        key_r = key[r] if key.shape[0] > 0 else no_f
         round_(t0 + r, params, c_self, ipw, rounded, indptr, send, edge_id, train[r],  # noqa: F821
-               sends[r], aggregates[r], adopts[r], live[r] if live.shape[0] > 0 else no_b,
-               u[r] if u.shape[0] > 0 else no_f, key[r] if key.shape[0] > 0 else no_f, no_f,
-               no_i, no_f, no_i, no_b, ages, lags, counts, local_counts, q, w[r], cand, facts[r])
+               sends[r], aggregates[r], adopts[r], live_r, u_r, key_r, no_f,
+               no_i, no_f, no_i, no_b, defence, margin, kappa, no_b, no_b, versions, ev_ver,
+               ev_first, ages, lags, counts, local_counts, q, w[r], cand, facts[r])
 
 
 def _given(x):  # pragma: no cover - compiled
@@ -318,14 +359,20 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
                live: np.ndarray | None = None, scores: np.ndarray | None = None,
                slot_staleness: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                extra: np.ndarray | None = None, weights_out: np.ndarray | None = None,
-               facts_out: np.ndarray | None = None) -> RoundResult:
+               facts_out: np.ndarray | None = None, attackers: np.ndarray | None = None,
+               frozen: np.ndarray | None = None) -> RoundResult:
     """Round ``state.t`` of ``rule`` (a :class:`~sfg.rules.Rule`): weights and the next state.
 
     caps: this round's capabilities ([N] each); live: [M] bool link states or None.
     scores: [E] scores computed outside the round (model-reading rules); oracle rules get
     theirs from A here. slot_staleness: (ages, lags, counts) [E] delivered per slot and
     extra [E] bool additional candidate slots (remembered models). weights_out [E] and
-    facts_out [N, F] receive the results in place when given."""
+    facts_out [N, F] receive the results in place when given.
+
+    Attacks (:mod:`sfg.attacks`): forged claims come in as ``slot_staleness`` (what each slot
+    delivers; the senders' true state stays in ``state``); ``attackers`` [N] bool marks them for
+    the damage facts; ``frozen`` [N] bool marks senders whose model content never changes
+    (evidence of ``+guard``). The rule's defences (:mod:`sfg.defences`) run inside the round."""
     if rule.oracle:
         cand = candidate_mask(rg, caps, live)
         scores = rule.fn(rg.indptr, rg.send, cand, state.missed, **{
@@ -348,11 +395,23 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
         np.ascontiguousarray(slot_staleness[0], np.int64),
         np.ascontiguousarray(slot_staleness[1], np.float64),
         np.ascontiguousarray(slot_staleness[2], np.int64))
+    defence = rule.defence_flags
+    versions = evidence = None
+    ev_ver = ev_first = vers = _EMPTY_I
+    if defence & GUARD:
+        versions = (np.zeros(n, np.int64) if state.versions is None else state.versions.copy())
+        evidence = (np.full((2, E), -1, np.int64) if state.evidence is None
+                    else state.evidence.copy())
+        vers, ev_ver, ev_first = versions, evidence[0], evidence[1]
     kr(state.t, params, rule.self_weight, rule.ipw, rule.rounded, rg.indptr, rg.send,
        rg.edge_id, caps.train, caps.send, caps.aggregate, caps.adopt,
        _EMPTY_B if live is None else live, u, key,
        _EMPTY_F if scores is None else np.ascontiguousarray(scores, np.float64),
        s_age, s_lag, s_count, _EMPTY_B if extra is None else extra,
+       defence, rule.margin, rule.kappa,
+       _EMPTY_B if attackers is None else np.ascontiguousarray(attackers, bool),
+       _EMPTY_B if frozen is None else np.ascontiguousarray(frozen, bool),
+       vers, ev_ver, ev_first,
        ages, lags, counts, local_counts, q, w, cand, facts)
     missed = state.missed
     if missed is not None:
@@ -360,7 +419,9 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
 
         missed = advance_missed(missed, state.t, rg.indptr, rg.send, w, caps.adopt, caps.train)
     nxt = replace(state, t=state.t + 1, ages=ages, lags=lags, counts=counts,
-                  local_counts=local_counts, q_hat=q, missed=missed)
+                  local_counts=local_counts, q_hat=q, missed=missed,
+                  versions=versions if versions is not None else state.versions,
+                  evidence=evidence if evidence is not None else state.evidence)
     return RoundResult(weights=w, candidate=cand, state=nxt, facts=facts)
 
 
@@ -404,5 +465,13 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
                         **{kk: v for kk, v in rule.params.items() if kk != "c"})
         fn = given_scores
     wk = kernels(fn)[0]
+    defence = rule.defence_flags
+    if defence:  # claims clamped as in the round (no evidence history here)
+        age, raw, count = age.copy(), raw.copy(), count.copy()
+        clamp_claims(int(t), defence, rule.margin, k, age, raw, count, np.zeros(k, np.int64))
+        lag = np.rint(raw) if rule.rounded else raw
     x = Candidates(int(t), float(u), age, lag, count, local, q, deg, key, given)
-    return wk(x, params, rule.self_weight, rule.ipw, True)
+    w = wk(x, params, rule.self_weight, rule.ipw, True)
+    if defence & CAP:
+        cap_weights(w, rule.kappa)
+    return w

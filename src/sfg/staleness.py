@@ -27,6 +27,7 @@ class StalenessState:
     local_counts: [N] int64  per-client update counters that are never inherited, start at 1
     q_hat:        [E] float64 link-reception estimates per slot of the RoundGraph (self slots 1)
     missed:       [N, T] float64 or None, the missed-fraction matrix A (analysis only)
+    versions, evidence: the +guard defence's evidence (see the fields), or None
     """
 
     t: int
@@ -36,6 +37,11 @@ class StalenessState:
     local_counts: np.ndarray
     q_hat: np.ndarray
     missed: np.ndarray | None = None
+    # receiver-side evidence of the +guard defence (sfg.defences), None until first used:
+    # versions [N] int64 content versions; evidence [2, E] int64 per slot: the version last
+    # received and the round it was first seen (-1 = never)
+    versions: np.ndarray | None = None
+    evidence: np.ndarray | None = None
 
     @property
     def mean_counts(self) -> np.ndarray:

@@ -20,7 +20,14 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..errors import SfgError
 from ..spec import format_component, parse_component
@@ -88,6 +95,30 @@ class RunConfig(BaseModel):
     partition: str = "dirichlet"
     diagnostics: str = ""
     backbone_from: str | None = None
+    # forged-staleness attack (sfg.attacks), e.g. "forge:frac=0.1,claim=fresh"; None = none.
+    # Left out of the dump (and so of the run id) when None: ids of runs without attacks are
+    # those they had before the field existed.
+    attack: str | None = None
+
+    @field_validator("attack")
+    @classmethod
+    def _attack(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        from ..attacks import parse_attack
+
+        try:
+            a = parse_attack(v)
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+        return None if a is None else _canonical_component(v, "attack")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_attack(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and data.get("attack") is None:
+            data.pop("attack", None)
+        return data
 
     # ------------------------------------------------------------------ field checks
     @field_validator("rule", "process", "graph", "dataset", "model")
@@ -332,6 +363,9 @@ def _check_rule(cfg: RunConfig) -> None:
         rule = rules.parse_rule(cfg.rule)
     except SfgError as e:
         raise ConfigError("rule", str(e)) from None
+    if cfg.kind == "replay" and bool(getattr(rule, "clip", False)):
+        raise ConfigError("rule", f"rule {cfg.rule!r}: +clip reads model parameters, so it "
+                                  "cannot run in a model-free replay; use kind: train")
     if cfg.kind == "replay" and bool(getattr(rule, "reads_models", False)):
         raise ConfigError("rule", f"rule {cfg.rule!r} reads model parameters, so it cannot "
                                   "run in a model-free replay; use kind: train")

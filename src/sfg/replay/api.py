@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..attacks import Attack, parse_attack
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
@@ -55,6 +56,9 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         if ln.rule.reads_models:
             raise SfgError(f"rule {ln.rule.name!r} reads model parameters; replay covers "
                            "model-free rules only — run it with `sfg run`")
+        if ln.rule.clip:
+            raise SfgError(f"rule {str(ln.rule)!r}: +clip reads model parameters (training "
+                           "only); drop it from the replay or run it with `sfg run`")
         check(ln.available.shape[1] == ln.graph.n,
               f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     _check_engine(engine)
@@ -105,11 +109,13 @@ def replay_trace(
     progress: Callable[[int, int], None] | None = None,
     engine: str = "auto",
     threads: int | None = None,
+    attack: str | None = None,
 ) -> ReplayResult:
     """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``
-    (``engine``: see :func:`replay_batch`)."""
+    (``engine``: see :func:`replay_batch`; ``attack``: see :mod:`sfg.attacks`)."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
-    return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed)], anatomy=anatomy,
+    return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed,
+                              parse_attack(attack))], anatomy=anatomy,
                         link_failure=link_failure, horizon=horizon, exact_pairs=exact_pairs,
                         sample_pairs=sample_pairs, progress=progress, engine=engine,
                         threads=threads)[0]
@@ -141,16 +147,25 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     engine: str = "auto",
     threads: int | None = None,
+    attacks: Sequence[str | None] = (None,),
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
     Replays go to :func:`replay_batch` (which describes ``engine`` and ``threads``) in
     batches of up to ``batch_clients`` clients; results do not depend on the batching.
-    ``with_curves`` adds each replay's per-round mean age and lag under the key ``"curves"``."""
+    ``with_curves`` adds each replay's per-round mean age and lag under the key ``"curves"``.
+    ``attacks``: attack strings (:mod:`sfg.attacks`; None = no attack), one more axis; rows
+    carry ``"attack"`` when an attack is given."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")
     parsed = [parse_rule(r) for r in rules]  # validate every name before any work
+    attacks = list(attacks) or [None]
+    parsed_attacks = [parse_attack(a) for a in attacks]
+    tag_attack = any(a is not None for a in parsed_attacks)
+    if tag_attack:  # "none" next to attacks: frac=0 (the same replay, with the damage measures)
+        parsed_attacks = [Attack(frac=0.0, text="none") if a is None else a
+                          for a in parsed_attacks]
     _check_engine(engine)
     for p in processes:
         make_process(p)
@@ -159,7 +174,10 @@ def replay(
         for seed in seeds:
             g, avail = build_scenario(p, n=n, T=T, graph=graph, seed=seed)
             for r in parsed:
-                lanes.append(({"process": p, "rule": str(r), "seed": seed}, Lane(avail, g, r, seed)))
+                for a in parsed_attacks:
+                    key = {"process": p, "rule": str(r), "seed": seed,
+                           **({"attack": str(a) if a else "none"} if tag_attack else {})}
+                    lanes.append((key, Lane(avail, g, r, seed, a)))
     rows: list[dict[str, Any]] = []
     done = 0
     for batch in _batches([ln for _, ln in lanes], max_clients=batch_clients):
@@ -202,5 +220,5 @@ def replay_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] |
                        anatomy=cfg.get("anatomy", "full"),
                        link_failure=float(cfg.get("link_failure", 0.0)),
                        horizon=int(cfg.get("horizon", 50)), progress=progress,
-                       threads=1)  # the grid already runs one replay per core
+                       threads=1, attack=cfg.get("attack"))  # the grid already runs one replay per core
     return {"metrics": res.metrics, "curves": res.curves}

@@ -11,6 +11,8 @@ from functools import partial
 
 import numpy as np
 
+from ..attacks import Attack, Reach, availability, claims, place
+from ..defences import GUARD
 from ..graphs import Graph
 from ..outages.anatomy import capabilities
 from ..outages.links import link_failures
@@ -30,6 +32,7 @@ class Lane:
     graph: Graph
     rule: Rule
     seed: int
+    attack: Attack | None = None
 
 
 @dataclass
@@ -55,7 +58,12 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     T, n = ln.available.shape
     rg = RoundGraph.from_graph(ln.graph)
     E = rg.n_slots
-    caps = capabilities(np.asarray(ln.available, bool), anatomy)
+    attackers = place(ln.attack, n, np.diff(rg.indptr) - 1, seed=ln.seed)
+    attack = ln.attack if attackers.any() else None  # frac=0: exactly the no-attack replay
+    available = availability(np.asarray(ln.available, bool), attack, attackers)
+    frozen = attackers if (attack is not None and attack.model == "constant") else None
+    reach = Reach(T, n, horizon, attackers)
+    caps = capabilities(available, anatomy)
     live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
     ts, flat, sampled = pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                   sample=sample_pairs)
@@ -72,6 +80,9 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     parts = [HorizonPart(T, n, h, ts[sel], flat[sel], max_adopt) for sel in picks]
 
     state = init_state(rg, rounds=T, track_missed=ln.rule.oracle)
+    if ln.rule.defence_flags & GUARD:  # +guard's evidence, updated in place by the block path
+        state = replace(state, versions=np.zeros(n, np.int64),
+                        evidence=np.full((2, E), -1, np.int64))
     acc = Accumulator()
     R = max(1, min(T, chunk_elems // max(E, n * len(FACTS), 1)))
     wbuf = np.empty((R, E)) if weights_out is None else None
@@ -81,16 +92,23 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
         for t0 in range(0, T, R):
             t1 = min(T, t0 + R)
             w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
-            if ln.rule.compiled:
+            if ln.rule.compiled and attack is None:
                 # the same round, its rounds looped in compiled code (one call per block)
                 _rounds_block(ln.rule, rg, state, caps, live, ln.seed, t0, t1, w_blk, fbuf)
                 state = replace(state, t=t1)
             else:
                 for t in range(t0, t1):
+                    forged = None if attack is None else claims(attack, rg, state, attackers,
+                                                                seed=ln.seed)
                     state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
                                        live=None if live is None else live[t],
-                                       weights_out=w_blk[t - t0], facts_out=fbuf[t - t0]).state
+                                       weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
+                                       slot_staleness=forged,
+                                       attackers=None if attack is None else attackers,
+                                       frozen=frozen).state
             acc.add(fbuf[: t1 - t0])
+            if attack is not None:
+                reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
             if h:
                 run = partial(HorizonPart.run, t0=t0, t1=t1, rg=rg, w=w_blk,
                               adopt=caps.adopt[t0:t1], tile=tile)
@@ -106,8 +124,9 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     hk = np.empty(flat.size)
     for sel, part in zip(picks, parts, strict=True):
         hk[sel] = part.out
-    metrics, curves = acc.summary(RunEnd(np.asarray(ln.available, bool), hk, bool(sampled),
-                                         state.lags))
+    metrics, curves = acc.summary(RunEnd(available, hk, bool(sampled), state.lags,
+                                         reach=reach.value), attack=ln.attack is not None,
+                                  defence=bool(ln.rule.defence_flags))
     return ReplayResult(metrics=metrics, curves=curves)
 
 
@@ -121,9 +140,15 @@ def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: 
         u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
         for t in range(t0, t1):
             u[t - t0], key[t - t0] = rule_draws(seed, t, n, E)
+    no_i = np.zeros(0, np.int64)
+    guard = state.versions is not None
     kernels(rule.fn)[2](t0, rule.args, rule.self_weight, rule.ipw, rule.rounded, rg.indptr,
                         rg.send, rg.edge_id, caps.train[t0:t1], caps.send[t0:t1],
                         caps.aggregate[t0:t1], caps.adopt[t0:t1],
                         live[t0:t1] if live is not None else np.zeros((0, 0), bool), u, key,
+                        rule.defence_flags, rule.margin, rule.kappa,
+                        state.versions if guard else no_i,
+                        state.evidence[0] if guard else no_i,
+                        state.evidence[1] if guard else no_i,
                         state.ages, state.lags, state.counts, state.local_counts, state.q_hat,
                         w[: t1 - t0], facts[: t1 - t0])

@@ -19,7 +19,7 @@ import numpy as np
 # names of the round's per-receiver facts (kept equal to sfg.round.FACTS, tested; repeated
 # here so that the command line can build its table without importing numba)
 FACT_NAMES = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age",
-              "spread_lag", "kept", "self_weight")
+              "spread_lag", "kept", "self_weight", "attacker_weight", "honest", "clamped")
 
 
 class Facts:
@@ -33,6 +33,7 @@ class Facts:
         self.aggregation = self.adopted & (self.neighbours >= 1)  # adopted with ≥ 1 live neighbour
         self.returning = self.adopted & (self.age >= 1)
         self.return_with_neighbours = self.returning & self.aggregation
+        self.honest_aggregation = self.aggregation & (self.honest > 0)  # by a non-attacker
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class RunEnd:
     H: np.ndarray           # H of every (start, receiver) pair followed
     sampled: bool           # H on a sample of the pairs
     final_lags: np.ndarray  # [N]
+    reach: float = 0.0      # attackers' reach (sfg.attacks.Reach); 0 without attackers
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Metric:
     per: Callable[[Facts], np.ndarray] | None = None
     value: Callable[[RunEnd], float] | None = None
     curve: Callable[[Facts], np.ndarray] | None = None  # [rounds] from [rounds, N] facts
+    attack: bool = False  # a damage measure of forged claims: reported only under an attack
+    defence: bool = False  # reported only when the rule has a defence (sfg.defences)
 
 
 def _H_se(r: RunEnd) -> float:
@@ -89,22 +93,34 @@ METRICS: tuple[Metric, ...] = (
     Metric("H_se", value=_H_se),
     Metric("H_pairs", value=lambda r: float(r.H.size)),
     Metric("messages", total=lambda f: f.neighbours),
+    # damage of forged claims (sfg.attacks), over aggregations by honest receivers
+    Metric("attack_weight", "w→att", "mean weight honest receivers give attackers",
+           total=lambda f: np.where(f.honest_aggregation, f.attacker_weight, 0.0),
+           per=lambda f: f.honest_aggregation, attack=True),
+    Metric("self_cut", "self cut", "share of honest aggregations whose own model is cut (w_ii=0)",
+           total=lambda f: f.honest_aggregation & (f.self_weight == 0.0),
+           per=lambda f: f.honest_aggregation, attack=True),
+    Metric("reach", "reach", "share of honest clients whose model carries >= 10% attacker "
+           "weight at the end of each horizon window", value=lambda r: r.reach, attack=True),
+    Metric("clamped", total=lambda f: f.clamped, defence=True),
     Metric("final_mean_lag", value=lambda r: float(r.final_lags.mean())),
     Metric("mean_age", "mean age τ", curve=lambda f: f.age.mean(axis=-1)),
     Metric("mean_lag", "mean effective lag ℓ", curve=lambda f: f.lag.mean(axis=-1)),
 )
 
 
-def columns() -> list[tuple[str, str]]:
-    """(name, label) of the metrics a table shows, in order."""
-    return [(m.name, m.label) for m in METRICS if m.label and m.curve is None]
+def columns(attack: bool = False) -> list[tuple[str, str]]:
+    """(name, label) of the metrics a table shows, in order (with the damage measures of
+    forged claims when ``attack``)."""
+    return [(m.name, m.label) for m in METRICS if m.label and m.curve is None
+            and (attack or not m.attack)]
 
 
-def legend() -> str:
+def legend(attack: bool = False) -> str:
     """The table's legend; a metric without a legend shares the previous one's ("Δage/Δlag")."""
     parts: list[list[str]] = []
     for m in METRICS:
-        if not m.label or m.curve is not None:
+        if not m.label or m.curve is not None or (m.attack and not attack):
             continue
         if m.legend is None and parts:
             parts[-1][0] += f"/{m.label}"
@@ -136,10 +152,14 @@ class Accumulator:
             if m.curve is not None:
                 self.curves[m.name].append(m.curve(f))
 
-    def summary(self, end: RunEnd) -> tuple[dict[str, float], dict[str, list[Any]]]:
-        """(metrics in :data:`METRICS` order, curves with their ``round`` axis)."""
+    def summary(self, end: RunEnd, *, attack: bool = True, defence: bool = True
+                ) -> tuple[dict[str, float], dict[str, list[Any]]]:
+        """(metrics in :data:`METRICS` order, curves with their ``round`` axis); the damage
+        measures only with ``attack``, the defences' counts only with ``defence``."""
         out: dict[str, float] = {}
         for m in METRICS:
+            if (m.attack and not attack) or (m.defence and not defence):
+                continue
             if m.value is not None:
                 out[m.name] = m.value(end)
             elif m.per is not None:

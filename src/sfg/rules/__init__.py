@@ -24,6 +24,11 @@ Universal parameter and modifiers (written once, in :mod:`sfg.round`; compose wi
 * ``+ipw`` — each neighbour's score is divided by the link-reception estimate q̂_ij (§3.1).
 * ``+rounded`` — lags are rounded to integers before scoring ("rounded ties" for ``gamma=0``).
 * ``+catchup`` — a returning client runs K·(1 + min(τ_i, 3)) local steps (training only).
+
+Defences against forged staleness claims (:mod:`sfg.defences`; compose with every rule):
+``+guard`` (receiver-side evidence), ``+relative`` (robust relative claims, parameter
+``margin``), ``+cap`` (per-neighbour weight cap κ/|S_i|, parameter ``kappa``), ``+clip``
+(model-reading clipping, training only), e.g. ``sfg-cut:L=2,kappa=3+guard+cap``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from ..errors import SfgError
 from ..spec import Component, Registry, did_you_mean, parse_component
 
 RULES = Registry("rule")
-MODIFIERS = ("ipw", "rounded", "catchup")
+MODIFIERS = ("ipw", "rounded", "catchup", "guard", "relative", "cap", "clip")
 CATCHUP_CAP = 3
 
 
@@ -201,6 +206,26 @@ class Rule:
         return steps
 
     @property
+    def defence_flags(self) -> int:
+        """Bit flags of the model-free defences in the round (:mod:`sfg.defences`)."""
+        from ..defences import CLIP, DEFENCES
+
+        return sum(DEFENCES[m] for m in self.modifiers if m in DEFENCES) & ~CLIP
+
+    @property
+    def clip(self) -> bool:
+        """``+clip``: ClippedGossip-style model screening (training only)."""
+        return "clip" in self.modifiers
+
+    @property
+    def margin(self) -> float:
+        return float(self.params.get("margin", 1.0))
+
+    @property
+    def kappa(self) -> float:
+        return float(self.params.get("kappa", 2.0))
+
+    @property
     def args(self) -> tuple[float, ...]:
         """The compiled function's parameters, in signature order."""
         return tuple(float(self.params[k]) for k in _signature_params(self.fn))
@@ -245,11 +270,29 @@ def parse_rule(text: str | Component) -> Rule:
         if m not in MODIFIERS:
             raise SfgError(f"unknown rule modifier '+{m}' in {comp.text!r}"
                            f"{did_you_mean(m, MODIFIERS)}")
-    params = RULES.check_params(name, comp.params)
+    # a defence's own parameters (sfg.defences), allowed only with that defence
+    from ..defences import DEFENCE_PARAMS
+
+    rule_params = dict(comp.params)
+    defence_params: dict[str, float] = {}
+    for key, (_, owner) in DEFENCE_PARAMS.items():
+        if key in rule_params and key not in RULES.entry(name).params:
+            value = rule_params.pop(key)
+            if owner not in modifiers:
+                raise SfgError(f"rule {comp.text!r}: {key} is a parameter of the +{owner} "
+                               f"defence; add +{owner} or drop {key}")
+            lo = 1.0 if key == "kappa" else 0.0
+            Range(lo, why=f"the +{owner} defence").check(name, key, value)
+            defence_params[key] = float(value)
+    params = {**RULES.check_params(name, rule_params), **defence_params}
     ranges = getattr(RULES.entry(name), "ranges", {})
     for key, value in params.items():
         if key in ranges:
             ranges[key].check(name, key, value)
+    defences = [f"+{m}" for m in modifiers if m in ("guard", "relative", "cap", "clip")]
+    if defences and "oracle" in RULES.entry(name).tags:
+        raise SfgError(f"rule {name!r} is an oracle (global information); the defences "
+                       f"{', '.join(defences)} do not apply to it")
     if "model" in RULES.entry(name).tags:
         unsupported = [f"+{m}" for m in modifiers if m != "catchup"]
         if params.get("c", 1.0) != 1.0:

@@ -79,6 +79,7 @@ def run(
     eval_every: int | None = typer.Option(None),
     backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
     device: str | None = typer.Option(None, help="cpu, cuda, auto"),
+    attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
 ) -> None:
     """Train N personalised models under outages with one rule; print the metrics."""
@@ -90,7 +91,7 @@ def run(
         "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
         "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
         "device": device, "partition": partition, "backbone_from": backbone_from,
-        "diagnostics": diagnostics})
+        "diagnostics": diagnostics, "attack": attack})
     from ..experiments.config import run_id
     from .run import simulate
 
@@ -102,7 +103,9 @@ def run(
                             "curves": res.curves, "meta": res.meta})
         return
     m = res.metrics
-    rows = [("mean accuracy", m["acc_mean"]), ("10th percentile", m["acc_p10"]),
+    honest = ([("honest clients: mean accuracy", m["acc_honest_mean"]),
+               ("honest clients: 10th percentile", m["acc_honest_p10"])] if cfg.attack else [])
+    rows = [("mean accuracy", m["acc_mean"]), ("10th percentile", m["acc_p10"]), *honest,
             ("time-averaged accuracy", m["acc_time_avg"]),
             *((f"accuracy, availability quartile {q}", m[f"acc_q{q}"]) for q in range(1, 5)),
             ("realised unavailability", m["unavailability"]), ("messages", m["messages"]),

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..attacks import availability, claims, parse_attack, place
 from ..errors import SfgError, check
 from ..graphs import Graph, make_graph
 from ..outages import make_process
@@ -179,6 +180,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     from ..data import load_federated
     from ..models import make_model
+    from .attack_train import mix
     from .backends import make_backend
     from .model_rules import make_model_rule
     from .params import ParamSpec, init_params
@@ -195,6 +197,11 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                           alpha=float(c["alpha"]), partition=c["partition"])
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
+    # forged staleness (sfg.attacks): attackers from the attack's own stream; frac=0 is no attack
+    attack = parse_attack(c.get("attack"))
+    attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
+    attack = attack if attackers.any() else None
+    available = availability(available, attack, attackers)
     caps_all = capabilities(available, c["anatomy"])
 
     # a pretrained body for every client, the head freshly initialised (SPEC §6)
@@ -227,6 +234,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     rg = RoundGraph.from_graph(graph)
     state = init_state(rg, rounds=T, track_missed=rule.oracle)  # A only for oracle rules
+    if attack is not None and model_rule is not None and attack.forges:
+        raise SfgError(f"rule {rule.name!r} reads model parameters; forged claims apply to "
+                       "model-free rules (use claim=honest to poison models only)")
+    X0 = X.clone() if (attack is not None and attack.model == "constant") else X
+    frozen = attackers if (attack is not None and attack.model == "constant") else None
+    mixes = (attack is not None and attack.model != "none") or rule.clip
     sizes = clients.sizes
     with_replacement = int((sizes < B).sum())
 
@@ -260,9 +273,21 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
-                rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live)
-                gossip_(X, rg, rw.weights, caps.adopt,
-                        keep=head if backbone == "personal-head" else None)
+                forged = None if attack is None else claims(attack, rg, state, attackers,
+                                                            seed=seed)
+                rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live,
+                                             slot_staleness=forged,
+                                             attackers=None if attack is None else attackers,
+                                             frozen=frozen)
+                if mixes:  # an attacker's poisoned model, or +clip (sfg.sim.attack_train)
+                    X_mix = mix(X, X0, rg, rw.weights, rw.candidate, caps.adopt, attackers,
+                                attack, clip=rule.clip, seed=seed, t=t)
+                    if backbone == "personal-head":
+                        X_mix[:, head] = X[:, head]
+                    X = X_mix
+                else:
+                    gossip_(X, rg, rw.weights, caps.adopt,
+                            keep=head if backbone == "personal-head" else None)
             else:
                 X_agg, rw = model_rule.aggregate(X, rg, state, caps, live=live, seed=seed)
                 if backbone == "personal-head":
@@ -347,17 +372,19 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 progress(t + 1, T)
 
         acc = evaluate()
-    availability = available.mean(axis=0)
     metrics = {
         "acc_mean": float(acc.mean()),
         "acc_p10": float(np.percentile(acc, 10)),
         "acc_time_avg": float(np.mean(curve_mean)),
-        **_quartile_means(acc, availability),
+        **_quartile_means(acc, available.mean(axis=0)),
         "messages": float(messages),
         "scalars": float(scalars),
         "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
         "unavailability": float(1 - available.mean()),
     }
+    if c.get("attack") is not None:  # honest clients only (sfg.attacks; all clients at frac=0)
+        metrics["acc_honest_mean"] = float(acc[~attackers].mean())
+        metrics["acc_honest_p10"] = float(np.percentile(acc[~attackers], 10))
     # an availability quartile with no client (N < 4) is reported empty (NaN), not an error
     if not all(math.isfinite(v) for k, v in metrics.items()
                if k.startswith("acc") and not k.startswith("acc_q")):
