@@ -173,19 +173,24 @@ def test_node_rejects_and_counts_bad_deliveries_and_keeps_working(tmp_path):
 # ------------------------------------------------------------------ state and checkpoints
 def test_star_update_matches_spec_hand_case():
     """Receiver with neighbours 1, 2; candidates self and 2 with weights 0.25 / 0.75."""
-    star = Star(2)
+    from sfg.rules import parse_rule
+
+    star = Star(2, parse_rule("sfg-l+ipw"))  # modifiers must not touch the given weights
     s = NodeState(t=3, age=2, lag=2.5, count=4, local_count=3, q_hat=[1.0, 0.5])
-    new = star.advance(s, trained=True, adopted=True, cand=np.array([True, False, True]),
+    new = star.advance(s, available=True, cand=np.array([True, False, True]),
                        weights=np.array([0.25, 0.0, 0.75]), ages=np.array([2, 0, 1]),
-                       lags=np.array([2.5, 0.0, 1.5]), counts=np.array([4, 1, 9]))
+                       lags=np.array([2.5, 0.0, 1.5]), counts=np.array([4, 1, 9]),
+                       local_counts=np.array([3, 1, 5]))
     assert new.t == 4 and new.age == 0
     assert new.lag == pytest.approx(0.25 * 2.5 + 0.75 * 1.5)   # Σ w ℓ; training keeps it
     assert new.count == 9 + 1 and new.local_count == 4
     assert new.q_hat == pytest.approx([0.9 * 1.0 + 0.0, 0.9 * 0.5 + 0.1])
-    off = star.advance(new, trained=False, adopted=False, cand=np.zeros(3, bool),
-                       weights=np.array([1.0, 0, 0]), ages=np.zeros(3, np.int64),
-                       lags=np.zeros(3), counts=np.ones(3, np.int64))
-    assert (off.age, off.lag, off.count, off.q_hat) == (1, new.lag + 1, new.count, new.q_hat)
+    k = np.zeros(3, np.int64)
+    off = star.advance(new, available=False, cand=np.zeros(3, bool),
+                       weights=np.array([1.0, 0, 0]), ages=k, lags=np.zeros(3),
+                       counts=k + 1, local_counts=k + 1)
+    assert (off.t, off.age, off.lag, off.count, off.local_count, off.q_hat) == (
+        5, 1, new.lag + 1, new.count, new.local_count, new.q_hat)
 
 
 def test_waited_messages_age_by_whole_rounds_and_lag_by_real_periods():
@@ -207,3 +212,28 @@ def test_checkpoint_roundtrip_is_atomic_and_exact(tmp_path):
     x, s2, extra = load_checkpoint(path, LAYOUT)
     assert np.array_equal(x, flat) and s2 == st and extra == {"t0": 12.5}
     assert [p.name for p in tmp_path.iterdir()] == ["node-1.safetensors"]  # no temp left
+
+
+def test_lockstep_node_bounds_what_a_neighbour_may_queue_ahead():
+    """A lockstep neighbour is at most one shared round ahead: two pending messages per
+    sender; a third round, or one past the run, is rejected as "ahead" (bounded memory)."""
+    world = build_world(dict(n_clients=4, rounds=4, graph="ring:k=1", process="none",
+                             eval_every=4))
+
+    async def main():
+        node = Node(world, 0, NodeConfig(mode="lockstep"))
+        port = await node.start()
+        peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 26)
+        replies = []
+        for r in (0, 1, 1, 2, 9):
+            h, p = encode(world.x0, world.layout, sender=1, round=r, age=0, lag=0.0, count=1,
+                          local_count=1)
+            replies.append(await peer.deliver(h, p, timeout=5))
+        await peer.close()
+        await node.close()
+        return node, replies
+
+    node, replies = asyncio.run(asyncio.wait_for(main(), 60))
+    assert replies == [(True, ""), (True, ""), (True, ""), (False, "ahead"), (False, "ahead")]
+    assert sorted(node.inbox) == [(1, 0), (1, 1)]
+    assert node.rejections.as_dict() == {"ahead": 2}

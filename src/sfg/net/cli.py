@@ -107,7 +107,9 @@ def _print_summary(out: dict, title: str) -> None:
                       ("deliveries refused (offline)", "refused"), ("restarts", "restarts"),
                       ("wall seconds", "wall_seconds")]:
         v = m[key]
-        t.add_row(name, "–" if math.isnan(v) else (f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}"))
+        counted = key in ("messages", "bytes", "rejected", "refused", "restarts")
+        t.add_row(name, "–" if math.isnan(v) else f"{v:.0f}" if counted or abs(v) >= 100
+                  else f"{v:.1f}" if key == "wall_seconds" else f"{v:.4f}")
     console.show(t)
 
 

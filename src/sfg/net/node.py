@@ -169,7 +169,7 @@ class Node:
         self.nbrs = world.neighbours(self.i)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
-        self.star = Star(len(self.nbrs))
+        self.star = Star(len(self.nbrs), world.rule)
         self.trainer = trainer or Trainer(world, self.i)
         self.layout = world.layout
         self.x = world.x0.copy()
@@ -203,8 +203,20 @@ class Node:
         return None if d is None else Path(d) / f"node-{self.i}.safetensors"
 
     async def start(self) -> int:
-        """Start the gRPC server; returns the port."""
+        """Start the gRPC server (after warming up the compiled round and the training
+        backend, so that the round clock never waits on first-use set-up); returns the port."""
+        self.warm_up()
         return await self.server.start(self.cfg.host, self.cfg.port)
+
+    def warm_up(self) -> None:
+        """One throw-away weights call, staleness update and training step."""
+        k = self.star.deg + 1
+        self.world.rule.weights_one(ages=np.zeros(k, np.int64), t=0)
+        self.star.advance(self.state, available=True, cand=np.ones(k, bool),
+                          weights=np.full(k, 1.0 / k), ages=np.zeros(k, np.int64),
+                          lags=np.zeros(k), counts=np.ones(k, np.int64),
+                          local_counts=np.ones(k, np.int64))
+        self.trainer.train(self.x, 0, 0)
 
     def connect(self, addresses: dict[int, str]) -> None:
         """Open channels to the neighbours (``addresses``: id -> "host:port")."""
@@ -225,7 +237,7 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
     def _blocked(self, j: int, r: int) -> bool:
-        return any(p.blocks(self.i, j, r) for p in self.cfg.partitions)
+        return self._blocked_pair(self.i, j, r)
 
     def _accepting(self, sender: int, r: int) -> bool:
         if self.cfg.mode == "lockstep":
@@ -237,12 +249,17 @@ class Node:
     async def _on_deliver(self, raw_header: bytes, chunks, identity: int | None,
                           peer: str) -> tuple[bool, str]:
         try:
+            if not raw_header:  # a call cancelled before its first message, or an empty one
+                await asyncio.sleep(0.05)
+                raise Rejected("truncated", "empty stream")
             header = unpack_header(raw_header)
             check_header(header, neighbours=self.nbr_set, max_bytes=self.cfg.max_bytes,
                          identity=identity)
             if not self._accepting(header.sender, header.round):
                 self.stats.refused += 1
                 return False, "unavailable"
+            if self.cfg.mode == "lockstep":
+                self._check_ahead(header.sender, header.round)
             parts, size = [], 0
             async for c in chunks:
                 parts.append(c)
@@ -261,6 +278,17 @@ class Node:
             return False, e.reason
         self._accept(msg, len(raw_header) + msg.header.length)
         return True, ""
+
+    def _check_ahead(self, sender: int, r: int) -> None:
+        """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
+        round in which both are available without this node's message, so it is at most one
+        such round ahead — at most two of its messages (rounds >= this node's) are pending."""
+        if r >= self.world.rounds:
+            raise Rejected("ahead", f"round {r} is past the run's {self.world.rounds} rounds")
+        pending = [k for k in self.inbox if k[0] == sender and k[1] >= self.round]
+        if (sender, r) not in self.inbox and len(pending) >= 2:
+            raise Rejected("ahead", f"node {sender} already has rounds "
+                                    f"{sorted(k[1] for k in pending)} waiting here")
 
     def _accept(self, msg: Message, nbytes: int) -> None:
         h = msg.header
@@ -326,32 +354,50 @@ class Node:
         self._backlog = [t for t in self._backlog if not t.done()]
 
     # ------------------------------------------------------------------ the round
+    def _degrees(self, r: int, nodes: list[int]) -> list[int] | None:
+        """Lockstep: the live-neighbour counts of ``nodes`` at round r (the trace and graph are
+        common knowledge), for rules that read them; async: None (the rule's default)."""
+        if self.cfg.mode != "lockstep":
+            return None
+        A, out = self.world.available[r], []
+        for j in nodes:
+            nb = self.world.neighbours(j)
+            out.append(int(sum(1 for k in nb if A[k] and not self._blocked_pair(j, int(k), r))))
+        return out
+
+    def _blocked_pair(self, a: int, b: int, r: int) -> bool:
+        return any(p.blocks(a, b, r) for p in self.cfg.partitions)
+
     def _aggregate(self, r: int, senders: list[int], msgs: list[Message],
                    ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
-        """Weights with the rule's one-receiver form, the aggregate, and the star's view."""
+        """Weights with the rule's one-receiver form (:meth:`Rule.weights_one`), the
+        aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them."""
         s = self.state
         counts = [s.count] + [m.header.count for m in msgs]
         local = [s.local_count] + [m.header.local_count for m in msgs]
         q = [1.0] + [s.q_hat[self.pos[j] - 1] for j in senders]
         rule = self.world.rule
         u, keys = 0.5, None
-        if rule.random:
+        if rule.random:  # the round's own draws: stream keyed by (seed, round), global slots
             u_all, key_all = rule_draws(self.world.seed, r, self.world.n, self.world.rg.n_slots)
             seg = key_all[self.world.rg.indptr[self.i]:self.world.rg.indptr[self.i + 1]]
             u, keys = float(u_all[self.i]), seg[[0] + [self.pos[j] for j in senders]]
         w = rule.weights_one(ages=[s.age, *ages], lags=[s.lag, *lags], counts=counts,
-                             local_counts=local, q_hat=q, t=r, u=u, keys=keys)
+                             local_counts=local, q_hat=q, t=r, u=u, keys=keys,
+                             degrees=self._degrees(r, [self.i, *senders]))
         X = np.stack([self.x] + [m.params for m in msgs])
         agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
         k = self.star.deg + 1
         full = {"cand": np.zeros(k, bool), "weights": np.zeros(k), "ages": np.zeros(k, np.int64),
-                "lags": np.zeros(k), "counts": np.ones(k, np.int64)}
+                "lags": np.zeros(k), "counts": np.ones(k, np.int64),
+                "local_counts": np.ones(k, np.int64)}
         idx = [0] + [self.pos[j] for j in senders]
         full["cand"][idx] = True
         full["weights"][idx] = w
         full["ages"][idx] = [s.age, *ages]
         full["lags"][idx] = [s.lag, *lags]
         full["counts"][idx] = counts
+        full["local_counts"][idx] = local
         return agg, full
 
     def _train_round(self, r: int, agg: np.ndarray, full: dict) -> None:
@@ -360,16 +406,16 @@ class Node:
         self.stats.steps += n_steps
         self.stats.trains += 1
         self.stats.messages += int(full["cand"].sum()) - 1
-        self.state = self.star.advance(self.state, trained=True, adopted=True, **full)
+        self.state = self.star.advance(self.state, available=True, **full)
 
     def _offline_round(self) -> None:
         k = self.star.deg + 1
         w = np.zeros(k)
         w[0] = 1.0
-        self.state = self.star.advance(self.state, trained=False, adopted=False,
-                                       cand=np.zeros(k, bool), weights=w,
-                                       ages=np.zeros(k, np.int64), lags=np.zeros(k),
-                                       counts=np.ones(k, np.int64))
+        self.state = self.star.advance(self.state, available=False, cand=np.zeros(k, bool),
+                                       weights=w, ages=np.zeros(k, np.int64), lags=np.zeros(k),
+                                       counts=np.ones(k, np.int64),
+                                       local_counts=np.ones(k, np.int64))
 
     def _end_round(self, r: int, available: bool) -> None:
         T = self.world.rounds
@@ -483,6 +529,7 @@ class Node:
             setattr(self.stats, k, [tuple(e) for e in v] if k == "curve" else v)
         if extra.get("t0") is not None:
             self.t0 = float(extra["t0"])
+        self.round = self.state.t
         self.restored = {"round": self.state.t, "age": self.state.age, "lag": self.state.lag,
                          "missed": 0}
 
@@ -524,8 +571,9 @@ class Node:
                 jitter = self.cfg.jitter * P * float(
                     stream(self.world.seed, "net-jitter", self.i, r).random())
                 delay = self.t0 + r * P + jitter - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # a late node runs its due rounds back to back, but always lets the others
+                # (and its server) run in between
+                await asyncio.sleep(max(0.0, delay))
                 await self._async_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
             self.answering = True

@@ -1,20 +1,23 @@
 """One node's staleness state (SPEC §2) and its checkpoint (SPEC §11.3).
 
-The update is the simulator's own compiled round (:func:`sfg.round.play_round`), applied to the node's
-*star*: the node (index 0) and its graph neighbours in increasing id order, the slots laid out
-exactly as the node's segment of the simulator's round graph. So the scalar arithmetic (and its
-summation order) is the simulator's; only the node's own row of the result is kept.
+The update is the compiled round itself (:func:`sfg.round.play_round`, written once for the
+replay, the simulator and the one-receiver form), played on the node's *star*: the node
+(index 0) and its graph neighbours in increasing id order, the slots laid out exactly as the
+node's segment of the simulator's round graph, with the weights the node aggregated with given
+as the round's scores. Only the node's own row of the result is kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from ..outages.anatomy import Capabilities
+from ..round import play_round
 from ..rounds import RoundGraph
 from ..staleness import StalenessState
 
@@ -40,47 +43,42 @@ class NodeState:
 class Star:
     """The node's star graph and the per-round staleness update on it."""
 
-    def __init__(self, deg: int):
+    def __init__(self, deg: int, rule):
         self.deg = deg
         edges = np.stack([np.zeros(deg, np.int64), np.arange(1, deg + 1)], axis=1)
         self.rg = RoundGraph.from_edges(deg + 1, edges)
         self.seg = slice(int(self.rg.indptr[0]), int(self.rg.indptr[1]))  # self + deg slots
+        # the round normalises given scores with the rule's modifiers; the weights given here
+        # are final (from Rule.weights_one), so the round gets the rule without modifiers
+        self.rule = replace(rule, params={**rule.params, "c": 1.0}, modifiers=())
 
-    def advance(self, s: NodeState, *, trained: bool, adopted: bool, cand: np.ndarray,
-                weights: np.ndarray, ages: np.ndarray, lags: np.ndarray,
-                counts: np.ndarray) -> NodeState:
-        """The state after a round (SPEC §2), by the simulator's own compiled round.
+    def advance(self, s: NodeState, *, available: bool, cand: np.ndarray, weights: np.ndarray,
+                ages: np.ndarray, lags: np.ndarray, counts: np.ndarray,
+                local_counts: np.ndarray) -> NodeState:
+        """The state after round ``s.t`` (SPEC §2).
 
-        cand, weights, ages, lags, counts: [deg + 1] over (self, neighbours...) — the candidate
-        mask, the weights used (0 off the candidates) and the scalars each slot's model carried
-        as the rule saw them. The weights enter the round as given scores (the round's
-        normalisation leaves a row that already sums to 1 as it is), so the staleness update
-        is :func:`sfg.round.play_round`'s, not a copy of it.
+        available: the node trained, sent and aggregated this round (else it was offline).
+        cand, weights, ages, lags, counts, local_counts: [deg + 1] over (self, neighbours...) —
+        the candidate mask, the weights used (0 off the candidates) and the scalars each
+        candidate's model carried as the rule saw them (index 0: the node's own).
         """
-        from ..outages.anatomy import Capabilities
-        from ..round import play_round
-        from ..rules import parse_rule
-
         n, E = self.deg + 1, self.rg.n_slots
-        scores = np.where(self.rg.is_self, 1.0, 0.0)
-        scores[self.seg] = weights
-        slot_ages = np.zeros(E, np.int64)
-        slot_lags = np.zeros(E)
-        slot_counts = np.ones(E, np.int64)
-        slot_ages[self.seg], slot_lags[self.seg], slot_counts[self.seg] = ages, lags, counts
         q = np.ones(E)
         q[self.seg.start + 1:self.seg.stop] = s.q_hat
-        st = StalenessState(t=s.t, ages=np.full(n, s.age, np.int64),
-                            lags=np.full(n, s.lag), counts=np.full(n, s.count, np.int64),
-                            local_counts=np.full(n, s.local_count, np.int64), q_hat=q)
-        own = np.zeros(n, bool)
-        own[0] = True
-        sends = np.ones(n, bool)
-        sends[1:] = np.asarray(cand, bool)[1:]
-        caps = Capabilities(train=own & trained, send=sends, aggregate=own & adopted,
-                            adopt=own & adopted)
-        new = play_round(parse_rule("dfedavg"), self.rg, st, caps, seed=0, scores=scores,
-                         slot_staleness=(slot_ages, slot_lags, slot_counts)).state
+        st = StalenessState(t=s.t, ages=np.asarray(ages, np.int64).copy(),
+                            lags=np.asarray(lags, np.float64).copy(),
+                            counts=np.asarray(counts, np.int64).copy(),
+                            local_counts=np.asarray(local_counts, np.int64).copy(), q_hat=q)
+        st.ages[0], st.lags[0], st.counts[0], st.local_counts[0] = (s.age, s.lag, s.count,
+                                                                    s.local_count)
+        me = np.zeros(n, bool)
+        me[0] = available
+        sends = np.asarray(cand, bool).copy()
+        sends[0] = available
+        scores = np.zeros(E)
+        scores[self.seg] = weights
+        caps = Capabilities(train=me, send=sends, aggregate=me, adopt=me)
+        new = play_round(self.rule, self.rg, st, caps, seed=0, scores=scores).state
         return NodeState(t=int(new.t), age=int(new.ages[0]), lag=float(new.lags[0]),
                          count=int(new.counts[0]), local_count=int(new.local_counts[0]),
                          q_hat=[float(v) for v in new.q_hat[self.seg.start + 1:self.seg.stop]])

@@ -297,9 +297,17 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
                 restarts += 1
                 resume = True
                 continue
+            live_pids.pop(slot, None)
             if proc.returncode != 0:
                 lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+                first_error = not errors
                 errors.append(lines[-1] if lines else f"worker exited with {proc.returncode}")
+                if first_error:  # fail fast: the others would only wait for its nodes
+                    for pid in list(live_pids.values()):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
             return
 
     start = time.perf_counter()

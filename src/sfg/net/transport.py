@@ -190,9 +190,10 @@ class Peer:
         reason, or a transport status such as ``"UNAVAILABLE"`` after the retries."""
         status = ""
         for attempt in range(retries + 1):
-            def requests():
+            async def requests():
                 yield header
-                yield from chunks(payload)
+                for c in chunks(payload):
+                    yield c
 
             try:
                 reply = await self._deliver(requests(), timeout=timeout)

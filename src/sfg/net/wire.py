@@ -36,7 +36,7 @@ log = logging.getLogger("sfg.net")
 
 REASONS = ("garbage", "truncated", "version", "header", "non-neighbour", "identity",
            "oversize", "digest", "names", "shape", "dtype", "non-finite", "staleness",
-           "partitioned", "unavailable")
+           "ahead")
 
 
 class Rejected(Exception):

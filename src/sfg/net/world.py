@@ -20,8 +20,8 @@ from ..graphs import Graph, make_graph
 from ..outages import make_process
 from ..rng import stream
 from ..rounds import RoundGraph
-from ..rules import Rule, parse_rule
-from ..sim.run import CATCHUP_CAP, minibatch_indices, resolve_config
+from ..rules import CATCHUP_CAP, Rule, parse_rule
+from ..sim.run import minibatch_indices, resolve_config
 from .wire import Layout
 
 # Settings of `sfg run` a swarm does not implement (it would silently differ otherwise).
@@ -149,9 +149,8 @@ class Trainer:
 
     def steps(self, age: int) -> int:
         """Local steps this round: K, or K·(1 + min(τ, 3)) for a returning client with +catchup."""
-        if self.world.rule.catchup and age >= 1:
-            return self.K * (1 + min(int(age), CATCHUP_CAP))
-        return self.K
+        return int(self.world.rule.local_steps(self.K, np.ones(1, bool),
+                                               np.array([int(age)], np.int64))[0])
 
     def batches(self, t: int, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """xs [1, steps, B, ...], ys [1, steps, B]: this client's minibatches of round t."""
