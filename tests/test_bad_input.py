@@ -79,6 +79,8 @@ BAD_RULES = [
     ("sfg-l:gamma=-1", "gamma"),
     ("dfedavg:c=-2", "c"),
     ("aoi+ipw+ipw", "modifier '\\+ipw' twice"),
+    ("oracle-gls:kappa=99999999999999999999999", "kappa=.* must lie in \\[0, 1e\\+06\\]"),
+    ("oracle-qp:kappa=1e400", "kappa=inf must lie in"),
 ]
 BAD_PROCESSES = [
     ("bursty:u=2", "u"),
@@ -86,6 +88,7 @@ BAD_PROCESSES = [
     ("iid:u=-0.1", "u"),
     ("iid:u=nan", "u"),
     ("bursty:u=0.8,mean_off=0", "mean_off"),
+    ("heterogeneous:u=0.5,mean_off=99999999999999999999999", "mean_off=1e\\+23 must be at most"),
     ("nope:u=1", "unknown outage process"),
     ("bursty:u=0.8+x", "modifiers"),
     ("flash", "needs a file"),
@@ -152,6 +155,18 @@ FLAG_CASES += [
          "--rule is given twice"),
     Case("flag-repeated-grid", lambda f: ["grid", "status", "--store", "a", "--store", "b"],
          "--store is given twice"),
+]
+
+SIM = ["run", "--clients", "8", "--graph", "ring:k=1", "--rounds", "2", "--eval-every", "1",
+       "--process", "none", "--json"]
+FLAG_CASES += [
+    Case("flag-batch-huge", fixed(*SIM, "--batch-size", "1000000000"),
+         "minibatch draws .* over the limit.*lower --batch-size", limit_gib=3),
+    Case("flag-steps-huge", fixed(*SIM, "--local-steps", "100000000"),
+         "minibatch draws .* over the limit.*--local-steps", limit_gib=3),
+    Case("flag-lr-float32", fixed(*SIM, "--lr", "1e308"), "lr=1e\\+308 does not fit the float32"),
+    Case("flag-wd-float32", fixed(*SIM, "--weight-decay", "1e300"), "weight_decay .* float32"),
+    Case("flag-run-clients-1", fixed(*SIM[:1], "--clients", "1", *SIM[3:]), "n_clients"),
 ]
 
 # ------------------------------------------------------------------------------ FLASH traces
@@ -221,6 +236,8 @@ STUNNER_CASES = cases_for("stunner", [(_stun(line), m) for line, m in STUNNER_LI
     (_stun("\n\n  \n"), "no session lines"),
     (_stun(GOOD_STUNNER, "--variant", "weekly"), "unknown STUNner variant"),
     (_stun(GOOD_STUNNER, "--rounds", "-1"), "rounds"),
+    (_stun(GOOD_STUNNER, "--round-minutes", "1e400"), "round_minutes must be a positive whole"),
+    (_stun(GOOD_STUNNER, "--round-minutes", "nan"), "round_minutes must be a positive whole"),
     (_stun(GOOD_STUNNER, "--min-availability", "2"), "min_availability"),
     (lambda f: traces("stunner", f), "is a directory|not a file"),
     (_stun(GOOD_STUNNER, "--rounds", "100000000000"), "STUNner window.*over the limit",
@@ -266,6 +283,7 @@ TABULAR_CASES = cases_for("tabular", [
     (_csv("device,round,available\nx,1,1\n", "--rounds", "1000000000000"), "over the limit",
      {"limit_gib": 1.5}),
     (_csv("device,start,end\nx,0,10\n", "--round-minutes", "0"), "round_minutes"),
+    (_csv("device,start,end\nx,0,10\n", "--round-minutes", "inf"), "positive finite number"),
     (_csv("device,start,end\nx,0,10\n", "--round-minutes", "0.000000001"), "over the limit",
      {"limit_gib": 1.5}),
     (_csv("device,start,end\nx,0,10\n", "--min-availability", "-1"), "min_availability"),
@@ -311,6 +329,13 @@ PROCESS_FILE_CASES = cases_for("trace-process", [
     (lambda f: [*REPLAY, "--rule", "sfg", "--process",
                 f"flash:path={write(f, 'f.json', flash_json({'a': GOOD_FLASH_MSG}))},rounds=10,"
                 "rounds=20"], "'rounds' twice"),
+    (lambda f: [*REPLAY, "--rule", "sfg", "--process",
+                f"flash:path={write(f, 'f.json', flash_json({'a': GOOD_FLASH_MSG}))},"
+                "rounds=99999999999999999999999"], "FLASH window .* over the limit"),
+    (lambda f: [*REPLAY, "--rule", "sfg", "--process",
+                f"trace:path={write(f, 's.txt', GOOD_STUNNER)}"],
+     r"no 'device' column \(columns: u1 1 1614556800000 0 3600000 3600000 3600, \.\.\.\)|"
+     r"no 'device' column \(columns: .{1,40}\)"),
 ])
 
 

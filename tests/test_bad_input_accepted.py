@@ -243,3 +243,29 @@ def test_an_archive_member_over_the_limit_is_refused_before_reading(tmp_path, mo
         files.tar_file_names(p)
     with pytest.raises(SfgError, match="per-member limit"):
         list(files.iter_tar_files(p, lambda n: True))
+
+
+# ------------------------------------------------------------------------------ STUNner time
+def test_never_online_decade_long_users_cost_no_window_each(tmp_path):
+    """400 users offline for ten years each: 1.5 million candidate windows, none built."""
+    from badinput import _alarm
+
+    from sfg.traces.stunner import load_stunner
+
+    p = tmp_path / "s.txt"
+    p.write_text("".join(f"u{i} 0 0 0 315360000000\n" for i in range(400)))
+    with _alarm(60):  # a hang guard: the windows used to be built one by one (~2 min here)
+        trace = load_stunner(p)
+    assert trace.n_devices == 0 and trace.meta["devices_low_availability"] == 400
+
+
+def test_the_first_qualifying_window_after_a_long_offline_spell_is_found(tmp_path):
+    from sfg.traces.stunner import load_stunner
+
+    day = 86_400_000
+    # 40 days offline, then online for 3 days; 10-minute variant: 300 rounds = 50 h
+    p = tmp_path / "s.txt"
+    p.write_text(f"u1 0 0 0 {40 * day} {3 * day}\n")
+    trace = load_stunner(p, min_availability=0.9)
+    assert trace.devices == ["u1"] and trace.start == ["1970-02-10T00:00"]  # day 40
+    assert trace.available.all()

@@ -66,10 +66,12 @@ def test_a_failure_inside_the_write_leaves_nothing(tmp_path):
         with pytest.raises(SfgError, match="injected failure"):
             s.finish(RID, worker, result, seconds=1.0)
         s._con.execute("DROP TRIGGER temp.boom")
+        # an hour passes: the failed worker (this process, still alive) lets its lease lapse
+        s._con.execute("UPDATE runs SET heartbeat = heartbeat - 3600 WHERE run_id = ?", (RID,))
     row = _row(path)
     assert row == {"status": "running", "metrics": {}, "curves": {}}
-    # resuming the grid redoes the run (its worker, this process, is alive: reclaim by lease)
-    summary = run_grid([CFG], path, workers=1, lease=0.01, show_progress=False)
+    # resuming the grid reclaims the run whose lease lapsed and redoes it completely
+    summary = run_grid([CFG], path, workers=1, show_progress=False)
     assert summary.done == 1 and summary.failed == 0
     _assert_complete(path, result)
 

@@ -26,11 +26,8 @@ bytes. The defaults let several sfg processes run side by side on a 24 GiB machi
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -295,25 +292,7 @@ def _check_json_size(data: Any, source: str, what: str) -> None:
             stack.extend(v)
 
 
-# ------------------------------------------------------------------------------ misc
-def finite(value: float, what: str) -> float:
-    """``value`` when it is a finite float, else SfgError."""
-    if not math.isfinite(value):
-        raise SfgError(f"{what} must be a finite number, got {value!r}")
-    return value
-
-
-@contextmanager
-def sqlite_errors(path: str | os.PathLike, *, action: str = "read") -> Iterator[None]:
-    """Turn SQLite failures on a store into one-line errors (damaged, read-only, locked...)."""
-    import sqlite3
-
-    try:
-        yield
-    except sqlite3.DatabaseError as e:
-        raise SfgError(sqlite_message(path, e, action)) from None
-
-
+# ------------------------------------------------------------------------------ stores
 def sqlite_message(path: str | os.PathLike, e: Exception, action: str = "read") -> str:
     text = " ".join(str(e).split())
     low = text.lower()
@@ -328,33 +307,7 @@ def sqlite_message(path: str | os.PathLike, e: Exception, action: str = "read") 
     return f"cannot {action} results store {path}: {text}"
 
 
-# ------------------------------------------------------------------------------ settings
-def check_settings(data: dict, source: str, *, what: str = "config file") -> dict:
-    """Check each setting's name and type against :class:`sfg.experiments.config.RunConfig`.
-
-    Values are checked one by one (strictly: ``rounds: "300"`` is refused), without the
-    checks that combine several settings, which the run itself makes once flags are merged.
-    """
-    from pydantic import TypeAdapter, ValidationError
-
-    from .experiments.config import RunConfig
-    from .spec import did_you_mean
-
-    fields = RunConfig.model_fields
-    for key, value in data.items():
-        if key not in fields:
-            raise SfgError(f"{what} {source}: unknown setting {key!r}"
-                           f"{did_you_mean(str(key), fields)}")
-        try:
-            TypeAdapter(fields[key].annotation).validate_python(value, strict=True)
-        except ValidationError:
-            expected = getattr(fields[key].annotation, "__name__", None) or str(
-                fields[key].annotation).replace("typing.", "")
-            raise SfgError(f"{what} {source}: setting {key!r} must be {expected}, got "
-                           f"{value!r} ({type(value).__name__})"[:300]) from None
-    return data
-
-
+# ------------------------------------------------------------------------------ options
 def check_repeated_options(command: Any, args: list[str]) -> None:
     """Refuse a single-valued option given twice (``--engine compiled --engine numpy``).
 

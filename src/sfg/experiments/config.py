@@ -36,6 +36,7 @@ Kind = Literal["train", "replay", "selftest"]
 Backbone = Literal["full", "personal-head", "dfedavgm", "ditto"]
 Anatomy = Literal["full", "cannot-communicate", "cannot-train-shares", "cannot-train-adopts"]
 
+_FLOAT32_MAX = 3.4028234663852886e38
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -189,13 +190,17 @@ class RunConfig(BaseModel):
         if not v > 0 or v != v or v == float("inf"):
             what = {"lr": "learning rate lr", "alpha": "Dirichlet concentration alpha"}
             raise ValueError(f"{what[info.field_name]} must be a finite number > 0 (got {v})")
+        if info.field_name == "lr" and v > _FLOAT32_MAX:
+            raise ValueError(f"learning rate lr={v} does not fit the float32 models train in "
+                             "(at most 3.4e38)")
         return v
 
     @field_validator("weight_decay", "ditto_lambda")
     @classmethod
     def _nonneg(cls, v: float, info) -> float:
-        if not 0 <= v < float("inf"):
-            raise ValueError(f"{info.field_name} must be a finite number >= 0 (got {v})")
+        if not 0 <= v <= _FLOAT32_MAX:
+            raise ValueError(f"{info.field_name} must be a finite number >= 0 that fits the "
+                             f"float32 models train in (got {v})")
         return v
 
     @field_validator("momentum")

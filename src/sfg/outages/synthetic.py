@@ -85,6 +85,10 @@ def _check_mean_off(kind: str, mean_off: object) -> float:
     mean_off = float(mean_off)
     check(np.isfinite(mean_off) and mean_off >= 1,
           f"{kind}: mean outage length mean_off={mean_off} must be at least 1 round")
+    # beyond ~1e9 rounds the chain's per-round return probability 1/mean_off is lost in
+    # rounding (1 - 1/mean_off == 1) and its calibration divides by zero
+    check(mean_off <= 1e9, f"{kind}: mean outage length mean_off={mean_off:g} must be at most "
+                           "1e9 rounds (longer than any run)")
     return mean_off
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import NonNegative, register_rule
+from . import Range, register_rule
+
+# past ~1e6 the identity in I + kappa*G is lost to rounding and Σ' can be numerically singular
+KAPPA = Range(0.0, 1e6, "larger values make I + kappa*G numerically singular")
 
 
 def _padded(indptr: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -83,9 +86,9 @@ def oracle_qp(indptr, send, cand, missed, *, kappa: float) -> np.ndarray:
 
 
 register_rule("oracle-gls", oracle_gls, params={"kappa": 1.0}, tags=("oracle",),
-              ranges={"kappa": NonNegative}, doc=oracle_gls.__doc__.split("\n")[0])
+              ranges={"kappa": KAPPA}, doc=oracle_gls.__doc__.split("\n")[0])
 register_rule("oracle-qp", oracle_qp, params={"kappa": 1.0}, tags=("oracle",),
-              ranges={"kappa": NonNegative}, doc=oracle_qp.__doc__.split("\n")[0])
+              ranges={"kappa": KAPPA}, doc=oracle_qp.__doc__.split("\n")[0])
 
 
 def advance_missed(missed: np.ndarray, t: int, indptr: np.ndarray, send: np.ndarray,

@@ -42,6 +42,7 @@ from ..rng import stream
 from ..round import RoundResult, caps_at, play_round
 from ..rounds import RoundGraph
 from ..rules import CATCHUP_CAP, Rule, parse_rule
+from ..safety import check_cells
 from ..staleness import StalenessState, init_state
 from .gossip import gossip_
 
@@ -72,9 +73,14 @@ def minibatch_indices(sizes: np.ndarray, steps: int, batch: int, *, seed: int, s
     Keyed by (seed, stream_name, t) only. Distinct examples within a batch when the client has
     at least ``batch`` examples (the ``batch`` smallest of uniform keys), else with replacement.
     """
-    g = stream(seed, stream_name, t)
     n = sizes.shape[0]
     maxn = int(sizes.max())
+    # uniform draws and int64 picks for [N, steps, batch], keys and their sort for the clients
+    # with enough examples [N, steps, maxn]: checked before anything is drawn
+    check_cells(n * steps, 16 * batch + 24 * maxn, 1, "a round's minibatch draws",
+                rows_name="client-steps", cols_name="bytes each",
+                fix="lower --batch-size or --local-steps")
+    g = stream(seed, stream_name, t)
     u = g.random((n, steps, batch))
     out = np.minimum((u * sizes[:, None, None]).astype(np.int64), sizes[:, None, None] - 1)
     big = sizes >= batch

@@ -114,7 +114,7 @@ def whole_minutes(round_minutes: float, what: str) -> int:
         value = float(round_minutes)
     except (TypeError, ValueError):
         raise SfgError(f"{what} must be a number of minutes, got {round_minutes!r}") from None
-    if not value > 0 or value != int(value):
+    if not 0 < value < float("inf") or value != int(value):
         raise SfgError(f"{what} must be a positive whole number of minutes, got {round_minutes!r}")
     return int(value)
 

@@ -321,6 +321,9 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
     rm = whole_minutes(round_minutes, "round_minutes")
     min_av = fraction(min_availability, "min_availability")
     W = rounds * rm
+    # the window of one device first: W is used in int64 arithmetic below
+    check_cells(W, 1, 9, f"the FLASH window ({rounds} rounds of {rm} min)", rows_name="minutes",
+                fix="lower rounds= or round_minutes=")
     rule_flat = states.rule(rule, screen)
     D = len(states.devices)
     n_empty = states.devices_without_events

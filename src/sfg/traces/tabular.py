@@ -180,8 +180,9 @@ def _minutes(path: Path, values: list[str], lines: list[int], where: str,
 def _need(path: Path, cols: dict[str, list[str]], names: tuple[str, ...]) -> None:
     for n in names:
         if n not in cols:
+            shown = ", ".join(c[:40] for c in list(cols)[:8]) + (", ..." if len(cols) > 8 else "")
             raise SfgError(
-                f"trace file {path} has no {n!r} column (columns: {', '.join(cols) or 'none'}); "
+                f"trace file {path} has no {n!r} column (columns: {shown or 'none'}); "
                 "expected device,start,end[,available] or device,round,available"
             )
 
@@ -315,8 +316,8 @@ def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | N
         L = float(round_minutes)
     except (TypeError, ValueError):
         raise SfgError(f"round_minutes must be a positive number, got {round_minutes!r}") from None
-    if not L > 0:
-        raise SfgError(f"round_minutes must be a positive number, got {round_minutes!r}")
+    if not 0 < L < float("inf"):
+        raise SfgError(f"round_minutes must be a positive finite number, got {round_minutes!r}")
     if rounds is not None and rounds != 0:
         rounds = positive_int(rounds, "rounds")
     else:
