@@ -9,8 +9,8 @@
 2. **Per useful client-step.** In this process: the simulator's time divided by the local
    steps actually taken by available clients (``meta.client_steps``), next to a plain
    per-client loop (an ``nn.Module`` and a ``torch.optim.SGD`` per client, one minibatch per
-   step) on the same MLP, batch and number of clients, and next to the batched backend's
-   ``train`` alone on the same minibatches.
+   step, one intra-op thread) on the same MLP, batch and number of clients (20, as trains in
+   a round), and next to the batched backend's ``train`` alone on the same minibatches.
 3. **Profile.** One default run under ``cProfile`` with CPU time as the clock and
    ``backend=batched:workers=1`` (so that all the work runs on the profiled thread), split
    into phases: local training, gossip, weights and staleness, minibatches, evaluation,
@@ -66,9 +66,10 @@ def whole_process(src: str) -> dict[str, float]:
             "acc": float(res["metrics"]["acc_mean"])}
 
 
-def plain_sgd_step_time(n: int, K: int, B: int, repeats: int) -> float:
-    """Seconds per client-step of a plain per-client loop: ``load_flat`` into one module,
-    a fresh ``torch.optim.SGD``, K steps of zero_grad / backward / step."""
+def plain_sgd_step_time(n: int, K: int, B: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds per client-step, best of ``repeats``, of a plain per-client loop
+    (``load_flat`` into one module, a fresh ``torch.optim.SGD``, K steps of zero_grad /
+    backward / step) and of the batched backend's ``train`` on the same minibatches."""
     factory = lambda: make_model("mlp", input_shape=(1, 8, 8), num_classes=10)  # noqa: E731
     model = factory()
     params = init_params(factory, n, seed=0)
@@ -90,23 +91,28 @@ def plain_sgd_step_time(n: int, K: int, B: int, repeats: int) -> float:
     def batched():
         backend.train(params, xs, ys, lr=0.05, weight_decay=5e-4)
 
-    best = {"plain": float("inf"), "batched": float("inf")}
-    loop()
-    batched()
-    for _ in range(repeats):  # interleaved, best of
-        for name, fn in (("plain", loop), ("batched", batched)):
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best["plain"] / (n * K), best["batched"] / (n * K)
+    best = {"plain": (float("inf"),) * 2, "batched": (float("inf"),) * 2}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny kernels: extra intra-op threads only stall (as in the loop)
+    try:
+        loop()
+        batched()
+        for _ in range(repeats):  # interleaved, best of
+            for name, fn in (("plain", loop), ("batched", batched)):
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn()
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    finally:
+        torch.set_num_threads(threads)
+    return {k: (v[0] / (n * K), v[1] / (n * K)) for k, v in best.items()}
 
 
 PHASES = [  # (label, [(file suffix, function name)]) -- cumulative CPU time of these calls
     ("local training", [("sim/backends.py", "train")]),
     ("gossip (mixing the store)", [("sim/gossip.py", "gossip_"),
                                    ("sim/model_rules.py", "aggregate")]),
-    ("weights and staleness", [("engine.py", "round_weights"), ("engine.py", "advance"),
-                               ("round.py", "round_weights"), ("round.py", "advance")]),
+    ("weights and staleness (the compiled round)", [("round.py", "play_round")]),
     ("minibatches (draw, gather)", [("sim/run.py", "minibatch_indices"),
                                     ("sim/run.py", "gather")]),
     ("evaluation", [("sim/run.py", "evaluate")]),
@@ -161,24 +167,30 @@ def main() -> None:
               f"{statistics.median(r['cpu'] for r in runs['before']) / statistics.median(r['cpu'] for r in runs['now']):.1f}×")
     print(f"   load average {load()}\n")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = simulate({})
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = int(res.meta["client_steps"])
-    plain, batched = plain_sgd_step_time(20, 10, 32, repeats=3)
-    per = wall / steps
-    print(f"2. per useful client-step ({steps:,} local steps taken by available clients):")
-    print(f"   simulator, everything included     {per * 1e6:8.1f} µs   ({wall:.2f} s in-process)")
-    print(f"   batched backend train() alone      {batched * 1e6:8.1f} µs   (20 clients × 10 steps)")
-    print(f"   plain per-client torch.optim.SGD   {plain * 1e6:8.1f} µs   "
-          f"(simulator {plain / per:.1f}× faster per useful step)")
+    ref = plain_sgd_step_time(20, 10, 32, repeats=5)
+    sim = (wall / steps, cpu / steps)
+    print(f"2. per useful client-step ({steps:,} local steps taken by available clients), "
+          "wall / CPU:")
+    print(f"   simulator, everything included     {sim[0] * 1e6:7.1f} / {sim[1] * 1e6:6.1f} µs"
+          f"   ({wall:.2f} s / {cpu:.2f} s in-process, default backend)")
+    print(f"   batched backend train() alone      {ref['batched'][0] * 1e6:7.1f} / "
+          f"{ref['batched'][1] * 1e6:6.1f} µs   (20 clients × 10 steps, best of 5)")
+    print(f"   plain per-client torch.optim.SGD   {ref['plain'][0] * 1e6:7.1f} / "
+          f"{ref['plain'][1] * 1e6:6.1f} µs   (best of 5)")
+    print(f"   plain / simulator: {ref['plain'][0] / sim[0]:.1f}× (wall), "
+          f"{ref['plain'][1] / sim[1]:.1f}× (CPU); plain / train(): "
+          f"{ref['plain'][1] / ref['batched'][1]:.1f}× (CPU)")
     print(f"   load average {load()}\n")
 
     if not args.no_profile:
         total, rows = profile_breakdown()
         print(f"3. profile of one run (CPU time, batched:workers=1, under cProfile): {total:.2f} s")
         for label, t in rows:
-            print(f"   {label:<38} {t:6.2f} s  {100 * t / total:5.1f} %")
+            print(f"   {label:<44} {t:6.2f} s  {100 * t / total:5.1f} %")
         print(f"   load average {load()}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from sfg.graphs import Graph
 from sfg.outages.anatomy import capabilities
@@ -202,13 +203,14 @@ def replay_reference(available: np.ndarray, graph: Graph, rule: Rule | str, *, s
 
     H = []
     starts = range(0, T - horizon + 1) if horizon > 0 else range(0)
-    for t in starts:
-        P = np.eye(N)
-        acc = np.ones(N)
-        for s in range(t + 1, t + horizon):
-            P = mixing[s] @ P
-            acc += np.diag(P)
-        H.extend(acc[caps.adopt[t]].tolist())
+    with threadpool_limits(limits=1, user_api="blas"):  # small products: one BLAS thread is fastest
+        for t in starts:
+            P = np.eye(N)
+            acc = np.ones(N)
+            for s in range(t + 1, t + horizon):
+                P = mixing[s] @ P
+                acc += np.diag(P)
+            H.extend(acc[caps.adopt[t]].tolist())
 
     def ratio(a, b):
         return float(a / b) if b else float("nan")

@@ -67,6 +67,21 @@ def test_round_equals_reference_weight_by_weight(rule, anatomy, link):
         assert _close(got.metrics[key], value), (key, got.metrics[key], value)
 
 
+def _with(rule: str, modifier: str) -> str:
+    if modifier == "c":
+        return f"{rule}:c=0.5"
+    return f"{rule}+{modifier}"
+
+
+@pytest.mark.parametrize("modifier", ["ipw", "rounded", "c"])
+@pytest.mark.parametrize("rule", COMPILED)
+def test_every_rule_with_every_modifier_equals_reference(rule, modifier):
+    """Each modifier composes with each rule (the round applies it, the reference separately)."""
+    if modifier == "c" and parse_rule(rule).entry.own_c:
+        rule, modifier = f"{rule}:c=0.3", "ipw"  # its own c, with +ipw on top
+    test_round_equals_reference_weight_by_weight(_with(rule, modifier), "full", 0.3)
+
+
 def test_reference_comparison_can_fail(monkeypatch):
     """A misread rule (dfl-aa's minimum over all candidates instead of live neighbours) is
     caught by the weight-by-weight comparison."""

@@ -86,11 +86,11 @@ def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
     x = Candidates(5, 0.5, np.zeros(k, np.int64), np.zeros(k), np.ones(k, np.int64),
                    np.ones(k, np.int64), np.ones(k), np.ones(k, np.int64), np.zeros(k),
                    np.array(scores, float))
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, True), [1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, True, np.empty(3)), [1.0, 0.0, 0.0])
     x = x._replace(given=np.array([np.nan, 2.0, 6.0]))
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, True), [0.0, 0.25, 0.75])
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, True, np.empty(3)), [0.0, 0.25, 0.75])
     # a receiver that does not adopt keeps its own model whatever the scores
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, False), [1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(wk(x, (), 1.0, False, False, np.empty(3)), [1.0, 0.0, 0.0])
 
 
 @settings(max_examples=150, deadline=None)

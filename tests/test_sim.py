@@ -204,3 +204,33 @@ def test_batch_larger_than_client_data_samples_with_replacement():
     res = run(process="none", rule="dfedavg", batch_size=64)
     assert 0 < (sizes < 64).sum() == res.meta["with_replacement_clients"]
     assert np.isfinite(res.metrics["acc_mean"])
+
+
+def test_gossip_mixes_adopter_rows_in_place_and_keeps_the_rest():
+    from sfg.rounds import RoundGraph
+    from sfg.sim.gossip import gossip, gossip_
+
+    # path 0 - 1 - 2 - 3; slots by receiver: self first, then neighbours
+    rg = RoundGraph.from_edges(4, np.array([[0, 1], [1, 2], [2, 3]]))
+    w = np.zeros(rg.n_slots)
+    W = np.zeros((4, 4))
+    for i in range(4):
+        sl = np.arange(rg.indptr[i], rg.indptr[i + 1])
+        w[sl] = np.arange(1, sl.size + 1) / np.arange(1, sl.size + 1).sum()
+        for s in sl:
+            W[i, rg.send[s]] += w[s]
+    X = torch.arange(12, dtype=torch.float32).reshape(4, 3) ** 1.5
+    rows = np.array([False, True, True, False])
+    want = X.clone()
+    want[1:3] = torch.from_numpy(W[1:3]).float() @ X
+    out = gossip(X, rg, w, rows)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(out[[0, 3]], X[[0, 3]])
+    Y = X.clone()
+    assert gossip_(Y, rg, w, rows) is Y
+    torch.testing.assert_close(Y, want)
+    keep = torch.tensor([False, True, False])
+    Z = X.clone()
+    gossip_(Z, rg, w, rows, keep=keep)
+    assert torch.equal(Z[:, 1], X[:, 1])
+    torch.testing.assert_close(Z[:, [0, 2]], want[:, [0, 2]])

@@ -21,6 +21,8 @@ Parameters: two deliberate changes alter their last bits, nothing else does.
    per step; ``tests/test_backends.py`` checks it against autograd and torch.optim.SGD).
 3. Plain SGD steps of the batched MLP apply each weight's step in the ``baddbmm_`` that
    computes its gradient (``chain_sgd_step_``): the same sum, rounded differently.
+4. The gossip is one sparse CSR product at every size (it was a dense BLAS product below
+   129 clients): the same weighted sums, in another order.
 
 So the per-client sums and sums of squares of the parameters must agree with the recording to
 a relative 1e-6 (measured ≤ 2e-7), 1e-3 for the catch-up run of the loop backend (measured

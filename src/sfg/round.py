@@ -59,14 +59,14 @@ _EMPTY_B = np.zeros(0, bool)
 
 
 # ----------------------------------------------------------------------------- compiled parts
-def _weights(x, params, c_self, ipw, adopt):  # pragma: no cover - compiled per rule
-    """One receiver's weights [k]: the rule's scores, the modifiers (base self-weight c on the
-    receiver, +ipw on neighbours), non-finite or negative scores → 0, then the shared
-    normalisation (SPEC §1); an all-zero row, or a receiver that does not adopt, keeps its
-    own model (w_ii = 1). ``rule`` is bound per rule by :func:`kernels`."""
+def _weights(x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled per rule
+    """One receiver's weights, written to ``w`` [k] and returned: the rule's scores, the
+    modifiers (base self-weight c on the receiver, +ipw on neighbours), non-finite or negative
+    scores → 0, then the shared normalisation (SPEC §1); an all-zero row, or a receiver that
+    does not adopt, keeps its own model (w_ii = 1). ``rule`` is bound per rule by
+    :func:`kernels`."""
     h = rule(x, *params)  # noqa: F821
     k = x.age.shape[0]
-    w = np.empty(k)
     row = 0.0
     for d in range(k):
         v = h[d]
@@ -127,6 +127,7 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
     b_deg = np.empty(kmax, np.int64)
     b_key = np.zeros(kmax)
     b_given = np.ones(kmax)
+    b_w = np.empty(kmax)
     b_min_age = np.zeros(kmax, np.int64)
     guard = (defence & GUARD) != 0
     use_att = attackers.shape[0] > 0
@@ -198,7 +199,7 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
                 b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
         x = Candidates(t, u[i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                        b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
-        wk = receiver_weights(x, params, c_self, ipw, adopts[i])  # noqa: F821
+        wk = receiver_weights(x, params, c_self, ipw, adopts[i], b_w[:k])  # noqa: F821
         if (defence & CAP) != 0 and adopts[i]:
             cap_weights(wk, kappa)
         # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
@@ -289,13 +290,13 @@ given_scores = njit(cache=True)(_given)
 _KERNELS: dict[object, tuple] = {}
 
 
-def _specialise(fn, tag: str, **bind):
+def _specialise(fn, tag: str, inline: str = "never", **bind):
     g = dict(fn.__globals__)
     g.update(bind)
     f = types.FunctionType(fn.__code__, g, f"{fn.__name__}__{tag}")
     f.__qualname__ = f.__name__
     f.__doc__ = fn.__doc__
-    return njit(cache=True, nogil=True)(f)
+    return njit(cache=True, nogil=True, inline=inline)(f)
 
 
 def kernels(fn) -> tuple:
@@ -303,16 +304,21 @@ def kernels(fn) -> tuple:
     there), made once per process."""
     got = _KERNELS.get(fn)
     if got is None:
+        from .jit import materialise
+
         py = getattr(fn, "py_func", fn)
+        fn_key, fn = fn, materialise(fn)
         code = py.__code__
         digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()
                               + repr(code.co_names).encode()).hexdigest()[:10]
         name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
         tag = f"{name}_{digest}"
         wk = _specialise(_weights, tag, rule=fn)
-        rk = _specialise(_round, tag, receiver_weights=wk)
+        # the round inlines the weights (no per-receiver call that passes the candidates)
+        rk = _specialise(_round, tag, receiver_weights=_specialise(_weights, tag + "_in",
+                                                                   inline="always", rule=fn))
         got = (wk, rk, _specialise(_rounds, tag, round_=rk))
-        _KERNELS[fn] = got
+        _KERNELS[fn_key] = got
     return got
 
 
@@ -471,7 +477,7 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
         clamp_claims(int(t), defence, rule.margin, k, age, raw, count, np.zeros(k, np.int64))
         lag = np.rint(raw) if rule.rounded else raw
     x = Candidates(int(t), float(u), age, lag, count, local, q, deg, key, given)
-    w = wk(x, params, rule.self_weight, rule.ipw, True)
+    w = wk(x, params, rule.self_weight, rule.ipw, True, np.empty(k))
     if defence & CAP:
         cap_weights(w, rule.kappa)
     return w

@@ -9,8 +9,7 @@
                                          #   "config", "metrics", "curves"}, ...]
 """
 
-from importlib import import_module
-from typing import Any
+from ..lazy import lazy_exports
 
 # name -> submodule; loaded on first access (PEP 562): `sfg grid --help` and the commands
 # that never touch a grid do not import pydantic, yaml or sqlite
@@ -24,17 +23,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = ["ConfigError", "Grid", "GridSummary", "RunConfig", "SCHEMA_VERSION", "Store",
            "canonical_json", "load_grid", "make_config", "parse_grid", "records", "run_config",

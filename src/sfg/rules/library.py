@@ -18,8 +18,8 @@ module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=Tru
 """
 
 import numpy as np
-from numba import njit
 
+from ..jit import njit  # numba.njit, imported on first use (listing the rules loads no numba)
 from . import Discount, NonNegative, Unit, register_rule, rule
 
 # Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
@@ -28,17 +28,27 @@ from . import Discount, NonNegative, Unit, register_rule, rule
 TIE_TOL = 1e-9
 
 
+# Helpers shared by several rules. They are written as loops with one output array and take
+# arrays, not ``x``: a rule runs once per receiver and round, and each temporary array (and
+# each call that passes ``x``, whose ten arrays are reference-counted) costs time.
 @njit(cache=True)
 def relative(s):
     """s_j − min_k s_k over the given candidates, as float64; differences ≤ TIE_TOL count as 0."""
-    rel = (s - s.min()).astype(np.float64)
-    return np.where(rel > TIE_TOL, rel, 0.0)
+    lo = s.min()
+    rel = np.empty(s.shape[0])
+    for j in range(s.shape[0]):
+        r = s[j] - lo
+        rel[j] = r if r > TIE_TOL else 0.0
+    return rel
 
 
 @njit(cache=True)
 def discount(gamma, s):
     """γ^(s_j − s_min) (0^0 = 1)."""
-    return gamma ** relative(s)
+    h = relative(s)
+    for j in range(h.shape[0]):
+        h[j] = gamma ** h[j]
+    return h
 
 
 @njit(cache=True)
@@ -51,16 +61,25 @@ def neighbours_discount(gamma, s):
 
 
 @njit(cache=True)
-def mean_inherited_cut(x, L):
+def mean_inherited_cut(lag, t, L):
     """(1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    keep = relative(x.lag) <= L + TIE_TOL
-    return np.where(keep, np.maximum(1.0 + x.t - x.lag, 0.0), 0.0)
+    lo = lag.min()
+    h = np.zeros(lag.shape[0])
+    for j in range(h.shape[0]):
+        if lag[j] - lo <= L + TIE_TOL:
+            h[j] = max(1.0 + t - lag[j], 0.0)
+    return h
 
 
 @njit(cache=True)
 def within(counts, L):
     """Counts within L of the largest, weighted by the count; the rest 0."""
-    return np.where(counts >= counts.max() - L, counts.astype(np.float64), 0.0)
+    top = counts.max()
+    h = np.zeros(counts.shape[0])
+    for j in range(h.shape[0]):
+        if counts[j] >= top - L:
+            h[j] = counts[j]
+    return h
 
 
 # ----------------------------------------------------------------- SFG family (SPEC §3.1)
@@ -82,7 +101,7 @@ def sfg_l(x, gamma: Discount = 0.5):
 @njit(cache=True)
 def sfg_cut(x, L: NonNegative = 1.0):
     """``sfg-cut``: h_j = (1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    return mean_inherited_cut(x, L)
+    return mean_inherited_cut(x.lag, x.t, L)
 
 
 @rule("sfg-counts", tags=("sfg",))
@@ -149,8 +168,9 @@ def local_counts(x, L: NonNegative = 1.0):
 @rule("update-amplification", tags=("baseline",), amplify="c", scalars=False)
 @njit(cache=True)
 def update_amplification(x, c: NonNegative = 1.0):
-    """``update-amplification`` (FedAWE-style): DFedAvg weights; a returning client scales its
-    local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
+    """``update-amplification`` (FedAWE-style): DFedAvg weights, returning updates × (1 + min(τ_i, c)).
+
+    A returning client scales its local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
     return np.ones(x.age.shape[0])
 
 
@@ -165,11 +185,11 @@ def self_weight(x, c: NonNegative = 0.5):
 
 
 @njit(cache=True)
-def discount_on_return(x, base):
+def discount_on_return(age, base):
     """Neighbours 1; a returning receiver (τ_i ≥ 1) with ≥ 1 live neighbour scores base^τ_i."""
-    h = np.ones(x.age.shape[0])
-    if x.age[0] >= 1 and x.age.shape[0] > 1:
-        h[0] = base ** float(x.age[0])
+    h = np.ones(age.shape[0])
+    if age[0] >= 1 and age.shape[0] > 1:
+        h[0] = base ** float(age[0])
     return h
 
 
@@ -177,14 +197,14 @@ def discount_on_return(x, base):
 @njit(cache=True)
 def self_only(x, base: Unit = 0.5):
     """``self-only``: neighbours 1; a returning receiver with ≥ 1 live neighbour scores itself base^τ_i."""
-    return discount_on_return(x, base)
+    return discount_on_return(x.age, base)
 
 
 @rule("reset-on-return", tags=("control",))
 @njit(cache=True)
 def reset_on_return(x):
     """``reset-on-return``: as ``self-only`` with 0 (discard the own model, average live neighbours)."""
-    return discount_on_return(x, 0.0)
+    return discount_on_return(x.age, 0.0)
 
 
 @rule("neighbour-only-lags", tags=("control",))
@@ -224,7 +244,7 @@ def copy_random(x):
 @njit(cache=True)
 def placebo_cut(x, L: NonNegative = 1.0):
     """``placebo-cut``: keep as many candidates as ``sfg-cut`` would, drawn at random; uniform weights."""
-    kept = np.sum(mean_inherited_cut(x, L) > 0)
+    kept = np.sum(mean_inherited_cut(x.lag, x.t, L) > 0)
     h = np.zeros(x.age.shape[0])
     h[np.argsort(x.key, kind="mergesort")[:kept]] = 1.0
     return h
@@ -241,7 +261,7 @@ def cut_ages(x):
 @njit(cache=True)
 def receiver_kept(x, L: NonNegative = 1.0):
     """``receiver-kept``: ``sfg-cut`` that never drops the receiver."""
-    h = mean_inherited_cut(x, L)
+    h = mean_inherited_cut(x.lag, x.t, L)
     h[0] = max(1.0 + x.t - x.lag[0], 0.0)
     return h
 
@@ -249,8 +269,10 @@ def receiver_kept(x, L: NonNegative = 1.0):
 @rule("two-random", tags=("control", "random"), scalars=False)
 @njit(cache=True)
 def two_random(x):
-    """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights;
-    the own model alone when there is no live neighbour (SPEC §3.3)."""
+    """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights.
+
+    The own model alone when there is no live neighbour; the draws are the rule's own stream
+    keyed by (seed, round) (SPEC §3.3)."""
     h = np.zeros(x.age.shape[0])
     h[np.argsort(x.key, kind="mergesort")[:2]] = 1.0
     return h
@@ -259,8 +281,10 @@ def two_random(x):
 @rule("metropolis-hastings", tags=("control",), scalars=False)
 @njit(cache=True)
 def metropolis_hastings(x):
-    """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)) over live neighbours, d the current
-    live-neighbour count; w_ii = 1 − Σ_j w_ij (SPEC §3.3)."""
+    """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)), d = live degree; w_ii = 1 − Σ_j w_ij.
+
+    d is the current number of live neighbours (neighbours that send, over live links);
+    symmetric and doubly stochastic without outages (SPEC §3.3)."""
     h = 1.0 / (1.0 + np.maximum(x.degree[0], x.degree).astype(np.float64))
     h[0] = 1.0 - h[1:].sum()
     return h

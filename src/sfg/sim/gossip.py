@@ -9,10 +9,12 @@ import torch
 
 from ..rounds import RoundGraph
 
-# Dense below this many rows of M, sparse CSR above. Measured on the 2-core development CPU
-# (kNN k = 6, all rows aggregating, ms per round, dense / sparse): N=32, D=1e5: 6.7 / 10.2;
-# N=100, D=1e5: 40 / 73; N=100, D=8970: 2.7 / 2.1; N=200, D=8970: 8.7 / 4.5.
-DENSE_MAX_ROWS = 128
+# One sparse CSR product over the adopters' rows. Measured single-threaded (the round loop's
+# setting) on the 2-core development CPU, kNN k = 6, ms per round, dense [rows, N] BLAS
+# product / sparse: N=100, D=8970, 20 rows: 0.55 / 0.17, all rows: 2.4 / 0.9; N=32, D=8970:
+# 0.10 / 0.08; N=100, D=102,078, 20 rows: 8.3 / 4.2, all rows: 45 / 51; paper CNN
+# (D=878,538), 20 rows: 98 / 85; N=200, D=8970, 40 rows: 2.2 / 0.34. Time and memory grow
+# with the edges, not N².
 
 
 def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor,
@@ -20,9 +22,7 @@ def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor
     """For the receivers ``rows`` (bool[N]): Σ_slots w_slot · M[col(slot)] -> [rows.sum(), D].
 
     ``col`` is the slot's sender (``M`` = the [N, D] models) unless ``cols`` maps slots to
-    rows of ``M`` (e.g. a per-slot memory). Dense [rows, |M|] weights and one BLAS product
-    while ``M`` has at most ``DENSE_MAX_ROWS`` rows; a sparse CSR product beyond, so that time
-    and memory grow with edges, not N².
+    rows of ``M`` (e.g. a per-slot memory). One sparse CSR [rows, |M|] @ [|M|, D] product.
     """
     idx = np.flatnonzero(rows)
     starts, ends = rg.indptr[idx], rg.indptr[idx + 1]
@@ -30,13 +30,6 @@ def slot_matmul(rg: RoundGraph, w: np.ndarray, rows: np.ndarray, M: torch.Tensor
     crow = np.concatenate([[0], np.cumsum(lens)])
     slot = np.repeat(starts - crow[:-1], lens) + np.arange(crow[-1])
     col = rg.send[slot] if cols is None else cols[slot]
-    if M.shape[0] <= DENSE_MAX_ROWS:
-        # small N: a dense [rows, N] matrix and one BLAS product beat torch's sparse kernels
-        W = torch.zeros(idx.size, M.shape[0], dtype=M.dtype)
-        row_of = np.repeat(np.arange(idx.size), lens)
-        W.index_put_((torch.from_numpy(row_of), torch.from_numpy(col)),
-                     torch.from_numpy(w[slot]).to(M.dtype), accumulate=True)
-        return W.to(M.device) @ M
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
         W = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col),

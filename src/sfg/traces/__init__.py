@@ -5,8 +5,7 @@ Every pipeline returns a :class:`Trace` (``available: bool[T, D]`` plus device m
 :mod:`sfg.traces.process` registers the outage processes ``flash``, ``stunner`` and ``trace``.
 """
 
-from importlib import import_module
-from typing import Any
+from ..lazy import lazy_exports
 
 # name -> submodule; loaded on first access (PEP 562) so that `sfg --help` and commands that
 # never read a trace do not pay for the readers
@@ -21,17 +20,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = [
     "FlashStates",
