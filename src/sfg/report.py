@@ -172,8 +172,11 @@ def _gain(values: Sequence[RunValue], *, rule: str, baseline: str, confidence: f
 # --------------------------------------------------------------------------- plots
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, *, tight: bool = False) -> Path:
+    """Write ``fig`` as a PNG (``tight``: lay it out first); an unwritable path is one error line."""
     FigureCanvasAgg(fig)
+    if tight:
+        fig.tight_layout()
     try:
         fig.savefig(path, format="png", dpi=110)
     except OSError as exc:

@@ -161,16 +161,9 @@ def _figure(n_panels: int, rows_per_panel: int = 1):
 
 
 def _save(fig, path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from .report import _save as save_png  # the report's one PNG writer
 
-    FigureCanvasAgg(fig)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, format="png", dpi=110)
-    except OSError as exc:
-        raise SfgError(f"cannot write plot {path}: {exc.strerror}; choose a writable "
-                       "out_dir") from None
-    return path
+    return save_png(fig, path, tight=True)
 
 
 def _plot_lag(groups, path: Path) -> Path | None:
