@@ -147,3 +147,23 @@ def test_paper_grids(name, dataset):
     assert {c.seed for c in g} == {1, 2, 3, 4, 5}
     assert all((c.dataset, c.model, c.rounds, c.local_steps, c.device, c.kind) ==
                (dataset, "cnn", 300, 10, "cuda", "train") for c in g)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_grid_validates(path):
+    """Every shipped grid expands and validates (what `sfg grid run --dry-run` checks)."""
+    g = load_grid(path)
+    assert len(g) > 0 and g.name == path.stem
+    assert len({run_id(c) for c in g}) == len(g)  # no two entries are the same run
+
+
+def test_attack_digits_grid():
+    """The forged-staleness training grid: 7 rules x 5 defence settings x 5 seeds x
+    (no attack; 5, 10, 20 % fresh always-on liars; 3 controls at 10 %)."""
+    g = load_grid(EXAMPLES / "attack-digits.yaml")
+    assert len(g) == 7 * 5 * 5 * 7
+    attacks = {c.attack for c in g}
+    assert len(attacks) == 7 and any(a in (None, "none", "") for a in attacks)
+    assert {c.seed for c in g} == {1, 2, 3, 4, 5}
+    defences = {c.rule.rsplit("+", 1)[1] if "+" in c.rule else "none" for c in g}
+    assert defences == {"none", "guard", "relative", "cap", "clip"}
