@@ -373,3 +373,50 @@ def test_traces_and_report_import_no_torch(tmp_path):
     store = finished_store(tmp_path / "s.sqlite")
     loaded = imports_of(["report", "--store", store, "--out", str(tmp_path / "r")])
     assert "torch" not in loaded and "matplotlib" in loaded  # the report writes its plots
+
+
+# ----------------------------------------------------------------------------- process exit
+EXIT_SCRIPT = """\
+import atexit, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from sfg import console
+out = Path(sys.argv[1])
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: (time.sleep(0.3), (out / "pool").write_text("done")))  # still queued work
+atexit.register(lambda: (out / "atexit").write_text("done"))
+if sys.argv[2] == "sqlite":
+    import sqlite3
+    db = sqlite3.connect(out / "s.sqlite")  # left open: closing it removes the -wal file
+    db.execute("PRAGMA journal_mode=WAL"); db.execute("CREATE TABLE t (x)")
+    db.execute("INSERT INTO t VALUES (1)"); db.commit()
+sys.stdout.write("x" * 100000)  # buffered output still to flush
+console.exit_process(int(sys.argv[3]))
+raise SystemExit(99)  # never reached
+"""
+
+
+@pytest.mark.parametrize("kind, code", [("plain", 0), ("plain", 2), ("sqlite", 1)])
+def test_exit_process_finishes_what_a_normal_exit_finishes(tmp_path, kind, code):
+    """The installed program's exit: queued thread-pool work and atexit handlers run, output
+    is flushed, the status is kept; with SQLite loaded the usual teardown closes the open
+    connection (no -wal/-shm file left)."""
+    r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), kind, str(code)],
+                       capture_output=True, text=True, timeout=60, env=ENV)
+    assert r.returncode == code, r.stderr
+    assert r.stdout == "x" * 100000 and "Traceback" not in r.stderr
+    assert (tmp_path / "pool").read_text() == "done"
+    assert (tmp_path / "atexit").read_text() == "done"
+    if kind == "sqlite":
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "pool", "s.sqlite"]
+
+
+def test_installed_program_exits_fast_with_complete_output():
+    """``sfg`` as installed (``sfg.cli:entry``): JSON on a pipe is complete and the status
+    kept, for success and for bad input."""
+    r = run("replay", "-p", "bursty:u=0.8", "-r", "sfg", "--seeds", "1", "--clients", "20",
+            "--rounds", "30", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"][0]["rule"] == "sfg"
+    bad = run("replay", "-p", "nope")
+    assert bad.returncode == 2 and error_line(bad.stderr).startswith("error: unknown outage")

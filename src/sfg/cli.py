@@ -11,7 +11,6 @@ command imports the library it needs when it runs.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import typer
@@ -52,5 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return console.run_app(app, argv, prog_name="sfg")
 
 
+def entry() -> None:
+    """The installed ``sfg`` program: :func:`main`, then the process ends without the
+    interpreter's teardown where nothing is left to do in it (:func:`sfg.console.exit_process`)."""
+    console.exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

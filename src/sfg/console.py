@@ -276,3 +276,41 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
     if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) is *returned* here
         return rv
     return OK
+
+
+# Components whose objects do work when the interpreter frees them (an SQLite connection
+# checkpoints its write-ahead log and removes the -wal/-shm files; Ray, gRPC and ZeroMQ close
+# sockets and stop helper processes): when one is loaded, the process exits the usual way.
+_TEARDOWN_MATTERS = ("sqlite3", "ray", "grpc", "zmq")
+
+
+def exit_process(code: int) -> None:
+    """End the ``sfg`` program with ``code``, skipping the interpreter's teardown when nothing
+    is left to do in it.
+
+    First, what a normal exit does for the program's results, in the same order as CPython's
+    own shutdown: non-daemon threads are joined (thread pools finish their queued work), the
+    ``atexit`` handlers run (multiprocessing and temporary folders are cleaned up), stdout and
+    stderr are flushed. Then ``os._exit``: what is skipped is freeing every module and object,
+    with torch's and LLVM's C++ destructors, about 0.6 s of a default ``sfg run`` with nothing
+    left to write (measured: whole process 3.85 s → 3.2 s). When a component of
+    ``_TEARDOWN_MATTERS`` is loaded, when stdout cannot be flushed, or where the interpreter
+    lacks the hooks, this is a plain ``sys.exit(code)``. Only the installed program calls it
+    (:func:`sfg.cli.entry`); :func:`run_app` and ``sfg.cli.main`` return the status."""
+    import os
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None or any(name in sys.modules for name in _TEARDOWN_MATTERS):
+        sys.exit(code)
+    try:
+        shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except BaseException:  # noqa: BLE001 - e.g. a closed pipe: the usual exit reports it
+        sys.exit(code)
+    os._exit(code)
