@@ -4,7 +4,7 @@ Every command runs as a fresh subprocess (what a user waits for), several times 
 order, after one warm-up pass that fills numba's on-disk cache; the table gives the median wall
 time and its ratio to ``python -c "import numpy"`` measured in the same run (so a loaded or slow
 machine shifts both). Targets (issue 9, item 5): ``sfg --help`` <= 0.5 s, the N = 100 replay
-<= 1.2 s, the N = 2,000 two-process replay <= 1.5 s.
+<= 1.2 s, the N = 2,000 two-process replay <= 1.5 s; item 6: the default ``sfg run`` <= 4 s.
 
     PYTHONPATH=src python benchmarks/bench_startup.py [--repeats 7] [--json]
 
@@ -34,6 +34,7 @@ CASES: list[tuple[str, list[str], float | None]] = [
     ("sfg replay --clients 2000 -p iid:u=0.6 -p bursty:u=0.8 -r sfg-l --seeds 1",
      [*SFG, "replay", "--clients", "2000", "-p", "iid:u=0.6", "-p", "bursty:u=0.8", "-r",
       "sfg-l", "--seeds", "1"], 1.5),
+    ("sfg run  (default: digits, MLP, N = 100, T = 300)", [*SFG, "run"], 4.0),
     ("sfg rules", [*SFG, "rules"], None),
     ("sfg traces --help", [*SFG, "traces", "--help"], None),
 ]
