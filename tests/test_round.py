@@ -143,6 +143,28 @@ def test_self_return_threads_do_not_change_results(rule):
         assert other.metrics == runs[0].metrics and other.curves == runs[0].curves
 
 
+@pytest.mark.parametrize("attack", [None, "forge:frac=0.1,claim=fresh,always_on=true"])
+def test_self_return_following_on_threads_across_blocks(attack):
+    """H following the round on threads, in stretches of small blocks (the weight buffer is
+    reused from block to block), with the compiled block path and the per-round path of an
+    attack: the same rows as one thread, and H equal to the per-client loop without attack."""
+    from sfg.attacks import parse_attack
+    from sfg.replay.horizon import EXACT_PAIRS
+
+    g = make_graph("knn:k=4", 40, seed=3)
+    avail = make_process("iid:u=0.5").sample(80, 40, seed=3, positions=g.positions)
+    lane = Lane(avail, g, parse_rule("sfg-cut"), 3, parse_attack(attack))
+    kw = dict(anatomy="full", link_failure=0.0, horizon=10, exact_pairs=EXACT_PAIRS,
+              sample_pairs=1000, chunk_elems=40 * 12 * 7)  # blocks of 7 rounds
+    one = run_lane(lane, threads=1, **kw)
+    for k in (2, 3):
+        other = run_lane(lane, threads=k, **kw)
+        assert other.metrics == one.metrics and other.curves == one.curves
+    if attack is None:
+        ref = replay_reference(avail, g, "sfg-cut", seed=3, horizon=10)
+        assert _close(one.metrics["H"], ref["H"]) and one.metrics["H_pairs"] > 1000
+
+
 # ----------------------------------------------------------------------------- horizon
 @pytest.mark.parametrize("rule", ["sfg-cut", "dfedavg", "placebo-cut"])
 def test_horizon_edge_cases_equal_reference(rule):

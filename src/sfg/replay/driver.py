@@ -5,9 +5,7 @@ block's weights on parallel threads (:mod:`sfg.replay.horizon`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 import numpy as np
 
@@ -51,9 +49,11 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
 
     Rounds run in blocks: the round records each round's weights and facts, then the metrics
     accumulate the block's facts and the self-return follows its pairs through the block's
-    weights, split by start round over ``threads`` threads (default: :func:`default_threads`
-    when the H work is large); each pair's arithmetic does not depend on the split, so results
-    are bit-identical for any number of threads. ``weights_out`` [T, E] receives every round's
+    weights. With several ``threads`` (default: :func:`default_threads` when the H work is
+    large) the pairs are split by start round over them and each part follows the round on
+    its own thread, a stretch of rounds behind it (:class:`_Behind`), while the round plays
+    on; each pair's arithmetic does not depend on the split, so results are bit-identical for
+    any number of threads. ``weights_out`` [T, E] receives every round's
     slot weights (tests)."""
     T, n = ln.available.shape
     rg = RoundGraph.from_graph(ln.graph)
@@ -71,10 +71,12 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     n_adopt = caps.adopt.sum(axis=1)
     max_adopt = int(n_adopt.max()) if (h and T) else 0
     if threads is None:
-        # H costs about (pairs × h) columns × adopters row updates; below ~10^7 a second
-        # thread costs more than it saves (measured at N = 100: bursty u = 0.8 is below)
+        # H costs about (pairs × h) columns × adopters row updates; below ~2·10^6 a second
+        # thread costs more than it saves (measured: N = 100 with H over 50 rounds, bursty
+        # u = 0.8 is 5·10^6, iid u = 0.6 2·10^7, both faster with H following on threads;
+        # N = 20 is below)
         work = flat.size * h * (float(n_adopt.mean()) if T else 0.0)
-        threads = default_threads() if work >= 1e7 else 1
+        threads = default_threads() if work >= 2e6 else 1
     n_threads = max(1, int(threads))
     picks = [ts % n_threads == k for k in range(n_threads)] if h else []
     parts = [HorizonPart(T, n, h, ts[sel], flat[sel], max_adopt) for sel in picks]
@@ -87,14 +89,22 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     R = max(1, min(T, chunk_elems // max(E, n * len(FACTS), 1)))
     wbuf = np.empty((R, E)) if weights_out is None else None
     fbuf = np.empty((R, n, len(FACTS)))
-    pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else None
+    # H in the background: with several threads, each part of the pairs follows the rounds
+    # on its own thread, a stretch of rounds behind the round itself (sub-blocks of a block)
+    behind = _Behind(parts, rg, caps.adopt, tile) if (h and n_threads > 1) else None
     try:
         for t0 in range(0, T, R):
             t1 = min(T, t0 + R)
             w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
             if ln.rule.compiled and attack is None:
-                # the same round, its rounds looped in compiled code (one call per block)
-                _rounds_block(ln.rule, rg, state, caps, live, ln.seed, t0, t1, w_blk, fbuf)
+                # the same round, its rounds looped in compiled code (one call per stretch)
+                step = max(1, -(-(t1 - t0) // _STRETCHES)) if behind is not None else t1 - t0
+                for s0 in range(t0, t1, step):
+                    s1 = min(t1, s0 + step)
+                    _rounds_block(ln.rule, rg, state, caps, live, ln.seed, s0, s1,
+                                  w_blk[s0 - t0:], fbuf[s0 - t0:])
+                    if behind is not None:
+                        behind.follow(s0, s1, w_blk[s0 - t0: s1 - t0])
                 state = replace(state, t=t1)
             else:
                 for t in range(t0, t1):
@@ -109,18 +119,17 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
             acc.add(fbuf[: t1 - t0])
             if attack is not None:
                 reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
-            if h:
-                run = partial(HorizonPart.run, t0=t0, t1=t1, rg=rg, w=w_blk,
-                              adopt=caps.adopt[t0:t1], tile=tile)
-                if pool is None:
-                    run(parts[0])
-                else:
-                    list(pool.map(run, parts))
+            if h and behind is None:
+                parts[0].run(t0, t1, rg, w_blk, caps.adopt[t0:t1], tile)
+            elif behind is not None:
+                if not (ln.rule.compiled and attack is None):
+                    behind.follow(t0, t1, w_blk)
+                behind.wait()  # the next block reuses the weight buffer
             if progress is not None:
                 progress(t1, T)
     finally:
-        if pool is not None:
-            pool.shutdown()
+        if behind is not None:
+            behind.close()
     hk = np.empty(flat.size)
     for sel, part in zip(picks, parts, strict=True):
         hk[sel] = part.out
@@ -128,6 +137,61 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
                                          reach=reach.value), attack=ln.attack is not None,
                                   defence=bool(ln.rule.defence_flags))
     return ReplayResult(metrics=metrics, curves=curves)
+
+
+# Stretches of rounds per block when H follows on other threads: H of a stretch starts as
+# soon as its weights exist, while the round plays the next one.
+_STRETCHES = 8
+
+
+class _Behind:
+    """The self-return's parts (:class:`~sfg.replay.horizon.HorizonPart`), each on its own
+    thread, following stretches of rounds in order as the round hands them over. Each pair's
+    arithmetic is that of the one-thread replay (a part's rounds run in order, parts are
+    disjoint), so results do not depend on threads or stretches."""
+
+    def __init__(self, parts: list[HorizonPart], rg: RoundGraph, adopt: np.ndarray, tile: int):
+        import queue
+        import threading
+
+        self.queues = [queue.Queue() for _ in parts]
+        self.errors: list[BaseException] = []
+
+        def work(part: HorizonPart, q) -> None:
+            while True:
+                item = q.get()
+                try:
+                    if item is None:
+                        return
+                    if not self.errors:
+                        t0, t1, w = item
+                        part.run(t0, t1, rg, w, adopt[t0:t1], tile)
+                except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+                    self.errors.append(e)
+                finally:
+                    q.task_done()
+
+        self.threads = [threading.Thread(target=work, args=(p, q), daemon=True,
+                                         name=f"sfg-horizon-{k}")
+                        for k, (p, q) in enumerate(zip(parts, self.queues, strict=True))]
+        for th in self.threads:
+            th.start()
+
+    def follow(self, t0: int, t1: int, w: np.ndarray) -> None:
+        for q in self.queues:
+            q.put((t0, t1, w))
+
+    def wait(self) -> None:
+        for q in self.queues:
+            q.join()
+        if self.errors:
+            raise self.errors[0]
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.put(None)
+        for th in self.threads:
+            th.join()
 
 
 def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: int, t1: int,
