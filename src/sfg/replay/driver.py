@@ -141,7 +141,7 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
 
 # Stretches of rounds per block when H follows on other threads: H of a stretch starts as
 # soon as its weights exist, while the round plays the next one.
-_STRETCHES = 8
+_STRETCHES = 16
 
 
 class _Behind:
