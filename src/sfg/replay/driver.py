@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..alloc import tune_cpu_allocator
 from ..attacks import Attack, Reach, availability, claims, place
 from ..defences import GUARD
 from ..graphs import Graph
@@ -55,6 +56,7 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     on; each pair's arithmetic does not depend on the split, so results are bit-identical for
     any number of threads. ``weights_out`` [T, E] receives every round's
     slot weights (tests)."""
+    tune_cpu_allocator()  # the per-round buffers below, reused instead of page-faulted
     T, n = ln.available.shape
     rg = RoundGraph.from_graph(ln.graph)
     E = rg.n_slots

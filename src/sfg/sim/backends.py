@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from ..alloc import tune_cpu_allocator  # noqa: F401 - re-exported (the backends call it)
 from ..errors import SfgError, check
 from ..spec import Component, Registry, parse_component
 from .params import ParamSpec
@@ -377,35 +378,6 @@ def forward_macs(model: nn.Module, input_shape: Sequence[int] | None = None) -> 
     return total
 
 
-_ALLOCATOR_TUNED = False
-
-
-def tune_cpu_allocator() -> bool:
-    """Keep freed activation buffers in the process heap instead of returning them to the OS.
-
-    PyTorch's CPU allocator asks glibc's ``malloc`` for every tensor; glibc serves blocks of
-    more than ~128 KiB-32 MiB with fresh ``mmap`` pages that page-fault on first touch and
-    are unmapped again on free, so each training step pays for zero-filling its activations
-    twice (measured: ~3× fewer page faults and ~5-20 % faster CNN steps on the 2-core
-    development CPU). This raises glibc's mmap and trim thresholds (``mallopt``); it changes
-    only when memory is returned to the OS, never results. No-op where glibc is absent.
-    Called once by the CPU backends; returns whether the thresholds were set.
-    """
-    global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED:
-        return True
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        ok = any(libc.mallopt(m_mmap_threshold, size) == 1 for size in (1 << 30, 32 << 20))
-        ok = ok and libc.mallopt(m_trim_threshold, 1 << 31) == 1
-    except (OSError, AttributeError):
-        ok = False
-    _ALLOCATOR_TUNED = bool(ok)
-    return _ALLOCATOR_TUNED
 
 
 def _default_workers(device: torch.device) -> int:
