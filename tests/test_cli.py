@@ -96,6 +96,24 @@ def test_replay_plot_writes_png(tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_replay_plot_into_a_folder_a_bare_name_or_a_bad_format(tmp_path, capsys):
+    """--plot FOLDER writes FOLDER/staleness.png, a bare name gets .png, and the note names
+    the file written; an unknown image format is one error line before any work (exit 2)."""
+    base = ["replay", "-p", "bursty:u=0.7", "-r", "sfg", "--seeds", "1", "-n", "20", "-T", "30"]
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    assert main([*base, "--plot", str(folder)]) == 0
+    assert f"wrote {folder / 'staleness.png'}" in capsys.readouterr().err
+    assert (folder / "staleness.png").read_bytes()[:4] == b"\x89PNG"
+    assert main([*base, "--plot", str(tmp_path / "bare")]) == 0
+    assert (tmp_path / "bare.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert main([*base, "--plot", str(tmp_path / "s.xyz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write plot") and "'.xyz'" in err
+    assert not (tmp_path / "s.xyz").exists()
+
+
 def test_replay_engines_agree_from_the_command_line(capsys):
     """``--engine compiled`` and ``--engine numpy`` print the same rows (to rounding), and
     ``auto`` runs an oracle next to compiled rules."""

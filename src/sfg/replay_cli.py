@@ -125,6 +125,10 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from .replay import replay as run_replay
 
+    if plot is not None:  # a folder, a bare name or an unknown format: settled before the work
+        from .replay.plot import plot_path
+
+        plot = str(plot_path(plot, "staleness.png"))
     # the bar shows from the start: a rule's first use on a machine compiles its round
     with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,

@@ -12,6 +12,22 @@ from ..errors import SfgError
 from .metrics import curves
 
 
+def plot_path(path: str | Path, default_name: str) -> Path:
+    """Where a plot asked for as ``path`` goes: into an existing folder as ``default_name``;
+    a name without a suffix gets ``.png``; an image format matplotlib cannot write is bad
+    input (one line, before anything is drawn)."""
+    path = Path(path)
+    if path.is_dir():
+        return path / default_name
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    if path.suffix.lower().lstrip(".") not in ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg",
+                                               "jpeg", "tif", "tiff", "webp"):
+        raise SfgError(f"cannot write plot {path}: unknown image format {path.suffix!r}; "
+                       "use .png, .pdf or .svg")
+    return path
+
+
 def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """PNG of each curve metric (mean age, mean effective lag, …) over rounds, one line per
     rule (mean over seeds), one column per process. ``rows`` from :func:`sfg.replay.replay`
@@ -41,7 +57,7 @@ def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         axes[-1, j].set_xlabel("round")
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
+    path = plot_path(path, "staleness.png")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
