@@ -168,6 +168,14 @@ def test_python_m_sfg_experiments_works_as_documented(tmp_path):
     assert res.returncode == 2 and "no results store" in error_line(res.stderr)
 
 
+def test_python_m_sfg_is_the_program():
+    res = run("rules", "--json", module="sfg")
+    assert res.returncode == 0, res.stderr
+    assert any(r["rule"] == "sfg-cut" for r in json.loads(res.stdout))
+    res = run("replay", "-p", "nope", module="sfg")
+    assert res.returncode == 2 and "unknown outage process" in error_line(res.stderr)
+
+
 def test_ray_install_hint_prints_the_extra_literally(tmp_path):
     """Without Ray the hint names the extra `sfg[ray]` (markup used to swallow `[ray]`)."""
     grid = write(tmp_path, "g.yaml", GRID)
