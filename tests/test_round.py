@@ -165,6 +165,36 @@ def test_self_return_following_on_threads_across_blocks(attack):
         assert _close(one.metrics["H"], ref["H"]) and one.metrics["H_pairs"] > 1000
 
 
+@pytest.mark.parametrize("where", ["round", "horizon"])
+def test_a_failure_while_H_follows_on_threads_propagates_and_stops_the_threads(where,
+                                                                               monkeypatch):
+    """An error in the round (the main thread) or in a part of H on its thread reaches the
+    caller, and no H thread is left running."""
+    import threading
+
+    from sfg.replay import driver
+    from sfg.replay.horizon import EXACT_PAIRS
+
+    calls = {"n": 0}
+    target = (driver, "_rounds_block") if where == "round" else (driver.HorizonPart, "run")
+    real = getattr(*target)
+
+    def failing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError(f"injected failure in the {where}")
+        return real(*a, **k)
+
+    monkeypatch.setattr(*target, failing)
+    g = make_graph("knn:k=4", 40, seed=3)
+    avail = make_process("iid:u=0.5").sample(80, 40, seed=3, positions=g.positions)
+    lane = Lane(avail, g, parse_rule("sfg"), 3)
+    with pytest.raises(RuntimeError, match=f"injected failure in the {where}"):
+        run_lane(lane, anatomy="full", link_failure=0.0, horizon=10, exact_pairs=EXACT_PAIRS,
+                 sample_pairs=1000, threads=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("sfg-horizon")]
+
+
 # ----------------------------------------------------------------------------- horizon
 @pytest.mark.parametrize("rule", ["sfg-cut", "dfedavg", "placebo-cut"])
 def test_horizon_edge_cases_equal_reference(rule):

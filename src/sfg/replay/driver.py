@@ -158,6 +158,7 @@ class _Behind:
 
         self.queues = [queue.Queue() for _ in parts]
         self.errors: list[BaseException] = []
+        self.cancelled = False  # set by close(): stretches still queued are skipped
 
         def work(part: HorizonPart, q) -> None:
             while True:
@@ -165,7 +166,7 @@ class _Behind:
                 try:
                     if item is None:
                         return
-                    if not self.errors:
+                    if not (self.errors or self.cancelled):
                         t0, t1, w = item
                         part.run(t0, t1, rg, w, adopt[t0:t1], tile)
                 except BaseException as e:  # noqa: BLE001 - re-raised by wait()
@@ -190,6 +191,9 @@ class _Behind:
             raise self.errors[0]
 
     def close(self) -> None:
+        """Stop the threads; after an error or an interrupt in the round, without following
+        the stretches still queued."""
+        self.cancelled = True
         for q in self.queues:
             q.put(None)
         for th in self.threads:
