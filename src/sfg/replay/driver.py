@@ -94,12 +94,12 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     # H in the background: with several threads, each part of the pairs follows the rounds
     # on its own thread, a stretch of rounds behind the round itself (sub-blocks of a block)
     behind = _Behind(parts, rg, caps.adopt, tile) if (h and n_threads > 1) else None
+    block_loop = ln.rule.compiled and attack is None  # the round's rounds in compiled code
     try:
         for t0 in range(0, T, R):
             t1 = min(T, t0 + R)
             w_blk = weights_out[t0:t1] if weights_out is not None else wbuf[: t1 - t0]
-            if ln.rule.compiled and attack is None:
-                # the same round, its rounds looped in compiled code (one call per stretch)
+            if block_loop:  # one compiled call per stretch, H following each
                 step = max(1, -(-(t1 - t0) // _STRETCHES)) if behind is not None else t1 - t0
                 for s0 in range(t0, t1, step):
                     s1 = min(t1, s0 + step)
@@ -121,10 +121,11 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
             acc.add(fbuf[: t1 - t0])
             if attack is not None:
                 reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
-            if h and behind is None:
-                parts[0].run(t0, t1, rg, w_blk, caps.adopt[t0:t1], tile)
-            elif behind is not None:
-                if not (ln.rule.compiled and attack is None):
+            if behind is None:
+                if h:
+                    parts[0].run(t0, t1, rg, w_blk, caps.adopt[t0:t1], tile)
+            else:
+                if not block_loop:  # the per-round path hands over its whole block
                     behind.follow(t0, t1, w_blk)
                 behind.wait()  # the next block reuses the weight buffer
             if progress is not None:

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from ..alloc import tune_cpu_allocator  # noqa: F401 - re-exported (the backends call it)
+from ..alloc import tune_cpu_allocator
 from ..errors import SfgError, check
 from ..spec import Component, Registry, parse_component
 from .params import ParamSpec
