@@ -194,8 +194,9 @@ def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
                 for i, s in enumerate(series)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7)
     fig.tight_layout(rect=(0, 0.9 / (3.3 * nrow + 0.8), 1, 1))
-    fig.savefig(path, dpi=110)
-    return path
+    from .report import _save  # the report's one PNG writer
+
+    return _save(fig, path)
 
 
 def write_attack_report(records: Sequence[Mapping[str, Any]], out_dir: Path, *,

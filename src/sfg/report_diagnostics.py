@@ -166,30 +166,10 @@ def _save(fig, path: Path) -> Path:
     return save_png(fig, path, tight=True)
 
 
-def _plot_lag(groups, path: Path) -> Path | None:
-    panels = _panels(groups, "lag")
-    if not panels:
-        return None
-    fig, nrows, cols = _figure(len(panels))
-    for k, ((dataset, process), rules) in enumerate(sorted(panels.items())):
-        ax = fig.add_subplot(nrows, cols, k + 1)
-        for j, (rule, g) in enumerate(sorted(rules.items())):
-            color = f"C{j}"
-            for by, style in (("lag", "-"), ("age", "--")):
-                bins, means, _ = binned_means(g["lag"][by], "ratio")
-                keep = bins <= PLOT_MAX_DIFF
-                rho = g["lag"][f"rho_{by}"]
-                ax.plot(bins[keep], means[keep], style, marker="o" if by == "lag" else None,
-                        ms=3, color=color, label=f"{rule}, by {by} (ρ={rho:.3g})")
-        ax.set_xlabel("|difference| (rounds): lag solid, age dashed")
-        ax.set_ylabel("E d² / E d₀²")
-        ax.set_title(f"lag law · {dataset} · {process}", fontsize=9)
-        ax.legend(fontsize=6)
-    return _save(fig, path)
-
-
-def _plot_binned(groups, kind: str, columns: Sequence[tuple[str, str]], path: Path, *,
-                 xlabel: str, ylabel: str, title: str) -> Path | None:
+def _plot_panels(groups, kind: str, path: Path, draw, *, xlabel: str, ylabel: str,
+                 title: str) -> Path | None:
+    """One panel per (dataset, process) holding ``kind`` diagnostics: ``draw(ax, colour,
+    rule, g)`` plots each rule's lines; None when nothing holds them."""
     panels = _panels(groups, kind)
     if not panels:
         return None
@@ -197,16 +177,38 @@ def _plot_binned(groups, kind: str, columns: Sequence[tuple[str, str]], path: Pa
     for k, ((dataset, process), rules) in enumerate(sorted(panels.items())):
         ax = fig.add_subplot(nrows, cols, k + 1)
         for j, (rule, g) in enumerate(sorted(rules.items())):
-            for (col, style) in columns:
-                bins, means, _ = binned_means(g[kind], col)
-                keep = bins <= PLOT_MAX_DIFF
-                ax.plot(bins[keep], means[keep], style, ms=3, color=f"C{j}",
-                        label=f"{rule} {col}" if len(columns) > 1 else rule)
+            draw(ax, f"C{j}", rule, g)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} · {dataset} · {process}", fontsize=9)
         ax.legend(fontsize=6)
     return _save(fig, path)
+
+
+def _plot_lag(groups, path: Path) -> Path | None:
+    def draw(ax, color, rule, g):
+        for by, style in (("lag", "-"), ("age", "--")):
+            bins, means, _ = binned_means(g["lag"][by], "ratio")
+            keep = bins <= PLOT_MAX_DIFF
+            rho = g["lag"][f"rho_{by}"]
+            ax.plot(bins[keep], means[keep], style, marker="o" if by == "lag" else None,
+                    ms=3, color=color, label=f"{rule}, by {by} (ρ={rho:.3g})")
+
+    return _plot_panels(groups, "lag", path, draw,
+                        xlabel="|difference| (rounds): lag solid, age dashed",
+                        ylabel="E d² / E d₀²", title="lag law")
+
+
+def _plot_binned(groups, kind: str, columns: Sequence[tuple[str, str]], path: Path, *,
+                 xlabel: str, ylabel: str, title: str) -> Path | None:
+    def draw(ax, color, rule, g):
+        for (col, style) in columns:
+            bins, means, _ = binned_means(g[kind], col)
+            keep = bins <= PLOT_MAX_DIFF
+            ax.plot(bins[keep], means[keep], style, ms=3, color=color,
+                    label=f"{rule} {col}" if len(columns) > 1 else rule)
+
+    return _plot_panels(groups, kind, path, draw, xlabel=xlabel, ylabel=ylabel, title=title)
 
 
 D_GROUPS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
