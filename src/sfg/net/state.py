@@ -86,14 +86,22 @@ class Star:
 
 # ----------------------------------------------------------------------------------- checkpoints
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    """Write to a temporary file in the same folder, fsync, rename over ``path``, fsync the folder.
+
+    Until the rename, ``path`` keeps its previous content whole: a write or ``fsync`` that fails
+    part-way raises with the temporary file removed, and a process killed part-way leaves only
+    the temporary file (``.NAME.tmpPID``) beside it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
