@@ -79,6 +79,54 @@ def test_run_json_and_config_file(tmp_path):
     assert 0 <= data["metrics"]["acc_mean"] <= 1 and data["curves"]["round"] == [2.0, 4.0]
 
 
+DIAG_RUN = ["run", "-n", "12", "-T", "10", "-K", "1", "-p", "iid:u=0.5", "--seed", "3",
+            "--diagnostics", "raw,lag"]
+
+
+def _strict(text: str):
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+
+
+def test_run_json_and_table_carry_the_diagnostics_fitted_rates(capsys):
+    """`sfg run --diagnostics raw,lag --json` carries the per-bin sums and the lag law's ρ;
+    the report's fit (pooled over this one run) gives the same numbers; the table shows them."""
+    from sfg.report_diagnostics import pooled
+
+    assert main([*DIAG_RUN, "--json"]) == 0
+    data = _strict(capsys.readouterr().out)
+    diag = data["diagnostics"]
+    assert diag["kinds"] == ["raw", "lag"] and "ratio" in diag["raw"]
+    lag = diag["lag"]
+    assert lag["snapshots"] >= 1 and all(isinstance(lag[k], float)
+                                         for k in ("rho_age", "rho_lag", "rho_ratio"))
+    assert lag["rho_ratio"] == lag["rho_lag"] / lag["rho_age"]
+    record = {"dataset": "digits", "process": "iid:u=0.5", "rule": "dfedavg",
+              "diagnostics": diag}
+    report = pooled([record])[("digits", "iid:u=0.5", "dfedavg")]["lag"]
+    for k in ("rho_age", "rho_lag", "rho_ratio"):
+        assert report[k] == lag[k]
+    assert main(DIAG_RUN) == 0
+    table = capsys.readouterr().out
+    for label, k in (("ρ against ages", "rho_age"), ("ρ against lags", "rho_lag"),
+                     ("ρ lags ÷ ρ ages", "rho_ratio")):
+        row = next(ln for ln in table.splitlines() if label in ln)
+        assert f"{lag[k]:.4f}" in row
+
+
+def test_run_json_rates_without_pairs_to_fit_are_null(capsys):
+    # no outages: every age difference is 0, nothing to fit; strict JSON writes null
+    args = ["run", "-n", "8", "-T", "5", "-K", "1", "-p", "none", "--eval-every", "5",
+            "--diagnostics", "lag"]
+    assert main([*args, "--json"]) == 0
+    lag = _strict(capsys.readouterr().out)["diagnostics"]["lag"]
+    assert lag["rho_age"] is None and lag["rho_ratio"] is None
+    assert main(args) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "ρ against ages" in ln)
+    assert "no live pairs" in row
+    assert main(["run", "-n", "8", "-T", "5", "-K", "1", "--eval-every", "5", "--json"]) == 0
+    assert "diagnostics" not in _strict(capsys.readouterr().out)
+
+
 def test_parse_seeds():
     assert parse_seeds("1,2,3") == [1, 2, 3]
     assert parse_seeds("1-5") == [1, 2, 3, 4, 5]

@@ -232,6 +232,24 @@ def test_parse_pool_and_errors():
                                  "lag": {"ratio": {"sum": [1.0], "count": [1]}}})["rho_age"])
 
 
+def test_law_rates_from_per_bin_sums_by_hand():
+    # the fit on stored sums and counts (what a run's JSON and the store hold): bin means
+    # first, bin 0 and bins beyond 20 outside the fit, empty bins absent
+    age = {"ratio": {"sum": [2.0, 3.0, 0.0, 12.0] + [0.0] * 17 + [100.0],
+                     "count": [2, 2, 0, 3] + [0] * 17 + [1]}}
+    lag = {"ratio": {"sum": [5.0, 4.0, 3.0], "count": [5, 2, 1]}}
+    rates = law_rates({"age": age, "lag": lag})
+    # ages: means 1.5 at x=1, 4 at x=3 (x=21 ignored): ρ = 2·(1·0.5 + 3·3)/(1 + 9) = 1.9
+    # lags: means 2 at x=1, 3 at x=2: ρ = 2·(1·1 + 2·2)/(1 + 4) = 2
+    assert rates["rho_age"] == pytest.approx(1.9, rel=1e-12)
+    assert rates["rho_lag"] == pytest.approx(2.0, rel=1e-12)
+    assert rates["rho_ratio"] == pytest.approx(2.0 / 1.9, rel=1e-12)
+    # a zero age rate leaves the ratio undefined (NaN, not inf)
+    flat = {"ratio": {"sum": [1.0, 1.0], "count": [1, 1]}}
+    zero = law_rates({"age": flat, "lag": lag})
+    assert zero["rho_age"] == 0.0 and math.isnan(zero["rho_ratio"])
+
+
 TINY = dict(dataset="digits", model="mlp", n_clients=16, rounds=12, local_steps=2,
             batch_size=8, eval_every=4, graph="knn:k=4", backend="batched",
             process="bursty:u=0.8")

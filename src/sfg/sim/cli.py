@@ -99,8 +99,11 @@ def run(
     with console.progress("training", enabled=not as_json) as update:
         res = simulate(settings, progress=update)
     if as_json:
-        console.print_json({"config": settings, "run_id": run_id(cfg), "metrics": res.metrics,
-                            "curves": res.curves, "meta": res.meta})
+        out = {"config": settings, "run_id": run_id(cfg), "metrics": res.metrics,
+               "curves": res.curves, "meta": res.meta}
+        if res.diagnostics is not None:  # per-bin sums and counts, and the lag law's fitted ρ
+            out["diagnostics"] = res.diagnostics
+        console.print_json(out)
         return
     m = res.metrics
     honest = ([("honest clients: mean accuracy", m["acc_honest_mean"]),
@@ -115,7 +118,25 @@ def run(
     for name, v in rows:
         t.add_row(name, "empty (no client)" if v != v
                   else f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
+    for name, v in _rate_rows(res.diagnostics):
+        t.add_row(name, v)
     console.show(t)
     console.caption(f"backend {res.meta.get('backend')}, D = {res.meta.get('D')} parameters per "
                  f"model; {res.meta.get('with_replacement_clients')} clients have fewer examples "
                  "than the batch and sample it with replacement")
+
+
+def _rate_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The table rows of the lag law's fitted rates (SPEC §10.1) as the run recorded them
+    (:func:`sfg.sim.diagnostics.law_rates`, the fit the report uses); none without ``lag``."""
+    lag = (diagnostics or {}).get("lag")
+    if not lag:
+        return []
+    from .diagnostics import FIT_RANGE
+
+    lo, hi = FIT_RANGE
+    none = f"– (no live pairs at differences {lo}–{hi} to fit)"
+    rows = [(f"lag law: ρ against ages (differences {lo}–{hi})", lag["rho_age"], none),
+            (f"lag law: ρ against lags (differences {lo}–{hi})", lag["rho_lag"], none),
+            ("lag law: ρ lags ÷ ρ ages", lag["rho_ratio"], "–")]
+    return [(name, blank if v != v else f"{v:.4f}") for name, v, blank in rows]
