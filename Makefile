@@ -5,7 +5,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+# The float-sensitive tests run a second time with every library lowered to its baseline
+# instruction set, as on a machine without AVX2: they must pass on any CPU of this project.
+LOWERED_ISA := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
+	ONEDNN_MAX_CPU_ISA=SSE41 NUMBA_CPU_NAME=generic
+FLOAT_TESTS := tests/test_sim_baseline.py tests/test_backends.py tests/test_baseline.py
+
+.PHONY: demo test test-lowered venv bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +29,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-lowered
+
+test-lowered: $(STAMP)
+	env $(LOWERED_ISA) $(BIN)/python -m pytest -q $(FLOAT_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_replay.py

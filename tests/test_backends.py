@@ -182,6 +182,22 @@ def test_functional_forward_and_load_flat_agree_with_the_module():
 # training equals torch.optim.SGD
 
 
+def assert_trained_alike(got, want, start):
+    """Two trainings that compute the same steps with sums in another order (batched or vmapped
+    kernels against per-client autograd). Most parameters agree to 1e-5; a few do not, and how
+    many depends on the instruction set: a ReLU input within rounding of 0 flips and changes its
+    gradient, and batched GroupNorm rounds its statistics differently (measured on the CNN over
+    3 steps: 0 parameters off by more than 1e-5 with AVX2, 368 of 2.6M, at most 4.6e-5, on the
+    baseline ISA; ResNet-18-GN after one step under vmap: 487 of 22.3M, at most 1.07e-4, with
+    AVX2 and 0 on the baseline ISA). Bound: the update (got − start) to 0.2 % in L2, every
+    parameter to 1 % of the largest step, and all but 0.1 % of them to 1e-5 — a wrong gradient
+    or a missed step breaks the first two by orders of magnitude."""
+    diff, step = (got - want).abs(), (want - start).abs()
+    assert (got - want).norm() <= 2e-3 * (want - start).norm()
+    assert diff.max() <= 1e-2 * step.max()
+    assert (diff > 1e-5).sum() <= 1e-3 * diff.numel()
+
+
 @pytest.mark.parametrize("name,backend", EQUIVALENCE)
 def test_train_equals_per_client_torch_sgd(name, backend):
     model, P, xs, ys = problem(name)
@@ -194,8 +210,8 @@ def test_train_equals_per_client_torch_sgd(name, backend):
     assert got.shape == P.shape and got.dtype == torch.float32
     assert torch.equal(P, P_before)  # input not modified
     assert (got - P).abs().max() > 1e-3  # it trained
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    torch.testing.assert_close(buf, want_buf, atol=1e-5, rtol=0)  # buffers updated in place
+    assert_trained_alike(got, want, P)
+    assert_trained_alike(buf, want_buf, torch.zeros_like(buf))  # buffers updated in place
 
 
 @pytest.mark.parametrize("backend", ["loop", "vmap", "batched"])
@@ -269,7 +285,7 @@ def test_resnet18_gn_matches_reference(backend):
     cl = uses_channels_last("resnet18-gn", backend)
     want, _ = reference(model, P, xs, ys, channels_last=cl, **kw)
     got = make_backend(backend, model).train(P, xs, ys, **kw)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert_trained_alike(got, want, P)
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet18-gn"])

@@ -26,13 +26,24 @@ Parameters: two deliberate changes alter their last bits, nothing else does.
 
 So the per-client sums and sums of squares of the parameters must agree with the recording to
 a relative 1e-6 (measured ≤ 2e-7), 1e-3 for the catch-up run of the loop backend (measured
-6e-4: up to 12 local steps a round amplify the rounding), and ``current_digest`` holds the
-parameter digest re-recorded right after each of those changes (and at no other time):
-every other optimisation must reproduce it bit for bit.
+6e-4: up to 12 local steps a round amplify the rounding).
+
+Across CPUs (this project's machines differ: AVX2 only, AVX-512): the parameters' bit pattern
+depends on the instruction set (vector widths and fused multiply-adds change the rounding of
+every matrix product), so it is *not* compared with the recording; the tolerances above cover
+it (measured on an AVX2 machine with torch, MKL, oneDNN and numba lowered to their baseline
+paths, and under ``SFG_REPRODUCIBLE=1``: ≤ 3.4e-7 relative, 5.0e-4 for the catch-up run). Exact across machines: the minibatch
+digest and the message, scalar, local-step and unavailability counts (integer schedules).
+Accuracies are counts of correct test predictions: a parameter change of 1e-7 flips one only
+where a prediction sits within rounding of a tie, so each client's accuracy may move by at
+most one test example (``1 / n_test``) and the accuracy metrics and curves (means and
+quantiles of those) by as much; measured: none moves on either path. Bit-identity of the
+parameters is checked where it holds: the same run twice in one process
+(:func:`test_same_run_twice_is_bit_identical`), and across processes under the lowered ISA in
+``make test``; ``SFG_REPRODUCIBLE=1`` makes it hold across CPUs (tests/test_reproducible.py).
 
 Re-record (only when a change of numbers is intended and explained here):
-``PYTHONPATH=src python tests/test_sim_baseline.py --record`` (the whole baseline: from the
-original code only) or ``--record-current`` (the current digests only).
+``PYTHONPATH=src python tests/test_sim_baseline.py --record`` (from the original code only).
 """
 
 from __future__ import annotations
@@ -108,8 +119,22 @@ def figures(name: str) -> dict:
     return out
 
 
+def examples_per_client(accuracy) -> int:
+    """The smallest per-client test-set size that explains the recorded accuracies (each is
+    correct/n_test in float32): the unit of one flipped prediction."""
+    acc = np.asarray(accuracy)
+    for n in range(1, 2001):
+        if np.all(np.abs(acc * n - np.rint(acc * n)) < 1e-3):
+            return n
+    raise AssertionError("accuracies that are no fraction of a test set of at most 2000")
+
+
 def _expected() -> dict:
     return json.loads(FIXTURE.read_text())
+
+
+# figures that are integer schedules (the same on every CPU)
+EXACT_METRICS = ("messages", "scalars", "local_steps_rel", "unavailability")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -117,16 +142,33 @@ def test_simulator_reproduces_the_recorded_baseline(name):
     want = _expected()[name]
     got = figures(name)
     assert got["minibatch_digest"] == want["minibatch_digest"]
-    assert got["accuracy"] == want["accuracy"]
-    assert got["metrics"] == want["metrics"]
-    assert got["curves"] == want["curves"]
+    # one flipped prediction per client at most (see the module docstring)
+    acc_tol = 1.0 / examples_per_client(want["accuracy"]) + 1e-6
+    np.testing.assert_allclose(got["accuracy"], want["accuracy"], rtol=0, atol=acc_tol)
+    assert set(got["metrics"]) == set(want["metrics"])
+    for key, value in want["metrics"].items():
+        if key in EXACT_METRICS:
+            assert got["metrics"][key] == value, key
+        else:
+            assert got["metrics"][key] == pytest.approx(value, abs=acc_tol), key
+    assert set(got["curves"]) == set(want["curves"])
+    assert got["curves"]["round"] == want["curves"]["round"]
+    for key, values in want["curves"].items():
+        np.testing.assert_allclose(got["curves"][key], values, rtol=0, atol=acc_tol, err_msg=key)
     rtol = LOOSE.get(name, 1e-6)
     want_sum = np.asarray(want["row_sum"])
     np.testing.assert_allclose(got["row_sum"], want_sum, rtol=rtol,
                                atol=rtol * np.abs(want_sum).max())
     np.testing.assert_allclose(got["row_sq"], want["row_sq"], rtol=rtol)
-    assert got["params_digest"] == want["current_digest"]
-    assert got.get("personal_digest") == want.get("current_personal_digest")
+
+
+@pytest.mark.parametrize("name", ["auto-sfg-cut", "small-cnn-loop", "ditto"])
+def test_same_run_twice_is_bit_identical(name):
+    """Same machine, same process, same config and seed: the same bits (SPEC §7)."""
+    a, b = figures(name), figures(name)
+    assert a["params_digest"] == b["params_digest"]
+    assert a.get("personal_digest") == b.get("personal_digest")
+    assert a["accuracy"] == b["accuracy"] and a["metrics"] == b["metrics"]
 
 
 def test_the_baseline_covers_what_it_claims():
@@ -143,15 +185,8 @@ if __name__ == "__main__":
     if "--record" in sys.argv:
         FIXTURE.parent.mkdir(exist_ok=True)
         record = {name: figures(name) for name in sorted(CASES)}
-    elif "--record-current" in sys.argv:
-        record = _expected()
-        for name in sorted(CASES):
-            got = figures(name)
-            record[name]["current_digest"] = got["params_digest"]
-            if "personal_digest" in got:
-                record[name]["current_personal_digest"] = got["personal_digest"]
     else:
         sys.exit("usage: PYTHONPATH=src python tests/test_sim_baseline.py "
-                 "--record | --record-current")
+                 "--record")
     FIXTURE.write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded {len(CASES)} runs in {FIXTURE}")

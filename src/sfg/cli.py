@@ -48,6 +48,12 @@ app.add_typer(grid_cli.app, name="grid", help="Paired experiment grids and the r
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: exit status 0 success, 1 work failed, 2 bad input (see :mod:`sfg.console`)."""
+    from .reproducible import problem
+
+    wrong = problem()
+    if wrong:
+        console.error(wrong)
+        return console.BAD_INPUT
     return console.run_app(app, argv, prog_name="sfg")
 
 

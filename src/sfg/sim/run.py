@@ -66,6 +66,15 @@ class SimResult:
 
 
 # ----------------------------------------------------------------------------- minibatches
+def numerics() -> dict:
+    """How this process computes floats: the instruction set torch uses, its threads and
+    whether ``SFG_REPRODUCIBLE`` pins them (:mod:`sfg.reproducible`)."""
+    from ..reproducible import describe
+
+    return {**describe(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads()}
+
+
 def minibatch_indices(sizes: np.ndarray, steps: int, batch: int, *, seed: int, stream_name: str,
                       t: int) -> np.ndarray:
     """[N, steps, batch] int64 local example indices for every client at round t.
@@ -399,7 +408,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     meta = {"seconds": time.perf_counter() - t0, "with_replacement_clients": with_replacement,
             "backend": getattr(backend, "name", ""),
             "D": spec.D, "minibatch_digest": digest.hexdigest(),
-            "client_steps": steps_taken}  # local SGD steps taken by available clients
+            "client_steps": steps_taken,  # local SGD steps taken by available clients
+            "numerics": numerics()}
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log,
                      diagnostics=diag.result() if diag is not None else None)
