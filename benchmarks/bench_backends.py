@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from machine import banner
 
 from sfg.models import make_model
 from sfg.sim.backends import auto_choice, forward_macs, make_backend
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--models", default="all", help="comma-separated labels' model names")
     args = ap.parse_args()
+    print(banner(), flush=True)
     device = torch.device(args.device)
     K = args.steps or (2 if args.quick else 10)
     repeats = args.repeats or 2

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import banner
+
 from sfg.data import load_federated
 from sfg.data.femnist import detect_leaf, read_leaf
 from sfg.data.imagefolder import detect_image_folder, read_image_folder
@@ -40,6 +42,7 @@ def main() -> None:
     ap.add_argument("--compare-workers", action="store_true",
                     help="also time the first decode with a single process")
     args = ap.parse_args()
+    print(banner(), flush=True)
     root = Path(args.data_root)
     cifar = detect_image_folder(root / "cifar10-jpeg" / "cifar10_jpeg_q75_raw.tar.gz")
     leaf = detect_leaf(root / "femnist-leaf" / "femnist_leaf_niid_05_json.tar.gz")

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import banner
 
 FLASH = "/work/shared/data/flash/flash_state_traces_subset.json"
 
@@ -246,6 +247,7 @@ def main() -> None:
     ap.add_argument("--period", type=float, default=0.5)
     ap.add_argument("--flash", default=FLASH)
     a = ap.parse_args()
+    print(banner(), flush=True)
     which = a.only or ["throughput", "lockstep", "swarm50"]
     print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)")
     if "throughput" in which:

@@ -25,6 +25,7 @@ from pathlib import Path
 from sfg.replay import build_scenario, default_threads, replay, replay_trace, warm_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from machine import banner
 from reference import replay_reference  # noqa: E402  (the test oracle)
 
 
@@ -42,6 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the N = 10,000 run")
     args = ap.parse_args()
+    print(banner(), flush=True)
 
     g, avail = build_scenario("bursty:u=0.8", n=100, T=300, graph="knn:k=6", seed=1)
     t_first, _ = timed(lambda: replay_trace(avail, g, "placebo-cut", seed=1))

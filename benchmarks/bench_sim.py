@@ -38,6 +38,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from machine import banner
 
 from sfg.models import make_model
 from sfg.sim.backends import make_backend
@@ -146,6 +147,7 @@ def main() -> None:
     ap.add_argument("--before", default="", help="an older source tree to time alongside")
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
+    print(banner(), flush=True)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load()}\n")
 
     trees = [("now", SRC)] + ([("before", args.before)] if args.before else [])

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from machine import banner, describe
+
 PY = sys.executable
 SFG = [PY, "-m", "sfg.cli"]
 
@@ -122,9 +124,10 @@ def main() -> None:
     phases = breakdown(args.repeats) if args.breakdown else []
     if args.json:
         print(json.dumps({"repeats": args.repeats, "python": sys.version.split()[0],
-                          "cpus": os.cpu_count(), "rows": rows,
+                          "cpus": os.cpu_count(), "machine": describe(), "rows": rows,
                           "replay_phases_s": dict(phases)}, indent=2))
         return
+    print(banner())
     print(f"start-up, whole processes, median of {args.repeats} (warm numba cache), "
           f"{os.cpu_count()} CPUs")
     width = max(len(r["command"]) for r in rows)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from machine import banner
+
 from sfg.traces.flash import flash_trace, parse_flash
 from sfg.traces.stunner import parse_sessions, stunner_trace
 
@@ -18,6 +20,7 @@ DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def main() -> None:
+    print(banner(), flush=True)
     t0 = time.perf_counter()
     states = parse_flash(DATA / "flash" / "flash_state_traces_subset.json")
     t_parse = time.perf_counter() - t0
