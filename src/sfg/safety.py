@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,14 +178,18 @@ def read_text(path: str | os.PathLike, what: str, *, hint: str = "",
 
 
 # ------------------------------------------------------------------------------ JSON
-def loads_json(text: str | bytes, where: str, *, what: str = "JSON file") -> Any:
-    """``json.loads`` with one-line errors for bad syntax, bad encoding and deep nesting."""
+def loads_json(text: str | bytes, where: str, *, what: str = "JSON file",
+               parse_float: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads`` with one-line errors for bad syntax, bad encoding and deep nesting.
+
+    ``parse_float``: as for :func:`json.loads` (e.g. a cache that shares repeated values).
+    """
     import json
 
     if isinstance(text, (bytes, bytearray)):
         text = decode_text(bytes(text), where, what=what)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=parse_float)
     except json.JSONDecodeError as e:
         raise SfgError(f"{what} {where}: invalid JSON at line {e.lineno}, column {e.colno} "
                        f"({e.msg}); is the file truncated?") from None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from .base import (
     federate_label_skew,
     option_bool,
 )
-from .files import is_tar, iter_tar_files, locate, normalized_name, tar_file_names
+from .files import is_tar, iter_tar_members, locate, normalized_name, tar_file_names
 from .imagefolder import (
     ImageFolderSource,
     detect_image_folder,
@@ -123,27 +124,30 @@ def first_per_class(labels: np.ndarray, limit: int | None) -> np.ndarray:
     return np.sort(order[rank < limit])
 
 
-def _read_files(source: PickleSource, names: tuple[str, ...]) -> dict[str, tuple[str, bytes]]:
-    """name -> (where, bytes) for the wanted batch files of a pickle source."""
-    out: dict[str, tuple[str, bytes]] = {}
+def _iter_files(source: PickleSource, names: tuple[str, ...]):
+    """(name, where, binary file) for the wanted batch files of a pickle source, one at a
+    time (archive order, or ``names`` order for a directory; missing ones are skipped). Each
+    file is read where it stands (by the unpickler), never held whole as bytes."""
     if source.archive:
         wanted = {source.prefix + n: n for n in names}
-        for member, blob in iter_tar_files(source.path, lambda m: m in wanted):
-            out[wanted[member]] = (f"{source.path}:{member}", blob)
+        for member, _, fh in iter_tar_members(source.path, lambda m: m in wanted):
+            yield wanted[member], f"{source.path}:{member}", fh
     else:
         for n in names:
             file = source.path / n
             if file.is_file():
-                out[n] = (str(file), file.read_bytes())
-    return out
+                with open(file, "rb") as fh:
+                    yield n, str(file), fh
 
 
 def _text_key(d: dict) -> dict:
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in d.items()}
 
 
-def _batch(where: str, blob: bytes, label_key: str, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x uint8 [n, 3, 32, 32], y int64 [n]) of one batch file, validated."""
+def _batch(where: str, blob: bytes | BinaryIO, label_key: str,
+           n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x uint8 [n, 3, 32, 32], y int64 [n]) of one batch file (bytes or a binary file),
+    validated."""
     d = load_cifar_pickle(blob, source=where)
     check(isinstance(d, dict), f"{where} is not a CIFAR batch (expected a dict, got "
                                f"{type(d).__name__})")
@@ -171,20 +175,58 @@ def pickle_pool(source: PickleSource, fmt: CifarFormat, *, labels: str = "fine",
     """An :class:`ImagePool` from a CIFAR python archive (scale 255, train-split stats)."""
     label_key, names_key, n_classes = (("labels", "label_names", 10) if fmt.classes == 10
                                        else LABEL_KEYS[labels])
-    files = _read_files(source, fmt.train + fmt.test + (fmt.meta,))
-    missing = [n for n in fmt.train + fmt.test if n not in files]
+    wanted = fmt.train + fmt.test
+    if not source.archive:
+        missing = [n for n in wanted if not (source.path / n).is_file()]
+        check(not missing, f"CIFAR-{fmt.classes} archive {source.path} lacks "
+                           f"{', '.join(source.prefix + m for m in missing)}")
+    # each batch is unpickled from its file as it is read and appended to its split's array,
+    # grown in place (realloc; no stacked copy; a split of one batch keeps the unpickled array
+    # itself): memory stays near the decoded data plus one batch
+    split_of = {n: split for split, names in (("train", fmt.train), ("test", fmt.test))
+                for n in names}
+    xs: dict[str, np.ndarray] = {}
+    ys: dict[str, np.ndarray] = {}
+    found: dict[str, tuple[int, int]] = {}  # batch -> its rows in its split (last copy)
+    meta_file = None
+    for n, where, fh in _iter_files(source, wanted + (fmt.meta,)):
+        if n == fmt.meta:
+            meta_file = (where, fh.read())
+            continue
+        bx, by = _batch(where, fh, label_key, n_classes)
+        split = split_of[n]
+        if split not in xs:
+            xs[split], ys[split], rows = bx, by, 0
+        else:
+            x, y = xs.pop(split), ys.pop(split)
+            if not (x.flags.owndata and y.flags.owndata):  # a view of the unpickled batch
+                x, y = x.copy(), y.copy()
+            rows = y.size
+            x.resize((rows + by.size, 3, 32, 32), refcheck=False)
+            y.resize(rows + by.size, refcheck=False)
+            x[rows:], y[rows:] = bx, by
+            xs[split], ys[split] = x, y
+            del x, y
+        found[n] = (rows, rows + by.size)
+        del bx, by
+    missing = [n for n in wanted if n not in found]
     check(not missing, f"CIFAR-{fmt.classes} archive {source.path} lacks "
                        f"{', '.join(source.prefix + m for m in missing)}")
     splits = {}
     for split, names in (("train", fmt.train), ("test", fmt.test)):
-        parts = [_batch(*files[n], label_key, n_classes) for n in names]
-        x = np.concatenate([p[0] for p in parts])
-        y = np.concatenate([p[1] for p in parts])
-        keep = first_per_class(y, limit_per_class)
-        splits[split] = (x[keep], y[keep])
+        x, y = xs.pop(split), ys.pop(split)
+        spans = [found[n] for n in names]
+        if [a for a, _ in spans] != [0] + [b for _, b in spans[:-1]] or spans[-1][1] != y.size:
+            # archive order differs from the names' (or a name came twice: the last counts)
+            rows = np.concatenate([np.arange(a, b) for a, b in spans])
+            x, y = x[rows], y[rows]
+        if limit_per_class is not None:
+            keep = first_per_class(y, limit_per_class)
+            x, y = x[keep], y[keep]
+        splits[split] = (x, y)
     label_names = [str(i) for i in range(n_classes)]
-    if fmt.meta in files:
-        meta = _text_key(load_cifar_pickle(files[fmt.meta][1], source=files[fmt.meta][0]))
+    if meta_file is not None:
+        meta = _text_key(load_cifar_pickle(meta_file[1], source=meta_file[0]))
         raw = meta.get(names_key)
         if isinstance(raw, list) and len(raw) == n_classes:
             label_names = [v.decode("latin1") if isinstance(v, bytes) else str(v) for v in raw]

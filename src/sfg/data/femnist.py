@@ -86,7 +86,8 @@ def detect_leaf(path: Path) -> LeafSource | None:
 
 # ------------------------------------------------------------------------ parsing
 def _shards(source: LeafSource):
-    """(split, where, bytes) for every shard, in sorted name order."""
+    """(split, where, bytes) for every shard, one at a time (archive order for an archive,
+    sorted names for a directory): only the shard being parsed is in memory."""
     if source.archive:
         depth = len([p for p in source.prefix.split("/") if p])
 
@@ -95,18 +96,35 @@ def _shards(source: LeafSource):
             return (len(parts) == depth + 2 and "/".join(parts[:depth]) == source.prefix.rstrip("/")
                     and parts[depth] in SPLITS and parts[-1].endswith(".json"))
 
-        found = []
         for name, blob in iter_tar_files(source.path, keep):
             parts = [p for p in name.split("/") if p and p != "."]
-            found.append((parts[depth], f"{source.path}:{name}", blob))
-        return sorted(found, key=lambda f: (f[0], f[1]))
+            yield parts[depth], f"{source.path}:{name}", blob
+            del blob
+        return
     files = [(split, f) for split in SPLITS for f in sorted((source.path / split).glob("*.json"))]
     total = sum(f.stat().st_size for _, f in files if f.is_file())
     check_memory(total, f"LEAF shards at {source.path} hold {human_bytes(total)}",
                  fix="use fewer shards")
     for _, f in files:
         check(f.is_file(), f"LEAF shard {f} is not a regular file")
-    return [(split, str(f), f.read_bytes()) for split, f in files]
+    for split, f in files:
+        yield split, str(f), f.read_bytes()
+
+
+class _FloatCache(dict):
+    """``parse_float`` for one shard: a repeated number text is one shared float object.
+
+    LEAF pixels are a few hundred distinct texts (``k/255``), so a shard's lists hold pointers
+    to shared floats instead of a float object per pixel (a quarter of the memory, and faster).
+    ``float(text)`` is what :func:`json.loads` does itself, so the values are the same; at most
+    4,096 texts are kept, whatever the input.
+    """
+
+    def __missing__(self, text: str) -> float:
+        value = float(text)
+        if len(self) < 4096:
+            self[text] = value
+        return value
 
 
 def _parse_shard(where: str, blob: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -114,7 +132,7 @@ def _parse_shard(where: str, blob: bytes) -> dict[str, tuple[np.ndarray, np.ndar
     # parsed into Python lists of floats: ~12 bytes of memory per byte of JSON
     check_memory(12.0 * len(blob), f"parsing LEAF shard {where} ({human_bytes(len(blob))})",
                  fix="split the shard")
-    doc = loads_json(blob, where, what="LEAF shard")
+    doc = loads_json(blob, where, what="LEAF shard", parse_float=_FloatCache().__getitem__)
     check(isinstance(doc, dict) and isinstance(doc.get("user_data"), dict),
           f"LEAF shard {where} has no 'user_data' object; expected "
           "{'users': [...], 'num_samples': [...], 'user_data': {...}}")
@@ -143,14 +161,53 @@ def _parse_shard(where: str, blob: bytes) -> dict[str, tuple[np.ndarray, np.ndar
     return out
 
 
-def _assemble(per_writer: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, np.ndarray]:
+# float32 k/255 for k = 0..255: the values LEAF writes (Python's repr of k/255)
+_BYTE_VALUES = (np.arange(256) / 255.0).astype(np.float32)
+
+
+def _compact(x: np.ndarray) -> tuple[np.ndarray, bool]:
+    """One writer's float32 pixels as ``(array, exact)``, kept small as soon as parsed.
+
+    ``exact``: every value is within 1e-6 of a multiple of 1/255 (then the dataset is stored
+    as uint8 ``rint(x * 255)``). An exact array whose float32 values are exactly
+    ``_BYTE_VALUES[u]`` is returned as that uint8 ``u`` (lossless either way it is stored);
+    any other is kept as float32.
+    """
+    exact = bool(np.abs(np.rint(x * 255) / 255 - x).max(initial=0) < 1e-6)
+    if exact:
+        u = np.rint(x * 255).astype(np.uint8)
+        if np.array_equal(_BYTE_VALUES[u].view(np.uint32), x.view(np.uint32)):
+            return u, True
+    return x, exact
+
+
+def _as_stored(x: np.ndarray, exact: bool) -> np.ndarray:
+    """A :func:`_compact` array in the dataset's stored form (uint8 when ``exact``, else float32)."""
+    if x.dtype == np.uint8:
+        return x if exact else _BYTE_VALUES[x]
+    return np.rint(x * 255).astype(np.uint8) if exact else x
+
+
+def _assemble(per_writer: dict[str, list[tuple[tuple, np.ndarray, np.ndarray]]],
+              exact: bool) -> dict[str, np.ndarray]:
+    """One split's arrays, writers sorted, each writer's parts in shard order.
+
+    Written into one preallocated array, each writer's parts dropped once copied.
+    """
     writers = sorted(per_writer)
-    xs = [np.concatenate([p[0] for p in per_writer[w]]) for w in writers]
-    ys = [np.concatenate([p[1] for p in per_writer[w]]) for w in writers]
-    counts = np.array([y.size for y in ys], np.int64)
-    return {"x": np.concatenate(xs) if xs else np.zeros((0, 784), np.float32),
-            "y": np.concatenate(ys) if ys else np.zeros(0, np.int64),
-            "writers": np.array(writers, dtype=str), "offsets": np.concatenate([[0], np.cumsum(counts)])}
+    for w in writers:
+        per_writer[w].sort(key=lambda part: part[0])
+    counts = np.array([sum(p[2].size for p in per_writer[w]) for w in writers], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    x = np.empty((int(offsets[-1]), 784), np.uint8 if exact else np.float32)
+    y = np.empty(int(offsets[-1]), np.int64)
+    row = 0
+    for w in writers:
+        for _, xs, ys in per_writer.pop(w):
+            x[row:row + ys.size] = _as_stored(xs, exact)
+            y[row:row + ys.size] = ys
+            row += ys.size
+    return {"x": x, "y": y, "writers": np.array(writers, dtype=str), "offsets": offsets}
 
 
 def read_leaf(source: LeafSource, *, cache_dir=None) -> tuple[dict[str, np.ndarray], dict]:
@@ -167,26 +224,29 @@ def read_leaf(source: LeafSource, *, cache_dir=None) -> tuple[dict[str, np.ndarr
     if arrays is not None:
         return arrays, {"cache": str(path), "decoded": False,
                         "seconds": time.perf_counter() - started}
+    # each shard is parsed as it is read and its writers' pixels made compact at once, so
+    # memory is the decoded data plus one shard, not the JSON text or its float lists
     per_split: dict[str, dict[str, list]] = {s: {} for s in SPLITS}
     n_shards = dict.fromkeys(SPLITS, 0)
+    exact = True
     for split, where, blob in _shards(source):
         n_shards[split] += 1
-        for writer, xy in _parse_shard(where, blob).items():
-            per_split[split].setdefault(writer, []).append(xy)
+        parsed = _parse_shard(where, blob)
+        del blob
+        for writer, (x, y) in parsed.items():
+            small, writer_exact = _compact(x)
+            exact = exact and writer_exact
+            per_split[split].setdefault(writer, []).append(((split, where), small, y))
+        del parsed
     check(n_shards["train"] > 0 and n_shards["test"] > 0,
           f"LEAF data at {source.path} needs shards in both train/ and test/ "
           f"(found {n_shards['train']} and {n_shards['test']})")
+    scale = 255.0 if exact else 1.0
     arrays = {}
     for split in SPLITS:
-        for key, value in _assemble(per_split[split]).items():
+        for key, value in _assemble(per_split[split], exact).items():
             arrays[f"{split}_{key}"] = value
-    x_all = [arrays["train_x"], arrays["test_x"]]
-    exact = all(np.abs(np.rint(x * 255) / 255 - x).max(initial=0) < 1e-6 for x in x_all)
-    scale = 255.0 if exact else 1.0
-    for split in SPLITS:
-        x = arrays[f"{split}_x"]
-        x = np.rint(x * 255).astype(np.uint8) if exact else x.astype(np.float32)
-        arrays[f"{split}_x"] = x.reshape(-1, 1, 28, 28)
+        arrays[f"{split}_x"] = arrays[f"{split}_x"].reshape(-1, 1, 28, 28)
     arrays["scale"] = np.array(scale)
     arrays["mean"], arrays["std"] = channel_stats(arrays["train_x"], scale)
     save_cached(path, arrays)

@@ -173,12 +173,14 @@ def _format_hint(name: str) -> tuple[str, ...] | None:
 
 
 def _decode(blobs: list[bytes], names: list[str], mode: str, size: tuple[int, int],
-            resize: bool) -> np.ndarray:
-    """uint8 [k, H, W, channels] from encoded images (all of ``size`` (W, H) after resize)."""
+            resize: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """uint8 [k, channels, H, W] from encoded images (all of ``size`` (W, H) after resize),
+    written into ``out`` when given (no stacked or transposed copy of the whole batch)."""
     from PIL import Image
 
     channels = 3 if mode == "RGB" else 1
-    out = np.empty((len(blobs), size[1], size[0], channels), np.uint8)
+    if out is None:
+        out = np.empty((len(blobs), channels, size[1], size[0]), np.uint8)
     for i, (blob, name) in enumerate(zip(blobs, names, strict=True)):
         try:
             im = Image.open(io.BytesIO(blob), formats=_format_hint(name))
@@ -191,7 +193,8 @@ def _decode(blobs: list[bytes], names: list[str], mode: str, size: tuple[int, in
                                    f"image is {size[0]}x{size[1]}; pass resize=S to resize "
                                    "every image to SxS")
                 im = im.resize(size, Image.BILINEAR)
-            out[i] = np.frombuffer(im.tobytes(), np.uint8).reshape(out.shape[1:])
+            pixels = np.frombuffer(im.tobytes(), np.uint8).reshape(size[1], size[0], channels)
+            out[i] = pixels.transpose(2, 0, 1)
         except SfgError:
             raise
         except Exception as exc:
@@ -209,10 +212,10 @@ def _check_pixels(size: tuple[int, int], name: str) -> None:
                        "the data set?")
 
 
-def _decode_range(task: tuple[int, int, str, tuple[int, int], bool]) -> np.ndarray:
+def _decode_range(task: tuple[int, int, str, tuple[int, int], bool]) -> tuple[int, np.ndarray]:
     start, stop, mode, size, resize = task
     blobs, names = _SHARED
-    return _decode(blobs[start:stop], names[start:stop], mode, size, resize)
+    return start, _decode(blobs[start:stop], names[start:stop], mode, size, resize)
 
 
 def decode_images(blobs: list[bytes], names: list[str], *, grayscale: bool = False,
@@ -236,8 +239,8 @@ def decode_images(blobs: list[bytes], names: list[str], *, grayscale: bool = Fal
             raise SfgError(f"cannot decode image {names[0]}: {type(exc).__name__}: {exc}") from None
         _check_pixels(size, names[0])
     channels = 1 if grayscale else 3
-    # the decoded array (and its transposed copy), computed before decoding any image
-    check_memory(2.0 * len(blobs) * size[0] * size[1] * channels,
+    # the decoded array, computed before decoding any image
+    check_memory(1.0 * len(blobs) * size[0] * size[1] * channels,
                  f"{len(blobs):,} images of {size[0]}x{size[1]} pixels x {channels} channels",
                  fix="pass limit_per_class=K or resize=S")
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
@@ -245,16 +248,19 @@ def decode_images(blobs: list[bytes], names: list[str], *, grayscale: bool = Fal
     tasks = [(s, min(s + chunk, len(blobs)), mode, size, resize is not None)
              for s in range(0, len(blobs), chunk)]
     forkable = sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    # decoded straight into the one result array (memory: that array plus a chunk per worker)
+    out = np.empty((len(blobs), channels, size[1], size[0]), np.uint8)
     if workers <= 1 or len(tasks) < 2 or not forkable:
-        parts = [_decode(blobs, names, mode, size, resize is not None)]
-    else:
-        _SHARED = (blobs, names)  # inherited by the forked workers, not pickled
-        try:
-            with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
-                parts = pool.map(_decode_range, tasks)
-        finally:
-            _SHARED = ([], [])
-    return np.ascontiguousarray(np.concatenate(parts).transpose(0, 3, 1, 2))
+        return _decode(blobs, names, mode, size, resize is not None, out=out)
+    _SHARED = (blobs, names)  # inherited by the forked workers, not pickled
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+            for start, part in pool.imap_unordered(_decode_range, tasks):
+                out[start:start + len(part)] = part
+                del part
+    finally:
+        _SHARED = ([], [])
+    return out
 
 
 # ------------------------------------------------------------------------ loading + cache
@@ -288,10 +294,11 @@ def read_image_folder(source: ImageFolderSource, *, limit_per_class: int | None 
     label = {c: i for i, c in enumerate(classes)}
     arrays = {"classes": np.array(classes)}
     for split in SPLITS:
-        entries = _limit(listing[split], limit_per_class)
+        entries = _limit(listing.pop(split), limit_per_class)  # a split's blobs go once decoded
         arrays[f"{split}_x"] = decode_images([e[2] for e in entries], [e[1] for e in entries],
                                              grayscale=grayscale, resize=resize, workers=workers)
         arrays[f"{split}_y"] = np.array([label[e[0]] for e in entries], np.int64)
+        del entries
     shapes = {arrays["train_x"].shape[1:], arrays["test_x"].shape[1:]}
     check(len(shapes) == 1, f"image folder {source.path}: train and test images differ in size "
                             f"({sorted(shapes)}); pass resize=S")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import io
 import pickle
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -61,10 +61,15 @@ class CifarUnpickler(pickle.Unpickler):
                        "contain only arrays, lists, dicts and strings")
 
 
-def load_cifar_pickle(data: bytes, *, source: str) -> Any:
-    """Unpickle one CIFAR batch file (``encoding="bytes"`` like the official loader)."""
+def load_cifar_pickle(data: bytes | BinaryIO, *, source: str) -> Any:
+    """Unpickle one CIFAR batch file (``encoding="bytes"`` like the official loader).
+
+    ``data``: the file's bytes, or a binary file object read from where it stands (then the
+    file's bytes are never held as a whole beside the arrays they become).
+    """
+    fh = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
-        return CifarUnpickler(io.BytesIO(data), source=source, encoding="bytes").load()
+        return CifarUnpickler(fh, source=source, encoding="bytes").load()
     except SfgError:
         raise
     except Exception as exc:  # truncated or not a pickle at all
