@@ -67,7 +67,8 @@ def run_cmd(
         return
     result = run_grid(g.configs, store, executor=executor, workers=workers, address=address,
                       gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run,
-                      show_progress=progress and not as_json, label=g.name)
+                      show_progress=progress and not as_json, label=g.name,
+                      grid=g.name)
     if as_json:
         console.print_json({"grid": g.name, "total": result.total,
                             "already_done": result.already_done, "done": result.done,

@@ -319,8 +319,11 @@ def run_grid(configs: Sequence[RunConfig], store_path: str | os.PathLike, *,
              executor: str = "local", workers: int = 1, address: str | None = None,
              cpus_per_run: float = 1.0, gpus_per_run: float = 0.0, lease: float = 60.0,
              max_attempts: int = 3, retry_failed: bool = True, show_progress: bool = False,
-             label: str = "grid") -> GridSummary:
+             label: str = "grid", grid: str | None = None) -> GridSummary:
     """Run every config not yet done in the store at ``store_path``; resumable.
+
+    ``grid``: the grid's name, recorded in the store with its runs (:meth:`Store.grids`;
+    ``sfg report --tensorboard/--mlflow`` file the runs under it).
 
     Runs already done are skipped; failed ones are retried when ``retry_failed``; runs left
     ``running`` by dead workers are reclaimed. A failing run is recorded as failed with its
@@ -350,7 +353,7 @@ def run_grid(configs: Sequence[RunConfig], store_path: str | os.PathLike, *,
     path = Path(store_path)
     t0 = time.perf_counter()
     with Store(path) as store:
-        store.add_runs(unique, retry_failed=retry_failed)
+        store.add_runs(unique, retry_failed=retry_failed, grid=grid)
         already = store.counts(ids)["done"]  # adding never changes done runs
         with _Bar(show_progress, len(ids), already, label) as bar:
             if executor == "ray":

@@ -9,6 +9,9 @@ Tables::
     curves (run_id, name, round, value)  round = position in the run's curve list
     diagnostics (run_id PRIMARY KEY, data JSON)  training diagnostics (SPEC §10) of runs that
                                          recorded them; created with the first such run
+    grid_runs (grid, run_id)             which named grids queued which runs (a run shared by
+                                         two grids is listed under both); created with the
+                                         first run queued under a grid name
 
 Guarantees:
 
@@ -86,6 +89,12 @@ CREATE TABLE IF NOT EXISTS curves (
 _DIAGNOSTICS_TABLE = """CREATE TABLE IF NOT EXISTS diagnostics (
     run_id TEXT PRIMARY KEY REFERENCES runs (run_id),
     data   TEXT NOT NULL
+) WITHOUT ROWID"""
+
+_GRID_RUNS_TABLE = """CREATE TABLE IF NOT EXISTS grid_runs (
+    grid   TEXT NOT NULL,
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    PRIMARY KEY (grid, run_id)
 ) WITHOUT ROWID"""
 
 
@@ -382,11 +391,13 @@ class Store:
 
     # ------------------------------------------------------------------ queue
     @_guarded
-    def add_runs(self, configs: Iterable[RunConfig], *, retry_failed: bool = True) -> list[str]:
+    def add_runs(self, configs: Iterable[RunConfig], *, retry_failed: bool = True,
+                 grid: str | None = None) -> list[str]:
         """Queue ``configs`` (runs already present keep their state); return their run ids.
 
         ``retry_failed``: failed runs among them go back to the queue (a resumed grid redoes
-        them). Done runs are never redone.
+        them). Done runs are never redone. ``grid``: the name of the grid they belong to,
+        recorded for every one of them (see :meth:`grids`).
         """
         now = time.time()
         rows, ids = [], []
@@ -399,6 +410,10 @@ class Store:
             con.executemany(
                 "INSERT OR IGNORE INTO runs (run_id, config, status, queued, dataset, process, "
                 "rule, seed) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)", rows)
+            if grid is not None:
+                con.execute(_GRID_RUNS_TABLE)
+                con.executemany("INSERT OR IGNORE INTO grid_runs (grid, run_id) VALUES (?, ?)",
+                                [(grid, rid) for rid in ids])
             if retry_failed:
                 con.execute(
                     "UPDATE runs SET status = 'queued', worker = NULL, error = NULL, "
@@ -556,6 +571,22 @@ class Store:
             return {}
         return {rid: json.loads(data) for rid, data in
                 self._con.execute("SELECT run_id, data FROM diagnostics")}
+
+    @_guarded
+    def grids(self) -> dict[str, list[str]]:
+        """``{run_id: [grid names, sorted]}`` of the runs queued under a grid name.
+
+        Runs queued without one (stores written before grids were recorded, ``sfg swarm``) are
+        absent.
+        """
+        if not self._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                 "name = 'grid_runs'").fetchone():
+            return {}
+        out: dict[str, list[str]] = {}
+        for grid, rid in self._con.execute("SELECT grid, run_id FROM grid_runs "
+                                           "ORDER BY grid, run_id"):
+            out.setdefault(rid, []).append(grid)
+        return out
 
     @_guarded
     def records(self, status: str | None = "done") -> list[dict]:
