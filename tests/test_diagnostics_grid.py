@@ -79,3 +79,33 @@ def test_report_exports_pooled_tables_and_plots(store, tmp_path):
     assert {r["rule"] for r in rates} == {"dfedavg", "sfg"}
     # binned_means on the pooled block is what the CSV holds
     assert binned_means({"x": {"sum": [0, 2.0], "count": [0, 2]}}, "x")[1].tolist() == [1.0]
+
+
+def test_diagnostics_plots_are_titled_with_what_and_the_data(store, tmp_path, monkeypatch):
+    """Each diagnostics figure names what it shows and the dataset, process and seeds it pools
+    (read from the figure as it is saved)."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    from sfg.report_diagnostics import write_diagnostics
+
+    seen = {}
+    save = Figure.savefig
+
+    def spy(fig, fname, *args, **kwargs):
+        seen[Path(fname).name] = (fig._suptitle.get_text() if fig._suptitle else "") + "\n" \
+            + "\n".join(ax.get_title() for ax in fig.axes)
+        return save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    with Store(store, create=False) as s:
+        recs = s.records()
+    files = write_diagnostics(recs, tmp_path)
+    what = {"raw_law.png": "Raw staleness law", "lag_law.png": "Lag law",
+            "finetune.png": "Fine-tuned geometry", "returning.png": "Returning clients"}
+    assert set(what) <= set(files)
+    for name, w in what.items():
+        text = seen[name]
+        assert w in text and "pooled over seeds" in text, text
+        assert "dataset digits · process bursty:u=0.8 · seeds 1, 2" in text, text

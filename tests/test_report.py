@@ -77,7 +77,7 @@ def test_report_on_tiny_record_set_writes_every_file(tmp_path):
     assert c.verdict == "unresolved"  # interval excludes 0, 3 units cannot reach p < 0.05
     row_line = next(line for line in md.splitlines() if line.startswith("| sfg-cut |"))
     assert "6/6" in row_line and "2/2" in row_line and "unresolved" in row_line
-    assert "+0.0400 [" in row_line and "1.200" in row_line
+    assert "+4.00 [" in row_line and "1.200" in row_line  # gain in percentage points
 
 
 def test_comparisons_csv_from_report(tmp_path):
@@ -96,7 +96,7 @@ def test_report_with_only_the_baseline(tmp_path):
     rep = build_report(recs, out_dir=tmp_path)
     assert rep.comparisons == [] and [r.rule for r in rep.rows] == ["dfedavg"]
     md = (tmp_path / "report.md").read_text()
-    assert "| dfedavg | 6 | 0.7000 | 0.5000 | baseline |" in md
+    assert "| dfedavg | 6 | 70.00 | 50.00 | baseline |" in md  # accuracies in %
     assert "only the baseline" in md
     with (tmp_path / "comparisons.csv").open() as handle:
         rows = list(csv.reader(handle))
@@ -136,7 +136,7 @@ def test_print_report_renders_table():
     print_report(rep, console=console)
     text = console.export_text()
     assert "sfg-cut" in text and "dfedavg" in text and "unresolved" in text
-    assert "6/6" in text and "0.7400" in text
+    assert "6/6" in text and "74.00" in text and "+4.00" in text and "gain (pp)" in text
 
 
 def test_report_bad_input(tmp_path):

@@ -77,8 +77,9 @@ def test_report_writes_the_columns_table_and_plot(tmp_path):
     md = rep.markdown
     assert "| " + " | ".join(SENSITIVITY_COLUMNS) + " |" in md
     line = next(x for x in md.splitlines() if x.startswith("| sfg | 2/4 |"))
-    assert "[+0.0000, +0.0500]" in line and "+0.0500 (0.5)" in line and "| 20 % |" in line
+    # gains in percentage points: 0.05 -> +5.00
+    assert "[+0.00, +5.00]" in line and "+5.00 (0.5)" in line and "| 20 % |" in line
     assert "bursty:u=0.8: 40 %" in line and "iid:u=0.5: -30 %" in line
-    assert "+0.0700 | +0.0800 | +0.0900 | +0.1000" in line
+    assert "+7.00 | +8.00 | +9.00 | +10.00" in line
     png = (tmp_path / "sensitivity.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000

@@ -8,6 +8,11 @@ interval is the stratified t-interval of :func:`sfg.stats.stratified_interval`. 
 is its no-attack accuracy paired against the undefended rule's. For replays (no training) the
 damage measures of :mod:`sfg.replay.metrics` (weight given to attackers, own model cut, reach)
 are averaged over seeds. :func:`sfg.report.build_report` keeps reporting the no-attack runs.
+
+Units (:mod:`sfg.units`): the Markdown and terminal tables and the plot show honest accuracies in
+% and their paired differences in percentage points; the damage measures of replays keep their
+own units (weights and shares in [0, 1]); ``attack.csv`` keeps the raw fractions. The plot is
+titled with its metric and the datasets, processes and seeds of the runs it shows.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .attacks import parse_attack
 from .defences import DEFENCES
 from .spec import format_component, parse_component
 from .stats import pair_values, run_values, stratified_interval
+from .units import context, is_accuracy, metric_label, percent, points, title
 
 TRAIN_METRICS = ("acc_honest_mean", "acc_honest_p10")
 REPLAY_METRICS = ("attack_weight", "self_cut", "reach")
@@ -127,10 +133,24 @@ def attack_rows(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.9
     return rows
 
 
-def _fmt(x: float, signed: bool = False) -> str:
+def _fmt(x: float, signed: bool = False, *, metric: str = "") -> str:
+    """A value of ``metric`` as shown: accuracies in % (differences, ``signed``, in pp)."""
     if x is None or not math.isfinite(x):
         return "–"
+    if is_accuracy(metric):
+        return points(x) if signed else f"{percent(x)} %"
     return f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def _delta(r: AttackRow) -> str:
+    """The paired difference with its interval (pp), or "–" (replays, no-attack rows)."""
+    if not math.isfinite(r.loss):
+        return "–"
+    return (f"{_fmt(r.loss, True, metric=r.metric)} [{_fmt(r.low, True, metric=r.metric)}, "
+            f"{_fmt(r.high, True, metric=r.metric)}]")
+
+
+DELTA_COLUMN = "Δ vs no attack, pp [CI]"
 
 
 def _defence(rule: str) -> str:
@@ -143,11 +163,26 @@ PLOT_METRIC = {"train": "acc_honest_mean", "replay": "attack_weight"}
 _STYLES = ("-", "--", ":", "-.")
 
 
-def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
+def _where(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """{kind: "dataset … · process … · seeds …"} of the runs of each kind (replays are
+    model-free: no dataset)."""
+    out = {}
+    for kind in sorted({(r.get("config") or {}).get("kind", "train") for r in records}):
+        recs = [r for r in records if (r.get("config") or {}).get("kind", "train") == kind]
+        out[kind] = context(datasets=[] if kind == "replay" else [r["dataset"] for r in recs],
+                            processes=[r["process"] for r in recs],
+                            seeds=[r["seed"] for r in recs if isinstance(r.get("seed"), int)],
+                            extra=["model-free (no dataset)"] if kind == "replay" else [])
+    return out
+
+
+def _plot(rows: Sequence[AttackRow], path: Path, *, where: Mapping[str, str] | None = None,
+          confidence: float = 0.95) -> Path | None:
     """One panel per (kind, undefended rule): damage against the attacker fraction, one colour
     per defence, one line style per attack. Training: the paired loss of honest mean accuracy
-    against the same rule without attack (95 % CI); replay: the weight honest receivers give
-    attackers."""
+    against the same rule without attack (pp, ``confidence`` CI); replay: the weight honest
+    receivers give attackers. The figure's title names the metrics and ``where`` ({kind: the
+    datasets, processes and seeds})."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -160,7 +195,18 @@ def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
     colours = {d: f"C{k % 10}" for k, d in enumerate(defences)}
     cols = min(4, len(panels))
     nrow = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.3 * nrow + 0.8))
+    kinds = sorted({k for k, _ in panels})
+    what = {"train": f"paired Δ of {metric_label(PLOT_METRIC['train'])} against the same rule "
+                     f"without attack ({confidence:.0%} CI)",
+            "replay": f"{PLOT_METRIC['replay']}, the weight honest receivers give attackers "
+                      "(model-free replay, mean over seeds)"}
+    where = where or {}
+    place = "; ".join(f"{k}: {where[k]}" if len(kinds) > 1 else where[k]
+                      for k in kinds if where.get(k))
+    head = title("Forged staleness: " + "; ".join(what[k] for k in kinds), place,
+                 width=int(12 * 4.2 * cols))
+    height = 3.3 * nrow + 0.8 + 0.2 * head.count("\n")
+    fig = Figure(figsize=(4.2 * cols, height))
     FigureCanvasAgg(fig)
     for k, (kind, base) in enumerate(panels):
         ax = fig.add_subplot(nrow, cols, k + 1)
@@ -173,18 +219,18 @@ def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
                 x = np.array([f for f, _ in pts])
                 style = dict(color=colours[_defence(rule)], linestyle=_STYLES[si % len(_STYLES)],
                              marker="o", markersize=3)
-                if kind == "train":
-                    y = np.array([0.0 if f == 0 else r.loss for f, r in pts])
-                    lo = np.array([0.0 if f == 0 else r.low for f, r in pts])
-                    hi = np.array([0.0 if f == 0 else r.high for f, r in pts])
+                if kind == "train":  # accuracy differences in percentage points
+                    y = 100 * np.array([0.0 if f == 0 else r.loss for f, r in pts])
+                    lo = 100 * np.array([0.0 if f == 0 else r.low for f, r in pts])
+                    hi = 100 * np.array([0.0 if f == 0 else r.high for f, r in pts])
                     err = np.nan_to_num(np.stack([y - lo, hi - y]), nan=0.0)
                     ax.errorbar(x, y, yerr=err, capsize=2, **style)
                 else:
                     ax.plot(x, [r.value for _, r in pts], **style)
         ax.set_title(f"{base} ({kind})", fontsize=9)
         ax.set_xlabel("attacker fraction", fontsize=8)
-        ax.set_ylabel("Δ honest acc vs no attack" if kind == "train" else "weight to attackers",
-                      fontsize=8)
+        ax.set_ylabel("Δ honest mean acc vs no attack (pp)" if kind == "train"
+                      else "weight to attackers", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     from matplotlib.lines import Line2D
@@ -193,7 +239,8 @@ def _plot(rows: Sequence[AttackRow], path: Path) -> Path | None:
     handles += [Line2D([], [], color="k", linestyle=_STYLES[i % len(_STYLES)], label=s)
                 for i, s in enumerate(series)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7)
-    fig.tight_layout(rect=(0, 0.9 / (3.3 * nrow + 0.8), 1, 1))
+    fig.suptitle(head, fontsize=9)
+    fig.tight_layout(rect=(0, 0.9 / height, 1, 1))
     from .report import _save  # the report's one PNG writer
 
     return _save(fig, path)
@@ -214,22 +261,24 @@ def write_attack_report(records: Sequence[Mapping[str, Any]], out_dir: Path, *,
             w.writerow([r.kind, r.rule, r.series, r.frac, r.metric, r.runs, r.value, r.loss,
                         r.low, r.high, r.units])
     files["attack.csv"] = csv_path
+    where = _where(records)
     lines = ["# Forged staleness: damage per rule, defence and attacker fraction", "",
-             "Training rows: honest clients' accuracy; `Δ` is the paired mean difference against "
+             *(f"* {kind}: {w}" for kind, w in where.items()), "",
+             "Training rows: honest clients' accuracy in %; `Δ` is the paired mean difference "
+             "in percentage points against "
              "the same rule without attack (for fraction 0: a defended rule against the "
              f"undefended one, i.e. the defence's cost), with its {confidence:.0%} stratified "
-             "t-interval over (dataset, seed) units. Replay rows: damage measures, mean over seeds.",
-             "", "| kind | rule | attack | frac | metric | runs | mean | Δ [CI] |",
+             "t-interval over (dataset, seed) units. Replay rows: damage measures (weights and "
+             "shares in [0, 1]), mean over seeds. `attack.csv` keeps the raw fractions.",
+             "", f"| kind | rule | attack | frac | metric | runs | mean | {DELTA_COLUMN} |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ci = (f"{_fmt(r.loss, True)} [{_fmt(r.low, True)}, {_fmt(r.high, True)}]"
-              if math.isfinite(r.loss) else "–")
         lines.append(f"| {r.kind} | `{r.rule}` | `{r.series}` | {r.frac:g} | {r.metric} | "
-                     f"{r.runs} | {_fmt(r.value)} | {ci} |")
+                     f"{r.runs} | {_fmt(r.value, metric=r.metric)} | {_delta(r)} |")
     md = out_dir / "attack.md"
     md.write_text("\n".join(lines) + "\n")
     files["attack.md"] = md
-    png = _plot(rows, out_dir / "attack_damage.png")
+    png = _plot(rows, out_dir / "attack_damage.png", where=where, confidence=confidence)
     if png is not None:
         files["attack_damage.png"] = png
     return rows, files
@@ -240,13 +289,11 @@ def print_attack_rows(rows: Sequence[AttackRow], *, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="Forged staleness: damage per rule, defence and attacker fraction",
-                  title_justify="left")
-    for col in ("kind", "rule", "attack", "frac", "metric", "runs", "mean", "Δ vs no attack [CI]"):
+    table = Table(title="Forged staleness: damage per rule, defence and attacker fraction "
+                        "(accuracies in %, Δ in percentage points)", title_justify="left")
+    for col in ("kind", "rule", "attack", "frac", "metric", "runs", "mean", DELTA_COLUMN):
         table.add_column(col, justify="right" if col in ("frac", "runs", "mean") else "left")
     for r in rows:
-        ci = (f"{_fmt(r.loss, True)} [{_fmt(r.low, True)}, {_fmt(r.high, True)}]"
-              if math.isfinite(r.loss) else "–")
         table.add_row(r.kind, Text(r.rule), Text(r.series), f"{r.frac:g}", r.metric, str(r.runs),
-                      _fmt(r.value), ci)
+                      _fmt(r.value, metric=r.metric), _delta(r))
     console.print(table)

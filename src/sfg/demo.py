@@ -13,7 +13,8 @@
    local process-pool executor into a SQLite store (``sfg-out/demo.sqlite``).
 4. **The report**: paired gains over DFedAvg with stratified intervals, sign-flip and Wilcoxon
    tests with Holm correction (SPEC §8), the comparisons CSV and PNG plots in
-   ``sfg-out/demo-report/``.
+   ``sfg-out/demo-report/``. Accuracies print in %, gains in percentage points; the CSV keeps
+   fractions.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def run_pilot(base: dict) -> tuple[float, float]:
         res = simulate({**{k: v for k, v in base.items() if k != "kind"}, "seed": 0,
                         "process": process, "rule": "dfedavg"})
         accs.append(res.metrics["acc_mean"])
-    _say(f"1. Pilot (seed 0, DFedAvg): mean accuracy {accs[0]:.3f} without "
-         f"outages, {accs[1]:.3f} under bursty outages (u = 0.8): outages cost "
-         f"{100 * (accs[0] - accs[1]):.1f} points.")
+    _say(f"1. Pilot (seed 0, DFedAvg): mean accuracy {100 * accs[0]:.1f} % without "
+         f"outages, {100 * accs[1]:.1f} % under bursty outages (u = 0.8): outages cost "
+         f"{100 * (accs[0] - accs[1]):.1f} percentage points.")
     return accs[0], accs[1]
 
 
@@ -97,8 +98,8 @@ def run_demo(*, quick: bool = False, resume: bool = False) -> None:
     recs = records(store)
     out_dir = OUT / ("demo-report-quick" if quick else "demo-report")
     rep = build_report(recs, baseline="dfedavg", out_dir=out_dir, metric="acc_mean")
-    _say("4. Report: gain in mean personalised accuracy over DFedAvg, "
-         "paired by seed and averaged over the two processes")
+    _say("4. Report: gain in mean personalised accuracy over DFedAvg in percentage points "
+         "(pp), paired by seed and averaged over the two processes; accuracies in %")
     print_report(rep, console=console.stdout())
     _say(f"demo finished in {time.perf_counter() - t0:.0f} s", style="dim")
     if summary.failed or summary.pending:

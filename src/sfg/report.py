@@ -3,10 +3,11 @@
 :func:`build_report` reads run records (one dict per finished run, as the results store
 hands them out), runs the paired comparisons of :mod:`sfg.stats` and writes into ``out_dir``:
 
-* ``report.md`` — one row per rule: runs, mean and p10 accuracy (means over runs), gain over
-  the baseline with its interval, wins, cells with a positive mean gain, permutation p (raw and
-  Holm), Wilcoxon p (raw and Holm), verdict, local steps relative to DFedAvg; then the method;
-* ``comparisons.csv`` — :func:`sfg.stats.comparisons_to_csv`;
+* ``report.md`` — one row per rule: runs, mean and p10 accuracy (means over runs, in %), gain
+  over the baseline with its interval (in percentage points when the metric is an accuracy),
+  wins, cells with a positive mean gain, permutation p (raw and Holm), Wilcoxon p (raw and
+  Holm), verdict, local steps relative to DFedAvg; then the method;
+* ``comparisons.csv`` — :func:`sfg.stats.comparisons_to_csv` (raw fractions, for scripts);
 * ``gains.png``, ``gains_by_process.png``, ``gains_by_quartile.png`` — paired gains with
   stratified intervals, overall / per outage process / per availability quartile
   (``acc_q1`` = least available clients);
@@ -18,6 +19,10 @@ hands them out), runs the paired comparisons of :mod:`sfg.stats` and writes into
   and the per-availability-quartile gains (SPEC §10.4, :func:`sfg.stats.design_sensitivity`);
 * ``diagnostics/`` — tables and plots of the training diagnostics of runs that recorded them
   (SPEC §10.1–10.3, :mod:`sfg.report_diagnostics`), linked from a section of ``report.md``.
+
+Units and titles (:mod:`sfg.units`): tables and plots show accuracies in % and their
+differences in percentage points (pp); every plot is titled with what it shows (metric,
+baseline) and the data it shows it on (datasets, processes, seeds of the records plotted).
 
 A plot that has nothing to show (no comparisons, no quartile metrics, no curves) is not
 written; the reason goes into ``Report.notes`` and the Markdown. :func:`print_report` renders
@@ -48,16 +53,47 @@ from sfg.stats import (
     run_values,
     stratified_interval,
 )
+from sfg.units import (
+    context_of,
+    gain_unit,
+    metric_label,
+    percent,
+    points,
+    scale,
+    title,
+    with_unit,
+)
 
 QUARTILE_METRICS = ("acc_q1", "acc_q2", "acc_q3", "acc_q4")
-TABLE_COLUMNS = ("rule", "runs", "mean acc", "p10 acc", "gain [CI]", "wins", "+ cells",
+GAIN_COLUMN = "gain (pp) [CI]"  # an accuracy metric; other metrics: "gain [CI]"
+TABLE_COLUMNS = ("rule", "runs", "mean acc (%)", "p10 acc (%)", GAIN_COLUMN, "wins", "+ cells",
                  "p perm", "p perm Holm", "p Wilcoxon", "p Wilcoxon Holm", "verdict",
                  "local steps ×DFedAvg")
 PLOT_FILES = ("gains.png", "gains_by_process.png", "gains_by_quartile.png",
               "accuracy_over_rounds.png", "sensitivity.png")
-SENSITIVITY_COLUMNS = ("rule", "processes +", "leave-one-process-out", "mean w/o iid (p)",
-                       "gap closed", "gap closed per process", "gain q1", "gain q2", "gain q3",
-                       "gain q4")
+SENSITIVITY_COLUMNS = ("rule", "processes +", "leave-one-process-out (pp)",
+                       "mean w/o iid, pp (p)", "gap closed", "gap closed per process",
+                       "gain q1 (pp)", "gain q2 (pp)", "gain q3 (pp)", "gain q4 (pp)")
+
+
+def gain_column(metric: str) -> str:
+    """Header of the gain column: "gain (pp) [CI]" for an accuracy, "gain [CI]" otherwise."""
+    return with_unit("gain", gain_unit(metric)) + " [CI]"
+
+
+def table_columns(metric: str) -> tuple[str, ...]:
+    """:data:`TABLE_COLUMNS` with the gain column in the unit of ``metric``."""
+    return tuple(gain_column(metric) if c == GAIN_COLUMN else c for c in TABLE_COLUMNS)
+
+
+def sensitivity_columns(metric: str) -> tuple[str, ...]:
+    """:data:`SENSITIVITY_COLUMNS` with the pooled-gain columns in the unit of ``metric``
+    (the quartile gains are accuracies whatever the metric)."""
+    if gain_unit(metric):
+        return SENSITIVITY_COLUMNS
+    return tuple({"leave-one-process-out (pp)": "leave-one-process-out",
+                  "mean w/o iid, pp (p)": "mean w/o iid (p)"}.get(c, c)
+                 for c in SENSITIVITY_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -66,7 +102,7 @@ class RuleRow:
 
     rule: str
     runs: int
-    acc_mean: float  # mean over runs of metrics["acc_mean"] (NaN if absent)
+    acc_mean: float  # mean over runs of metrics["acc_mean"] (NaN if absent), a fraction
     acc_p10: float
     local_steps_rel: float
     comparison: Comparison | None
@@ -87,6 +123,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # pooled training diagnostics per (dataset, process, rule) (SPEC §10), when runs have them
     diagnostics: dict = field(default_factory=dict)
+    # the data compared, for titles: "dataset digits · processes none, … · seeds 1–8"
+    context: str = ""
 
 
 # --------------------------------------------------------------------------- formatting
@@ -96,10 +134,6 @@ def _num(x: float, digits: int = 4) -> str:
     return "—" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
-def _signed(x: float) -> str:
-    return "—" if math.isnan(x) else f"{x:+.4f}"
-
-
 def _p(x: float) -> str:
     if math.isnan(x):
         return "—"
@@ -107,16 +141,19 @@ def _p(x: float) -> str:
 
 
 def _gain_text(c: Comparison) -> str:
+    """Gain and interval in the shown unit of the metric (pp for accuracies)."""
     if math.isnan(c.mean_gain):
         return "— (no paired runs)"
+    g = points(c.mean_gain, metric=c.metric)
     if math.isnan(c.ci_low):
-        return f"{_signed(c.mean_gain)} [undefined, df={c.df}]"
-    return f"{_signed(c.mean_gain)} [{_signed(c.ci_low)}, {_signed(c.ci_high)}]"
+        return f"{g} [undefined, df={c.df}]"
+    return f"{g} [{points(c.ci_low, metric=c.metric)}, {points(c.ci_high, metric=c.metric)}]"
 
 
 def row_cells(row: RuleRow) -> list[str]:
-    """The table cells of ``row`` in :data:`TABLE_COLUMNS` order (Markdown and terminal)."""
-    head = [row.rule, str(row.runs), _num(row.acc_mean), _num(row.acc_p10)]
+    """The table cells of ``row`` in :data:`TABLE_COLUMNS` order (Markdown and terminal):
+    accuracies in %, the gain in pp when the metric is an accuracy."""
+    head = [row.rule, str(row.runs), percent(row.acc_mean), percent(row.acc_p10)]
     c = row.comparison
     if c is None:
         tail = ["baseline", "—", "—", "—", "—", "—", "—", "—"]
@@ -128,14 +165,15 @@ def row_cells(row: RuleRow) -> list[str]:
 
 
 def sensitivity_cells(c: Comparison) -> list[str]:
-    """The cells of ``c`` in :data:`SENSITIVITY_COLUMNS` order."""
+    """The cells of ``c`` in :data:`SENSITIVITY_COLUMNS` order (gains in pp for accuracies)."""
+    m = c.metric
     loo = ("—" if math.isnan(c.loo_min)
-           else f"[{_signed(c.loo_min)}, {_signed(c.loo_max)}]")
+           else f"[{points(c.loo_min, metric=m)}, {points(c.loo_max, metric=m)}]")
     shares = json.loads(c.gap_closed_by_process)
     per = "; ".join(f"{p}: {_share(v)}" for p, v in shares.items()) or "— (no none process)"
     return [c.rule, f"{c.positive_processes}/{c.processes}", loo,
-            f"{_signed(c.mean_no_iid)} ({_p(c.p_no_iid)})", _share(c.gap_closed), per,
-            *(_signed(g) for g in (c.gain_q1, c.gain_q2, c.gain_q3, c.gain_q4))]
+            f"{points(c.mean_no_iid, metric=m)} ({_p(c.p_no_iid)})", _share(c.gap_closed), per,
+            *(points(g) for g in (c.gain_q1, c.gain_q2, c.gain_q3, c.gain_q4))]
 
 
 def _share(x: float | None) -> str:
@@ -185,44 +223,52 @@ def _save(fig: Figure, path: Path, *, tight: bool = False) -> Path:
     return path
 
 
-def _errorbars(ivs: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray]:
-    """Means [k] and asymmetric error bars [2, k] (0 where the interval is undefined)."""
-    mean = np.array([iv.mean for iv in ivs], dtype=np.float64)
-    low = np.array([iv.low for iv in ivs], dtype=np.float64)
-    high = np.array([iv.high for iv in ivs], dtype=np.float64)
+def _errorbars(ivs: Sequence[Interval], factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Means [k] and asymmetric error bars [2, k] (0 where the interval is undefined), times
+    ``factor`` (100: accuracy differences in percentage points)."""
+    mean = factor * np.array([iv.mean for iv in ivs], dtype=np.float64)
+    low = factor * np.array([iv.low for iv in ivs], dtype=np.float64)
+    high = factor * np.array([iv.high for iv in ivs], dtype=np.float64)
     err = np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0)
     return mean, err
 
 
 def _plot_gains(comps: Sequence[Comparison], path: Path, *, baseline: str, metric: str,
-                confidence: float) -> Path:
-    fig = Figure(figsize=(7.0, 1.2 + 0.45 * len(comps)))
+                confidence: float, where: str) -> Path:
+    fig = Figure(figsize=(7.0, 1.9 + 0.45 * len(comps)))
     ax = fig.add_subplot()
     y = np.arange(len(comps))[::-1]
     ivs = [Interval(c.mean_gain, c.ci_low, c.ci_high, math.nan, c.df, c.units) for c in comps]
-    mean, err = _errorbars(ivs)
+    f = scale(metric)
+    mean, err = _errorbars(ivs, f)
     ax.errorbar(mean, y, xerr=err, fmt="o", capsize=4, color="tab:blue")
     for yi, c in zip(y, comps, strict=True):
         if math.isnan(c.ci_low) and not math.isnan(c.mean_gain):
-            ax.annotate("interval undefined", (c.mean_gain, yi), textcoords="offset points",
+            ax.annotate("interval undefined", (f * c.mean_gain, yi), textcoords="offset points",
                         xytext=(6, 4), fontsize=8, color="gray")
     ax.axvline(0.0, color="black", lw=0.8)
     ax.set_yticks(y, [f"{c.rule} ({c.verdict})" for c in comps])
     ax.set_ylim(-0.7, len(comps) - 0.3)
-    ax.set_xlabel(f"gain in {metric} over {baseline} ({confidence:.0%} interval)")
+    ax.set_xlabel(with_unit(f"gain in {metric} over {baseline}", gain_unit(metric)))
+    ax.set_title(title(f"Paired gain in {metric_label(metric)} over {baseline} "
+                       f"({confidence:.0%} stratified interval)", where, width=80), fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
 
 def _plot_grouped(groups: Sequence[str], series: Mapping[str, Sequence[Interval]], path: Path,
-                  *, xlabel: str, ylabel: str, title: str, connect: bool) -> Path:
-    """Per-group gains with intervals, one marker series per rule, offset within a group."""
-    fig = Figure(figsize=(max(6.0, 1.3 * len(groups) + 2.5), 4.2))
+                  *, xlabel: str, ylabel: str, what: str, where: str, connect: bool,
+                  factor: float = 1.0) -> Path:
+    """Per-group gains with intervals, one marker series per rule, offset within a group;
+    values times ``factor`` (100: accuracy differences in percentage points); titled
+    ``what`` over ``where`` (the data)."""
+    width_in = max(6.5, 1.3 * len(groups) + 2.5)
+    fig = Figure(figsize=(width_in, 4.6))
     ax = fig.add_subplot()
     x = np.arange(len(groups), dtype=np.float64)
     width = 0.6 / max(len(series), 1)
     for k, (rule, ivs) in enumerate(series.items()):
-        mean, err = _errorbars(ivs)
+        mean, err = _errorbars(ivs, factor)
         offset = (k - (len(series) - 1) / 2) * width
         ax.errorbar(x + offset, mean, yerr=err, fmt="o-" if connect else "o",
                     capsize=3, label=rule)
@@ -232,7 +278,7 @@ def _plot_grouped(groups: Sequence[str], series: Mapping[str, Sequence[Interval]
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title(what, where, width=int(14 * width_in)), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
@@ -270,51 +316,57 @@ def _mean_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nda
 def _plot_curves(records: Sequence[Mapping[str, Any]], rules: Sequence[str],
                  path: Path) -> Path | None:
     grouped: dict[tuple[str, str], dict[str, list]] = {}
+    plotted = []
     for index, r in enumerate(records):
         c = _curve(r, index)
         if c is not None and r["rule"] in rules:
             grouped.setdefault((r["dataset"], r["process"]), {}).setdefault(
                 r["rule"], []).append(c)
+            plotted.append(r)
     if not grouped:
         return None
     panels = sorted(grouped)
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.4 * nrows))
+    fig = Figure(figsize=(4.6 * cols, 3.4 * nrows + 0.7))
     for k, (dataset, process) in enumerate(panels):
         ax = fig.add_subplot(nrows, cols, k + 1)
         for rule in rules:
             runs = grouped[(dataset, process)].get(rule)
             if runs:
                 rounds, acc = _mean_curve(runs)
-                ax.plot(rounds, acc, label=f"{rule} (n={len(runs)})")
+                ax.plot(rounds, 100 * acc, label=f"{rule} (n={len(runs)})")
         ax.set_title(f"{dataset} · {process}", fontsize=9)
         ax.set_xlabel("round")
-        ax.set_ylabel("mean accuracy")
+        ax.set_ylabel("mean accuracy (%)")
         ax.legend(fontsize=7)
+    fig.suptitle(title("Mean accuracy (acc_mean) over rounds, mean over seeds per rule",
+                       context_of(plotted), width=40 + 30 * cols), fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 
 
 def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
-                      metric: str) -> Path:
+                      metric: str, where: str) -> Path:
     """Left: pooled gain, leave-one-process-out range and the mean without i.i.d. outages per
     rule. Right: share of the outage gap closed per process (when there is a none process)."""
-    fig = Figure(figsize=(11.0, max(3.6, 1.6 + 0.5 * len(comps))))
+    fig = Figure(figsize=(11.0, max(4.2, 2.2 + 0.5 * len(comps))))
     ax = fig.add_subplot(1, 2, 1)
     y = np.arange(len(comps))[::-1]
+    f = scale(metric)
     for yi, c in zip(y, comps, strict=True):
         if not math.isnan(c.loo_min):
-            ax.plot([c.loo_min, c.loo_max], [yi, yi], lw=6, color="tab:blue", alpha=0.35,
-                    solid_capstyle="butt", label="leave one process out" if yi == y[0] else None)
-        ax.plot([c.mean_gain], [yi], "o", color="tab:blue", label="all processes"
+            ax.plot([f * c.loo_min, f * c.loo_max], [yi, yi], lw=6, color="tab:blue",
+                    alpha=0.35, solid_capstyle="butt",
+                    label="leave one process out" if yi == y[0] else None)
+        ax.plot([f * c.mean_gain], [yi], "o", color="tab:blue", label="all processes"
                 if yi == y[0] else None)
-        ax.plot([c.mean_no_iid], [yi], "x", color="tab:red", ms=8, label="without i.i.d."
+        ax.plot([f * c.mean_no_iid], [yi], "x", color="tab:red", ms=8, label="without i.i.d."
                 if yi == y[0] else None)
     ax.axvline(0.0, color="black", lw=0.8)
     ax.set_yticks(y, [f"{c.rule} ({c.positive_processes}/{c.processes} +)" for c in comps])
     ax.set_ylim(-0.7, len(comps) - 0.3)
-    ax.set_xlabel(f"pooled gain in {metric} over {baseline}")
+    ax.set_xlabel(with_unit(f"pooled gain in {metric} over {baseline}", gain_unit(metric)))
     ax.set_title("design sensitivity", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax2 = fig.add_subplot(1, 2, 2)
@@ -336,6 +388,8 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
                  ha="center", va="center", transform=ax2.transAxes, color="gray")
         ax2.set_axis_off()
     ax2.set_title(f"outage gap closed (gap = {baseline} without − with outages)", fontsize=10)
+    fig.suptitle(title(f"Design sensitivity and outage gap: {metric_label(metric)} against "
+                       f"{baseline}", where), fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -345,14 +399,17 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
 
 def _markdown(report: Report) -> str:
     lines = [f"# sfg report — {report.metric} against {report.baseline}", ""]
-    lines.append("| " + " | ".join(TABLE_COLUMNS) + " |")
-    lines.append("|" + "|".join("---" for _ in TABLE_COLUMNS) + "|")
+    if report.context:
+        lines += [f"{report.context}; accuracies in %, gains in percentage points (pp).", ""]
+    columns = table_columns(report.metric)
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "|".join("---" for _ in columns) + "|")
     for row in report.rows:
         cells = [c.replace("|", "\\|") for c in row_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
     if report.comparisons:
         lines += ["", "## Design sensitivity, outage gap, availability quartiles (SPEC §10.4)",
-                  "", "| " + " | ".join(SENSITIVITY_COLUMNS) + " |",
+                  "", "| " + " | ".join(sensitivity_columns(report.metric)) + " |",
                   "|" + "|".join("---" for _ in SENSITIVITY_COLUMNS) + "|"]
         for c in report.comparisons:
             cells = [x.replace("|", "\\|") for x in sensitivity_cells(c)]
@@ -368,7 +425,9 @@ def _markdown(report: Report) -> str:
         c0 = report.comparisons[0]
         lines += [
             f"* Gain = paired difference in `{report.metric}` (rule − {report.baseline}) per "
-            "(dataset, process, seed), averaged over processes per (dataset, seed) unit.",
+            "(dataset, process, seed), averaged over processes per (dataset, seed) unit"
+            + ("; shown in percentage points (100 × the difference of accuracy fractions; "
+               "`comparisons.csv` keeps the fractions)." if gain_unit(report.metric) else "."),
             f"* Interval: stratified t-interval, {report.confidence:.0%}, variance pooled "
             f"within datasets, df = units − datasets; weighting `{c0.weighting}` "
             "(`unit`: every unit weighs the same).",
@@ -439,7 +498,8 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
                     local_steps_rel=_mean_metric(by_rule[rule], "local_steps_rel"),
                     comparison=comp_of.get(rule)) for rule in shown]
     report = Report(out_dir=out, baseline=baseline, metric=metric, confidence=confidence,
-                    rows=rows, comparisons=comps, markdown="")
+                    rows=rows, comparisons=comps, markdown="",
+                    context=context_of(r for rule in shown for r in by_rule[rule]))
     report.files["comparisons.csv"] = comparisons_to_csv(comps, out / "comparisons.csv")
     _write_plots(report, records, weighting=weighting)
     if any(isinstance(r.get("diagnostics"), Mapping) for r in records):
@@ -462,19 +522,21 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
     out, comps, conf = report.out_dir, report.comparisons, report.confidence
     rules = [c.rule for c in comps]
     kw = dict(baseline=report.baseline, confidence=conf, weighting=weighting)
+    metric, where = report.metric, report.context
     if comps:
         report.files["gains.png"] = _plot_gains(comps, out / "gains.png",
                                                 baseline=report.baseline,
-                                                metric=report.metric, confidence=conf)
-        values = run_values(records, report.metric)
+                                                metric=metric, confidence=conf, where=where)
+        values = run_values(records, metric)
         processes = sorted({v.process for v in values})
         series = {rule: [_gain([v for v in values if v.process == p], rule=rule, **kw)
                          for p in processes] for rule in rules}
         report.files["gains_by_process.png"] = _plot_grouped(
             processes, series, out / "gains_by_process.png", xlabel="outage process",
-            ylabel=f"gain in {report.metric}",
-            title=f"Gain over {report.baseline} per process ({conf:.0%} interval)",
-            connect=False)
+            ylabel=with_unit(f"gain in {metric}", gain_unit(metric)),
+            what=f"Paired gain in {metric_label(metric)} over {report.baseline} per outage "
+                 f"process, {conf:.0%} CI", where=where,
+            connect=False, factor=scale(metric))
         involved = [r for r in records if r["rule"] in (*rules, report.baseline)]
         if all(isinstance(r.get("metrics"), Mapping) and all(q in r["metrics"]
                for q in QUARTILE_METRICS) for r in involved):
@@ -483,9 +545,10 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
             report.files["gains_by_quartile.png"] = _plot_grouped(
                 ["q1 (least available)", "q2", "q3", "q4 (most available)"], series,
                 out / "gains_by_quartile.png", xlabel="availability quartile",
-                ylabel="gain in quartile mean accuracy",
-                title=f"Gain over {report.baseline} per availability quartile "
-                      f"({conf:.0%} interval)", connect=True)
+                ylabel="gain in quartile mean accuracy (pp)",
+                what=f"Paired gain in quartile mean accuracy (acc_q1…acc_q4) over "
+                     f"{report.baseline}, {conf:.0%} CI", where=where,
+                connect=True, factor=100.0)
         else:
             report.notes.append("gains_by_quartile.png not written: some runs lack the "
                                 "acc_q1..acc_q4 metrics")
@@ -494,7 +557,7 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
     if comps:
         report.files["sensitivity.png"] = _plot_sensitivity(comps, out / "sensitivity.png",
                                                             baseline=report.baseline,
-                                                            metric=report.metric)
+                                                            metric=metric, where=where)
     curves = _plot_curves(records, [report.baseline, *rules], out / "accuracy_over_rounds.png")
     if curves is None:
         report.notes.append("accuracy_over_rounds.png not written: no run has curves")
@@ -502,7 +565,7 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
         report.files["accuracy_over_rounds.png"] = curves
 
 
-TERMINAL_COLUMNS = ("rule", "runs", "acc", "p10", "gain [CI]", "wins", "+cells",
+TERMINAL_COLUMNS = ("rule", "runs", "acc (%)", "p10 (%)", GAIN_COLUMN, "wins", "+cells",
                     "p perm (Holm)", "p Wilc. (Holm)", "verdict", "steps ×DFedAvg")
 
 
@@ -527,11 +590,15 @@ def print_report(report: Report, *, console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    unit = "; gains in percentage points" if gain_unit(report.metric) else ""
+    where = f"\n{report.context}" if report.context else ""
     table = Table(title=f"{report.metric} against {report.baseline} "
-                        f"({report.confidence:.0%} intervals; Holm-corrected p in brackets)",
+                        f"({report.confidence:.0%} intervals; Holm-corrected p in brackets"
+                        f"{unit}){where}",
                   box=box.SIMPLE_HEAD, padding=(0, 1))
     for name in TERMINAL_COLUMNS:
-        text = name in ("rule", "verdict", "gain [CI]")
+        text = name in ("rule", "verdict", GAIN_COLUMN)
+        name = gain_column(report.metric) if name == GAIN_COLUMN else name
         table.add_column(name, justify="left" if text else "right", overflow="fold",
                          no_wrap=name == "rule")
     for row in report.rows:

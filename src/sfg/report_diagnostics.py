@@ -15,6 +15,9 @@ diagnostics over the seeds of each (dataset, process, rule) and writes into ``ou
   neighbours' models, and the weight on their own model, per outage length D (the plot groups
   D into 1, 2, 3–4, 5–8, …).
 
+Every plot is titled with what it shows and the datasets, processes and seeds of the runs it
+pools (:func:`sfg.units.context_of`); each panel names its (dataset, process).
+
 Only numpy, csv and matplotlib; no torch.
 """
 
@@ -38,6 +41,7 @@ from .sim.diagnostics import (
     law_rates,
     pool,
 )
+from .units import context_of, title
 
 FILES = ("raw_law.csv", "lag_law.csv", "lag_rates.csv", "finetune.csv", "returning.csv",
          "raw_law.png", "lag_law.png", "finetune.png", "returning.png")
@@ -157,7 +161,12 @@ def _figure(n_panels: int, rows_per_panel: int = 1):
 
     cols = min(3, n_panels) if rows_per_panel == 1 else rows_per_panel
     nrows = math.ceil(n_panels / cols) if rows_per_panel == 1 else n_panels
-    return Figure(figsize=(4.8 * cols, 3.6 * nrows)), nrows, cols
+    return Figure(figsize=(4.8 * cols, 3.6 * nrows + 0.8)), nrows, cols
+
+
+def _suptitle(fig, what: str, where: str) -> None:
+    """The figure's title: what it shows, then the data (datasets, processes, seeds)."""
+    fig.suptitle(title(what, where, width=int(12 * fig.get_figwidth())), fontsize=10)
 
 
 def _save(fig, path: Path) -> Path:
@@ -167,9 +176,10 @@ def _save(fig, path: Path) -> Path:
 
 
 def _plot_panels(groups, kind: str, path: Path, draw, *, xlabel: str, ylabel: str,
-                 title: str) -> Path | None:
+                 title: str, what: str, where: str) -> Path | None:
     """One panel per (dataset, process) holding ``kind`` diagnostics: ``draw(ax, colour,
-    rule, g)`` plots each rule's lines; None when nothing holds them."""
+    rule, g)`` plots each rule's lines; None when nothing holds them. The figure is titled
+    ``what`` over ``where``."""
     panels = _panels(groups, kind)
     if not panels:
         return None
@@ -182,10 +192,11 @@ def _plot_panels(groups, kind: str, path: Path, draw, *, xlabel: str, ylabel: st
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} · {dataset} · {process}", fontsize=9)
         ax.legend(fontsize=6)
+    _suptitle(fig, what, where)
     return _save(fig, path)
 
 
-def _plot_lag(groups, path: Path) -> Path | None:
+def _plot_lag(groups, path: Path, where: str) -> Path | None:
     def draw(ax, color, rule, g):
         for by, style in (("lag", "-"), ("age", "--")):
             bins, means, _ = binned_means(g["lag"][by], "ratio")
@@ -196,11 +207,13 @@ def _plot_lag(groups, path: Path) -> Path | None:
 
     return _plot_panels(groups, "lag", path, draw,
                         xlabel="|difference| (rounds): lag solid, age dashed",
-                        ylabel="E d² / E d₀²", title="lag law")
+                        ylabel="E d² / E d₀²", title="lag law",
+                        what="Lag law: E d²/E d₀² of live model pairs by difference in "
+                             "effective lag and in age, pooled over seeds", where=where)
 
 
 def _plot_binned(groups, kind: str, columns: Sequence[tuple[str, str]], path: Path, *,
-                 xlabel: str, ylabel: str, title: str) -> Path | None:
+                 xlabel: str, ylabel: str, title: str, what: str, where: str) -> Path | None:
     def draw(ax, color, rule, g):
         for (col, style) in columns:
             bins, means, _ = binned_means(g[kind], col)
@@ -208,7 +221,8 @@ def _plot_binned(groups, kind: str, columns: Sequence[tuple[str, str]], path: Pa
             ax.plot(bins[keep], means[keep], style, ms=3, color=color,
                     label=f"{rule} {col}" if len(columns) > 1 else rule)
 
-    return _plot_panels(groups, kind, path, draw, xlabel=xlabel, ylabel=ylabel, title=title)
+    return _plot_panels(groups, kind, path, draw, xlabel=xlabel, ylabel=ylabel, title=title,
+                        what=what, where=where)
 
 
 D_GROUPS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
@@ -226,7 +240,7 @@ def _grouped_returning(block: Mapping[str, Any], column: str) -> np.ndarray:
     return out
 
 
-def _plot_returning(groups, path: Path) -> Path | None:
+def _plot_returning(groups, path: Path, where: str) -> Path | None:
     panels = _panels(groups, "returning")
     if not panels:
         return None
@@ -257,6 +271,8 @@ def _plot_returning(groups, path: Path) -> Path | None:
             ax.set_ylabel(yl)
             ax.set_title(f"{t}\n{dataset} · {process}", fontsize=8)
             ax.legend(fontsize=6)
+    _suptitle(fig, "Returning clients by outage length D: validation loss of their "
+              "models and the weight on their own model, pooled over seeds", where)
     return _save(fig, path)
 
 
@@ -273,16 +289,26 @@ def write_diagnostics(records: Sequence[Mapping[str, Any]], out_dir: str | Path
     except OSError as exc:
         raise SfgError(f"cannot create {out}: {exc.strerror}; choose a writable out_dir") from None
     files = _tables(groups, out)
+
+    def where(kind: str) -> str:  # the runs a plot of ``kind`` pools
+        return context_of(r for r in records if isinstance(r.get("diagnostics"), Mapping)
+                          and kind in r["diagnostics"])
+
     plots = {
         "raw_law.png": lambda p: _plot_binned(
             groups, "raw", [("ratio", "o-")], p, xlabel="neighbour age τ_j",
-            ylabel="d(i, j) / mean fresh d", title="raw staleness law"),
-        "lag_law.png": lambda p: _plot_lag(groups, p),
+            ylabel="d(i, j) / mean fresh d", title="raw staleness law",
+            what="Raw staleness law: distance to a live neighbour ÷ mean fresh distance, by "
+                 "neighbour age, pooled over seeds", where=where("raw")),
+        "lag_law.png": lambda p: _plot_lag(groups, p, where("lag")),
         "finetune.png": lambda p: _plot_binned(
             groups, "finetune", [("before", "o--"), ("after", "s-")], p,
             xlabel="neighbour age τ_j", ylabel="distance / mean fresh distance",
-            title="fine-tuned geometry"),
-        "returning.png": lambda p: _plot_returning(groups, p),
+            title="fine-tuned geometry",
+            what="Fine-tuned geometry: normalised distance before and after K local steps "
+                 "from each neighbour's model, by neighbour age, pooled over seeds",
+            where=where("finetune")),
+        "returning.png": lambda p: _plot_returning(groups, p, where("returning")),
     }
     for name, fn in plots.items():
         written = fn(out / name)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SfgError
+from ..units import context, title
 from .metrics import curves
 
 
@@ -31,7 +32,8 @@ def plot_path(path: str | Path, default_name: str) -> Path:
 def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """PNG of each curve metric (mean age, mean effective lag, …) over rounds, one line per
     rule (mean over seeds), one column per process. ``rows`` from :func:`sfg.replay.replay`
-    with ``with_curves=True``."""
+    with ``with_curves=True``. The figure is titled with the metrics, the processes, seeds and
+    rounds of ``rows`` (and their attacks, when rows carry one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,6 +58,14 @@ def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
             axes[i, j].set_ylabel(m.label or m.name)
         axes[-1, j].set_xlabel("round")
     axes[0, 0].legend(fontsize=8)
+    attacks = list(dict.fromkeys(str(r["attack"]) for r in rows if "attack" in r))
+    rounds = sorted({len(r["curves"]["round"]) for r in rows})
+    where = context(processes=processes, seeds=[int(r["seed"]) for r in rows if "seed" in r],
+                    extra=[f"T = {'/'.join(map(str, rounds))} rounds",
+                           *(["attacks " + ", ".join(attacks)] if attacks else [])])
+    what = ("Model-free replay (no dataset): " + " and ".join(m.label or m.name for m in shown)
+            + " over rounds, mean over seeds")
+    fig.suptitle(title(what, where, width=int(12 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     path = plot_path(path, "staleness.png")
     try:

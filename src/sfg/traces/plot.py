@@ -5,26 +5,39 @@
   and complementary CDF
 * ``device_availability.png`` -- per-device availability, sorted
 * ``availability_raster.png`` -- the device x round matrix (devices sorted by availability)
+
+Each plot is titled with what it shows and the trace it shows it for (source, file, rule or
+variant, devices, rounds and round length, from ``trace.meta``): a measured trace has no seeds.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..errors import SfgError
+from ..units import title as wrapped
 from .base import Trace
 from .stats import outage_runs
 
 
 def _title(trace: Trace) -> str:
+    """"flash trace (file.json), rule strict: 29 devices, 300 rounds x 10 min"."""
     src = trace.meta.get("source", "trace")
+    path = trace.meta.get("path")
     extra = trace.meta.get("rule") or trace.meta.get("variant") or ""
-    return f"{src}{' ' + str(extra) if extra else ''} ({trace.n_devices} devices, " \
-           f"{trace.rounds} x {trace.round_minutes:g} min)"
+    kind = "rule" if trace.meta.get("rule") else "variant"
+    return (f"{src} trace{f' ({PurePath(str(path)).name})' if path else ''}"
+            f"{f', {kind} {extra}' if extra else ''}: {trace.n_devices} devices, "
+            f"{trace.rounds} rounds x {trace.round_minutes:g} min")
+
+
+def _head(fig: Figure, what: str, trace_title: str) -> str:
+    """What a plot shows over the trace it shows it for, wrapped to the figure's width."""
+    return wrapped(what, trace_title, width=int(12 * fig.get_figwidth()))
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -63,7 +76,7 @@ def plot_trace(trace: Trace, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("mean availability")
     ax.set_xticks(range(0, 24, 3))
     ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_head(fig, "Mean availability by local hour of day", title), fontsize=9)
     paths.append(_save(fig, out / "availability_by_hour.png"))
 
     lengths, _ = outage_runs(trace.available)
@@ -88,8 +101,9 @@ def plot_trace(trace: Trace, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("outages per unit length")
     ax2.set_xlabel("outage length L (rounds)")
     ax2.set_ylabel("share of outages >= L")
-    fig.suptitle(f"{title}; {lengths.size} outages, mean "
-                 f"{lengths.mean() if lengths.size else 0:.1f} rounds", fontsize=9)
+    fig.suptitle(_head(fig, f"Outage lengths: histogram and complementary CDF; {lengths.size} "
+                       f"outages, mean {lengths.mean() if lengths.size else 0:.1f} rounds",
+                       title), fontsize=9)
     paths.append(_save(fig, out / "outage_lengths.png"))
 
     per_dev = np.sort(trace.device_availability())[::-1]
@@ -101,7 +115,7 @@ def plot_trace(trace: Trace, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("availability")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_head(fig, "Availability per device, sorted", title), fontsize=9)
     paths.append(_save(fig, out / "device_availability.png"))
 
     order = np.argsort(-trace.device_availability(), kind="stable")
@@ -111,6 +125,7 @@ def plot_trace(trace: Trace, out_dir: str | Path) -> list[Path]:
               cmap="Greys_r", vmin=0, vmax=1)
     ax.set_xlabel("round")
     ax.set_ylabel("device (sorted by availability)")
-    ax.set_title(title + "; white = available", fontsize=9)
+    ax.set_title(_head(fig, "Availability of each device by round (white = available)", title),
+                 fontsize=9)
     paths.append(_save(fig, out / "availability_raster.png"))
     return paths
