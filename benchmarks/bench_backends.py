@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from machine import banner
 
-from sfg.models import make_model
 from sfg.sim.backends import auto_choice, forward_macs, make_backend
 from sfg.sim.params import ParamSpec, init_params, load_flat
+from sfg.world.models import make_model
 
 MODELS = [  # (label, model, input_shape, classes)
     ("mlp 8×8 digits", "mlp", (64,), 10),

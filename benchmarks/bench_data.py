@@ -22,9 +22,9 @@ from pathlib import Path
 
 from machine import banner
 
-from sfg.data import load_federated
-from sfg.data.femnist import detect_leaf, read_leaf
-from sfg.data.imagefolder import detect_image_folder, read_image_folder
+from sfg.world.data import load_federated
+from sfg.world.data.femnist import detect_leaf, read_leaf
+from sfg.world.data.imagefolder import detect_image_folder, read_image_folder
 
 ROOT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

@@ -45,9 +45,9 @@ def _load() -> str:
 
 # ----------------------------------------------------------------------------------- 1
 def _paper_cnn():
-    from sfg.models import count_parameters, make_model
     from sfg.net.wire import Layout
     from sfg.sim.params import ParamSpec, flatten
+    from sfg.world.models import count_parameters, make_model
 
     model = make_model("cnn", input_shape=(3, 32, 32), num_classes=10)
     return count_parameters(model), Layout.from_spec(ParamSpec.from_module(model)), \

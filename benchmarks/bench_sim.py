@@ -40,13 +40,13 @@ import torch
 import torch.nn.functional as F
 from machine import banner
 
-from sfg.models import make_model
 from sfg.sim.backends import make_backend
 from sfg.sim.params import init_params, load_flat
 from sfg.sim.run import simulate
+from sfg.world.models import make_model
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-RUN = [sys.executable, "-m", "sfg.cli", "run", "--json"]
+RUN = [sys.executable, "-m", "sfg.cli.main", "run", "--json"]
 
 
 def load() -> str:

@@ -25,7 +25,7 @@ import time
 from machine import banner, describe
 
 PY = sys.executable
-SFG = [PY, "-m", "sfg.cli"]
+SFG = [PY, "-m", "sfg.cli.main"]
 
 CASES: list[tuple[str, list[str], float | None]] = [
     ("python -c 'import numpy'", [PY, "-c", "import numpy"], None),
@@ -69,7 +69,7 @@ import time
 t0 = time.perf_counter()
 import numpy
 t1 = time.perf_counter()
-import typer, sfg.cli
+import typer, sfg.cli.main
 t2 = time.perf_counter()
 import numba
 t3 = time.perf_counter()
@@ -82,7 +82,7 @@ replay(["bursty:u=0.8"], ["{rule}"], [2], **kw)  # the replay itself
 t6 = time.perf_counter()
 print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4 - (t6 - t5), t6 - t5)
 """
-PHASES = ["import numpy", "import typer + sfg.cli (all sub-commands)", "import numba",
+PHASES = ["import numpy", "import typer + sfg.cli.main (all sub-commands)", "import numba",
           "import sfg.replay (graphs, outages, rules)", "load the cached kernels (first call)",
           "the replay itself (N = {n}, T = 300, with H)"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from machine import banner
 
-from sfg.traces.flash import flash_trace, parse_flash
-from sfg.traces.stunner import parse_sessions, stunner_trace
+from sfg.world.traces.flash import flash_trace, parse_flash
+from sfg.world.traces.stunner import parse_sessions, stunner_trace
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

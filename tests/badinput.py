@@ -1,6 +1,6 @@
 """Harness of the bad-input suite: run ``sfg`` on one bad input and check how it failed.
 
-Each case runs the real command line (``sfg.cli.main``), in-process for speed, or in a child
+Each case runs the real command line (``sfg.cli.main.main``), in-process for speed, or in a child
 process under an address-space limit (``RLIMIT_AS``) for inputs built to ask for a lot of
 memory. Every case asserts the exit status (2 for bad input, 1 for failed work), exactly one
 non-empty line on stderr and that it starts with ``error: ``, no traceback, and that no file
@@ -67,7 +67,7 @@ def _alarm(seconds: int):
 
 
 def run_inprocess(argv: list[str], work: Path, env: dict[str, str]) -> Result:
-    from sfg.cli import main
+    from sfg.cli.main import main
 
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -101,7 +101,7 @@ def run_limited(argv: list[str], work: Path, env: dict[str, str], limit_gib: flo
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    code = "import sys; from sfg.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from sfg.cli.main import main; sys.exit(main(sys.argv[1:]))"
     # the budget well under the address-space limit, so that a refusal is what keeps it there
     full_env = {**os.environ, "SFG_MAX_MEMORY": "256M", **env, "PYTHONPATH": SRC + os.pathsep + os.environ.get(
         "PYTHONPATH", ""), "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}

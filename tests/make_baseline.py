@@ -75,7 +75,7 @@ def replay_rows() -> list[dict]:
 
 
 def weights_one() -> list[dict]:
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
 
     return [{"rule": r, "inputs": kw, "weights": parse_rule(r).weights_one(**kw).tolist()}
             for r, kw in WEIGHTS_ONE]

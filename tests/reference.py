@@ -1,4 +1,4 @@
-"""A straightforward per-client Python loop of the replay: the test oracle for :mod:`sfg.round`.
+"""A straightforward per-client Python loop of the replay: the test oracle for :mod:`sfg.round.kernel`.
 
 Deliberately simple and independent of the library's round: dicts and lists, one receiver at
 a time, every rule's score written again from SPEC §3 in plain Python (:data:`SCORES`), the
@@ -16,12 +16,12 @@ import math
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from sfg.graphs import Graph
-from sfg.outages.anatomy import capabilities
-from sfg.outages.links import link_failures
-from sfg.rng import stream
-from sfg.rounds import RoundGraph
-from sfg.rules import Rule, parse_rule
+from sfg.round.rules import Rule, parse_rule
+from sfg.round.slots import RoundGraph
+from sfg.util.rng import stream
+from sfg.world.graphs import Graph
+from sfg.world.outages.anatomy import capabilities
+from sfg.world.outages.links import link_failures
 
 TOL = 1e-9  # relative staleness within TOL counts as a tie (real lags are sums of products)
 BETA, FLOOR = 0.1, 0.05

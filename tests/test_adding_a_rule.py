@@ -13,13 +13,13 @@ import numpy as np
 from hypothesis import given, settings
 from test_rules import candidates, check_conformance
 
-from sfg.rules import RULES, parse_rule, rule_names
+from sfg.round.rules import RULES, parse_rule, rule_names
 
 MODULE = '''
 import numpy as np
 from numba import njit
 
-from sfg.rules import Unit, rule
+from sfg.round.rules import Unit, rule
 
 
 @rule("test-median-age", tags=("control",))

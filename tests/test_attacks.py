@@ -1,4 +1,4 @@
-"""Forged staleness (sfg.attacks) and the defences (sfg.defences) in the shared round.
+"""Forged staleness (sfg.round.attacks) and the defences (sfg.round.defences) in the shared round.
 
 * an attacker claiming freshness under sfg-cut takes its honest neighbours' entire weight in a
   hand-built 4-client case; with +guard (and with +cap) it does not;
@@ -16,17 +16,17 @@ import math
 import numpy as np
 import pytest
 
-from sfg.attacks import REACH_LEVEL, availability, claims, parse_attack, place
 from sfg.errors import SfgError
-from sfg.graphs import Graph, make_graph
-from sfg.outages import make_process
-from sfg.outages.anatomy import ANATOMY_MODES, Capabilities, capabilities
 from sfg.replay import Lane, replay
 from sfg.replay.driver import run_lane
-from sfg.round import play_round
-from sfg.rounds import RoundGraph
-from sfg.rules import parse_rule, rule_names
-from sfg.staleness import StalenessState
+from sfg.round.attacks import REACH_LEVEL, availability, claims, parse_attack, place
+from sfg.round.kernel import play_round
+from sfg.round.rules import parse_rule, rule_names
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import StalenessState
+from sfg.world.graphs import Graph, make_graph
+from sfg.world.outages import make_process
+from sfg.world.outages.anatomy import ANATOMY_MODES, Capabilities, capabilities
 
 N, T, H, SEED = 16, 40, 8, 2
 DEFENDABLE = [r for r in rule_names() if parse_rule(r).compiled]
@@ -385,7 +385,7 @@ def _rec(rule, seed, value, attack=None, kind="train", metric="acc_honest_mean")
 
 
 def test_attack_report_pairs_against_the_no_attack_runs(tmp_path):
-    from sfg.attack_report import attack_rows, undefended, write_attack_report
+    from sfg.experiments.report.attacks import attack_rows, undefended, write_attack_report
 
     base = {1: 0.80, 2: 0.70, 3: 0.75}
     hit = {1: 0.60, 2: 0.55, 3: 0.45}
@@ -413,7 +413,7 @@ def test_sfg_report_on_a_real_attack_grid(tmp_path):
     """A replay grid with attacks through the real store and `sfg report`."""
     from typer.testing import CliRunner
 
-    from sfg.cli import app
+    from sfg.cli.main import app
 
     grid = tmp_path / "g.yaml"
     grid.write_text("""\

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.models import make_model
 from sfg.sim.backends import (
     BatchedBackend,
     LoopBackend,
@@ -34,6 +33,7 @@ from sfg.sim.params import (
     load_flat,
     unflatten,
 )
+from sfg.world.models import make_model
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -23,10 +23,10 @@ import pytest
 from badinput import run_inprocess
 
 import sfg
-from sfg import safety
 from sfg.errors import SfgError
 from sfg.experiments.config import make_config
 from sfg.experiments.store import Store
+from sfg.util import safety
 
 
 def _sfg(args, tmp_path, **env):
@@ -77,7 +77,7 @@ def test_reading_a_store_leaves_no_side_files(tmp_path):
 
 READ_ONLY_CHILD = """
 import json, sys
-from sfg.cli import main
+from sfg.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -169,7 +169,7 @@ def test_budget_message_has_the_figure_and_the_override(monkeypatch):
 
 
 def test_raising_the_budget_lets_the_input_in(tmp_path, monkeypatch):
-    from sfg.traces.tabular import load_tabular
+    from sfg.world.traces.tabular import load_tabular
 
     p = tmp_path / "t.csv"
     p.write_text("device,round,available\nx,3000000,1\ny,0,1\n")  # 3e6 rounds x 2 devices
@@ -205,7 +205,7 @@ def test_yaml_anchors_within_the_node_budget_still_work():
 
 # ------------------------------------------------------------------------------ archives
 def test_an_archive_head_is_scanned_once(tmp_path, monkeypatch):
-    from sfg.data import files
+    from sfg.world.data import files
 
     p = tmp_path / "a.tar.gz"
     with tarfile.open(p, "w:gz") as tf:
@@ -229,7 +229,7 @@ def test_an_archive_head_is_scanned_once(tmp_path, monkeypatch):
 
 
 def test_an_archive_member_over_the_limit_is_refused_before_reading(tmp_path, monkeypatch):
-    from sfg.data import files
+    from sfg.world.data import files
 
     p = tmp_path / "a.tar"
     with tarfile.open(p, "w") as tf:
@@ -250,7 +250,7 @@ def test_never_online_decade_long_users_cost_no_window_each(tmp_path):
     """400 users offline for ten years each: 1.5 million candidate windows, none built."""
     from badinput import _alarm
 
-    from sfg.traces.stunner import load_stunner
+    from sfg.world.traces.stunner import load_stunner
 
     p = tmp_path / "s.txt"
     p.write_text("".join(f"u{i} 0 0 0 315360000000\n" for i in range(400)))
@@ -260,7 +260,7 @@ def test_never_online_decade_long_users_cost_no_window_each(tmp_path):
 
 
 def test_the_first_qualifying_window_after_a_long_offline_spell_is_found(tmp_path):
-    from sfg.traces.stunner import load_stunner
+    from sfg.world.traces.stunner import load_stunner
 
     day = 86_400_000
     # 40 days offline, then online for 3 days; 10-minute variant: 300 rounds = 50 h

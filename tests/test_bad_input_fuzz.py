@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.spec import format_component, parse_component
+from sfg.util.components import format_component, parse_component
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -54,8 +54,8 @@ def test_component_parser_never_crashes(text):
 @FUZZ
 @given(st.lists(_piece, max_size=12).map("".join))
 def test_rule_and_process_registries_never_crash(text):
-    from sfg.outages import make_process
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
+    from sfg.world.outages import make_process
 
     _one_line_or_value(parse_rule, "sfg-l:" + text)
     _one_line_or_value(make_process, "bursty:" + text)
@@ -88,7 +88,7 @@ _edits = st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 8),
 
 
 def _read(source: str, path, tmp_path):
-    from sfg.traces.process import clear_cache, load_trace
+    from sfg.world.traces.process import clear_cache, load_trace
 
     clear_cache()
     return _one_line_or_value(load_trace, source, path)
@@ -132,7 +132,7 @@ def test_the_seeds_read():
     import tempfile
     from pathlib import Path
 
-    from sfg.traces.process import clear_cache, load_trace
+    from sfg.world.traces.process import clear_cache, load_trace
 
     with tempfile.TemporaryDirectory() as d:
         for source, name, text, kw in (

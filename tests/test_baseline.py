@@ -59,7 +59,7 @@ def test_training_matches_the_recording(k):
     assert _close(float(res.params.double().sum()), exp["params_sum"], tol=1e-6)
     np.testing.assert_array_equal(res.state.ages, exp["ages"])
     # a model-reading rule's weights (hence lags) are functions of those float32 parameters
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
 
     rtol = 1e-6 if parse_rule(exp["config"]["rule"]).reads_models else 1e-9
     np.testing.assert_allclose(res.state.lags, exp["lags"], rtol=rtol, atol=1e-12)

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from sfg.cli import main
+from sfg.cli.main import main
+from sfg.cli.replay import parse_seeds
 from sfg.errors import SfgError
-from sfg.replay_cli import parse_seeds
 
 
 def sfg(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sfg.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sfg.cli.main", *args], capture_output=True,
                           text=True, timeout=300)
 
 
@@ -90,7 +90,7 @@ def _strict(text: str):
 def test_run_json_and_table_carry_the_diagnostics_fitted_rates(capsys):
     """`sfg run --diagnostics raw,lag --json` carries the per-bin sums and the lag law's ρ;
     the report's fit (pooled over this one run) gives the same numbers; the table shows them."""
-    from sfg.report_diagnostics import pooled
+    from sfg.experiments.report.diagnostics import pooled
 
     assert main([*DIAG_RUN, "--json"]) == 0
     data = _strict(capsys.readouterr().out)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sfg import console
-from sfg.cli import main
+from sfg.cli import console
+from sfg.cli.main import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -32,7 +32,7 @@ seeds: [1, 2]
 FAILING = GRID + "overrides:\n  - {}\n  - {kind: train, dataset: cifar10, model: cnn, data_root: 'MISSING'}\n"
 
 
-def run(*args: str, module: str = "sfg.cli",
+def run(*args: str, module: str = "sfg.cli.main",
         code: str | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", module, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
@@ -79,7 +79,7 @@ def test_error_on_a_terminal_is_still_literal():
     """On a terminal the error line goes through rich (colour); the text stays literal."""
     primary, replica = pty.openpty()
     try:
-        res = subprocess.run([sys.executable, "-m", "sfg.cli", "replay", "-r", "x[/x]"],
+        res = subprocess.run([sys.executable, "-m", "sfg.cli.main", "replay", "-r", "x[/x]"],
                              stdout=subprocess.PIPE, stderr=replica, timeout=120, env=ENV)
         os.close(replica)
         chunks = []
@@ -180,7 +180,7 @@ def test_ray_install_hint_prints_the_extra_literally(tmp_path):
     """Without Ray the hint names the extra `sfg[ray]` (markup used to swallow `[ray]`)."""
     grid = write(tmp_path, "g.yaml", GRID)
     code = ("import sys; sys.modules['ray'] = None\n"  # Ray not installed
-            "from sfg.cli import main\n"
+            "from sfg.cli.main import main\n"
             f"sys.exit(main(['grid', 'run', {grid!r}, '--store', {str(tmp_path / 's.sqlite')!r}, "
             "'--executor', 'ray']))")
     res = run(code=code)
@@ -315,33 +315,34 @@ def test_one_settings_schema_no_second_defaults():
 
 # ----------------------------------------------------------------------------- layout and imports
 def test_no_sub_command_imports_the_root_cli():
-    """cli.py imports the sub-commands; none of them (nor the demo) imports cli.py back."""
+    """sfg.cli.main gathers the sub-commands; none of them, nor anything else in the library,
+    imports it back (only the package face and the ``python -m`` entry points do)."""
+    allowed = {SRC / "sfg" / "__main__.py", SRC / "sfg" / "cli" / "__init__.py",
+               SRC / "sfg" / "cli" / "__main__.py", SRC / "sfg" / "cli" / "main.py"}
     for path in (SRC / "sfg").rglob("*.py"):
-        if path.name in ("cli.py", "__main__.py") and path.parent.name == "sfg":
-            continue  # the program itself (``python -m sfg`` runs cli.entry)
+        if path in allowed:
+            continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                target = ("." * node.level) + (node.module or "")
                 names = {a.name for a in node.names}
-                relative_root = node.level == 1 and path.parent.name == "sfg"
-                parent_root = node.level == 2 and path.parent.parent.name == "sfg"
-                assert not (target in (".cli", "..cli") and (relative_root or parent_root)), path
-                assert target != "sfg.cli" and not (target == "sfg" and "cli" in names), path
-                assert not (node.level and target == "." * node.level and "cli" in names
-                            and (relative_root or parent_root)), path
+                assert node.module != "sfg.cli.main", path
+                assert not (node.module == "sfg.cli" and names & {"main", "entry", "app"}), path
+                assert node.level == 0, path  # absolute imports only
+            elif isinstance(node, ast.Import):
+                assert all(a.name != "sfg.cli.main" for a in node.names), path
 
 
 def test_a_broken_sub_command_fails_loudly():
-    code = ("import sys; sys.modules['sfg.traces.cli'] = None\n"
-            "from sfg.cli import main\nsys.exit(main(['--help']))")
+    code = ("import sys; sys.modules['sfg.cli.traces'] = None\n"
+            "from sfg.cli.main import main\nsys.exit(main(['--help']))")
     res = run(code=code)
-    assert res.returncode != 0 and "sfg.traces.cli" in res.stderr
+    assert res.returncode != 0 and "sfg.cli.traces" in res.stderr
 
 
 IMPORT_PROBE = """
 import json, sys
-from sfg.cli import main
+from sfg.cli.main import main
 rc = main({argv!r})
 heavy = ["torch", "matplotlib", "scipy.sparse", "scipy.spatial", "scipy.stats",
          "scipy.special", "scipy.linalg", "numpy", "pydantic", "sklearn", "PIL", "numba"]
@@ -388,7 +389,7 @@ EXIT_SCRIPT = """\
 import atexit, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from sfg import console
+from sfg.cli import console
 out = Path(sys.argv[1])
 pool = ThreadPoolExecutor(1)
 pool.submit(lambda: (time.sleep(0.3), (out / "pool").write_text("done")))  # still queued work
@@ -420,7 +421,7 @@ def test_exit_process_finishes_what_a_normal_exit_finishes(tmp_path, kind, code)
 
 
 def test_installed_program_exits_fast_with_complete_output():
-    """``sfg`` as installed (``sfg.cli:entry``): JSON on a pipe is complete and the status
+    """``sfg`` as installed (``sfg.cli.main:entry``): JSON on a pipe is complete and the status
     kept, for success and for bad input."""
     r = run("replay", "-p", "bursty:u=0.8", "-r", "sfg", "--seeds", "1", "--clients", "20",
             "--rounds", "30", "--json")

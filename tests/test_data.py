@@ -1,4 +1,4 @@
-"""Tests for sfg.data: the registry, load_federated, FederatedData and the embedded digits."""
+"""Tests for sfg.world.data: the registry, load_federated, FederatedData and the embedded digits."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from sfg.data import DATASETS, FederatedData, dataset_names, load_federated
-from sfg.data.base import channel_stats
-from sfg.data.digits import default_min_train, digits_pool, stratified_split
 from sfg.errors import SfgError
-from sfg.rng import stream
+from sfg.util.rng import stream
+from sfg.world.data import DATASETS, FederatedData, dataset_names, load_federated
+from sfg.world.data.base import channel_stats
+from sfg.world.data.digits import default_min_train, digits_pool, stratified_split
 
 
 def _same(a: FederatedData, b: FederatedData) -> bool:

@@ -1,4 +1,4 @@
-"""Tests for sfg.data.cifar: CIFAR python archives (dir and tar.gz), CIFAR-100, the real
+"""Tests for sfg.world.data.cifar: CIFAR python archives (dir and tar.gz), CIFAR-100, the real
 CIFAR-10 JPEG image folder in ../shared/data."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from sfg.data import load_federated
-from sfg.data.imagefolder import detect_image_folder, image_folder_pool
 from sfg.errors import SfgError
+from sfg.world.data import load_federated
+from sfg.world.data.imagefolder import detect_image_folder, image_folder_pool
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 CIFAR10_JPEG = DATA / "cifar10-jpeg" / "cifar10_jpeg_q75_raw.tar.gz"

@@ -1,4 +1,4 @@
-"""Tests for sfg.data.femnist: LEAF JSON shards (dir and tar.gz), writer split, the real
+"""Tests for sfg.world.data.femnist: LEAF JSON shards (dir and tar.gz), writer split, the real
 5 % FEMNIST sample in ../shared/data."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sfg.data import load_federated
-from sfg.data.femnist import detect_leaf, read_leaf
 from sfg.errors import SfgError
+from sfg.world.data import load_federated
+from sfg.world.data.femnist import detect_leaf, read_leaf
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

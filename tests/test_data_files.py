@@ -1,4 +1,4 @@
-"""Tests for sfg.data.files: locating data, the fast tar reader, the decoded-array cache."""
+"""Tests for sfg.world.data.files: locating data, the fast tar reader, the decoded-array cache."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sfg.data.files import (
+from sfg.errors import SfgError
+from sfg.world.data.files import (
     _parse_ustar,
     cache_directory,
     cache_path,
@@ -20,7 +21,6 @@ from sfg.data.files import (
     save_cached,
     source_fingerprint,
 )
-from sfg.errors import SfgError
 
 
 def _write_tar(path: Path, files: dict[str, bytes], *, fmt=tarfile.USTAR_FORMAT, mode="w:gz"):

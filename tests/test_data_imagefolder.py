@@ -1,4 +1,4 @@
-"""Tests for sfg.data.imagefolder: train/<class>/*, test/<class>/* folders (dir and tar.gz),
+"""Tests for sfg.world.data.imagefolder: train/<class>/*, test/<class>/* folders (dir and tar.gz),
 parallel decoding and the decode-once cache."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from sfg.data import load_federated
-from sfg.data.imagefolder import decode_images, detect_image_folder, read_image_folder
 from sfg.errors import SfgError
+from sfg.world.data import load_federated
+from sfg.world.data.imagefolder import decode_images, detect_image_folder, read_image_folder
 
 CLASSES = ("b_class", "a_class", "c_class")  # written unsorted; labels follow sorted order
 

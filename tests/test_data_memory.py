@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sfg.data import base, files
-from sfg.data.cifar import FORMATS, PickleSource, pickle_pool
-from sfg.data.femnist import detect_leaf, read_leaf
-from sfg.data.imagefolder import detect_image_folder, read_image_folder
+from sfg.world.data import base, files
+from sfg.world.data.cifar import FORMATS, PickleSource, pickle_pool
+from sfg.world.data.femnist import detect_leaf, read_leaf
+from sfg.world.data.imagefolder import detect_image_folder, read_image_folder
 
 MiB = 1 << 20
 
@@ -51,7 +51,7 @@ CHILD = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
     import numpy as np
-    from sfg.data.imagefolder import detect_image_folder, read_image_folder
+    from sfg.world.data.imagefolder import detect_image_folder, read_image_folder
     big, warm, cache, budget = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     read_image_folder(detect_image_folder(warm), workers=1, cache_dir=cache + "-warm")
     def vm_size():

@@ -1,4 +1,4 @@
-"""Tests for sfg.data.partition: Dirichlet label skew, hold-outs, label-matched test sets."""
+"""Tests for sfg.world.data.partition: Dirichlet label skew, hold-outs, label-matched test sets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfg.data.partition import (
+from sfg.errors import SfgError
+from sfg.util.rng import stream
+from sfg.world.data.partition import (
     dirichlet_partition,
     label_histogram,
     label_matched_test_indices,
@@ -15,8 +17,6 @@ from sfg.data.partition import (
     stratified_counts,
     validation_counts,
 )
-from sfg.errors import SfgError
-from sfg.rng import stream
 
 
 def _labels(n_per_class: int, n_classes: int) -> np.ndarray:

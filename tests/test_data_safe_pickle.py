@@ -1,4 +1,4 @@
-"""Tests for sfg.data.safe_pickle: CIFAR pickles load, code-executing pickles are refused."""
+"""Tests for sfg.world.data.safe_pickle: CIFAR pickles load, code-executing pickles are refused."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from sfg.data.safe_pickle import load_cifar_pickle
 from sfg.errors import SfgError
+from sfg.world.data.safe_pickle import load_cifar_pickle
 
 
 class _Evil:

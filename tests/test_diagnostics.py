@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from sfg.errors import SfgError
-from sfg.outages.anatomy import capabilities
-from sfg.round import candidate_mask
-from sfg.rounds import RoundGraph
+from sfg.round.kernel import candidate_mask
+from sfg.round.slots import RoundGraph
 from sfg.sim.diagnostics import (
     Diagnostics,
     ValidationLoss,
@@ -25,6 +24,7 @@ from sfg.sim.diagnostics import (
 )
 from sfg.sim.params import ParamSpec
 from sfg.sim.run import simulate
+from sfg.world.outages.anatomy import capabilities
 
 EDGES = np.array([[0, 1], [0, 2], [1, 2], [2, 3]])
 

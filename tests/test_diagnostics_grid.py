@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sfg.cli import app
+from sfg.cli.main import app
 from sfg.experiments.executors import run_grid
 from sfg.experiments.grid import load_grid
+from sfg.experiments.report.diagnostics import FILES
 from sfg.experiments.store import Store
-from sfg.report_diagnostics import FILES
 from sfg.sim.diagnostics import binned_means
 
 GRID = """\
@@ -88,7 +88,7 @@ def test_diagnostics_plots_are_titled_with_what_and_the_data(store, tmp_path, mo
 
     from matplotlib.figure import Figure
 
-    from sfg.report_diagnostics import write_diagnostics
+    from sfg.experiments.report.diagnostics import write_diagnostics
 
     seen = {}
     save = Figure.savefig

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from sfg.experiments.cli import app, main
+from sfg.cli.grid import app, main
 
 GRID = """\
 name: tiny

@@ -128,7 +128,7 @@ def test_validate_names_uses_the_registries():
 
 @pytest.fixture
 def model_reading_rule():
-    from sfg.rules import RULES, register_rule
+    from sfg.round.rules import RULES, register_rule
 
     register_rule("test-reads-models", None, tags=("model",))
     yield "test-reads-models"

@@ -95,7 +95,7 @@ def test_validation_errors_name_the_line_and_the_fix(text, expected):
 
 
 def test_replay_grid_rejects_model_reading_rules():
-    from sfg.rules import RULES, register_rule
+    from sfg.round.rules import RULES, register_rule
 
     register_rule("grid-test-reads-models", None, tags=("model",))
     try:
@@ -128,7 +128,7 @@ def test_demo_grid():
     assert all((c.dataset, c.n_clients, c.model, c.kind) == ("digits", 100, "mlp", "train")
                for c in g)
     # the copy that `make demo` runs (shipped inside the package) is the same grid
-    from sfg.demo import demo_grid_text
+    from sfg.cli.demo import demo_grid_text
 
     assert demo_grid_text() == (EXAMPLES / "demo.yaml").read_text()
 

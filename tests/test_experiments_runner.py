@@ -8,7 +8,7 @@ import pytest
 from sfg.errors import SfgError
 from sfg.experiments.config import make_config
 from sfg.experiments.runner import SELFTEST_DIM, normalise_result, run_config
-from sfg.rng import stream
+from sfg.util.rng import stream
 
 
 def _cfg(**kw):

@@ -1,4 +1,4 @@
-"""`sfg report --tensorboard DIR / --mlflow URI` (sfg.export): a real store from tiny grids,
+"""`sfg report --tensorboard DIR / --mlflow URI` (sfg.experiments.report.export): a real store from tiny grids,
 exported, read back with TensorBoard's and MLflow's own readers and compared with the store."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 )
 from tensorboard.plugins.hparams import metadata as hparams_metadata  # noqa: E402
 
-from sfg.cli import main  # noqa: E402
+from sfg.cli.main import main  # noqa: E402
 from sfg.experiments.store import Store  # noqa: E402
 
 REPLAY = "base: {kind: replay, n_clients: 12, rounds: 20, horizon: 5}\n"
@@ -228,7 +228,7 @@ def one_error(err: str) -> str:
                                            ("--mlflow", "mlflow")])
 def test_missing_package_is_one_error_line(store, tmp_path, flag, missing):
     code = (f"import sys; sys.modules[{missing!r}] = None\n"
-            "from sfg.cli import main\nsys.exit(main(sys.argv[1:]))")
+            "from sfg.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-c", code, "report", "--store", str(store),
                           "--tensorboard", str(out / "tb"), "--mlflow", f"file:{out / 'ml'}"],

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sfg.errors import SfgError
-from sfg.outages import make_process
-from sfg.traces import load_flash
+from sfg.world.outages import make_process
+from sfg.world.traces import load_flash
 
 # WiFi and charging throughout; 5 rounds of 10 min from 2020-01-02 00:00. States per round:
 #   r0 display off (22:00), lock unknown                 either 1  last 1  display 1  lock 0

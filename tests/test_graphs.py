@@ -1,4 +1,4 @@
-"""Tests for sfg.graphs (SPEC §6): generators, connectivity, invariants, registry, errors."""
+"""Tests for sfg.world.graphs (SPEC §6): generators, connectivity, invariants, registry, errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from sfg.errors import SfgError
-from sfg.graphs import (
+from sfg.util.rng import stream
+from sfg.world.graphs import (
     GRAPHS,
     Graph,
     _join_components_randomly,
@@ -22,7 +23,6 @@ from sfg.graphs import (
     random_regular_graph,
     ring_graph,
 )
-from sfg.rng import stream
 
 ALL_SPECS = ["knn:k=6", "knn:k=2", "erdos-renyi", "erdos-renyi:mean_degree=2",
              "erdos-renyi:p=0.3", "regular:d=6", "regular:d=3", "regular:d=2", "ring:k=1",
@@ -355,7 +355,7 @@ def _bfs_components(n, edges):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_components_match_a_breadth_first_search(seed):
-    from sfg.graphs import _components
+    from sfg.world.graphs import _components
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 200))
@@ -372,7 +372,7 @@ def test_components_match_a_breadth_first_search(seed):
 def test_knn_numpy_search_and_kd_tree_give_the_same_graph(monkeypatch):
     """Up to _BRUTE_FORCE_N clients the neighbours come from numpy, beyond from scipy's k-d
     tree; forcing either path on the same positions gives the same edges."""
-    import sfg.graphs as G
+    import sfg.world.graphs as G
 
     for k in (1, 6):  # k=1 leaves many components: exercises join_components on both paths
         numpy_path = knn_graph(600, k=k, seed=4)

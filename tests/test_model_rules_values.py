@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from sfg.outages.anatomy import capabilities
-from sfg.rounds import RoundGraph
-from sfg.rules import parse_rule
+from sfg.round.rules import parse_rule
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import init_state
 from sfg.sim.model_rules import make_model_rule
-from sfg.staleness import init_state
+from sfg.world.outages.anatomy import capabilities
 
 RG = RoundGraph.from_edges(3, np.array([[0, 1], [0, 2]]))
 ON = capabilities(np.ones(3, bool))

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from sfg.errors import SfgError
-from sfg.models import MODELS, count_parameters, load_backbone, make_model
 from sfg.sim.params import init_params
+from sfg.world.models import MODELS, count_parameters, load_backbone, make_model
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -209,7 +209,7 @@ def test_tls_node_with_certificate_from_another_ca_cannot_deliver(tmp_path):
 
 # ------------------------------------------------------------------ CLI
 def _cli(args, capsys):
-    from sfg.cli import main
+    from sfg.cli.main import main
 
     code = main(args)
     cap = capsys.readouterr()
@@ -269,7 +269,7 @@ def test_node_cli_runs_two_nodes_from_a_peers_file(tmp_path):
     peers.write_text(f"nodes:\n  0: 127.0.0.1:{p0}\n  1: 127.0.0.1:{p1}\nedges: [[0, 1]]\n")
     common = ["--peers", str(peers), "-T", "5", "-p", "none", "--rule", "dfedavg",
               "--eval-every", "5", "--json", "--deadline", "240"]
-    procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli", "node", "--id", str(i),
+    procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli.main", "node", "--id", str(i),
                                "--listen", f"127.0.0.1:{port}", *common],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, port in ((0, p0), (1, p1))]
@@ -290,8 +290,8 @@ def test_tls_ca_command_writes_a_ca_and_node_certificates(tmp_path, capsys):
 
 
 def test_store_writes_an_in_process_swarm_run_into_the_results_store(tmp_path):
+    from sfg.cli.net import _store
     from sfg.experiments.store import Store
-    from sfg.net.cli import _store
 
     world = build_world({**LOCKSTEP, "rounds": 10, "process": "none", "eval_every": 5})
     res, _ = _run(world, lambda i: NodeConfig(mode="lockstep"))
@@ -361,15 +361,15 @@ def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state
     content seen again 6 rounds later, the evidence bound clamps the attacker's age to 6."""
     import hashlib
 
-    from sfg.attacks import claims, parse_attack
+    from sfg.net.checkpoints import NodeState
     from sfg.net.node import Message
-    from sfg.net.state import NodeState
     from sfg.net.wire import Header
-    from sfg.outages.anatomy import Capabilities
-    from sfg.round import play_round
-    from sfg.rounds import RoundGraph
-    from sfg.rules import parse_rule
-    from sfg.staleness import StalenessState
+    from sfg.round.attacks import claims, parse_attack
+    from sfg.round.kernel import play_round
+    from sfg.round.rules import parse_rule
+    from sfg.round.slots import RoundGraph
+    from sfg.round.staleness import StalenessState
+    from sfg.world.outages.anatomy import Capabilities
 
     edges = np.array([[0, 1], [0, 2], [0, 3]])
     world = build_world(dict(n_clients=4, rounds=20, process="none", rule="sfg-cut+guard",
@@ -434,7 +434,7 @@ def test_restarted_lockstep_node_still_serves_its_unfetched_older_messages(tmp_p
     """A neighbour offline in the node's next round may still wait for an older message when
     the node crashes: the checkpoint keeps the node's pending messages, and the restarted node
     serves them (Fetch), byte for byte; messages of later rounds are not resurrected."""
-    from sfg.net.state import NodeState
+    from sfg.net.checkpoints import NodeState
 
     world = build_world(dict(n_clients=4, rounds=8, graph="ring:k=1", process="none",
                              eval_every=8))

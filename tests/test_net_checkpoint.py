@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from sfg.net.state import NodeState, load_checkpoint, save_checkpoint
+from sfg.net.checkpoints import NodeState, load_checkpoint, save_checkpoint
 from sfg.net.wire import Layout, encode_params
 
 D = 1 << 18  # 1 MiB of float32: the half-written file is clearly short of a whole checkpoint
@@ -71,8 +71,8 @@ def test_failed_fsync_keeps_the_previous_checkpoint_and_no_temp_file(tmp_path, m
 _CHILD_HEAD = """
 import os, sys, time
 import numpy as np
-import sfg.net.state as S
-from sfg.net.state import NodeState
+import sfg.net.checkpoints as S
+from sfg.net.checkpoints import NodeState
 from sfg.net.wire import Layout
 D = {D}
 layout = Layout(names=("w.weight", "w.bias"), shapes=((D - 8, 1), (8,)))

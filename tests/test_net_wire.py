@@ -14,8 +14,8 @@ import msgpack
 import numpy as np
 import pytest
 
+from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoint
 from sfg.net.node import Node, NodeConfig
-from sfg.net.state import NodeState, Star, load_checkpoint, save_checkpoint
 from sfg.net.transport import Peer
 from sfg.net.wire import (
     Header,
@@ -173,7 +173,7 @@ def test_node_rejects_and_counts_bad_deliveries_and_keeps_working(tmp_path):
 # ------------------------------------------------------------------ state and checkpoints
 def test_star_update_matches_spec_hand_case():
     """Receiver with neighbours 1, 2; candidates self and 2 with weights 0.25 / 0.75."""
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
 
     star = Star(2, parse_rule("sfg-l+ipw"))  # modifiers must not touch the given weights
     s = NodeState(t=3, age=2, lag=2.5, count=4, local_count=3, q_hat=[1.0, 0.5])

@@ -1,4 +1,4 @@
-"""Tests for sfg.outages: synthetic processes (SPEC §4), anatomy modes (§4.1), link failures (§4.2)."""
+"""Tests for sfg.world.outages: synthetic processes (SPEC §4), anatomy modes (§4.1), link failures (§4.2)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.graphs import make_graph
-from sfg.outages import (
+from sfg.world.graphs import make_graph
+from sfg.world.outages import (
     ANATOMY_MODES,
     PROCESSES,
     capabilities,
@@ -18,7 +18,7 @@ from sfg.outages import (
     make_process,
     process_names,
 )
-from sfg.outages.synthetic import (
+from sfg.world.outages.synthetic import (
     TOLERANCE,
     Heterogeneous,
     Regional,

@@ -6,7 +6,7 @@ step) — exactly.
 What each run used is recorded from inside the simulator: the round observer sees the round
 graph, every round's capabilities (the availability trace under the anatomy mode) and the
 parameters at the start of round 0; the data split is recorded as ``simulate`` receives it from
-``sfg.data.load_federated``, the link failures as the simulator draws them; the minibatches
+``sfg.world.data.load_federated``, the link failures as the simulator draws them; the minibatches
 twice: the digest of every minibatch drawn (``meta['minibatch_digest']``, all clients, every
 round) and the indices each trainer's first K local steps actually gathered. Only the rule
 differs between the runs, so everything recorded must be bit-identical; a different seed must
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-import sfg.data
+import sfg.world.data
 from sfg.sim import run
 from sfg.sim.run import simulate
 
@@ -44,7 +44,7 @@ def _digest(tensors) -> str:
 def _record(monkeypatch, **cfg) -> dict:
     seen: dict = {"train": [], "send": [], "aggregate": [], "adopt": [], "links": [],
                   "minibatches": {}}
-    real = sfg.data.load_federated
+    real = sfg.world.data.load_federated
     real_links = run.live_links_round
     real_gather = run._ClientData.gather
     K = TINY["local_steps"]
@@ -75,11 +75,11 @@ def _record(monkeypatch, **cfg) -> dict:
                                               None if flips is None else flips[:K].copy())
         return real_gather(self, clients, local_idx, flips)
 
-    monkeypatch.setattr(sfg.data, "load_federated", load_and_record)
+    monkeypatch.setattr(sfg.world.data, "load_federated", load_and_record)
     monkeypatch.setattr(run, "live_links_round", links_and_record)
     monkeypatch.setattr(run._ClientData, "gather", gather_and_record)
     res = simulate({**TINY, **cfg}, observer=observe)
-    monkeypatch.setattr(sfg.data, "load_federated", real)
+    monkeypatch.setattr(sfg.world.data, "load_federated", real)
     monkeypatch.setattr(run, "live_links_round", real_links)
     monkeypatch.setattr(run._ClientData, "gather", real_gather)
     seen["minibatch_digest"] = res.meta["minibatch_digest"]

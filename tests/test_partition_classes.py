@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from sfg.data import load_federated
-from sfg.data.partition import class_shard_partition, label_histogram, parse_partition
 from sfg.errors import SfgError
-from sfg.rng import stream
 from sfg.sim.run import simulate
+from sfg.util.rng import stream
+from sfg.world.data import load_federated
+from sfg.world.data.partition import class_shard_partition, label_histogram, parse_partition
 
 
 def _labels(counts) -> np.ndarray:

@@ -17,10 +17,10 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from sfg.errors import SfgError
-from sfg.models import make_model
-from sfg.pretrain import checkpoint_path, one_cycle_lr, pretrain
 from sfg.sim.params import ParamSpec
+from sfg.sim.pretrain import checkpoint_path, one_cycle_lr, pretrain
 from sfg.sim.run import simulate
+from sfg.world.models import make_model
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -108,7 +108,7 @@ def test_resume_continues_from_the_saved_epoch_and_matches_an_uninterrupted_run(
 def test_kill_then_rerun_resumes(tmp_path):
     root = image_folder(tmp_path / "imgs", size=8)
     out = tmp_path / "k.safetensors"
-    cmd = [sys.executable, "-m", "sfg.cli", "pretrain", "--dataset", "imagefolder", "--model",
+    cmd = [sys.executable, "-m", "sfg.cli.main", "pretrain", "--dataset", "imagefolder", "--model",
            "small-cnn", "--data-root", str(root), "--out", str(out), "--epochs", "100",
            "--batch-size", "8"]
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}

@@ -9,9 +9,9 @@ import pytest
 from reference import replay_reference
 
 from sfg.errors import SfgError
-from sfg.graphs import make_graph
-from sfg.outages import make_process
 from sfg.replay import build_scenario, horizon_pairs, replay, replay_config, replay_trace
+from sfg.world.graphs import make_graph
+from sfg.world.outages import make_process
 
 RULES = ["dfedavg", "sfg", "sfg-l", "sfg-cut:L=2", "sfg-counts", "aoi+ipw", "dfl-aa",
          "limited-merging:L=2", "local-counts:L=1", "gl-age", "copy-random", "placebo-cut",
@@ -48,7 +48,7 @@ def test_horizon_is_one_without_mixing():
 
 def test_hand_computed_horizon_uniform_pair():
     # two clients always online, uniform averaging: [W^k]_ii = 1/2 for k >= 1
-    from sfg.graphs import Graph
+    from sfg.world.graphs import Graph
 
     g = Graph(n=2, edges=np.array([[0, 1]]), positions=None, name="pair")
     avail = np.ones((20, 2), bool)
@@ -59,7 +59,7 @@ def test_hand_computed_horizon_uniform_pair():
 
 def test_premise_and_self_weight_hand_case():
     # path 0-1; client 0 offline rounds 0-2, returns at round 3 with age 3 vs neighbour age 0
-    from sfg.graphs import Graph
+    from sfg.world.graphs import Graph
 
     g = Graph(n=2, edges=np.array([[0, 1]]), positions=None, name="pair")
     avail = np.ones((5, 2), bool)
@@ -136,7 +136,7 @@ def test_bad_input_is_one_line(kwargs, fragment):
 
 def test_stacked_lanes_give_exactly_what_each_lane_gives_alone():
     from sfg.replay import Lane, replay_batch
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
 
     lanes = []
     for seed, proc in ((1, "iid:u=0.5"), (2, "bursty:u=0.7")):
@@ -159,7 +159,7 @@ def test_stacked_lanes_give_exactly_what_each_lane_gives_alone():
 def test_oracles_replay_and_train():
     """Oracle rules read A, which the replay tracks for them; stacked lanes agree."""
     from sfg.replay import Lane, replay_batch
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
 
     g, avail = build_scenario("bursty:u=0.7", n=20, T=40, graph="knn:k=4", seed=3)
     lanes = [Lane(avail, g, parse_rule(r), 3) for r in ("oracle-gls", "dfedavg", "oracle-qp")]

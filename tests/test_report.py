@@ -1,4 +1,4 @@
-"""Tests for sfg.report: tables, comparisons CSV and PNG plots on tiny record sets."""
+"""Tests for sfg.experiments.report.paired: tables, comparisons CSV and PNG plots on tiny record sets."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from PIL import Image
 from rich.console import Console
 
 from sfg.errors import SfgError
-from sfg.report import PLOT_FILES, TABLE_COLUMNS, build_report, print_report
-from sfg.stats import CSV_COLUMNS
+from sfg.experiments.report.paired import PLOT_FILES, TABLE_COLUMNS, build_report, print_report
+from sfg.experiments.stats import CSV_COLUMNS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROCESSES = ("iid:u=0.5", "bursty:u=0.8")

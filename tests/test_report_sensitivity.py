@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sfg.report import SENSITIVITY_COLUMNS, build_report
-from sfg.stats import compare
+from sfg.experiments.report.paired import SENSITIVITY_COLUMNS, build_report
+from sfg.experiments.stats import compare
 
 # DFedAvg accuracy per process and seed; the outage gap is none − process:
 #   iid 0.10, bursty 0.30, heterogeneous 0.20 (both seeds)

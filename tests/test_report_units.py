@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from scipy import stats as sps
 
-from sfg.report import PLOT_FILES, build_report, print_report, table_columns
-from sfg.units import context, percent, points, seeds_text
+from sfg.experiments.report.paired import PLOT_FILES, build_report, print_report, table_columns
+from sfg.util.units import context, percent, points, seeds_text
 
 BASE = {1: 0.80, 2: 0.75, 3: 0.70}      # dfedavg's acc_mean per seed (both processes)
 DIFF = {1: 0.02, 2: 0.03, 3: 0.04}      # sfg − dfedavg per seed: mean 0.03 = 3 points
@@ -153,7 +153,7 @@ def test_gain_plot_draws_points(tmp_path, monkeypatch):
 
 
 def test_attack_report_in_points_and_its_plot_titled(tmp_path, titles):
-    from sfg.attack_report import print_attack_rows, write_attack_report
+    from sfg.experiments.report.attacks import print_attack_rows, write_attack_report
 
     seen, labels = titles
     base = {1: 0.80, 2: 0.70, 3: 0.75}
@@ -200,8 +200,8 @@ def test_replay_plot_is_titled_with_processes_seeds_and_metrics(tmp_path, titles
 
 
 def test_trace_plots_are_titled_with_what_and_which_trace(tmp_path, titles):
-    from sfg.traces.base import Trace
-    from sfg.traces.plot import plot_trace
+    from sfg.world.traces.base import Trace
+    from sfg.world.traces.plot import plot_trace
 
     seen, _ = titles
     rng = np.random.default_rng(0)

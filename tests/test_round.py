@@ -1,4 +1,4 @@
-"""The compiled round (:mod:`sfg.round`) against the per-client reference loop (tests/reference.py).
+"""The compiled round (:mod:`sfg.round.kernel`) against the per-client reference loop (tests/reference.py).
 
 * weight by weight, round by round, and metric by metric: every model-free rule of the registry
   (picked up automatically), the modifiers, every anatomy mode and link failures;
@@ -16,13 +16,13 @@ import pytest
 from reference import SCORES, replay_reference
 
 from sfg.errors import SfgError
-from sfg.graphs import make_graph
-from sfg.outages import make_process
-from sfg.outages.anatomy import ANATOMY_MODES
 from sfg.replay import Lane, build_scenario, replay, replay_trace
 from sfg.replay.driver import run_lane
-from sfg.rounds import RoundGraph
-from sfg.rules import parse_rule, rule_names
+from sfg.round.rules import parse_rule, rule_names
+from sfg.round.slots import RoundGraph
+from sfg.world.graphs import make_graph
+from sfg.world.outages import make_process
+from sfg.world.outages.anatomy import ANATOMY_MODES
 
 COMPILED = [r for r in rule_names() if parse_rule(r).compiled]
 VARIANTS = COMPILED + ["sfg-l:gamma=0.3+ipw", "aoi+ipw", "sfg:gamma=0", "sfg-l:gamma=0+rounded",
@@ -148,8 +148,8 @@ def test_self_return_following_on_threads_across_blocks(attack):
     """H following the round on threads, in stretches of small blocks (the weight buffer is
     reused from block to block), with the compiled block path and the per-round path of an
     attack: the same rows as one thread, and H equal to the per-client loop without attack."""
-    from sfg.attacks import parse_attack
     from sfg.replay.horizon import EXACT_PAIRS
+    from sfg.round.attacks import parse_attack
 
     g = make_graph("knn:k=4", 40, seed=3)
     avail = make_process("iid:u=0.5").sample(80, 40, seed=3, positions=g.positions)
@@ -247,7 +247,7 @@ def test_engine_names():
 
 
 def test_kernels_are_made_once_per_rule_and_named_after_it():
-    from sfg.round import kernels
+    from sfg.round.kernel import kernels
 
     fn = parse_rule("sfg-cut").fn
     wk, rk, rounds = kernels(fn)
@@ -258,7 +258,7 @@ def test_kernels_are_made_once_per_rule_and_named_after_it():
 
 def test_warm_compiled_loads_the_rules_given():
     from sfg.replay import warm_compiled
-    from sfg.round import kernels
+    from sfg.round.kernel import kernels
 
     warm_compiled(["sfg-l", "dfedavg"])
     assert kernels(parse_rule("sfg-l").fn)[2].signatures

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.outages.anatomy import Capabilities
-from sfg.round import candidate_mask, given_scores, kernels, play_round
-from sfg.rounds import RoundGraph
-from sfg.rules import parse_rule, rule_names
-from sfg.staleness import StalenessState
+from sfg.round.kernel import candidate_mask, given_scores, kernels, play_round
+from sfg.round.rules import parse_rule, rule_names
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import StalenessState
+from sfg.world.outages.anatomy import Capabilities
 
 
 # every registered rule that runs without models, picked up automatically, plus variants
@@ -79,7 +79,7 @@ def test_conformance_covers_every_registered_rule():
 def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
     """The shared normalisation: non-finite or negative scores count as 0; an all-zero row
     keeps the own model, never NaN (SPEC §1)."""
-    from sfg.round import Candidates
+    from sfg.round.kernel import Candidates
 
     wk = kernels(given_scores)[0]
     k = 3
@@ -131,7 +131,7 @@ def random_round(rng: np.random.Generator, n: int, p_edge: float = 0.4):
 def test_round_equals_one_receiver(seed, n, name):
     """The round's weights for every receiver equal the one-receiver form on its candidates;
     the round's candidate sets equal S_i^t (SPEC §1)."""
-    from sfg.round import rule_draws
+    from sfg.round.kernel import rule_draws
 
     rule = parse_rule(name)
     rg, state, caps, live = random_round(np.random.default_rng(seed), n)
@@ -295,7 +295,7 @@ def test_copy_random_and_placebo_cut():
 
 def test_two_histories_same_ages_and_counts_different_lags():
     """Ages and max-inherited counts agree but lags differ: only the lag rules tell them apart."""
-    from sfg.staleness import init_state
+    from sfg.round.staleness import init_state
 
     # two 3-client paths 0-1-2 with the same availability for clients 1, 2 but different mixing
     rg = RoundGraph.from_edges(3, np.array([[0, 1], [1, 2]]))
@@ -420,7 +420,7 @@ def test_metropolis_hastings_symmetric_and_doubly_stochastic_without_outages():
         pick = rng.random(iu[0].size) < 0.4
         rg = RoundGraph.from_edges(n, np.stack([iu[0][pick], iu[1][pick]], 1))
         on = np.ones(n, bool)
-        from sfg.staleness import init_state
+        from sfg.round.staleness import init_state
 
         rr = play_round(parse_rule("metropolis-hastings"), rg, init_state(rg),
                         Capabilities(on, on, on, on), seed=1)
@@ -437,7 +437,7 @@ def test_metropolis_hastings_symmetric_and_doubly_stochastic_without_outages():
         np.testing.assert_allclose(W, W.T, atol=1e-15)
 
 
-# ------------------------------------------------------------------ defences (sfg.defences)
+# ------------------------------------------------------------------ defences (sfg.round.defences)
 DEFENCES = ("guard", "relative", "cap", "guard+relative+cap")
 DEFENDED = [f"{r}+{d}" for r in MODEL_FREE if parse_rule(r).compiled for d in DEFENCES]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sfg.errors import SfgError
-from sfg.outages import make_process
 from sfg.sim.run import minibatch_indices, simulate
+from sfg.world.outages import make_process
 
 TINY = dict(dataset="digits", model="mlp", n_clients=16, rounds=8, local_steps=2, batch_size=8,
             eval_every=4, graph="knn:k=4", backend="batched")
@@ -86,9 +86,9 @@ def test_personal_heads_are_never_averaged():
 
 
 def test_ditto_evaluates_the_personal_model():
-    from sfg.data import load_federated
-    from sfg.models import make_model
     from sfg.sim.backends import make_backend
+    from sfg.world.data import load_federated
+    from sfg.world.models import make_model
 
     res = run(process="bursty:u=0.5", rule="sfg", backbone="ditto")
     assert res.personal is not None and not torch.equal(res.personal, res.params)
@@ -141,11 +141,11 @@ def test_model_reading_rules_run(rule):
 
 
 def test_model_memory_averages_remembered_models_of_offline_neighbours():
-    from sfg.outages.anatomy import capabilities
-    from sfg.rounds import RoundGraph
-    from sfg.rules import parse_rule
+    from sfg.round.rules import parse_rule
+    from sfg.round.slots import RoundGraph
+    from sfg.round.staleness import init_state
     from sfg.sim.model_rules import make_model_rule
-    from sfg.staleness import init_state
+    from sfg.world.outages.anatomy import capabilities
 
     rg = RoundGraph.from_edges(3, np.array([[0, 1], [0, 2]]))
     mm = make_model_rule(parse_rule("model-memory"), N=3, D=2, device="cpu")
@@ -198,7 +198,7 @@ def test_anatomy_modes_and_link_failures_run():
 
 
 def test_batch_larger_than_client_data_samples_with_replacement():
-    from sfg.data import load_federated
+    from sfg.world.data import load_federated
 
     sizes = np.array([len(y) for y in load_federated("digits", n_clients=16, seed=1).train_y])
     res = run(process="none", rule="dfedavg", batch_size=64)
@@ -207,7 +207,7 @@ def test_batch_larger_than_client_data_samples_with_replacement():
 
 
 def test_gossip_mixes_adopter_rows_in_place_and_keeps_the_rest():
-    from sfg.rounds import RoundGraph
+    from sfg.round.slots import RoundGraph
     from sfg.sim.gossip import gossip, gossip_
 
     # path 0 - 1 - 2 - 3; slots by receiver: self first, then neighbours

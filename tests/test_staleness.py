@@ -1,6 +1,6 @@
 """Staleness invariants (SPEC §2): τ ≤ ℓ, lags = row sums of A, lag mass conservation.
 
-The update is part of the shared round (:func:`sfg.round.play_round`); these tests drive it
+The update is part of the shared round (:func:`sfg.round.kernel.play_round`); these tests drive it
 with rules, or with given scores to impose hand-chosen weights."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfg.outages.anatomy import Capabilities
-from sfg.round import play_round
-from sfg.rounds import RoundGraph
-from sfg.rules import parse_rule
-from sfg.staleness import Q_HAT_FLOOR, init_state
+from sfg.round.kernel import play_round
+from sfg.round.rules import parse_rule
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import Q_HAT_FLOOR, init_state
+from sfg.world.outages.anatomy import Capabilities
 
 DFEDAVG = parse_rule("dfedavg")
 

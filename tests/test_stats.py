@@ -1,4 +1,4 @@
-"""Tests for sfg.stats: paired comparisons (SPEC §8), with hand-computed cases."""
+"""Tests for sfg.experiments.stats: paired comparisons (SPEC §8), with hand-computed cases."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
 from sfg.errors import SfgError
-from sfg.stats import (
+from sfg.experiments.stats import (
     CSV_COLUMNS,
     compare,
     comparisons_to_csv,

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from sfg.errors import SfgError
-from sfg.traces import Trace, minutes_to_rounds
-from sfg.traces.base import eligible_mask
+from sfg.world.traces import Trace, minutes_to_rounds
+from sfg.world.traces.base import eligible_mask
 
 
 def test_trace_validates_and_freezes():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from sfg.cli.traces import app
 from sfg.errors import SfgError
-from sfg.traces.cli import app
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 FLASH = str(DATA / "flash" / "flash_state_traces_subset.json")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.traces import flash_trace, load_flash, parse_flash, trace_stats
+from sfg.world.traces import flash_trace, load_flash, parse_flash, trace_stats
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 FLASH = DATA / "flash" / "flash_state_traces_subset.json"

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sfg.traces.process  # noqa: F401  (registers flash, stunner, trace)
+import sfg.world.traces.process  # noqa: F401  (registers flash, stunner, trace)
 from sfg.errors import SfgError
-from sfg.outages.registry import PROCESSES, make_process
-from sfg.traces import Trace, save_tabular
+from sfg.world.outages.registry import PROCESSES, make_process
+from sfg.world.traces import Trace, save_tabular
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 FLASH = "../shared/data/flash/flash_state_traces_subset.json"

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from sfg.errors import SfgError
-from sfg.traces import Trace, load_trace, outage_runs, trace_stats
-from sfg.traces.plot import availability_by_hour, plot_trace
+from sfg.world.traces import Trace, load_trace, outage_runs, trace_stats
+from sfg.world.traces.plot import availability_by_hour, plot_trace
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
-from sfg.traces import load_stunner, load_trace, parse_sessions, trace_stats
+from sfg.world.traces import load_stunner, load_trace, parse_sessions, trace_stats
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 STUNNER = DATA / "stunner"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from sfg.errors import SfgError
-from sfg.traces import Trace, load_tabular, load_trace, save_tabular
+from sfg.world.traces import Trace, load_tabular, load_trace, save_tabular
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

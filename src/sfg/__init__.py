@@ -1,6 +1,16 @@
-"""sfg: decentralised learning when devices go offline."""
+"""sfg: decentralised learning when devices go offline.
 
-from . import reproducible as _reproducible
+The packages are the architecture: :mod:`sfg.round` (the round: slots, staleness, rules,
+defences, the compiled kernel) at the centre; the engines that run it — :mod:`sfg.replay`
+(model-free), :mod:`sfg.sim` (training) and :mod:`sfg.net` (networked nodes); the world they
+run on, :mod:`sfg.world` (graphs, outages, traces, data, models); the experiment layer above,
+:mod:`sfg.experiments` (configs, grids, the store, executors, statistics, reports); and the
+command line, :mod:`sfg.cli`. :mod:`sfg.util` holds the plumbing they share.
+"""
+
+from sfg import moved as _moved
+from sfg import reproducible as _reproducible
 
 _reproducible.apply()  # SFG_REPRODUCIBLE=1: pin the numerical libraries before they load
+_moved.install()  # import paths from before the layout keep working (DeprecationWarning)
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """``python -m sfg ...``: the ``sfg`` program (same as the installed command)."""
 
-from .cli import entry
+from sfg.cli.main import entry
 
 if __name__ == "__main__":
     entry()

@@ -89,7 +89,7 @@ def apply(environ=None) -> list[str]:
         return []
     loaded = [m for m in _LOADED_TOO_EARLY if m in sys.modules]
     if loaded and environ is None:
-        from .errors import SfgError
+        from sfg.errors import SfgError
 
         raise SfgError(f"{SWITCH}=1 must be set before {', '.join(loaded)} is imported: set it "
                        "in the environment of the process (SFG_REPRODUCIBLE=1 sfg ...) or "

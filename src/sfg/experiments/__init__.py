@@ -9,7 +9,7 @@
                                          #   "config", "metrics", "curves"}, ...]
 """
 
-from ..lazy import lazy_exports
+from sfg.util.lazy import lazy_exports
 
 # name -> submodule; loaded on first access (PEP 562): `sfg grid --help` and the commands
 # that never touch a grid do not import pydantic, yaml or sqlite

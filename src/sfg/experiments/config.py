@@ -29,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import SfgError
-from ..spec import format_component, parse_component
+from sfg.errors import SfgError
+from sfg.util.components import format_component, parse_component
 
 Kind = Literal["train", "replay", "selftest"]
 Backbone = Literal["full", "personal-head", "dfedavgm", "ditto"]
@@ -96,7 +96,7 @@ class RunConfig(BaseModel):
     partition: str = "dirichlet"
     diagnostics: str = ""
     backbone_from: str | None = None
-    # forged-staleness attack (sfg.attacks), e.g. "forge:frac=0.1,claim=fresh"; None = none.
+    # forged-staleness attack (sfg.round.attacks), e.g. "forge:frac=0.1,claim=fresh"; None = none.
     # Left out of the dump (and so of the run id) when None: ids of runs without attacks are
     # those they had before the field existed.
     attack: str | None = None
@@ -106,7 +106,7 @@ class RunConfig(BaseModel):
     def _attack(cls, v: str | None) -> str | None:
         if v is None:
             return None
-        from ..attacks import parse_attack
+        from sfg.round.attacks import parse_attack
 
         try:
             a = parse_attack(v)
@@ -136,7 +136,7 @@ class RunConfig(BaseModel):
     @field_validator("diagnostics")
     @classmethod
     def _diagnostics(cls, v: str) -> str:
-        from ..sim.diagnostics import parse_diagnostics  # numpy only
+        from sfg.sim.diagnostics import parse_diagnostics  # numpy only
 
         try:
             parse_diagnostics(v)
@@ -148,7 +148,7 @@ class RunConfig(BaseModel):
     def _partition(self) -> RunConfig:
         # checked for training runs only: the data package imports torch, replay never reads it
         if self.kind == "train" and self.partition != "dirichlet":
-            from ..data.partition import parse_partition
+            from sfg.world.data.partition import parse_partition
 
             try:
                 parse_partition(self.partition)
@@ -263,7 +263,7 @@ def config_error_message(err: ValidationError) -> tuple[str, str]:
     msg = msg.removeprefix("Value error, ")
     kind = first.get("type", "")
     if kind == "extra_forbidden":
-        from ..spec import did_you_mean
+        from sfg.util.components import did_you_mean
 
         return field, (f"unknown run setting {field!r}"
                        f"{did_you_mean(field, RunConfig.model_fields)}")
@@ -271,7 +271,7 @@ def config_error_message(err: ValidationError) -> tuple[str, str]:
     if kind == "literal_error" and isinstance(got, str):
         from typing import get_args
 
-        from ..spec import did_you_mean
+        from sfg.util.components import did_you_mean
 
         choices = get_args(RunConfig.model_fields[field].annotation)
         hint = did_you_mean(got, choices)
@@ -335,7 +335,7 @@ def _check_member(registry: Any, comp_text: str, field: str, kind: str) -> None:
         if hasattr(registry, "check_params"):
             registry.check_params(comp.name, comp.params)
         elif comp.name not in registry:
-            from ..spec import did_you_mean
+            from sfg.util.components import did_you_mean
 
             raise SfgError(f"unknown {kind} {comp.name!r}{did_you_mean(comp.name, registry)}")
     except SfgError as e:
@@ -346,9 +346,9 @@ def validate_names(cfg: RunConfig) -> None:
     """Check rule, process, dataset (and graph/model where registries exist) by their registries.
 
     Raises :class:`ConfigError` (an :class:`SfgError` carrying the offending ``field``).
-    Each check runs only when its registry is importable (``sfg.rules.parse_rule``,
-    ``sfg.outages.make_process``, ``sfg.data.DATASETS``, ``sfg.graphs.GRAPHS``,
-    ``sfg.models.MODELS``); a module, attribute or dependency that does not exist yet skips
+    Each check runs only when its registry is importable (``sfg.round.rules.parse_rule``,
+    ``sfg.world.outages.make_process``, ``sfg.world.data.DATASETS``, ``sfg.world.graphs.GRAPHS``,
+    ``sfg.world.models.MODELS``); a module, attribute or dependency that does not exist yet skips
     that one check. Datasets and models are checked for ``train`` runs only (replay and
     selftest never load them). A ``replay`` run with a rule whose parsed object has
     ``reads_models`` true is rejected: model-free replay cannot evaluate it (SPEC §9).
@@ -361,7 +361,7 @@ def validate_names(cfg: RunConfig) -> None:
 
 
 def _check_rule(cfg: RunConfig) -> None:
-    rules = _module("sfg.rules")
+    rules = _module("sfg.round.rules")
     if rules is None or not hasattr(rules, "parse_rule"):
         return
     try:
@@ -377,7 +377,7 @@ def _check_rule(cfg: RunConfig) -> None:
 
 
 def _check_process(cfg: RunConfig) -> None:
-    outages = _module("sfg.outages")
+    outages = _module("sfg.world.outages")
     if outages is None or not hasattr(outages, "make_process"):
         return
     try:
@@ -389,13 +389,13 @@ def _check_process(cfg: RunConfig) -> None:
 def _check_dataset(cfg: RunConfig) -> None:
     if cfg.kind != "train":
         return
-    data = _module("sfg.data")
+    data = _module("sfg.world.data")
     if data is not None and hasattr(data, "DATASETS"):
         _check_member(data.DATASETS, cfg.dataset, "dataset", "dataset")
 
 
 def _check_graph(cfg: RunConfig) -> None:
-    graphs = _module("sfg.graphs")
+    graphs = _module("sfg.world.graphs")
     if graphs is not None and hasattr(graphs, "GRAPHS"):
         _check_member(graphs.GRAPHS, cfg.graph, "graph", "graph")
 
@@ -403,6 +403,6 @@ def _check_graph(cfg: RunConfig) -> None:
 def _check_model(cfg: RunConfig) -> None:
     if cfg.kind != "train":
         return
-    models = _module("sfg.models")
+    models = _module("sfg.world.models")
     if models is not None and hasattr(models, "MODELS"):
         _check_member(models.MODELS, cfg.model, "model", "model")

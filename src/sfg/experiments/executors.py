@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import SfgError
-from .config import RunConfig, run_id
-from .store import Store, new_worker_id, one_line
+from sfg.errors import SfgError
+from sfg.experiments.config import RunConfig, run_id
+from sfg.experiments.store import Store, new_worker_id, one_line
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
@@ -86,7 +86,7 @@ class Heartbeat:
 def execute_one(store: Store, rid: str, config: dict, worker: str, *,
                 progress: Callable[[int, int], None] | None = None) -> bool:
     """Run one claimed run and record it (done or failed); True when it finished."""
-    from .runner import run_config
+    from sfg.experiments.runner import run_config
 
     t0 = time.perf_counter()
     try:
@@ -245,7 +245,7 @@ def _run_pool(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, work
 
 def _ray_task(config: dict) -> dict:
     """One run inside a Ray worker: the result, or the one-line error (never raises)."""
-    from .runner import run_config
+    from sfg.experiments.runner import run_config
 
     t0 = time.perf_counter()
     try:

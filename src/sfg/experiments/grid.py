@@ -27,10 +27,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ..errors import SfgError
-from ..safety import check_cells, check_int64, compose_yaml, max_runs, read_text
-from ..spec import did_you_mean
-from .config import ConfigError, RunConfig, config_error_message, run_id, validate_names
+from sfg.errors import SfgError
+from sfg.experiments.config import (
+    ConfigError,
+    RunConfig,
+    config_error_message,
+    run_id,
+    validate_names,
+)
+from sfg.util.components import did_you_mean
+from sfg.util.safety import check_cells, check_int64, compose_yaml, max_runs, read_text
 
 AXES = {"datasets": "dataset", "processes": "process", "rules": "rule", "seeds": "seed"}
 GRID_KEYS = ("name", "description", "base", *AXES, "overrides")

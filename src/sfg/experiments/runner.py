@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SfgError
-from ..rng import stream
-from ..spec import parse_component
-from .config import RunConfig
+from sfg.errors import SfgError
+from sfg.experiments.config import RunConfig
+from sfg.util.components import parse_component
+from sfg.util.rng import stream
 
 Progress = Callable[[int, int], None]
 
@@ -37,14 +37,14 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
         out = selftest_run(cfg, progress=progress)
     elif cfg.kind == "replay":
         try:
-            from ..replay import replay_config
+            from sfg.replay import replay_config
         except ImportError as e:
             raise SfgError(f"kind 'replay' needs sfg.replay.replay_config, which is not "
                            f"available ({e})") from None
         out = replay_config(cfg.model_dump(), progress=progress)
     elif cfg.kind == "train":
         try:
-            from ..sim.run import simulate_config
+            from sfg.sim.run import simulate_config
         except ImportError as e:
             raise SfgError(f"kind 'train' needs sfg.sim.run.simulate_config, which is not "
                            f"available ({e})") from None

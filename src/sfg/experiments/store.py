@@ -46,9 +46,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import SfgError
-from ..safety import sqlite_message
-from .config import RunConfig, canonical_json, run_id
+from sfg.errors import SfgError
+from sfg.experiments.config import RunConfig, canonical_json, run_id
+from sfg.util.safety import sqlite_message
 
 APPLICATION = "sfg-results"
 SCHEMA_VERSION = 1

@@ -11,7 +11,7 @@
 Each round the node trains (SPEC §1 step 3, the simulator's own training pieces via
 :class:`~sfg.net.world.Trainer`), sends its model with its staleness scalars to its
 neighbours, and aggregates what it holds with the rule's one-receiver form
-:meth:`sfg.rules.Rule.weights_one` — the rule code ``sfg run`` and ``sfg replay`` use.
+:meth:`sfg.round.rules.Rule.weights_one` — the rule code ``sfg run`` and ``sfg replay`` use.
 Everything is asyncio; a send never blocks the round on a neighbour that is gone.
 
 **Lockstep** (SPEC §11.1): at round t an available node sends its start-of-round model and
@@ -30,12 +30,12 @@ neighbours. An unavailable node neither trains, sends nor answers (its server re
 deliveries); each of its rounds adds 1 to its age and lag. q̂_ij is updated with "j is a
 candidate" as the event. Timestamps are the receiver's own clock only.
 
-**Forged claims and defences** (:mod:`sfg.attacks`, :mod:`sfg.defences`): an attacker of the
-run's ``--attack forge:...`` puts the forged claim of :func:`sfg.attacks.claims` in its headers
+**Forged claims and defences** (:mod:`sfg.round.attacks`, :mod:`sfg.round.defences`): an attacker of the
+run's ``--attack forge:...`` puts the forged claim of :func:`sfg.round.attacks.claims` in its headers
 (played on its star: the largest count it hears is its own and the last its neighbours
 claimed); ``model=constant`` sends the initial model every time. A receiver whose rule has
 ``+guard``/``+relative`` clamps the header claims with the round's compiled clamp
-(:func:`sfg.defences.clamp_one`) before the rule scores them, ``+guard`` with its own evidence:
+(:func:`sfg.round.defences.clamp_one`) before the rule scores them, ``+guard`` with its own evidence:
 per neighbour, the payload SHA-256 last aggregated and when it was first seen
 (:meth:`Node._evidence`); its staleness update then uses the claims as clamped, as in
 ``sfg run``.
@@ -61,13 +61,10 @@ import msgpack
 import numpy as np
 import torch
 
-from ..defences import GUARD, RELATIVE, claims_as_given, clamp_one
-from ..errors import SfgError
-from ..rng import stream
-from ..round import rule_draws
-from .state import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
-from .transport import CHUNK, Peer, Server, TlsFiles
-from .wire import (
+from sfg.errors import SfgError
+from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
+from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
+from sfg.net.wire import (
     DEFAULT_MAX_BYTES,
     Chunked,
     Message,
@@ -78,7 +75,10 @@ from .wire import (
     encode,
     unpack_header,
 )
-from .world import Trainer, World
+from sfg.net.world import Trainer, World
+from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one
+from sfg.round.kernel import rule_draws
+from sfg.util.rng import stream
 
 log = logging.getLogger("sfg.net")
 MODES = ("lockstep", "async")
@@ -195,7 +195,7 @@ class Node:
         self.seen: dict[int, tuple[bytes, float]] = {}  # +guard: content digest, first seen
         self.claimed: dict[int, int] = {}               # latest count each neighbour claimed
         self._claimed_round: dict[int, int] = {}
-        # the rule that scores claims the node has already clamped (sfg.defences.clamp_one)
+        # the rule that scores claims the node has already clamped (sfg.round.defences.clamp_one)
         self._scorer = claims_as_given(world.rule)
         self.restored: dict | None = None
         self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
@@ -364,14 +364,14 @@ class Node:
     def _claims(self) -> tuple[int, float, int]:
         """The (age, lag, count) this node claims in its headers: its true state, or, for an
         attacker of the run's ``--attack forge:...``, the forged claim of
-        :func:`sfg.attacks.claims` played on this node's star (the largest count it hears:
+        :func:`sfg.round.attacks.claims` played on this node's star (the largest count it hears:
         its own and the last its neighbours claimed)."""
         s = self.state
         att = self.world.attack
         if att is None or not att.forges or not self.world.attackers[self.i]:
             return s.age, s.lag, s.count
-        from ..attacks import claims
-        from ..staleness import StalenessState
+        from sfg.round.attacks import claims
+        from sfg.round.staleness import StalenessState
 
         k, E = self.star.deg + 1, self.star.rg.n_slots
         counts = np.array([s.count] + [self.claimed.get(int(j), 1) for j in self.nbrs], np.int64)
@@ -424,7 +424,7 @@ class Node:
         return any(p.blocks(a, b, r) for p in self.cfg.partitions)
 
     def _evidence(self, r: int, senders: list[int], msgs: list[Message]) -> list[int]:
-        """The ``+guard`` evidence bound per neighbour candidate (:mod:`sfg.defences`): the
+        """The ``+guard`` evidence bound per neighbour candidate (:mod:`sfg.round.defences`): the
         rounds since that neighbour's model content (the payload's SHA-256, checked on
         arrival) last changed as this node observed it — an unchanged model was not trained
         since. Lockstep: this node's rounds since it first aggregated that content, as the
@@ -452,7 +452,7 @@ class Node:
         aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them.
 
         The rule's claim defences (``+guard``, ``+relative``) first clamp the claims with the
-        round's own compiled clamp (:func:`sfg.defences.clamp_one`, with this node's evidence,
+        round's own compiled clamp (:func:`sfg.round.defences.clamp_one`, with this node's evidence,
         :meth:`_evidence`); the rule then scores the clamped claims (``+cap`` applies to the
         weights), and the staleness update uses the claims as clamped — as in ``sfg run``."""
         s = self.state

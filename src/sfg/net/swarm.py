@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SfgError
-from .node import Node, NodeConfig, Partition
-from .world import World
+from sfg.errors import SfgError
+from sfg.net.node import Node, NodeConfig, Partition
+from sfg.net.world import World
 
 
 async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
@@ -87,7 +87,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
-    from ..sim.run import _quartile_means
+    from sfg.sim.run import _quartile_means
 
     res = sorted(results, key=lambda r: r["node"])
     acc = np.array([r["acc"] for r in res], np.float64)

@@ -14,7 +14,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from ..errors import SfgError
+from sfg.errors import SfgError
 
 
 def _name(cn: str):

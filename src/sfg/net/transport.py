@@ -73,7 +73,7 @@ class TlsFiles:
     @classmethod
     def load(cls, tls_dir: str | Path, node: int) -> TlsFiles:
         """``<dir>/ca.pem``, ``<dir>/node-<id>.pem`` and ``<dir>/node-<id>.key``."""
-        from ..errors import SfgError
+        from sfg.errors import SfgError
 
         d = Path(tls_dir)
         paths = [d / "ca.pem", d / f"node-{node}.pem", d / f"node-{node}.key"]

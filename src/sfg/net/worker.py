@@ -23,11 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from ..errors import SfgError
-    from .node import NodeConfig, Partition
-    from .swarm import run_nodes
-    from .transport import TlsFiles
-    from .world import build_world
+    from sfg.errors import SfgError
+    from sfg.net.node import NodeConfig, Partition
+    from sfg.net.swarm import run_nodes
+    from sfg.net.transport import TlsFiles
+    from sfg.net.world import build_world
 
     spec = json.loads(Path(a.spec).read_text())
     ids = [int(x) for x in a.nodes.split(",")]

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import SfgError, check
-from ..graphs import Graph, make_graph
-from ..outages import make_process
-from ..rng import stream
-from ..rounds import RoundGraph
-from ..rules import CATCHUP_CAP, Rule, parse_rule
-from ..sim.run import minibatch_indices, resolve_config
-from .wire import Layout
+from sfg.errors import SfgError, check
+from sfg.net.wire import Layout
+from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
+from sfg.round.slots import RoundGraph
+from sfg.sim.run import minibatch_indices, resolve_config
+from sfg.util.rng import stream
+from sfg.world.graphs import Graph, make_graph
+from sfg.world.outages import make_process
 
 # Settings of `sfg run` a swarm does not implement (it would silently differ otherwise).
 _UNSUPPORTED = {"backbone": "full", "anatomy": "full", "link_failure": 0.0, "momentum": 0.0,
@@ -36,7 +36,7 @@ class World:
     available: bool [T, N] availability trace (node i's round r uses ``available[r, i]``).
     x0:        float32 [D] the common initial model.
     attack, attackers: the run's forged-staleness attack (``--attack forge:...``,
-               :mod:`sfg.attacks`): attackers placed as in ``sfg run``; each forges the claims
+               :mod:`sfg.round.attacks`): attackers placed as in ``sfg run``; each forges the claims
                in the headers it sends and, with ``model=constant``, sends the initial model
                every time (:meth:`sfg.net.node.Node._message`).
     """
@@ -50,8 +50,8 @@ class World:
     x0: np.ndarray
     layout: Layout
     model_factory: Any
-    attack: Any = None             # sfg.attacks.Attack forging header claims, or None
-    attackers: np.ndarray | None = None  # bool [N] the nodes that forge (sfg.attacks.place)
+    attack: Any = None             # sfg.round.attacks.Attack forging header claims, or None
+    attackers: np.ndarray | None = None  # bool [N] the nodes that forge (sfg.round.attacks.place)
 
     @property
     def n(self) -> int:
@@ -82,10 +82,10 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     ``available`` overrides the trace the outage process would give; ``edges`` ([M, 2] node
     ids, e.g. from peers.yaml) override the generated graph's edges.
     """
-    from ..attacks import availability, parse_attack, place
-    from ..data import load_federated
-    from ..models import make_model
-    from ..sim.params import ParamSpec, init_params
+    from sfg.round.attacks import availability, parse_attack, place
+    from sfg.sim.params import ParamSpec, init_params
+    from sfg.world.data import load_federated
+    from sfg.world.models import make_model
 
     c = resolve_config(cfg, **overrides)
     for key, value in _UNSUPPORTED.items():
@@ -108,7 +108,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     available = np.asarray(available, bool)
     check(available.shape == (T, N),
           f"availability trace has shape {available.shape}, need (rounds, nodes) = {(T, N)}")
-    # forged staleness (sfg.attacks), placed and made always-on exactly as `sfg run` does
+    # forged staleness (sfg.round.attacks), placed and made always-on exactly as `sfg run` does
     attack = parse_attack(c.get("attack"))
     attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
     attack = attack if attackers.any() else None
@@ -147,7 +147,7 @@ class Trainer:
     """
 
     def __init__(self, world: World, i: int):
-        from ..sim.backends import make_backend
+        from sfg.sim.backends import make_backend
 
         self.world, self.i = world, int(i)
         c = world.cfg

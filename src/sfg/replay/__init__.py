@@ -7,7 +7,7 @@ does not load numba.
 
 from __future__ import annotations
 
-from ..lazy import lazy_exports
+from sfg.util.lazy import lazy_exports
 
 _WHERE = {
     "DEFAULT_GRAPH": "api", "DEFAULT_N": "api", "DEFAULT_T": "api", "ENGINES": "api",

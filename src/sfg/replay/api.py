@@ -1,7 +1,7 @@
 """Model-free replay (SPEC §9): ages, lags, counts and every model-free rule's weights on a trace.
 
 No training, no models: given an availability trace, a graph and a rule, replay the staleness
-state and the weights with the shared round (:mod:`sfg.round`), and measure the metrics of
+state and the weights with the shared round (:mod:`sfg.round.kernel`), and measure the metrics of
 :mod:`sfg.replay.metrics` (premise, spreads, kept candidates, self-weights on return, the
 self-return H over a horizon, …). The per-client reference loop the tests and benchmarks
 compare against lives in ``tests/reference.py``.
@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..attacks import Attack, parse_attack
-from ..errors import SfgError, check
-from ..graphs import Graph, make_graph
-from ..outages import make_process
-from ..rules import Rule, parse_rule
-from .driver import Lane, ReplayResult, run_lane
-from .horizon import EXACT_PAIRS, default_threads
+from sfg.errors import SfgError, check
+from sfg.replay.driver import Lane, ReplayResult, run_lane
+from sfg.replay.horizon import EXACT_PAIRS, default_threads
+from sfg.round.attacks import Attack, parse_attack
+from sfg.round.rules import Rule, parse_rule
+from sfg.world.graphs import Graph, make_graph
+from sfg.world.outages import make_process
 
 DEFAULT_N = 100
 DEFAULT_T = 300
@@ -112,7 +112,7 @@ def replay_trace(
     attack: str | None = None,
 ) -> ReplayResult:
     """Replay ``rule`` on availability ``available`` (bool[T, N]) over ``graph``
-    (``engine``: see :func:`replay_batch`; ``attack``: see :mod:`sfg.attacks`)."""
+    (``engine``: see :func:`replay_batch`; ``attack``: see :mod:`sfg.round.attacks`)."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     return replay_batch([Lane(np.asarray(available, bool), graph, rule, seed,
                               parse_attack(attack))], anatomy=anatomy,
@@ -154,7 +154,7 @@ def replay(
     Replays go to :func:`replay_batch` (which describes ``engine`` and ``threads``) in
     batches of up to ``batch_clients`` clients; results do not depend on the batching.
     ``with_curves`` adds each replay's per-round mean age and lag under the key ``"curves"``.
-    ``attacks``: attack strings (:mod:`sfg.attacks`; None = no attack), one more axis; rows
+    ``attacks``: attack strings (:mod:`sfg.round.attacks`; None = no attack), one more axis; rows
     carry ``"attack"`` when an attack is given."""
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")

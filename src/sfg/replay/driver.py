@@ -1,4 +1,4 @@
-"""One lane's replay: the shared round (:func:`sfg.round.play_round`) for every round, the
+"""One lane's replay: the shared round (:func:`sfg.round.kernel.play_round`) for every round, the
 metrics' facts accumulated in blocks of rounds, and the self-return H followed through each
 block's weights on parallel threads (:mod:`sfg.replay.horizon`)."""
 
@@ -9,18 +9,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..alloc import tune_cpu_allocator
-from ..attacks import Attack, Reach, availability, claims, place
-from ..defences import GUARD
-from ..graphs import Graph
-from ..outages.anatomy import capabilities
-from ..outages.links import link_failures
-from ..round import FACTS, caps_at, kernels, play_round, rule_draws
-from ..rounds import RoundGraph
-from ..rules import Rule
-from ..staleness import init_state
-from .horizon import HorizonPart, default_threads, pair_list
-from .metrics import Accumulator, RunEnd
+from sfg.replay.horizon import HorizonPart, default_threads, pair_list
+from sfg.replay.metrics import Accumulator, RunEnd
+from sfg.round.attacks import Attack, Reach, availability, claims, place
+from sfg.round.defences import GUARD
+from sfg.round.kernel import FACTS, caps_at, kernels, play_round, rule_draws
+from sfg.round.rules import Rule
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import init_state
+from sfg.util.alloc import tune_cpu_allocator
+from sfg.world.graphs import Graph
+from sfg.world.outages.anatomy import capabilities
+from sfg.world.outages.links import link_failures
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ class _Behind:
 
 def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: int, t1: int,
                   w: np.ndarray, facts: np.ndarray) -> None:
-    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round._rounds`, updating the
+    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round.kernel._rounds`, updating the
     state's arrays in place (the driver owns them)."""
     n, E = rg.n, rg.n_slots
     u = key = np.zeros((0, 0))

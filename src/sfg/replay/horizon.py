@@ -15,8 +15,8 @@ import os
 import numpy as np
 from numba import njit
 
-from ..rng import stream
-from ..rounds import RoundGraph
+from sfg.round.slots import RoundGraph
+from sfg.util.rng import stream
 
 EXACT_PAIRS = 20_000
 

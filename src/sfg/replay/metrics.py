@@ -1,6 +1,6 @@
 """Replay metrics (SPEC §9), each defined once: name, table label, legend, accumulation, summary.
 
-The round (:mod:`sfg.round`) records per-receiver facts (:data:`sfg.round.FACTS`) on the state
+The round (:mod:`sfg.round.kernel`) records per-receiver facts (:data:`sfg.round.kernel.FACTS`) on the state
 before each round; a metric here says how its total accumulates over (round, receiver) facts
 and how it is summarised (a sum, a ratio of two totals, or a value of the finished run), and
 the replay rows (JSON), the command line's table and legend and the staleness plot all read
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-# names of the round's per-receiver facts (kept equal to sfg.round.FACTS, tested; repeated
+# names of the round's per-receiver facts (kept equal to sfg.round.kernel.FACTS, tested; repeated
 # here so that the command line can build its table without importing numba)
 FACT_NAMES = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age",
               "spread_lag", "kept", "self_weight", "attacker_weight", "honest", "clamped")
@@ -44,7 +44,7 @@ class RunEnd:
     H: np.ndarray           # H of every (start, receiver) pair followed
     sampled: bool           # H on a sample of the pairs
     final_lags: np.ndarray  # [N]
-    reach: float = 0.0      # attackers' reach (sfg.attacks.Reach); 0 without attackers
+    reach: float = 0.0      # attackers' reach (sfg.round.attacks.Reach); 0 without attackers
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Metric:
     value: Callable[[RunEnd], float] | None = None
     curve: Callable[[Facts], np.ndarray] | None = None  # [rounds] from [rounds, N] facts
     attack: bool = False  # a damage measure of forged claims: reported only under an attack
-    defence: bool = False  # reported only when the rule has a defence (sfg.defences)
+    defence: bool = False  # reported only when the rule has a defence (sfg.round.defences)
 
 
 def _H_se(r: RunEnd) -> float:
@@ -93,7 +93,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("H_se", value=_H_se),
     Metric("H_pairs", value=lambda r: float(r.H.size)),
     Metric("messages", total=lambda f: f.neighbours),
-    # damage of forged claims (sfg.attacks), over aggregations by honest receivers
+    # damage of forged claims (sfg.round.attacks), over aggregations by honest receivers
     Metric("attack_weight", "w→att", "mean weight honest receivers give attackers",
            total=lambda f: np.where(f.honest_aggregation, f.attacker_weight, 0.0),
            per=lambda f: f.honest_aggregation, attack=True),

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SfgError
-from ..units import context, title
-from .metrics import curves
+from sfg.errors import SfgError
+from sfg.replay.metrics import curves
+from sfg.util.units import context, title
 
 
 def plot_path(path: str | Path, default_name: str) -> Path:

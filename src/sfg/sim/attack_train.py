@@ -1,15 +1,15 @@
-"""Forged staleness in training (:mod:`sfg.attacks`): what attackers send, and the model-reading
-``+clip`` defence (ClippedGossip-style screening; :mod:`sfg.defences`)."""
+"""Forged staleness in training (:mod:`sfg.round.attacks`): what attackers send, and the model-reading
+``+clip`` defence (ClippedGossip-style screening; :mod:`sfg.round.defences`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..attacks import Attack
-from ..rng import stream
-from ..rounds import RoundGraph
-from .gossip import gossip
+from sfg.round.attacks import Attack
+from sfg.round.slots import RoundGraph
+from sfg.sim.gossip import gossip
+from sfg.util.rng import stream
 
 
 def sent_models(X: torch.Tensor, X0: torch.Tensor, attackers: np.ndarray, attack: Attack | None,

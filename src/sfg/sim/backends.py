@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from ..alloc import tune_cpu_allocator
-from ..errors import SfgError, check
-from ..spec import Component, Registry, parse_component
-from .params import ParamSpec
+from sfg.errors import SfgError, check
+from sfg.sim.params import ParamSpec
+from sfg.util.alloc import tune_cpu_allocator
+from sfg.util.components import Component, Registry, parse_component
 
 BACKENDS = Registry("backend")
 

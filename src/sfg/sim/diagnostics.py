@@ -44,9 +44,9 @@ if TYPE_CHECKING:  # torch is imported where models are read, so reports start f
 
 import numpy as np
 
-from ..errors import SfgError, check
-from ..rng import stream
-from ..spec import did_you_mean
+from sfg.errors import SfgError, check
+from sfg.util.components import did_you_mean
+from sfg.util.rng import stream
 
 KINDS = ("raw", "lag", "finetune", "returning")
 LAW_EVERY = 5

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..rounds import RoundGraph
+from sfg.round.slots import RoundGraph
 
 # One sparse CSR product over the adopters' rows. Measured single-threaded (the round loop's
 # setting) on the 2-core development CPU, kNN k = 6, ms per round, dense [rows, N] BLAS

@@ -2,7 +2,7 @@
 
 They run only inside the training simulator. Each is an object with
 ``aggregate(X, rg, state, caps, live=, seed=) -> (X_agg, RoundResult)``: the aggregated
-``[N, D]`` models and the shared round's result (:func:`sfg.round.play_round`: its weights,
+``[N, D]`` models and the shared round's result (:func:`sfg.round.kernel.play_round`: its weights,
 candidates and next staleness state) for the scores the rule computed from the models.
 
 * ``model-memory`` (MIFA analogue): every receiver keeps the last model it received over each
@@ -29,10 +29,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import SfgError
-from ..round import candidate_mask, play_round
-from ..rules import Rule, parse_rule
-from .gossip import gossip
+from sfg.errors import SfgError
+from sfg.round.kernel import candidate_mask, play_round
+from sfg.round.rules import Rule, parse_rule
+from sfg.sim.gossip import gossip
 
 PWG_MAX_X = 20
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..errors import SfgError, check
-from ..rng import torch_seed
+from sfg.errors import SfgError, check
+from sfg.util.rng import torch_seed
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def init_params(model_factory: Callable[[], nn.Module], n: int, *, seed: int) ->
 
     Every client starts from one common model, as is usual in decentralised learning (and
     needed for averaging to make sense early on). The model is built by ``model_factory()``
-    under torch's RNG seeded with ``sfg.rng.torch_seed(seed, "init")``; the global RNG state
+    under torch's RNG seeded with ``sfg.util.rng.torch_seed(seed, "init")``; the global RNG state
     is restored afterwards, so nothing else is disturbed (SPEC §7: shared initial model).
     """
     check(isinstance(n, int) and n >= 1, f"number of clients must be a positive int, got {n!r}")

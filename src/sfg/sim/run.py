@@ -3,7 +3,7 @@
 One loop, one round at a time:
 
 1. availability and capabilities of round t (the outage process, anatomy mode §4.1, link failures);
-2. candidate sets, the rule's weights and the next staleness state (:func:`sfg.round.play_round`,
+2. candidate sets, the rule's weights and the next staleness state (:func:`sfg.round.kernel.play_round`,
    the round the replay runs too);
 3. gossip: the weights applied as one sparse row-stochastic product to the flat ``[N, D]``
    parameter store (rows of clients that do not adopt are untouched);
@@ -32,19 +32,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attacks import availability, claims, parse_attack, place
-from ..errors import SfgError, check
-from ..graphs import Graph, make_graph
-from ..outages import make_process
-from ..outages.anatomy import capabilities
-from ..outages.links import live_links_round
-from ..rng import stream
-from ..round import RoundResult, caps_at, play_round
-from ..rounds import RoundGraph
-from ..rules import CATCHUP_CAP, Rule, parse_rule
-from ..safety import check_cells
-from ..staleness import StalenessState, init_state
-from .gossip import gossip_
+from sfg.errors import SfgError, check
+from sfg.round.attacks import availability, claims, parse_attack, place
+from sfg.round.kernel import RoundResult, caps_at, play_round
+from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import StalenessState, init_state
+from sfg.sim.gossip import gossip_
+from sfg.util.rng import stream
+from sfg.util.safety import check_cells
+from sfg.world.graphs import Graph, make_graph
+from sfg.world.outages import make_process
+from sfg.world.outages.anatomy import capabilities
+from sfg.world.outages.links import live_links_round
 
 BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
 
@@ -69,7 +69,7 @@ class SimResult:
 def numerics() -> dict:
     """How this process computes floats: the instruction set torch uses, its threads and
     whether ``SFG_REPRODUCIBLE`` pins them (:mod:`sfg.reproducible`)."""
-    from ..reproducible import describe
+    from sfg.reproducible import describe
 
     return {**describe(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads()}
@@ -136,7 +136,7 @@ def resolve_config(cfg: dict[str, Any] | None = None, **overrides: Any) -> dict[
     """The run's settings, validated by the one schema of a run (:class:`RunConfig`, SPEC §6
     defaults): ``cfg`` then ``overrides``; ``kind`` is taken as ``"train"``. Bad or unknown
     settings raise a one-line :class:`SfgError` naming the key."""
-    from ..experiments.config import make_config
+    from sfg.experiments.config import make_config
 
     values = {k: v for k, v in {**(cfg or {}), **overrides}.items() if k != "kind"}
     return make_config(values, kind="train").model_dump()
@@ -193,12 +193,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     """
     import hashlib
 
-    from ..data import load_federated
-    from ..models import make_model
-    from .attack_train import mix
-    from .backends import make_backend
-    from .model_rules import make_model_rule
-    from .params import ParamSpec, init_params
+    from sfg.sim.attack_train import mix
+    from sfg.sim.backends import make_backend
+    from sfg.sim.model_rules import make_model_rule
+    from sfg.sim.params import ParamSpec, init_params
+    from sfg.world.data import load_federated
+    from sfg.world.models import make_model
 
     c = resolve_config(cfg, **overrides)
     t0 = time.perf_counter()
@@ -212,7 +212,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                           alpha=float(c["alpha"]), partition=c["partition"])
     graph: Graph = make_graph(c["graph"], N, seed=seed)
     available = make_process(c["process"]).sample(T, N, seed=seed, positions=graph.positions)
-    # forged staleness (sfg.attacks): attackers from the attack's own stream; frac=0 is no attack
+    # forged staleness (sfg.round.attacks): attackers from the attack's own stream; frac=0 is no attack
     attack = parse_attack(c.get("attack"))
     attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
     attack = attack if attackers.any() else None
@@ -397,7 +397,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         "local_steps_rel": float(steps_taken / steps_dfedavg) if steps_dfedavg else float("nan"),
         "unavailability": float(1 - available.mean()),
     }
-    if c.get("attack") is not None:  # honest clients only (sfg.attacks; all clients at frac=0)
+    if c.get("attack") is not None:  # honest clients only (sfg.round.attacks; all clients at frac=0)
         metrics["acc_honest_mean"] = float(acc[~attackers].mean())
         metrics["acc_honest_p10"] = float(np.percentile(acc[~attackers], 10))
     # an availability quartile with no client (N < 4) is reported empty (NaN), not an error
@@ -427,7 +427,7 @@ def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None]
 def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, clients, backend,
                  device, K, B, lr, wd, momentum):
     """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
-    from .diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
+    from sfg.sim.diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
 
     kinds = parse_diagnostics(c.get("diagnostics") or "")
     if not kinds:

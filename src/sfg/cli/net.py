@@ -1,0 +1,286 @@
+"""``sfg swarm``, ``sfg node`` and ``sfg tls-ca``: the rules on real, separately running nodes."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sfg.cli import console
+from sfg.errors import SfgError
+
+MODE_HELP = "lockstep (SPEC §11.1: equals `sfg run --backend loop`) or async (SPEC §11.2)"
+
+
+def _settings(config: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The run settings: ``sfg run``'s one schema (RunConfig) over the config file and flags."""
+    from sfg.cli.run import run_config
+
+    return run_config(config, flags).model_dump()
+
+
+def _read_peers(path: Path) -> tuple[dict[int, str], list | None]:
+    """peers.yaml: ``nodes: {id: "host:port"}`` and optional ``edges: [[i, j], ...]``."""
+    import yaml
+
+    if not path.is_file():
+        raise SfgError(f"peers file {path} not found; check the path")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SfgError(f"cannot parse peers file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
+        raise SfgError(f"peers file {path} needs a mapping 'nodes: {{0: host:port, ...}}'")
+    nodes: dict[int, str] = {}
+    for k, v in data["nodes"].items():
+        if not isinstance(k, int) or k < 0 or not isinstance(v, str) or ":" not in v:
+            raise SfgError(f"peers file {path}: entry {k!r}: {v!r} must map a node id to "
+                           "'host:port'")
+        nodes[k] = v
+    if sorted(nodes) != list(range(len(nodes))):
+        raise SfgError(f"peers file {path} must list nodes 0..N-1 (got {sorted(nodes)[:10]})")
+    edges = data.get("edges")
+    if edges is not None and (not isinstance(edges, list) or
+                              not all(isinstance(e, list) and len(e) == 2 for e in edges)):
+        raise SfgError(f"peers file {path}: edges must be a list of [i, j] pairs")
+    return nodes, edges
+
+
+def _progress_printer(n: int, rounds: int, enabled: bool):
+    """A one-line live display on stderr: slowest node's round, live nodes, mean accuracy."""
+    if not enabled or not console.interactive():
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    prog = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                    MofNCompleteColumn(), console=console.stderr(), transient=True)
+    task = prog.add_task("swarm", total=rounds)
+    last_round = [-1] * n
+    live = [False] * n
+    acc: dict[int, float] = {}
+
+    def update(ev: dict) -> None:
+        i = int(ev["node"])
+        last_round[i] = int(ev["round"])
+        live[i] = bool(ev["available"])
+        if ev.get("acc") is not None:
+            acc[i] = float(ev["acc"])
+        a = f"{sum(acc.values()) / len(acc):.3f}" if acc else "–"
+        prog.update(task, completed=min(last_round) + 1,
+                    description=f"round · live nodes {sum(live)}/{n} · accuracy {a}")
+
+    return prog, update
+
+
+def _store(path: str, cfg: dict, mode: str, out: dict) -> str:
+    from sfg.experiments.config import RunConfig
+    from sfg.experiments.store import Store, new_worker_id
+
+    fields = {k: v for k, v in cfg.items() if k in RunConfig.model_fields}
+    fields["backend"] = f"swarm-{mode}"  # keeps swarm runs apart from (and paired among) themselves
+    try:
+        rc = RunConfig(**fields)
+    except Exception as e:  # noqa: BLE001 - pydantic's message, one line
+        raise SfgError(f"cannot store this run: {str(e).splitlines()[-1]}") from None
+    with Store(path) as st:
+        (rid,) = st.add_runs([rc])
+        worker = new_worker_id()
+        claimed = st.claim([rid], worker)
+        if claimed is None:
+            raise SfgError(f"run {rid} is already done in {path}; use another --store or seed")
+        metrics = {k: v for k, v in out["metrics"].items() if isinstance(v, float)}
+        st.finish(rid, worker, {"metrics": metrics, "curves": out["curves"]},
+                  seconds=out["metrics"]["wall_seconds"])
+    return rid
+
+
+def _print_summary(out: dict, title: str) -> None:
+    m = out["metrics"]
+    t = console.table(title, ["metric", ("value", "right")])
+    for name, key in [("mean accuracy", "acc_mean"), ("10th percentile", "acc_p10"),
+                      ("time-averaged accuracy", "acc_time_avg"),
+                      ("realised unavailability", "unavailability"), ("messages", "messages"),
+                      ("bytes received", "bytes"), ("messages rejected", "rejected"),
+                      ("deliveries refused (offline)", "refused"), ("restarts", "restarts"),
+                      ("wall seconds", "wall_seconds")]:
+        v = m[key]
+        counted = key in ("messages", "bytes", "rejected", "refused", "restarts")
+        t.add_row(name, "–" if math.isnan(v) else f"{v:.0f}" if counted or abs(v) >= 100
+                  else f"{v:.1f}" if key == "wall_seconds" else f"{v:.4f}")
+    console.show(t)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("swarm")
+    def swarm(
+        nodes: int | None = typer.Option(None, "--nodes", "--clients", "-n", help="Number of nodes N"),
+        mode: str = typer.Option("lockstep", help=MODE_HELP),
+        procs: int = typer.Option(2, help="Worker processes the nodes are spread over"),
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON settings as for `sfg run`"),
+        dataset: str | None = typer.Option(None),
+        data_root: str | None = typer.Option(None),
+        model: str | None = typer.Option(None),
+        process: str | None = typer.Option(None, "--process", "-p", help="Outage process or trace: bursty:u=0.8, flash:..., trace:path=fleet.csv"),
+        rule: str | None = typer.Option(None, "--rule", "-r"),
+        graph: str | None = typer.Option(None),
+        seed: int | None = typer.Option(None),
+        rounds: int | None = typer.Option(None, "--rounds", "-T"),
+        local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
+        batch_size: int | None = typer.Option(None),
+        lr: float | None = typer.Option(None),
+        weight_decay: float | None = typer.Option(None),
+        alpha: float | None = typer.Option(None),
+        eval_every: int | None = typer.Option(None),
+        attack: str | None = typer.Option(None, "--attack", help="Forged staleness as in `sfg run`, e.g. forge:frac=0.2,claim=fresh: the attackers forge their header claims (model=none|constant)"),
+        period: float = typer.Option(0.2, help="async: round period P in seconds"),
+        jitter: float = typer.Option(0.0, help="async: start jitter, a fraction of P in [0, 1)"),
+        window: float = typer.Option(1.0, help="async: W, periods a neighbour's message stays live"),
+        deadline: float = typer.Option(60.0, help="lockstep: longest wait for a round's models (s)"),
+        kill: list[str] = typer.Option([], "--kill", help="NODE@ROUND: SIGKILL that node's process at that round; it restarts from its checkpoint (repeatable)"),
+        partition: list[str] = typer.Option([], "--partition", help="A|B@R1-R2: drop traffic between node sets A and B in rounds R1..R2, e.g. 0,1|2,3@5-9"),
+        tls_dir: str | None = typer.Option(None, help="Mutual TLS with certificates from `sfg tls-ca`"),
+        workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
+        store: str | None = typer.Option(None, "--store", help="Write the run to this SQLite results store"),
+        as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
+    ) -> None:
+        """Launch N nodes on this machine that train and gossip over gRPC under churn."""
+        from sfg.net.swarm import SwarmOptions, check_nodes, parse_kill, run_swarm
+        from sfg.net.world import build_world
+
+        flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
+                 "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
+                 "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
+                 "attack": attack}
+        cfg = _settings(config, flags)
+        cfg["backend"] = "loop"
+        opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
+                            deadline=deadline, kills=[parse_kill(k) for k in kill],
+                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir)
+        if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
+            raise SfgError(f"no ca.pem in --tls-dir {tls_dir}; create one with "
+                           f"`sfg tls-ca --dir {tls_dir} --nodes N`")
+        world = build_world(cfg)
+        check_nodes(world, opts)
+        prog, update = _progress_printer(world.n, world.rounds, not as_json)
+        try:
+            if prog is not None:
+                with prog:
+                    res = run_swarm(world, opts, progress=update)
+            else:
+                res = run_swarm(world, opts)
+        except RuntimeError as e:
+            raise console.WorkFailed(f"swarm failed: {e}") from None
+        config_out = {**world.cfg, "mode": mode, "procs": procs}
+        if mode == "async":
+            config_out.update(period=period, jitter=jitter, window=window)
+        out = {"config": config_out, **res}
+        if store is not None:
+            out["run_id"] = _store(store, world.cfg, mode, res)
+        if as_json:
+            console.print_json(out)
+            return
+        _print_summary(res, f"sfg swarm ({mode}): {world.rule} under {world.cfg['process']}, "
+                            f"{world.n} nodes")
+
+    @app.command("node")
+    def node(
+        id: int = typer.Option(..., "--id", help="This node's id (a key of peers.yaml)"),
+        listen: str = typer.Option(..., "--listen", help="HOST:PORT to serve on, e.g. 0.0.0.0:7000"),
+        peers: Path = typer.Option(..., "--peers", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...]"),
+        mode: str = typer.Option("lockstep", help=MODE_HELP),
+        config: Path | None = typer.Option(None, "--config", "-c"),
+        dataset: str | None = typer.Option(None),
+        data_root: str | None = typer.Option(None),
+        model: str | None = typer.Option(None),
+        process: str | None = typer.Option(None, "--process", "-p"),
+        rule: str | None = typer.Option(None, "--rule", "-r"),
+        graph: str | None = typer.Option(None, help="Used when peers.yaml lists no edges"),
+        seed: int | None = typer.Option(None),
+        rounds: int | None = typer.Option(None, "--rounds", "-T"),
+        local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
+        batch_size: int | None = typer.Option(None),
+        lr: float | None = typer.Option(None),
+        weight_decay: float | None = typer.Option(None),
+        alpha: float | None = typer.Option(None),
+        eval_every: int | None = typer.Option(None),
+        attack: str | None = typer.Option(None, "--attack", help="Forged staleness, as for `sfg swarm`"),
+        period: float = typer.Option(0.2),
+        jitter: float = typer.Option(0.0),
+        window: float = typer.Option(1.0),
+        deadline: float = typer.Option(300.0),
+        tls_dir: str | None = typer.Option(None),
+        checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
+        resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
+        import asyncio
+
+        from sfg.net.node import Node, NodeConfig
+        from sfg.net.transport import TlsFiles
+        from sfg.net.world import build_world
+
+        addresses, edges = _read_peers(peers)
+        host, _, port_text = listen.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise SfgError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7000")
+        if id not in addresses:
+            raise SfgError(f"--id {id} is not listed in {peers}")
+        flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
+                 "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
+                 "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
+                 "attack": attack}
+        cfg = _settings(config, flags)
+        world = build_world(cfg, edges=edges)
+        tls = TlsFiles.load(tls_dir, id) if tls_dir else None
+        if checkpoint_dir:
+            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
+                        window=window, deadline=deadline, tls=tls,
+                        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
+                        resume=resume)
+
+        async def main() -> dict:
+            n = Node(world, id, nc)
+            try:
+                await n.start()
+                n.connect(addresses)
+                return await n.run()
+            finally:
+                await n.close()
+
+        t = time.perf_counter()
+        try:
+            res = asyncio.run(main())
+        except OSError as e:
+            raise SfgError(f"cannot serve on {listen}: {e}") from None
+        res["wall_seconds"] = time.perf_counter() - t
+        if as_json:
+            console.print_json(res)
+            return
+        console.echo(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
+                     f"rejected {sum(res['rejected'].values())}, final age "
+                     f"{res['state']['age']}, lag {res['state']['lag']:.2f}")
+
+    @app.command("tls-ca")
+    def tls_ca(
+        dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and node-<id>.pem/.key into"),
+        nodes: int = typer.Option(..., "--nodes", help="Certificates for node ids 0..N-1"),
+        host: list[str] = typer.Option([], "--host", help="Extra host name or IP the certificates are valid for (repeatable)"),
+        days: int = typer.Option(30, help="Validity in days"),
+    ) -> None:
+        """Create a test CA and a certificate per node for `sfg swarm/node --tls-dir`."""
+        from sfg.net.tls import make_test_ca
+
+        if nodes < 1 or days < 1:
+            raise SfgError("--nodes and --days must be >= 1")
+        d = make_test_ca(dir, range(nodes), hosts=host, days=days)
+        console.echo(f"wrote {d}/ca.pem and certificates for nodes 0..{nodes - 1}")
+
+
+

@@ -1,0 +1,187 @@
+"""``sfg replay``, ``sfg rules``, ``sfg processes``: model-free replay and the registries (SPEC §9).
+
+Thin: parse, call :func:`sfg.replay.replay`, print. The library (numpy, numba, the graph and
+outage code) is imported inside the commands, so ``sfg --help`` stays fast; matplotlib only
+with ``--plot``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import typer
+
+from sfg.cli import console
+from sfg.errors import SfgError
+from sfg.util.safety import max_runs
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1,2,3"`` or ``"1-5"`` -> list of ints."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                span = range(int(a), int(b) + 1)
+            else:
+                span = range(int(part), int(part) + 1)
+        except ValueError:
+            raise SfgError(f"cannot read seeds {text!r}; write e.g. --seeds 1,2,3 or --seeds 1-5") from None
+        if len(seeds) + len(span) > max_runs():  # counted before the list is built
+            raise SfgError(f"seeds {text!r} name {len(seeds) + len(span):,} seeds, over the "
+                           f"limit of {max_runs():,} runs (raise SFG_MAX_RUNS if it is meant)")
+        seeds.extend(span)
+    if not seeds or any(s < 0 for s in seeds):
+        raise SfgError(f"seeds {text!r} must be non-negative integers, e.g. --seeds 1,2,3")
+    return seeds
+
+
+def _replay_columns() -> list[tuple[str, str]]:
+    from sfg.replay.metrics import columns  # the metrics' own list (no numba import)
+
+    return columns()
+
+
+def _replay_legend() -> str:
+    from sfg.replay.metrics import legend
+
+    return legend()
+
+
+def __getattr__(name: str):
+    # REPLAY_COLUMNS / REPLAY_LEGEND are read from the metrics on first use, so that `sfg --help`
+    # (which imports this module to register the command) loads no numpy
+    if name == "REPLAY_COLUMNS":
+        return _replay_columns()
+    if name == "REPLAY_LEGEND":
+        return _replay_legend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean over seeds per (process, rule[, attack]), in first-seen order (with the damage
+    measures of sfg.round.attacks when rows carry an attack)."""
+    from sfg.replay.metrics import columns
+
+    with_attack = any("attack" in r for r in rows)
+    groups: dict[tuple[str, str, str | None], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["process"], r["rule"], r.get("attack")), []).append(r)
+    out_rows = []
+    for (p, rule, att), rs in groups.items():
+        summary: dict[str, Any] = {"process": p, "rule": rule,
+                                   **({"attack": att} if with_attack else {}), "seeds": len(rs)}
+        for key, _ in columns(attack=with_attack):
+            vals = [r[key] for r in rs if not math.isnan(r[key])]
+            summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
+        out_rows.append(summary)
+    return out_rows
+
+
+def replay_table(summary: list[dict[str, Any]], title: str):
+    """The per-(process, rule[, attack]) summary as a table (literal names)."""
+    from sfg.replay.metrics import columns
+
+    att = any("attack" in r for r in summary)
+    cols = columns(attack=att)
+    return console.table(title, ["process", "rule", *(["attack"] if att else []),
+                                 *((label, "right") for _, label in cols)],
+                         rows=[[r["process"], r["rule"], *([r["attack"]] if att else []),
+                                *(r[k] for k, _ in cols)] for r in summary])
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``replay``, ``rules`` and ``processes`` to the ``sfg`` app."""
+    app.command("replay")(replay)
+    app.command("rules")(list_rules)
+    app.command("processes")(list_processes)
+
+
+def replay(
+    process: list[str] = typer.Option(["bursty:u=0.8"], "--process", "-p",
+                                      help="Outage process, e.g. iid:u=0.6, bursty:u=0.8, flash:rule=strict,path=FILE (repeatable)"),
+    rule: list[str] = typer.Option(["dfedavg", "sfg", "sfg-l", "sfg-cut"], "--rule", "-r",
+                                   help="Aggregation rule, e.g. sfg-cut:L=2, sfg-l:gamma=0.3+ipw (repeatable)"),
+    seeds: str = typer.Option("1,2,3", help="Seeds: 1,2,3 or 1-5"),
+    clients: int = typer.Option(100, "--clients", "-n", help="Number of clients N"),
+    rounds: int = typer.Option(300, "--rounds", "-T", help="Number of rounds T"),
+    graph: str = typer.Option("knn:k=6", help="Graph: knn:k=6, erdos-renyi:mean_degree=6, regular:d=6, ring:k=1"),
+    anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
+    link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
+    horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
+    engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
+    plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
+    attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
+) -> None:
+    """Replay outage processes × rules × seeds with no training (SPEC §9)."""
+    seed_list = parse_seeds(seeds)
+    if horizon < 0:
+        raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
+    from sfg.replay import replay as run_replay
+
+    if plot is not None:  # a folder, a bare name or an unknown format: settled before the work
+        from sfg.replay.plot import plot_path
+
+        plot = str(plot_path(plot, "staleness.png"))
+    # the bar shows from the start: a rule's first use on a machine compiles its round
+    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
+        rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
+                          anatomy=anatomy, link_failure=link_failure, horizon=horizon,
+                          with_curves=plot is not None, progress=update, engine=engine,
+                          attacks=attack or [None])
+    if plot is not None:
+        from sfg.replay import plot_staleness
+
+        written = plot_staleness(rows, plot)
+        for r in rows:
+            r.pop("curves", None)
+        console.note(f"wrote {written}")
+    summary = summarise_replay(rows)
+    if as_json:
+        console.print_json({"rows": rows, "summary": summary})
+        return
+    console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
+                                       f"seeds {','.join(map(str, seed_list))}"))
+    from sfg.replay.metrics import legend
+
+    console.caption(legend(attack=bool(attack)))
+
+
+def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """List every aggregation rule with its parameters and defaults."""
+    from sfg.round.rules import RULES, rule_names
+
+    rows = []
+    for name in rule_names():
+        e = RULES.entry(name)
+        rows.append({"rule": name, "tags": sorted(e.tags), "params": e.params, "doc": e.doc})
+    if as_json:
+        console.print_json(rows)
+        return
+    t = console.table("Aggregation rules (modifiers: +ipw, +rounded, +catchup; defences: +guard, "
+                      "+relative, +cap, +clip; universal c)",
+                      ["rule", "kind", "parameters", "description"])
+    for r in rows:
+        t.add_row(r["rule"], ",".join(r["tags"]),
+                  ", ".join(f"{k}={v}" for k, v in r["params"].items()), r["doc"])
+    console.show(t)
+
+
+def list_processes(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """List the outage processes (synthetic and real traces)."""
+    from sfg.world.outages import PROCESSES, process_names
+
+    rows = [{"process": name, "params": PROCESSES.entry(name).params} for name in process_names()]
+    if as_json:
+        console.print_json(rows)
+        return
+    t = console.table("Outage processes", ["process", "parameters"])
+    for r in rows:
+        t.add_row(r["process"], ", ".join(f"{k}={v}" for k, v in r["params"].items()))
+    console.show(t)

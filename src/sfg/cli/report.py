@@ -1,0 +1,75 @@
+"""``sfg report``: paired comparisons, tables and plots from a results store (SPEC §8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sfg.cli import console
+from sfg.errors import SfgError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to the ``sfg`` app."""
+    app.command("report")(report)
+
+
+def report(
+    store: Path = typer.Option(..., "--store", "-s", help="SQLite results store written by `sfg grid run`"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for report.md, comparisons.csv and PNG plots [default: report; none when only exporting]"),
+    baseline: str = typer.Option("dfedavg", help="Rule every other rule is compared with"),
+    metric: str = typer.Option("acc_mean", help="Metric compared (acc_mean, acc_p10, acc_time_avg, ...)"),
+    rule: list[str] = typer.Option([], "--rule", "-r", help="Rules to compare (default: all in the store)"),
+    alpha: float = typer.Option(0.05, help="Family-wise error rate (Holm)"),
+    tensorboard: Path | None = typer.Option(None, "--tensorboard", metavar="DIR", help="Write every finished run's curves and final metrics as TensorBoard event files under DIR (one folder per run: grid/dataset/process/rule/seed)"),
+    mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI", help="Log every finished run (settings as parameters, final metrics, curves by round) to the MLflow tracking store at URI (file:./mlruns, http://host:5000), one experiment per grid"),
+) -> None:
+    """Compare every rule with the baseline, paired by (dataset, seed), and plot the gains.
+
+    With --tensorboard or --mlflow (and no --out) the runs are exported and no report is
+    written; runs exported before are skipped.
+    """
+    if not store.exists():
+        raise SfgError(f"results store {store} does not exist; run `sfg grid run GRID.yaml --store {store}` first")
+    if tensorboard is not None or mlflow is not None:
+        from sfg.experiments.report.export import (
+            check_available,
+            export_runs,
+            to_mlflow,
+            to_tensorboard,
+        )
+
+        check_available(tensorboard=tensorboard is not None, mlflow=mlflow is not None)
+        runs = export_runs(store)
+        if tensorboard is not None:
+            console.note(to_tensorboard(runs, tensorboard).line())
+        if mlflow is not None:
+            console.note(to_mlflow(runs, mlflow).line())
+        if out is None:
+            return
+    out = Path("report") if out is None else out
+    from sfg.experiments.report.paired import build_report, print_report
+    from sfg.experiments.store import records
+
+    recs = records(store)
+    files: dict = {}
+    if any((r.get("config") or {}).get("attack") for r in recs):
+        # forged-staleness runs (sfg.round.attacks) get their own paired report; the ordinary one
+        # compares the training runs without an attack
+        from sfg.experiments.report.attacks import (
+            print_attack_rows,
+            without_attacks,
+            write_attack_report,
+        )
+
+        rows, files = write_attack_report(recs, out)
+        print_attack_rows(rows, console=console.stdout())
+        recs = [r for r in without_attacks(recs)
+                if (r.get("config") or {}).get("kind", "train") == "train"]
+    if recs or not files:
+        rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
+                           rules=rule or None, alpha=alpha)
+        print_report(rep, console=console.stdout())
+        files = {**rep.files, **files}
+    console.note(f"wrote {', '.join(str(p) for p in files.values())}")

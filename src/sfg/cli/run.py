@@ -1,0 +1,142 @@
+"""``sfg run``: one training run from flags or a config file (YAML or JSON).
+
+Flags and the config file are validated by the one settings schema of a run,
+:class:`sfg.experiments.config.RunConfig` (the same that checks grid entries): a wrong-typed or
+out-of-range value is a one-line error naming the key. Flags given explicitly override the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sfg.cli import console
+from sfg.errors import SfgError
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    """The settings mapping of a YAML or JSON file, read safely (size, depth and alias limits;
+    UTF-8 with a clear error); RunConfig then checks names and types."""
+    from sfg.util.safety import load_settings_file
+
+    return load_settings_file(path)
+
+
+def run_config(config: Path | None, flags: dict[str, Any]):
+    """The :class:`RunConfig` of ``sfg run``: the config file's settings, then the flags given.
+
+    ``flags`` maps RunConfig field names to values (``None`` = not given). A file may name
+    ``kind: train`` (e.g. a grid's base); other kinds are refused (use ``sfg replay`` or
+    ``sfg grid run``).
+    """
+    from sfg.experiments.config import ConfigError, make_config
+
+    values: dict[str, Any] = _load_config(config) if config else {}
+    kind = values.pop("kind", "train")
+    if kind != "train":
+        raise SfgError(f"config file {config}: kind {kind!r} cannot run with `sfg run` (it "
+                       "trains); use `sfg replay` or put the config in a grid for `sfg grid run`")
+    try:
+        if config is not None:
+            make_config(values, kind="train")  # the file alone, so errors name the file
+    except ConfigError as e:
+        raise SfgError(f"config file {config}: {str(e).removeprefix('bad run config: ')}") from None
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return make_config(values, kind="train")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the ``sfg`` app."""
+    app.command("run")(run)
+
+
+def run(
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON file of settings; flags given explicitly override it"),
+    dataset: str | None = typer.Option(None, help="digits (embedded), cifar10, cifar100, femnist"),
+    data_root: str | None = typer.Option(None, help="Path to the dataset in its standard format"),
+    model: str | None = typer.Option(None, help="mlp, small-cnn, cnn, resnet18-gn"),
+    process: str | None = typer.Option(None, "--process", "-p", help="Outage process, e.g. bursty:u=0.8"),
+    rule: str | None = typer.Option(None, "--rule", "-r", help="Aggregation rule, e.g. sfg-cut"),
+    graph: str | None = typer.Option(None, help="Graph, e.g. knn:k=6"),
+    seed: int | None = typer.Option(None, help="Seed (pairs graph, data, trace, minibatches)"),
+    clients: int | None = typer.Option(None, "--clients", "-n", help="Number of clients N"),
+    rounds: int | None = typer.Option(None, "--rounds", "-T"),
+    local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
+    batch_size: int | None = typer.Option(None),
+    lr: float | None = typer.Option(None),
+    weight_decay: float | None = typer.Option(None),
+    momentum: float | None = typer.Option(None),
+    alpha: float | None = typer.Option(None, help="Dirichlet label-skew concentration"),
+    partition: str | None = typer.Option(None, help="dirichlet (uses --alpha) or classes:k=2 (each client exactly k classes)"),
+    backbone_from: str | None = typer.Option(None, help="Start every client from this pretrained backbone (.safetensors from `sfg pretrain`), head re-initialised"),
+    diagnostics: str | None = typer.Option(None, help="Training diagnostics to record: raw,lag,finetune,returning or all"),
+    backbone: str | None = typer.Option(None, help="full, personal-head, dfedavgm, ditto"),
+    ditto_lambda: float | None = typer.Option(None),
+    anatomy: str | None = typer.Option(None, help="full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
+    link_failure: float | None = typer.Option(None),
+    eval_every: int | None = typer.Option(None),
+    backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
+    device: str | None = typer.Option(None, help="cpu, cuda, auto"),
+    attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
+) -> None:
+    """Train N personalised models under outages with one rule; print the metrics."""
+    cfg = run_config(config, {
+        "dataset": dataset, "data_root": data_root, "model": model, "process": process,
+        "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,
+        "local_steps": local_steps, "batch_size": batch_size, "lr": lr,
+        "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
+        "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
+        "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
+        "device": device, "partition": partition, "backbone_from": backbone_from,
+        "diagnostics": diagnostics, "attack": attack})
+    from sfg.experiments.config import run_id
+    from sfg.sim.run import simulate
+
+    settings = cfg.model_dump()
+    with console.progress("training", enabled=not as_json) as update:
+        res = simulate(settings, progress=update)
+    if as_json:
+        out = {"config": settings, "run_id": run_id(cfg), "metrics": res.metrics,
+               "curves": res.curves, "meta": res.meta}
+        if res.diagnostics is not None:  # per-bin sums and counts, and the lag law's fitted ρ
+            out["diagnostics"] = res.diagnostics
+        console.print_json(out)
+        return
+    m = res.metrics
+    honest = ([("honest clients: mean accuracy", m["acc_honest_mean"]),
+               ("honest clients: 10th percentile", m["acc_honest_p10"])] if cfg.attack else [])
+    rows = [("mean accuracy", m["acc_mean"]), ("10th percentile", m["acc_p10"]), *honest,
+            ("time-averaged accuracy", m["acc_time_avg"]),
+            *((f"accuracy, availability quartile {q}", m[f"acc_q{q}"]) for q in range(1, 5)),
+            ("realised unavailability", m["unavailability"]), ("messages", m["messages"]),
+            ("staleness scalars sent", m["scalars"]),
+            ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", res.meta["seconds"])]
+    t = console.table(f"sfg run: {cfg.rule} under {cfg.process}", ["metric", ("value", "right")])
+    for name, v in rows:
+        t.add_row(name, "empty (no client)" if v != v
+                  else f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}")
+    for name, v in _rate_rows(res.diagnostics):
+        t.add_row(name, v)
+    console.show(t)
+    console.caption(f"backend {res.meta.get('backend')}, D = {res.meta.get('D')} parameters per "
+                 f"model; {res.meta.get('with_replacement_clients')} clients have fewer examples "
+                 "than the batch and sample it with replacement")
+
+
+def _rate_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The table rows of the lag law's fitted rates (SPEC §10.1) as the run recorded them
+    (:func:`sfg.sim.diagnostics.law_rates`, the fit the report uses); none without ``lag``."""
+    lag = (diagnostics or {}).get("lag")
+    if not lag:
+        return []
+    from sfg.sim.diagnostics import FIT_RANGE
+
+    lo, hi = FIT_RANGE
+    none = f"– (no live pairs at differences {lo}–{hi} to fit)"
+    rows = [(f"lag law: ρ against ages (differences {lo}–{hi})", lag["rho_age"], none),
+            (f"lag law: ρ against lags (differences {lo}–{hi})", lag["rho_lag"], none),
+            ("lag law: ρ lags ÷ ρ ages", lag["rho_ratio"], "–")]
+    return [(name, blank if v != v else f"{v:.4f}") for name, v, blank in rows]

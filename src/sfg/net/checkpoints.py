@@ -1,0 +1,132 @@
+"""One node's staleness state (SPEC §2) and its checkpoint (SPEC §11.3).
+
+The update is the compiled round itself (:func:`sfg.round.kernel.play_round`, written once for the
+replay, the simulator and the one-receiver form), played on the node's *star*: the node
+(index 0) and its graph neighbours in increasing id order, the slots laid out exactly as the
+node's segment of the simulator's round graph, with the weights the node aggregated with given
+as the round's scores. Only the node's own row of the result is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from sfg.round.kernel import play_round
+from sfg.round.slots import RoundGraph
+from sfg.round.staleness import StalenessState
+from sfg.world.outages.anatomy import Capabilities
+
+
+@dataclass
+class NodeState:
+    """A node's staleness scalars at the start of its round ``t`` (SPEC §2).
+
+    q_hat: float64 [deg] link-reception estimate per neighbour (increasing id order).
+    """
+
+    t: int = 0
+    age: int = 0
+    lag: float = 0.0
+    count: int = 1
+    local_count: int = 1
+    q_hat: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Star:
+    """The node's star graph and the per-round staleness update on it."""
+
+    def __init__(self, deg: int, rule):
+        self.deg = deg
+        edges = np.stack([np.zeros(deg, np.int64), np.arange(1, deg + 1)], axis=1)
+        self.rg = RoundGraph.from_edges(deg + 1, edges)
+        self.seg = slice(int(self.rg.indptr[0]), int(self.rg.indptr[1]))  # self + deg slots
+        # the round normalises given scores with the rule's modifiers; the weights given here
+        # are final (from Rule.weights_one), so the round gets the rule without modifiers
+        self.rule = replace(rule, params={**rule.params, "c": 1.0}, modifiers=())
+
+    def advance(self, s: NodeState, *, available: bool, cand: np.ndarray, weights: np.ndarray,
+                ages: np.ndarray, lags: np.ndarray, counts: np.ndarray,
+                local_counts: np.ndarray) -> NodeState:
+        """The state after round ``s.t`` (SPEC §2).
+
+        available: the node trained, sent and aggregated this round (else it was offline).
+        cand, weights, ages, lags, counts, local_counts: [deg + 1] over (self, neighbours...) —
+        the candidate mask, the weights used (0 off the candidates) and the scalars each
+        candidate's model carried as the rule saw them (index 0: the node's own).
+        """
+        n, E = self.deg + 1, self.rg.n_slots
+        q = np.ones(E)
+        q[self.seg.start + 1:self.seg.stop] = s.q_hat
+        st = StalenessState(t=s.t, ages=np.asarray(ages, np.int64).copy(),
+                            lags=np.asarray(lags, np.float64).copy(),
+                            counts=np.asarray(counts, np.int64).copy(),
+                            local_counts=np.asarray(local_counts, np.int64).copy(), q_hat=q)
+        st.ages[0], st.lags[0], st.counts[0], st.local_counts[0] = (s.age, s.lag, s.count,
+                                                                    s.local_count)
+        me = np.zeros(n, bool)
+        me[0] = available
+        sends = np.asarray(cand, bool).copy()
+        sends[0] = available
+        scores = np.zeros(E)
+        scores[self.seg] = weights
+        caps = Capabilities(train=me, send=sends, aggregate=me, adopt=me)
+        new = play_round(self.rule, self.rg, st, caps, seed=0, scores=scores).state
+        return NodeState(t=int(new.t), age=int(new.ages[0]), lag=float(new.lags[0]),
+                         count=int(new.counts[0]), local_count=int(new.local_counts[0]),
+                         q_hat=[float(v) for v in new.q_hat[self.seg.start + 1:self.seg.stop]])
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, rename over ``path``, fsync the folder.
+
+    Until the rename, ``path`` keeps its previous content whole: a write or ``fsync`` that fails
+    part-way raises with the temporary file removed, and a process killed part-way leaves only
+    the temporary file (``.NAME.tmpPID``) beside it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def save_checkpoint(path: Path, params: np.ndarray, layout, state: NodeState,
+                    extra: dict | None = None) -> None:
+    """Model (safetensors, one tensor per named parameter) + state in its metadata, atomically."""
+    from sfg.net.wire import encode_params
+
+    meta = {"state": json.dumps(state.as_dict()), "extra": json.dumps(extra or {})}
+    write_atomic(path, encode_params(params, layout, metadata=meta))
+
+
+def load_checkpoint(path: Path, layout) -> tuple[np.ndarray, NodeState, dict]:
+    """``(params [D], state, extra)`` from a checkpoint written by :func:`save_checkpoint`."""
+    from safetensors import safe_open
+
+    from sfg.net.wire import decode_params
+
+    raw = Path(path).read_bytes()
+    params = decode_params(raw, layout)
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata() or {}
+    state = NodeState(**json.loads(meta["state"]))
+    return params, state, json.loads(meta.get("extra", "{}"))

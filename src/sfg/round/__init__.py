@@ -1,0 +1,22 @@
+"""The round (SPEC §1, §2): the centre of sfg, which every engine runs.
+
+* :mod:`~sfg.round.slots` — the graph as receiver slots (:class:`RoundGraph`);
+* :mod:`~sfg.round.staleness` — the staleness state carried with every model (SPEC §2);
+* :mod:`~sfg.round.rules` — the aggregation rules, each one compiled one-receiver function
+  (SPEC §3);
+* :mod:`~sfg.round.defences` and :mod:`~sfg.round.attacks` — claim checks and forged claims;
+* :mod:`~sfg.round.kernel` — the compiled round itself (:func:`play_round`,
+  :func:`one_receiver`), and :mod:`~sfg.round.jit`, its lazy compiler.
+
+Names are loaded on first use, so ``import sfg.round.rules`` loads no compiler.
+"""
+
+from sfg.util.lazy import lazy_exports
+
+_EXPORTS = {
+    "play_round": "kernel", "one_receiver": "kernel", "RoundResult": "kernel", "FACTS": "kernel",
+    "Candidates": "kernel", "kernels": "kernel", "candidate_mask": "kernel",
+    "RoundGraph": "slots", "StalenessState": "staleness",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__ = sorted(_EXPORTS)

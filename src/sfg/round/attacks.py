@@ -1,0 +1,233 @@
+"""Forged staleness: attack models on the freshness scalars, and their damage (issue: forged
+staleness; defences in :mod:`sfg.round.defences`).
+
+Every staleness-aware rule trusts what a sender claims about its own model (age τ, lag ℓ,
+max-inherited count n; SPEC §2). An attack is a component string::
+
+    forge:frac=0.1,claim=fresh,model=sign-flip,placement=degree,always_on=true
+
+* ``frac`` — fraction of clients that attack (round(frac·N) of them); ``frac=0`` is exactly
+  the no-attack run (bit for bit, tested).
+* ``claim`` — what an attacker reports on every message:
+  ``fresh``: age 0, lag 0, count = the largest count it hears (its own and its neighbours')
+  + 1; ``stale-others`` (timestomping): fresh on send with the count inflated by t + 1 on top,
+  which max-inherited counts then carry to clients that never hear the attacker; ``random``
+  (honest-but-buggy clocks): age ~ U{0..t}, lag ~ U[0, t], count ~ U{1..t+1} each round;
+  ``honest``: the true scalars (only the model is poisoned).
+* ``model`` (training) — what an attacker's messages carry: ``none`` (its honest model),
+  ``sign-flip`` (−x), ``noise`` (x + N(0, σ²), ``sigma`` default 1), ``constant`` (its
+  initial model, never changing: the +guard evidence sees unchanged content).
+* ``placement`` — ``random`` (drawn from the attack's own stream keyed by the seed) or
+  ``degree`` (the highest-degree clients, ties by index).
+* ``always_on`` — attackers never go offline (their availability row is set to 1).
+
+Pairing (SPEC §7): graph, trace, data and minibatches are keyed by the seed alone; the attack
+draws only from its own streams (``attack-placement``, ``attack-claims``, ``attack-noise``),
+so honest clients see the same world with and without it. An attacker's own true state
+evolves by the round as usual; only what it sends is forged. Honest receivers' bookkeeping
+(lag = weighted mean of the lags they used, count = max of the counts they merged) takes the
+claims at face value, which is how forged counts spread.
+
+Damage (model-free, recorded by the round as facts and defined once in
+:mod:`sfg.replay.metrics`): the weight honest receivers give attackers, the share of honest
+aggregations whose own model is cut, and the reach: the share of honest clients whose model
+carries ≥ 10 % attacker weight at the end of a window of ``h`` rounds (:func:`reach_rounds`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from sfg.errors import SfgError
+from sfg.util.components import did_you_mean, parse_component
+from sfg.util.rng import stream
+
+CLAIMS = ("fresh", "stale-others", "random", "honest")
+MODELS = ("none", "sign-flip", "noise", "constant")
+PLACEMENTS = ("random", "degree")
+REACH_LEVEL = 0.1
+_KEYS = {"frac", "claim", "model", "placement", "always_on", "sigma"}
+
+
+@dataclass(frozen=True)
+class Attack:
+    """A parsed attack (see the module docstring)."""
+
+    frac: float = 0.0
+    claim: str = "fresh"
+    model: str = "none"
+    placement: str = "random"
+    always_on: bool = False
+    sigma: float = 1.0
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text or "none"
+
+    @property
+    def forges(self) -> bool:
+        return self.claim != "honest"
+
+
+def parse_attack(text: str | None) -> Attack | None:
+    """``None``/``""``/``"none"`` → no attack; else ``forge:key=value,...``."""
+    if text is None or not str(text).strip() or str(text).strip().lower() == "none":
+        return None
+    comp = parse_component(str(text), kind="attack")
+    if comp.name != "forge":
+        raise SfgError(f"unknown attack {comp.name!r}{did_you_mean(comp.name, ['forge', 'none'])}; "
+                       "write e.g. 'forge:frac=0.1,claim=fresh'")
+    if comp.modifiers:
+        raise SfgError(f"attack {comp.text!r} takes no '+' modifiers")
+    p = dict(comp.params)
+    for key in p:
+        if key not in _KEYS:
+            raise SfgError(f"unknown attack parameter {key!r}{did_you_mean(key, _KEYS)}")
+    frac = p.get("frac", 0.1)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+        raise SfgError(f"attack frac={frac!r} must be a number in [0, 1], e.g. frac=0.1")
+    choices = {"claim": CLAIMS, "model": MODELS, "placement": PLACEMENTS}
+    vals = {}
+    for key, allowed in choices.items():
+        v = str(p.get(key, Attack.__dataclass_fields__[key].default)).lower()
+        if v not in allowed:
+            raise SfgError(f"attack {key}={v!r} is not valid{did_you_mean(v, allowed)}")
+        vals[key] = v
+    always = p.get("always_on", False)
+    if not isinstance(always, bool):
+        raise SfgError(f"attack always_on={always!r} must be true or false")
+    sigma = p.get("sigma", 1.0)
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0:
+        raise SfgError(f"attack sigma={sigma!r} must be a number >= 0")
+    return Attack(frac=float(frac), always_on=always, sigma=float(sigma), text=comp.text, **vals)
+
+
+def place(attack: Attack | None, n: int, degree: np.ndarray, *, seed: int) -> np.ndarray:
+    """[n] bool: the attackers (round(frac·n) of them), by seed or by degree."""
+    out = np.zeros(n, bool)
+    if attack is None:
+        return out
+    m = int(round(attack.frac * n))
+    if m == 0:
+        return out
+    if attack.placement == "degree":
+        order = np.lexsort((np.arange(n), -np.asarray(degree)))
+    else:
+        order = stream(seed, "attack-placement").permutation(n)
+    out[order[:m]] = True
+    return out
+
+
+def availability(available: np.ndarray, attack: Attack | None, attackers: np.ndarray) -> np.ndarray:
+    """The trace with ``always_on`` attackers always available (a copy when it changes)."""
+    if attack is None or not attack.always_on or not attackers.any():
+        return available
+    out = np.array(available, bool, copy=True)
+    out[:, attackers] = True
+    return out
+
+
+def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
+           ids: np.ndarray | None = None, n_all: int | None = None):
+    """(ages, lags, counts) [E] that each slot delivers in round ``state.t``: the sender's true
+    state, except on slots from an attacker to someone else, which carry the forged claim.
+
+    ``ids`` [rg.n] and ``n_all``: when ``rg`` is part of a larger graph (a networked node's
+    star, :mod:`sfg.net.node`), the clients' ids in it and its size, so that random claims are
+    the draws of the same clients in the whole graph."""
+    t = state.t
+    age = state.ages[rg.send].astype(np.int64)
+    lag = state.lags[rg.send].astype(np.float64)
+    count = state.counts[rg.send].astype(np.int64)
+    forged = attackers[rg.send] & ~rg.is_self
+    if not forged.any() or not attack.forges:
+        return age, lag, count
+    heard = np.maximum.reduceat(count, rg.indptr[:-1])  # own and neighbours' counts [N]
+    src = rg.send[forged]
+    if attack.claim == "random":
+        g = stream(seed, "attack-claims", t)
+        n = rg.n if n_all is None else int(n_all)
+        ra, rl, rc = g.integers(0, t + 1, n), g.random(n) * t, g.integers(1, t + 2, n)
+        gsrc = src if ids is None else np.asarray(ids, np.int64)[src]
+        age[forged], lag[forged], count[forged] = ra[gsrc], rl[gsrc], rc[gsrc]
+        return age, lag, count
+    age[forged] = 0
+    lag[forged] = 0.0
+    count[forged] = heard[src] + 1 + ((t + 1) if attack.claim == "stale-others" else 0)
+    return age, lag, count
+
+
+@njit(cache=True, nogil=True)
+def reach_rounds(t0, t1, indptr, send, w, adopt, attackers, honest_idx, M, h, level, out):
+    """The attackers' reach over rounds [t0, t1) (weights ``w`` [R, E], adopters [R, N]).
+
+    Window s (0 ≤ s ≤ T − h) follows, over rounds s .. s+h−1, the share m_i of each model that
+    comes from attackers' messages: m = 0 at the start of round s; each round an adopter's
+    m_i ← Σ_j w_ij m̂_j with m̂_j = 1 for an attacker (what it sends is its own) and m_j
+    otherwise; others keep m_i (local training does not change the share). out[s] = the share
+    of honest clients with m_i ≥ ``level`` after round s+h−1. ``M`` [N, h] holds the h live
+    windows (column s mod h)."""
+    n = indptr.shape[0] - 1
+    T = out.shape[0] + h - 1
+    new = np.empty(h)
+    tmp = np.empty((n, h))
+    for t in range(t0, t1):
+        if t <= T - h:  # window t starts
+            c = t % h
+            for i in range(n):
+                M[i, c] = 0.0
+        wt = w[t - t0]
+        for i in range(n):
+            if not adopt[t - t0, i]:
+                for c in range(h):
+                    tmp[i, c] = M[i, c]
+                continue
+            for c in range(h):
+                new[c] = 0.0
+            for e in range(indptr[i], indptr[i + 1]):
+                we = wt[e]
+                if we == 0.0:
+                    continue
+                j = send[e]
+                if attackers[j]:
+                    for c in range(h):
+                        new[c] += we
+                else:
+                    for c in range(h):
+                        new[c] += we * M[j, c]
+            for c in range(h):
+                tmp[i, c] = new[c]
+        for i in range(n):
+            for c in range(h):
+                M[i, c] = tmp[i, c]
+        s = t - h + 1  # window s ends with round t
+        if 0 <= s <= T - h:
+            c = s % h
+            hit = 0
+            for i in honest_idx:
+                if M[i, c] >= level:
+                    hit += 1
+            out[s] = hit / max(honest_idx.shape[0], 1)
+
+
+class Reach:
+    """The reach of one replay, fed block by block (:func:`reach_rounds`)."""
+
+    def __init__(self, T: int, n: int, h: int, attackers: np.ndarray):
+        self.h = max(1, min(h, T))
+        self.attackers = np.ascontiguousarray(attackers, bool)
+        self.honest = np.flatnonzero(~self.attackers).astype(np.int64)
+        self.M = np.zeros((n, self.h))
+        self.out = np.zeros(T - self.h + 1)
+
+    def run(self, t0: int, t1: int, rg, w: np.ndarray, adopt: np.ndarray) -> None:
+        if self.attackers.any():
+            reach_rounds(t0, t1, rg.indptr, rg.send, w, np.ascontiguousarray(adopt),
+                         self.attackers, self.honest, self.M, self.h, REACH_LEVEL, self.out)
+
+    @property
+    def value(self) -> float:
+        return float(self.out.mean()) if self.out.size else 0.0

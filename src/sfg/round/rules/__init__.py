@@ -1,0 +1,316 @@
+"""Aggregation rules (SPEC §3): the registry, parsing and the rule object.
+
+A model-free rule is one compiled function over ONE receiver's candidates (index 0 = the
+receiver) that returns non-negative scores; its parameters, defaults and valid ranges are its
+signature's keyword defaults and their :class:`Range` annotations, and ``@rule`` registers it
+(see :mod:`sfg.round.rules.library`)::
+
+    @rule("sfg", tags=("sfg",))
+    @njit(cache=True)
+    def sfg(x, gamma: Unit = 0.5):
+        return gamma ** relative(x.age)
+
+The shared round (:mod:`sfg.round.kernel`) masks, normalises and applies the modifiers, for the
+replay, the training simulator and the one-receiver form alike::
+
+    rule = parse_rule("sfg-cut:L=2")                 # or "sfg-l:gamma=0.3+ipw", "aoi+ipw"
+    w = rule.weights_one(ages=[3, 0, 1], lags=[3.0, 0.5, 1.2], counts=[4, 9, 8], t=10)
+
+Universal parameter and modifiers (written once, in :mod:`sfg.round.kernel`; compose with every rule):
+
+* ``c`` — base self-weight: the receiver's score is multiplied by c (default 1). A rule that
+  declares its own ``c`` owns it (``self-weight``: the self-weight itself, default 0.5;
+  ``update-amplification``: the amplification cap).
+* ``+ipw`` — each neighbour's score is divided by the link-reception estimate q̂_ij (§3.1).
+* ``+rounded`` — lags are rounded to integers before scoring ("rounded ties" for ``gamma=0``).
+* ``+catchup`` — a returning client runs K·(1 + min(τ_i, 3)) local steps (training only).
+
+Defences against forged staleness claims (:mod:`sfg.round.defences`; compose with every rule):
+``+guard`` (receiver-side evidence), ``+relative`` (robust relative claims, parameter
+``margin``), ``+cap`` (per-neighbour weight cap κ/|S_i|, parameter ``kappa``), ``+clip``
+(model-reading clipping, training only), e.g. ``sfg-cut:L=2,kappa=3+guard+cap``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sfg.errors import SfgError
+from sfg.util.components import Component, Registry, did_you_mean, parse_component
+
+RULES = Registry("rule")
+MODIFIERS = ("ipw", "rounded", "catchup", "guard", "relative", "cap", "clip")
+CATCHUP_CAP = 3
+
+
+@dataclass(frozen=True)
+class Range:
+    """A parameter's valid closed range, used as its annotation in a rule's signature."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    why: str = ""
+
+    def check(self, rule: str, key: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SfgError(f"rule {rule!r}: {key} must be a number, got {value!r}")
+        if not (self.lo <= value <= self.hi):  # NaN fails too
+            where = (f"must lie in [{self.lo:g}, {self.hi:g}]" if math.isfinite(self.hi)
+                     else f"must be >= {self.lo:g}")
+            why = f" ({self.why})" if self.why else ""
+            raise SfgError(f"rule {rule!r}: {key}={value} {where}{why}")
+
+
+Unit = Range(0.0, 1.0)
+Discount = Range(0.0, 1.0, "0 keeps only the freshest candidates, 1 ignores staleness")
+NonNegative = Range(0.0)
+SELF_WEIGHT = Range(0.0, why="the receiver's score is multiplied by c")
+
+
+def _signature_params(fn: Callable) -> dict[str, tuple[float, Range]]:
+    """{name: (default, range)} from a compiled rule's keyword parameters (after ``x``)."""
+    py = getattr(fn, "py_func", fn)
+    out = {}
+    for k, p in list(inspect.signature(py).parameters.items())[1:]:
+        if p.default is inspect.Parameter.empty:
+            raise TypeError(f"rule parameter {k!r} of {py.__name__} needs a default")
+        rng = p.annotation if isinstance(p.annotation, Range) else Range()
+        out[k] = (float(p.default), rng)
+    return out
+
+
+def rule(name: str, *, tags: tuple[str, ...] = (), amplify: str | None = None,
+         scalars: bool = True) -> Callable:
+    """Decorator registering a compiled one-receiver rule ``fn(x, **params) -> scores [k]``.
+
+    tags: "sfg", "baseline", "control"; "random" when it reads the draws ``x.u``/``x.key``.
+    amplify: name of the parameter that caps FedAWE-style update amplification in training.
+    scalars: False when its weights read no staleness scalar (messages carry none)."""
+
+    def deco(fn):
+        sig = _signature_params(fn)
+        params = {k: d for k, (d, _) in sig.items()}
+        if "c" not in params:
+            params["c"] = 1.0
+        py = getattr(fn, "py_func", fn)
+        RULES.register(name, fn, params=params, tags=tags,
+                       doc=(py.__doc__ or "").strip().split("\n")[0])
+        entry = RULES.entry(name)
+        entry.ranges = {k: r for k, (_, r) in sig.items()}  # type: ignore[attr-defined]
+        entry.ranges.setdefault("c", SELF_WEIGHT)
+        entry.own_c = "c" in sig  # type: ignore[attr-defined]
+        entry.amplify = amplify  # type: ignore[attr-defined]
+        entry.scalars = scalars  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+def register_rule(name: str, fn: Callable | None, *, params: dict | None = None,
+                  tags: tuple[str, ...] = (), doc: str = "",
+                  ranges: dict[str, Range] | None = None) -> None:
+    """Register a rule that is not a compiled one-receiver function: model-reading rules
+    (``fn`` None, tag "model"; run by :mod:`sfg.sim.model_rules`) and oracles (tag "oracle";
+    :mod:`sfg.round.rules.oracles`)."""
+    RULES.register(name, fn, params={"c": 1.0, **(params or {})}, tags=tags, doc=doc)
+    entry = RULES.entry(name)
+    entry.ranges = {"c": SELF_WEIGHT, **(ranges or {})}  # type: ignore[attr-defined]
+    entry.own_c = False  # type: ignore[attr-defined]
+    entry.amplify = None  # type: ignore[attr-defined]
+    entry.scalars = True  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A parsed, validated rule: name, parameters (defaults filled in) and modifiers.
+
+    The simulator and the replay ask it what they need (``reads_models``, ``oracle``,
+    ``random``, ``catchup``, ``amplify``, ``scalars_per_message``)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    modifiers: tuple[str, ...] = ()
+    text: str = ""
+
+    @property
+    def entry(self):
+        return RULES.entry(self.name)
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return self.entry.tags
+
+    @property
+    def fn(self) -> Callable | None:
+        """The compiled one-receiver function (None for model-reading rules)."""
+        return self.entry.factory
+
+    @property
+    def compiled(self) -> bool:
+        """Runs in the compiled round (every model-free rule but the oracles)."""
+        return self.fn is not None and not self.oracle
+
+    @property
+    def reads_models(self) -> bool:
+        return "model" in self.tags
+
+    @property
+    def oracle(self) -> bool:
+        """Reads the missed-fraction matrix A (global information; analysis only, SPEC §3.4)."""
+        return "oracle" in self.tags
+
+    @property
+    def random(self) -> bool:
+        """Reads its own draws (stream ``rule-draws`` keyed by the seed and the round)."""
+        return "random" in self.tags
+
+    @property
+    def ipw(self) -> bool:
+        return "ipw" in self.modifiers
+
+    @property
+    def rounded(self) -> bool:
+        return "rounded" in self.modifiers
+
+    @property
+    def catchup(self) -> bool:
+        return "catchup" in self.modifiers
+
+    @property
+    def self_weight(self) -> float:
+        """The base self-weight modifier c (1 where the rule owns its ``c``)."""
+        return 1.0 if self.entry.own_c else float(self.params.get("c", 1.0))
+
+    @property
+    def amplify(self) -> float | None:
+        """Update-amplification cap, or None."""
+        key = self.entry.amplify
+        return None if key is None else float(self.params[key])
+
+    @property
+    def scalars_per_message(self) -> int:
+        return 1 if self.entry.scalars else 0
+
+    def local_steps(self, K: int, trains: np.ndarray, ages: np.ndarray) -> np.ndarray:
+        """Local steps per client this round ([N] int): K where it trains, 0 elsewhere;
+        K·(1 + min(τ_i, 3)) for a returning client under ``+catchup`` (training only)."""
+        steps = np.where(trains, K, 0)
+        if self.catchup:
+            steps = np.where(trains & (ages >= 1), K * (1 + np.minimum(ages, CATCHUP_CAP)), steps)
+        return steps
+
+    @property
+    def defence_flags(self) -> int:
+        """Bit flags of the model-free defences in the round (:mod:`sfg.round.defences`)."""
+        from sfg.round.defences import CLIP, DEFENCES
+
+        return sum(DEFENCES[m] for m in self.modifiers if m in DEFENCES) & ~CLIP
+
+    @property
+    def clip(self) -> bool:
+        """``+clip``: ClippedGossip-style model screening (training only)."""
+        return "clip" in self.modifiers
+
+    @property
+    def margin(self) -> float:
+        return float(self.params.get("margin", 1.0))
+
+    @property
+    def kappa(self) -> float:
+        return float(self.params.get("kappa", 2.0))
+
+    @property
+    def args(self) -> tuple[float, ...]:
+        """The compiled function's parameters, in signature order."""
+        return tuple(float(self.params[k]) for k in _signature_params(self.fn))
+
+    def __str__(self) -> str:
+        return self.text or self.name
+
+    def weights_one(self, *, ages, lags=None, counts=None, local_counts=None, q_hat=None,
+                    t: int | None = None, u: float = 0.5, keys=None, degrees=None,
+                    missed=None) -> np.ndarray:
+        """One receiver's weights over its candidates; index 0 is the receiver (SPEC §1 step 2).
+
+        ages [k] int, lags [k] float (default = ages), counts [k] int (default 1),
+        local_counts [k] int (default = counts), q_hat [k] float (receiver's estimate per
+        candidate; entry 0 ignored, default 1), t = round index (default ⌈max lag⌉), u = this
+        receiver's uniform draw, keys [k] uniform keys (random rules), degrees [k] live-neighbour
+        counts (default: k − 1 for the receiver, 1 for each neighbour), missed [k, T] the
+        candidates' rows of A (oracles). Runs the same compiled weights as the round.
+        """
+        from sfg.round.kernel import one_receiver
+
+        if self.reads_models:
+            raise SfgError(f"rule {self.name!r} reads model parameters; run it with `sfg run`, "
+                           "not in a model-free replay")
+        return one_receiver(self, ages=ages, lags=lags, counts=counts,
+                            local_counts=local_counts, q_hat=q_hat, t=t, u=u, keys=keys,
+                            degrees=degrees, missed=missed)
+
+
+def parse_rule(text: str | Component) -> Rule:
+    """Parse and validate ``"name:key=value,...+modifier"``; did-you-mean on unknown names."""
+    _load_library()
+    comp = text if isinstance(text, Component) else parse_component(text, kind="rule")
+    name = comp.name
+    modifiers = list(comp.modifiers)
+    # model-memory+sfg style variants are registered under their full name
+    if modifiers and f"{name}+{modifiers[0]}" in RULES:
+        name = f"{name}+{modifiers.pop(0)}"
+    if name not in RULES:
+        RULES.entry(name)  # raises with did-you-mean
+    for m in modifiers:
+        if m not in MODIFIERS:
+            raise SfgError(f"unknown rule modifier '+{m}' in {comp.text!r}"
+                           f"{did_you_mean(m, MODIFIERS)}")
+    # a defence's own parameters (sfg.round.defences), allowed only with that defence
+    from sfg.round.defences import DEFENCE_PARAMS
+
+    rule_params = dict(comp.params)
+    defence_params: dict[str, float] = {}
+    for key, (_, owner) in DEFENCE_PARAMS.items():
+        if key in rule_params and key not in RULES.entry(name).params:
+            value = rule_params.pop(key)
+            if owner not in modifiers:
+                raise SfgError(f"rule {comp.text!r}: {key} is a parameter of the +{owner} "
+                               f"defence; add +{owner} or drop {key}")
+            lo = 1.0 if key == "kappa" else 0.0
+            Range(lo, why=f"the +{owner} defence").check(name, key, value)
+            defence_params[key] = float(value)
+    params = {**RULES.check_params(name, rule_params), **defence_params}
+    ranges = getattr(RULES.entry(name), "ranges", {})
+    for key, value in params.items():
+        if key in ranges:
+            ranges[key].check(name, key, value)
+    defences = [f"+{m}" for m in modifiers if m in ("guard", "relative", "cap", "clip")]
+    if defences and "oracle" in RULES.entry(name).tags:
+        raise SfgError(f"rule {name!r} is an oracle (global information); the defences "
+                       f"{', '.join(defences)} do not apply to it")
+    if "model" in RULES.entry(name).tags:
+        unsupported = [f"+{m}" for m in modifiers if m != "catchup"]
+        if params.get("c", 1.0) != 1.0:
+            unsupported.append("c")
+        if unsupported:
+            raise SfgError(f"rule {name!r} reads model parameters and does not support "
+                           f"{', '.join(unsupported)}; only +catchup composes with it")
+    return Rule(name=name, params=params, modifiers=tuple(modifiers), text=comp.text or name)
+
+
+def rule_names(tag: str | None = None) -> list[str]:
+    _load_library()
+    return RULES.names(tag)
+
+
+def _load_library() -> None:
+    from sfg.round.rules import library, oracles  # noqa: F401  (registers the rules on first use)
+
+
+__all__ = ["RULES", "Range", "Rule", "Unit", "Discount", "NonNegative", "parse_rule", "rule",
+           "register_rule", "rule_names"]

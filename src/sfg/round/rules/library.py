@@ -1,0 +1,310 @@
+"""The rule library (SPEC §3.1–3.3): one compiled function per rule, registered where it is written.
+
+Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.Candidates`; index 0 is the
+receiver, the others its live neighbours, in slot order) and returns non-negative scores
+``[k] float64``. The shared round (:mod:`sfg.round.kernel`) applies the modifiers (``+ipw``,
+``+rounded``, ``c``), normalises (SPEC §1) and updates the staleness state (SPEC §2), for the
+replay, the training simulator and ``Rule.weights_one`` alike. A rule must not write to ``x``.
+
+Fields of ``x``: ``t`` round; ``u`` the receiver's uniform draw; ``age`` [k] int64 τ;
+``lag`` [k] float64 ℓ (rounded under ``+rounded``); ``count`` [k] int64 max-inherited counts;
+``local_count`` [k] int64 never-inherited counters; ``q`` [k] float64 q̂_ij (q[0] = 1);
+``degree`` [k] int64 live-neighbour counts; ``key`` [k] float64 uniform keys.
+
+Parameters are the keyword defaults after ``x``; their annotation is the valid range
+(:class:`sfg.round.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
+``gamma=0`` "freshest only" variants for free. Adding a rule: write a function here (or in any
+module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=True)``.
+"""
+
+import numpy as np
+
+from sfg.round.jit import (
+    njit,  # numba.njit, imported on first use (listing the rules loads no numba)
+)
+from sfg.round.rules import Discount, NonNegative, Unit, register_rule, rule
+
+# Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
+# arithmetic may differ in the last bits depending on summation order. Relative staleness below
+# TIE_TOL counts as a tie, and the cut margin is compared with the same tolerance.
+TIE_TOL = 1e-9
+
+
+# Helpers shared by several rules. They are written as loops with one output array and take
+# arrays, not ``x``: a rule runs once per receiver and round, and each temporary array (and
+# each call that passes ``x``, whose ten arrays are reference-counted) costs time.
+@njit(cache=True)
+def relative(s):
+    """s_j − min_k s_k over the given candidates, as float64; differences ≤ TIE_TOL count as 0."""
+    lo = s.min()
+    rel = np.empty(s.shape[0])
+    for j in range(s.shape[0]):
+        r = s[j] - lo
+        rel[j] = r if r > TIE_TOL else 0.0
+    return rel
+
+
+@njit(cache=True)
+def discount(gamma, s):
+    """γ^(s_j − s_min) (0^0 = 1)."""
+    h = relative(s)
+    for j in range(h.shape[0]):
+        h[j] = gamma ** h[j]
+    return h
+
+
+@njit(cache=True)
+def neighbours_discount(gamma, s):
+    """h_ii = 1, h_ij = γ^(s_j − min over live neighbours) (receiver never discounted)."""
+    h = np.ones(s.shape[0])
+    if s.shape[0] > 1:
+        h[1:] = discount(gamma, s[1:])
+    return h
+
+
+@njit(cache=True)
+def mean_inherited_cut(lag, t, L):
+    """(1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
+    lo = lag.min()
+    h = np.zeros(lag.shape[0])
+    for j in range(h.shape[0]):
+        if lag[j] - lo <= L + TIE_TOL:
+            h[j] = max(1.0 + t - lag[j], 0.0)
+    return h
+
+
+@njit(cache=True)
+def within(counts, L):
+    """Counts within L of the largest, weighted by the count; the rest 0."""
+    top = counts.max()
+    h = np.zeros(counts.shape[0])
+    for j in range(h.shape[0]):
+        if counts[j] >= top - L:
+            h[j] = counts[j]
+    return h
+
+
+# ----------------------------------------------------------------- SFG family (SPEC §3.1)
+@rule("sfg", tags=("sfg",))
+@njit(cache=True)
+def sfg(x, gamma: Discount = 0.5):
+    """``sfg``: h_j = γ^(τ_j − τ_min), ages relative to the freshest candidate (receiver included)."""
+    return discount(gamma, x.age)
+
+
+@rule("sfg-l", tags=("sfg",))
+@njit(cache=True)
+def sfg_l(x, gamma: Discount = 0.5):
+    """``sfg-l``: h_j = γ^(ℓ_j − ℓ_min) on effective lags."""
+    return discount(gamma, x.lag)
+
+
+@rule("sfg-cut", tags=("sfg",))
+@njit(cache=True)
+def sfg_cut(x, L: NonNegative = 1.0):
+    """``sfg-cut``: h_j = (1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
+    return mean_inherited_cut(x.lag, x.t, L)
+
+
+@rule("sfg-counts", tags=("sfg",))
+@njit(cache=True)
+def sfg_counts(x, gamma: Discount = 0.5):
+    """``sfg-counts``: h_j = γ^(n_max − n_j) on max-inherited counts."""
+    return gamma ** (x.count.max() - x.count).astype(np.float64)
+
+
+# ----------------------------------------------------------------- baselines (SPEC §3.2)
+@rule("dfedavg", tags=("baseline",), scalars=False)
+@njit(cache=True)
+def dfedavg(x):
+    """``dfedavg``: uniform over the candidate set."""
+    return np.ones(x.age.shape[0])
+
+
+@rule("local", tags=("baseline",), scalars=False)
+@njit(cache=True)
+def local(x):
+    """``local``: only the receiver's own model (no communication)."""
+    h = np.zeros(x.age.shape[0])
+    h[0] = 1.0
+    return h
+
+
+@rule("aoi", tags=("baseline",))
+@njit(cache=True)
+def aoi(x, gamma: Discount = 0.5):
+    """``aoi`` (neighbour-only AoI): h_ii = 1, h_ij = γ^(τ_j) (absolute ages)."""
+    h = gamma ** x.age.astype(np.float64)
+    h[0] = 1.0
+    return h
+
+
+@rule("dfl-aa", tags=("baseline",))
+@njit(cache=True)
+def dfl_aa(x, gamma: Discount = 0.5):
+    """``dfl-aa``: h_ii = 1, h_ij = γ^(τ_j − min over live neighbours)/q̂_ij; the receiver is never discounted."""
+    return neighbours_discount(gamma, x.age) / x.q
+
+
+@rule("gl-age", tags=("baseline",))
+@njit(cache=True)
+def gl_age(x):
+    """``gl-age``: h_j = n_j, the max-inherited count (gossip-learning model age)."""
+    return x.count.astype(np.float64)
+
+
+@rule("limited-merging", tags=("baseline",))
+@njit(cache=True)
+def limited_merging(x, L: NonNegative = 1.0):
+    """``limited-merging``: drop n_j < n_max − L (the receiver included), weight the rest by n_j."""
+    return within(x.count, L)
+
+
+@rule("local-counts", tags=("baseline",))
+@njit(cache=True)
+def local_counts(x, L: NonNegative = 1.0):
+    """``local-counts``: limited merging on per-client counters that are never inherited."""
+    return within(x.local_count, L)
+
+
+@rule("update-amplification", tags=("baseline",), amplify="c", scalars=False)
+@njit(cache=True)
+def update_amplification(x, c: NonNegative = 1.0):
+    """``update-amplification`` (FedAWE-style): DFedAvg weights, returning updates × (1 + min(τ_i, c)).
+
+    A returning client scales its local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
+    return np.ones(x.age.shape[0])
+
+
+# ----------------------------------------------------------------- controls (SPEC §3.3)
+@rule("self-weight", tags=("control",), scalars=False)
+@njit(cache=True)
+def self_weight(x, c: NonNegative = 0.5):
+    """``self-weight``: neighbours 1, receiver c (default 0.5), regardless of age."""
+    h = np.ones(x.age.shape[0])
+    h[0] = c
+    return h
+
+
+@njit(cache=True)
+def discount_on_return(age, base):
+    """Neighbours 1; a returning receiver (τ_i ≥ 1) with ≥ 1 live neighbour scores base^τ_i."""
+    h = np.ones(age.shape[0])
+    if age[0] >= 1 and age.shape[0] > 1:
+        h[0] = base ** float(age[0])
+    return h
+
+
+@rule("self-only", tags=("control",))
+@njit(cache=True)
+def self_only(x, base: Unit = 0.5):
+    """``self-only``: neighbours 1; a returning receiver with ≥ 1 live neighbour scores itself base^τ_i."""
+    return discount_on_return(x.age, base)
+
+
+@rule("reset-on-return", tags=("control",))
+@njit(cache=True)
+def reset_on_return(x):
+    """``reset-on-return``: as ``self-only`` with 0 (discard the own model, average live neighbours)."""
+    return discount_on_return(x.age, 0.0)
+
+
+@rule("neighbour-only-lags", tags=("control",))
+@njit(cache=True)
+def neighbour_only_lags(x, gamma: Discount = 0.5):
+    """``neighbour-only-lags``: h_ii = 1, h_ij = γ^(ℓ_j − min over live neighbours ℓ)."""
+    return neighbours_discount(gamma, x.lag)
+
+
+@rule("neighbour-only-counts", tags=("control",))
+@njit(cache=True)
+def neighbour_only_counts(x, gamma: Discount = 0.5):
+    """``neighbour-only-counts``: h_ii = 1, h_ij = γ^(max over live neighbours n − n_j)."""
+    return neighbours_discount(gamma, -x.count)
+
+
+@rule("pinned-receiver", tags=("control",))
+@njit(cache=True)
+def pinned_receiver(x, gamma: Discount = 0.5):
+    """``pinned-receiver``: ``sfg-l`` weights and reference (receiver included), but h_ii = 1."""
+    h = discount(gamma, x.lag)
+    h[0] = 1.0
+    return h
+
+
+@rule("copy-random", tags=("control", "random"), scalars=False)
+@njit(cache=True)
+def copy_random(x):
+    """``copy-random``: replace the model by one candidate drawn uniformly (the rule's own stream)."""
+    k = x.age.shape[0]
+    h = np.zeros(k)
+    h[min(int(np.floor(x.u * k)), k - 1)] = 1.0
+    return h
+
+
+@rule("placebo-cut", tags=("control", "random"))
+@njit(cache=True)
+def placebo_cut(x, L: NonNegative = 1.0):
+    """``placebo-cut``: keep as many candidates as ``sfg-cut`` would, drawn at random; uniform weights."""
+    kept = np.sum(mean_inherited_cut(x.lag, x.t, L) > 0)
+    h = np.zeros(x.age.shape[0])
+    h[np.argsort(x.key, kind="mergesort")[:kept]] = 1.0
+    return h
+
+
+@rule("cut-ages", tags=("control",))
+@njit(cache=True)
+def cut_ages(x):
+    """``cut-ages``: keep candidates within one round of the youngest age; uniform weights."""
+    return np.where(x.age - x.age.min() <= 1, 1.0, 0.0)
+
+
+@rule("receiver-kept", tags=("control",))
+@njit(cache=True)
+def receiver_kept(x, L: NonNegative = 1.0):
+    """``receiver-kept``: ``sfg-cut`` that never drops the receiver."""
+    h = mean_inherited_cut(x.lag, x.t, L)
+    h[0] = max(1.0 + x.t - x.lag[0], 0.0)
+    return h
+
+
+@rule("two-random", tags=("control", "random"), scalars=False)
+@njit(cache=True)
+def two_random(x):
+    """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights.
+
+    The own model alone when there is no live neighbour; the draws are the rule's own stream
+    keyed by (seed, round) (SPEC §3.3)."""
+    h = np.zeros(x.age.shape[0])
+    h[np.argsort(x.key, kind="mergesort")[:2]] = 1.0
+    return h
+
+
+@rule("metropolis-hastings", tags=("control",), scalars=False)
+@njit(cache=True)
+def metropolis_hastings(x):
+    """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)), d = live degree; w_ii = 1 − Σ_j w_ij.
+
+    d is the current number of live neighbours (neighbours that send, over live links);
+    symmetric and doubly stochastic without outages (SPEC §3.3)."""
+    h = 1.0 / (1.0 + np.maximum(x.degree[0], x.degree).astype(np.float64))
+    h[0] = 1.0 - h[1:].sum()
+    return h
+
+
+# ----------------------------------------------------------------- model-reading (SPEC §3.2)
+# Implemented in sfg.sim.model_rules (training only).
+register_rule("model-memory", None, tags=("baseline", "model"),
+              doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")
+register_rule("model-memory+sfg", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              ranges={"gamma": Discount},
+              doc="model memory with SFG weights on ages (age at reception + rounds since)")
+register_rule("model-memory+sfg-l", None, params={"gamma": 0.5}, tags=("baseline", "model"),
+              ranges={"gamma": Discount},
+              doc="model memory with SFG-L weights on lags (lag at reception + rounds since)")
+register_rule("relative-variance", None, params={"nu": 0.2}, tags=("baseline", "model"),
+              doc="diffusion-adaptation combiner: h_ij = 1/v_ij, EWMA of squared model distances")
+register_rule("pwg", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on ages: h = 1/(1 + rho*relative age); rho<0 = estimate online")
+register_rule("pwg-l", None, params={"H": 1.0, "rho": -1.0}, tags=("baseline", "model"),
+              doc="precision-weighted gossip on lags: h = 1/(1 + rho*relative lag); rho<0 = estimate online")

@@ -1,0 +1,3 @@
+"""Plumbing shared by every layer: component strings (:mod:`~sfg.util.components`), input
+limits (:mod:`~sfg.util.safety`), seeded streams (:mod:`~sfg.util.rng`), lazy package exports
+(:mod:`~sfg.util.lazy`) and the allocator settings (:mod:`~sfg.util.alloc`)."""

@@ -1,0 +1,170 @@
+"""Component strings and registries (Gymnasium-style string ids with did-you-mean errors).
+
+A component is named by a string ``name[:key=value,key=value][+modifier[+modifier...]]``::
+
+    sfg-cut:L=2
+    sfg-l:gamma=0.3+ipw
+    bursty:u=0.8,mean_off=10
+    flash:rule=strict,path=../shared/data/flash/flash_state_traces_subset.json
+
+Values are parsed as int, float, bool (``true``/``false``) or left as strings. Modifiers may
+carry parameters too (``+catchup``). A :class:`Registry` maps names to factories and checks
+every key against the factory's declared parameters.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sfg.errors import SfgError
+
+
+@dataclass(frozen=True)
+class Component:
+    """A parsed component string."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    modifiers: tuple[str, ...] = ()
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text or format_component(self.name, self.params, self.modifiers)
+
+
+def _value(raw: str) -> Any:
+    low = raw.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw.strip()
+
+
+def parse_component(text: str, *, kind: str = "component") -> Component:
+    """Parse ``name:key=value,...+mod+mod`` into a :class:`Component`."""
+    if not isinstance(text, str) or not text.strip():
+        raise SfgError(f"empty {kind} name; write e.g. 'name' or 'name:key=value'")
+    raw = text.strip()
+    head, _, tail = raw.partition(":")
+    params: dict[str, Any] = {}
+    modifiers: list[str] = []
+    if tail:
+        # modifiers follow the last parameter: "sfg-l:gamma=0.3+ipw"
+        parts = tail.split("+")
+        param_text, modifiers = parts[0], [m for m in parts[1:]]
+        for item in param_text.split(","):
+            if not item.strip():
+                continue
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise SfgError(
+                    f"cannot parse {kind} parameter {item!r} in {raw!r}; write key=value, "
+                    "e.g. 'bursty:u=0.8'"
+                )
+            if key.strip() in params:
+                raise SfgError(
+                    f"{kind} {raw!r} gives parameter {key.strip()!r} twice; keep one value"
+                )
+            params[key.strip()] = _value(value)
+    else:
+        parts = head.split("+")
+        head, modifiers = parts[0], parts[1:]
+    name = head.strip().lower()
+    if not name:
+        raise SfgError(f"{kind} {raw!r} has no name before ':' or '+'")
+    modifiers = [m.strip().lower() for m in modifiers]
+    if any(not m for m in modifiers):
+        raise SfgError(f"{kind} {raw!r} has an empty '+' modifier")
+    twice = sorted({m for m in modifiers if modifiers.count(m) > 1})
+    if twice:
+        raise SfgError(f"{kind} {raw!r} gives the modifier '+{twice[0]}' twice; keep one")
+    return Component(name=name, params=params, modifiers=tuple(modifiers), text=raw)
+
+
+def format_component(name: str, params: dict[str, Any] | None = None,
+                     modifiers: Iterable[str] = ()) -> str:
+    """Inverse of :func:`parse_component` (canonical order of keys)."""
+    out = name
+    if params:
+        out += ":" + ",".join(f"{k}={params[k]}" for k in sorted(params))
+    for m in modifiers:
+        out += "+" + m
+    return out
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` or a list of the valid choices."""
+    choices = sorted(set(choices))
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    shown = ", ".join(choices[:40]) + (", ..." if len(choices) > 40 else "")
+    return f"; choose one of: {shown}"
+
+
+@dataclass
+class Entry:
+    name: str
+    factory: Callable[..., Any]
+    params: dict[str, Any]
+    doc: str = ""
+    tags: frozenset[str] = frozenset()
+
+
+class Registry:
+    """Name -> factory, with declared parameters (and their defaults) for validation."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, factory: Callable[..., Any], *, params: dict[str, Any] | None = None,
+                 doc: str = "", tags: Iterable[str] = ()) -> Callable[..., Any]:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} registered twice")
+        self._entries[name] = Entry(name, factory, dict(params or {}), doc, frozenset(tags))
+        return factory
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(sorted(self._entries))
+
+    def names(self, tag: str | None = None) -> list[str]:
+        return sorted(n for n, e in self._entries.items() if tag is None or tag in e.tags)
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise SfgError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}") from None
+
+    def check_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Defaults merged with ``params``; unknown keys raise a did-you-mean error."""
+        entry = self.entry(name)
+        for key in params:
+            if key not in entry.params:
+                valid = ", ".join(sorted(entry.params)) or "none"
+                hint = did_you_mean(key, entry.params) if entry.params else ""
+                raise SfgError(
+                    f"unknown parameter {key!r} for {self.kind} {name!r}{hint} "
+                    f"(valid parameters: {valid})"
+                )
+        merged = dict(entry.params)
+        merged.update(params)
+        return merged
+
+    def make(self, text: str | Component, **overrides: Any) -> Any:
+        comp = text if isinstance(text, Component) else parse_component(text, kind=self.kind)
+        params = self.check_params(comp.name, {**comp.params, **overrides})
+        return self._entries[comp.name].factory(**params)
