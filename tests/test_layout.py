@@ -81,7 +81,7 @@ def test_no_two_module_names_differ_by_one_letter():
         if abs(len(a) - len(b)) > 1 or a == b:
             return False
         if len(a) == len(b):
-            return sum(x != y for x, y in zip(a, b)) == 1
+            return sum(x != y for x, y in zip(a, b, strict=True)) == 1
         short, long_ = sorted((a, b), key=len)
         return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
 
