@@ -56,7 +56,7 @@ def new_name(old: str) -> str | None:
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Consulted last: only names no real module has."""
+    """Consulted first, for the old names only (no module of today has one of them as prefix)."""
 
     def find_spec(self, fullname, path=None, target=None):
         new = new_name(fullname)
@@ -76,4 +76,4 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def install() -> None:
     if not any(isinstance(f, _Moved) for f in sys.meta_path):
-        sys.meta_path.append(_Moved())
+        sys.meta_path.insert(0, _Moved())  # before the path finder: an old name never loads a file twice
