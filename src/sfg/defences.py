@@ -129,6 +129,40 @@ def cap_weights(w, kappa):  # pragma: no cover - compiled
         w[0] += excess
 
 
+def _defend(stage, t, flags, margin, kappa, k, age, raw, count, min_age, w):  # pragma: no cover
+    """The round's defences of one receiver (compiled, passed to the round as a function, so
+    that a round without defences compiles none of them): ``stage`` 0 clamps the claims
+    (:func:`clamp_claims`, returns the number changed), 1 caps the weights ``w``
+    (:func:`cap_weights`, returns 0)."""
+    if stage == 0:
+        return clamp_claims(t, flags, margin, k, age, raw, count, min_age)
+    cap_weights(w, kappa)
+    return 0
+
+
+_DEFEND: list = []
+
+
+def defend_signature():
+    """The numba signature of :func:`defend`."""
+    from numba import types as nt
+
+    i1, f1 = nt.Array(nt.int64, 1, "C"), nt.Array(nt.float64, 1, "C")
+    return nt.int64(nt.int64, nt.int64, nt.int64, nt.float64, nt.float64, nt.int64, i1, f1, i1,
+                    i1, f1)
+
+
+def defend():
+    """:func:`_defend` compiled (or loaded from numba's cache) on first use, as the round's
+    first-class function argument (:func:`sfg.compiled.first_class`)."""
+    if not _DEFEND:
+        from .compiled import first_class
+
+        sig = defend_signature()
+        _DEFEND.append(first_class(njit(sig, cache=True, nogil=True)(_defend), sig))
+    return _DEFEND[0]
+
+
 def clamp_one(rule, t: int, ages, lags, counts, min_ages=None):
     """One receiver's claims as the round's defences leave them (index 0 = the receiver):
     ``(ages [k] int64, lags [k] float64, counts [k] int64, changed)`` — :func:`clamp_claims`,

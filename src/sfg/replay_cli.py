@@ -129,8 +129,10 @@ def replay(
         from .replay.plot import plot_path
 
         plot = str(plot_path(plot, "staleness.png"))
-    # the bar shows from the start: a rule's first use on a machine compiles its round
-    with console.progress("replay (a rule's first use compiles: ~15 s)", enabled=not as_json) as update:
+    # the bar shows from the start: the first use on a machine compiles the round (a few
+    # seconds), and each rule's first use its own function
+    with console.progress("replay (the first use compiles: a few seconds)",
+                          enabled=not as_json) as update:
         rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                           anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                           with_curves=plot is not None, progress=update, engine=engine,
