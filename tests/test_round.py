@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -246,19 +247,66 @@ def test_engine_names():
         replay(["iid:u=0.5"], ["sfg"], [1], n=14, T=10, engine="numba")
 
 
-def test_kernels_are_made_once_per_rule_and_named_after_it():
-    from sfg.round.kernel import kernels
+def test_only_the_rule_is_compiled_per_rule():
+    """The round is compiled once for every rule (one signature: the rule is an argument);
+    per rule only its score function is made, once per process, named after the rule."""
+    from sfg.round.kernel import _generic, scorer
 
     fn = parse_rule("sfg-cut").fn
-    wk, rk, rounds = kernels(fn)
-    assert kernels(fn) == (wk, rk, rounds)
-    assert all("sfg_cut" in k.py_func.__name__ for k in (wk, rk, rounds))
-    assert kernels(parse_rule("sfg").fn)[1] is not rk
+    sc = scorer(fn)
+    assert scorer(fn) is sc and "sfg_cut" in sc.dispatcher.py_func.__name__
+    assert scorer(parse_rule("sfg").fn) is not sc
+    g, avail = _scenario()
+    for rule in ("sfg-cut", "sfg", "dfedavg+ipw"):
+        replay_trace(avail, g, rule, seed=SEED, horizon=HORIZON)
+    assert len(_generic(("round", False, False)).signatures) == 1
 
 
 def test_warm_compiled_loads_the_rules_given():
     from sfg.replay import warm_compiled
-    from sfg.round.kernel import kernels
+    from sfg.round.kernel import _KERNELS
 
     warm_compiled(["sfg-l", "dfedavg"])
-    assert kernels(parse_rule("sfg-l").fn)[2].signatures
+    assert parse_rule("sfg-l").fn in _KERNELS
+
+
+def test_a_rule_that_raises_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    """A rule's exception cannot cross the C wrapper the round calls it through; numba reports
+    it (as an unraisable exception) and the round stops with an error that names the rule,
+    the receiver and the round, in the replay and in weights_one alike."""
+    import importlib
+    import textwrap
+
+    from sfg.round.kernel import RuleError
+    from sfg.round.rules import RULES
+
+    (tmp_path / "raising_rule.py").write_text(textwrap.dedent('''
+        import numpy as np
+        from numba import njit
+
+        from sfg.round.rules import rule
+
+
+        @rule("test-raises", tags=("control",))
+        @njit(cache=True)
+        def raises(x):
+            """``test-raises``: divides by zero once a receiver has been offline."""
+            h = np.ones(x.age.shape[0])
+            h[0] = 1.0 / (x.age[0] - x.age[0]) if x.age[0] > 2 else 1.0
+            return h
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    try:
+        importlib.import_module("raising_rule")
+        g, avail = _scenario()
+        with pytest.raises(RuleError, match=r"raises raised while scoring receiver \d+ in round"):
+            replay_trace(avail, g, "test-raises", seed=SEED, horizon=HORIZON)
+        assert seen == [ZeroDivisionError]
+        with pytest.raises(RuleError, match="receiver 0 in round 3"):
+            parse_rule("test-raises").weights_one(ages=[3, 0, 1])
+        assert parse_rule("test-raises").weights_one(ages=[1, 0, 1]).sum() == 1.0
+    finally:
+        RULES._entries.pop("test-raises", None)
+        sys.modules.pop("raising_rule", None)

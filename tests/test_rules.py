@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfg.errors import SfgError
-from sfg.round.kernel import candidate_mask, given_scores, kernels, play_round
+from sfg.round.kernel import candidate_mask, given_scores, play_round
 from sfg.round.rules import parse_rule, rule_names
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import StalenessState
@@ -79,18 +79,20 @@ def test_conformance_covers_every_registered_rule():
 def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
     """The shared normalisation: non-finite or negative scores count as 0; an all-zero row
     keeps the own model, never NaN (SPEC §1)."""
-    from sfg.round.kernel import Candidates
+    from sfg.round.kernel import _generic, scorer
 
-    wk = kernels(given_scores)[0]
-    k = 3
-    x = Candidates(5, 0.5, np.zeros(k, np.int64), np.zeros(k), np.ones(k, np.int64),
-                   np.ones(k, np.int64), np.ones(k), np.ones(k, np.int64), np.zeros(k),
-                   np.array(scores, float))
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, True, np.empty(3)), [1.0, 0.0, 0.0])
-    x = x._replace(given=np.array([np.nan, 2.0, 6.0]))
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, True, np.empty(3)), [0.0, 0.25, 0.75])
+    def weights(given, adopt=True):  # the round's own weights (sfg.round.kernel._weights)
+        k, w = len(given), np.empty(len(given))
+        _generic("one")(scorer(given_scores), np.zeros(0), 5, 0.5, np.zeros(k, np.int64),
+                        np.zeros(k), np.ones(k, np.int64), np.ones(k, np.int64), np.ones(k),
+                        np.ones(k, np.int64), np.zeros(k), np.array(given, float), 1.0, False,
+                        adopt, w)
+        return w
+
+    np.testing.assert_array_equal(weights(scores), [1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(weights([np.nan, 2.0, 6.0]), [0.0, 0.25, 0.75])
     # a receiver that does not adopt keeps its own model whatever the scores
-    np.testing.assert_array_equal(wk(x, (), 1.0, False, False, np.empty(3)), [1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(weights([np.nan, 2.0, 6.0], adopt=False), [1.0, 0.0, 0.0])
 
 
 @settings(max_examples=150, deadline=None)

@@ -19,6 +19,7 @@ import numpy as np
 from sfg.errors import SfgError, check
 from sfg.replay.driver import Lane, ReplayResult, run_lane
 from sfg.replay.horizon import EXACT_PAIRS, default_threads
+from sfg.replay.horizon import KERNEL as HORIZON_KERNEL
 from sfg.round.attacks import Attack, parse_attack
 from sfg.round.rules import Rule, parse_rule
 from sfg.world.graphs import Graph, make_graph
@@ -62,6 +63,8 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         check(ln.available.shape[1] == ln.graph.n,
               f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     _check_engine(engine)
+    if 0 < horizon <= T:  # on a cold cache, H's kernel compiles in a helper process while
+        HORIZON_KERNEL.ahead()  # this one compiles the round (sfg.round.compiled)
     results: list[ReplayResult | None] = [None] * len(lanes)
     total = len(lanes) * T  # progress counts lane-rounds
     run = partial(run_lane, anatomy=anatomy, link_failure=link_failure, horizon=horizon,
@@ -83,9 +86,9 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
 
 
 def warm_compiled(rules: Sequence[str | Rule] = ("dfedavg",)) -> None:
-    """Load the compiled round of ``rules`` from numba's on-disk cache (or compile it: the first
-    use of a rule on a machine takes several seconds; later loads well under a second), by
-    replaying a tiny trace. The command line calls this under a spinner."""
+    """Load the compiled round and ``rules``' functions from numba's on-disk cache (or compile
+    them: the round takes a few seconds on its first use on a machine, a rule a fraction of a
+    second; later loads well under a second), by replaying a tiny trace."""
     g = Graph(n=3, edges=np.array([[0, 1], [1, 2]]), positions=None, name="path")
     avail = np.array([[1, 0, 1], [1, 1, 1], [0, 1, 1]], bool)
     for r in rules:
@@ -167,6 +170,8 @@ def replay(
         parsed_attacks = [Attack(frac=0.0, text="none") if a is None else a
                           for a in parsed_attacks]
     _check_engine(engine)
+    if 0 < horizon <= T:  # on a cold cache: H's kernel compiles in a helper (sfg.round.compiled)
+        HORIZON_KERNEL.ahead()  # from now on, while the scenarios are built and the round compiles
     for p in processes:
         make_process(p)
     lanes: list[tuple[dict, Lane]] = []

@@ -13,7 +13,7 @@ from sfg.replay.horizon import HorizonPart, default_threads, pair_list
 from sfg.replay.metrics import Accumulator, RunEnd
 from sfg.round.attacks import Attack, Reach, availability, claims, place
 from sfg.round.defences import GUARD
-from sfg.round.kernel import FACTS, caps_at, kernels, play_round, rule_draws
+from sfg.round.kernel import FACTS, caps_at, play_round, rule_draws, run_rounds
 from sfg.round.rules import Rule
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import init_state
@@ -203,23 +203,26 @@ class _Behind:
 
 def _rounds_block(rule: Rule, rg: RoundGraph, state, caps, live, seed: int, t0: int, t1: int,
                   w: np.ndarray, facts: np.ndarray) -> None:
-    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round.kernel._rounds`, updating the
-    state's arrays in place (the driver owns them)."""
+    """Rounds [t0, t1) of a compiled rule through :func:`sfg.round.kernel.run_rounds` (the round's
+    integer state packed into one array for the call), updating the state's arrays in place
+    (the driver owns them)."""
     n, E = rg.n, rg.n_slots
     u = key = np.zeros((0, 0))
     if rule.random:
         u, key = np.empty((t1 - t0, n)), np.empty((t1 - t0, E))
         for t in range(t0, t1):
             u[t - t0], key[t - t0] = rule_draws(seed, t, n, E)
-    no_i = np.zeros(0, np.int64)
     guard = state.versions is not None
-    kernels(rule.fn)[2](t0, rule.args, rule.self_weight, rule.ipw, rule.rounded, rg.indptr,
-                        rg.send, rg.edge_id, caps.train[t0:t1], caps.send[t0:t1],
-                        caps.aggregate[t0:t1], caps.adopt[t0:t1],
-                        live[t0:t1] if live is not None else np.zeros((0, 0), bool), u, key,
-                        rule.defence_flags, rule.margin, rule.kappa,
-                        state.versions if guard else no_i,
-                        state.evidence[0] if guard else no_i,
-                        state.evidence[1] if guard else no_i,
-                        state.ages, state.lags, state.counts, state.local_counts, state.q_hat,
-                        w[: t1 - t0], facts[: t1 - t0])
+    st = np.stack([state.ages, state.counts, state.local_counts,
+                   state.versions if guard else np.zeros(n, np.int64)])
+    run_rounds(rule.fn, np.array(rule.args, np.float64), t0, float(rule.self_weight),
+               bool(rule.ipw), bool(rule.rounded), int(rule.defence_flags), float(rule.margin),
+               float(rule.kappa), rg,
+               np.stack([caps.train[t0:t1], caps.send[t0:t1], caps.aggregate[t0:t1],
+                         caps.adopt[t0:t1]]),
+               live[t0:t1] if live is not None else np.zeros((0, 0), bool), u, key, st,
+               state.lags, state.q_hat, w[: t1 - t0], np.empty(E, bool), facts[: t1 - t0],
+               ev=state.evidence if guard else None)
+    state.ages[:], state.counts[:], state.local_counts[:] = st[0], st[1], st[2]
+    if guard:
+        state.versions[:] = st[3]

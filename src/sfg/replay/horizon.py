@@ -4,8 +4,8 @@ follows them through the realised weights.
 H_i^t = Σ_{s=t+1}^{t+h} [W^{s−1}⋯W^{t+1}]_ii, averaged over the available receivers of every
 round t ≤ T − h: exactly over all pairs while there are at most ``exact_pairs`` of them, else
 on a seeded uniform sample (:func:`pair_list`; ``H_se`` is then its standard error). Both forms
-run the same kernel, :func:`horizon_rounds`, on disjoint sets of pairs in parallel threads
-(the kernels release the GIL).
+run the same kernel, :func:`horizon_rounds` (compiled once: :data:`KERNEL`), on disjoint sets
+of pairs in parallel threads (the kernel releases the GIL).
 """
 
 from __future__ import annotations
@@ -13,18 +13,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit
 
+from sfg.round.compiled import Kernel
 from sfg.round.slots import RoundGraph
 from sfg.util.rng import stream
 
 EXACT_PAIRS = 20_000
-
-
-def _jit(fn=None, **kw):
-    if fn is None:
-        return lambda f: _jit(f, **kw)
-    return njit(cache=True, nogil=True, **kw)(fn)
 
 
 def pair_list(adopt: np.ndarray, h: int, *, seed: int, exact_pairs: int = EXACT_PAIRS,
@@ -84,67 +78,35 @@ class HorizonPart:
 
     def run(self, t0: int, t1: int, rg: RoundGraph, w: np.ndarray, adopt: np.ndarray,
             tile: int) -> None:
-        horizon_rounds(t0, t1, rg.indptr, rg.send, w, adopt, self.C, self.rowbuf, self.spare,
-                       self.recv, self.acc, self.ptr, self.pairs, self.out, self.h, tile)
+        KERNEL.get()(t0, t1, rg.indptr, rg.send, np.ascontiguousarray(w, np.float64),
+                     np.ascontiguousarray(adopt, np.bool_), self.C, self.rowbuf, self.spare,
+                     self.recv, self.acc, self.ptr, self.pairs, self.out, self.h, tile)
 
 
-@_jit(inline="always")
-def _row_tile(C, tk, js, ws, ln, c0, c1):
-    """tk = Σ_d ws[d]·C[js[d], c0:c1] over d < ln, summed in order d = 0, 1, … (as one
-    accumulation at a time would), up to four rows per pass over tk."""
-    m = c1 - c0
-    x0 = C[js[0], c0:c1]
-    w0 = ws[0]
-    if ln == 1:
-        for c in range(m):
-            tk[c] = w0 * x0[c]
-        return
-    x1 = C[js[1], c0:c1]
-    w1 = ws[1]
-    if ln == 2:
-        for c in range(m):
-            tk[c] = w0 * x0[c] + w1 * x1[c]
-        return
-    x2 = C[js[2], c0:c1]
-    w2 = ws[2]
-    if ln == 3:
-        for c in range(m):
-            tk[c] = (w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]
-        return
-    x3 = C[js[3], c0:c1]
-    w3 = ws[3]
-    for c in range(m):
-        tk[c] = ((w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
-    d = 4
-    while d + 4 <= ln:
-        x0 = C[js[d], c0:c1]
-        x1 = C[js[d + 1], c0:c1]
-        x2 = C[js[d + 2], c0:c1]
-        x3 = C[js[d + 3], c0:c1]
-        w0 = ws[d]
-        w1 = ws[d + 1]
-        w2 = ws[d + 2]
-        w3 = ws[d + 3]
-        for c in range(m):
-            tk[c] = (((tk[c] + w0 * x0[c]) + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
-        d += 4
-    while d < ln:
-        x0 = C[js[d], c0:c1]
-        w0 = ws[d]
-        for c in range(m):
-            tk[c] = tk[c] + w0 * x0[c]
-        d += 1
-
-
-@_jit
 def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs,
-                   out, h, tile):
+                   out, h, tile):  # pragma: no cover - compiled
     """The self-return's rounds [t0, t1) for one set of (start, receiver) pairs, from the
     weights ``w`` [R, E] and adopters ``adopt`` [R, N] of those rounds (row t − t0).
 
     The pairs of start t are pairs[ptr[t]:ptr[t+1]] (ptr has T+1 entries); their H values go
     to ``out``. Disjoint sets of pairs are independent, so several threads can each run one
-    (the kernel releases the GIL)."""
+    (the kernel releases the GIL).
+
+    One round s (SPEC §9): every tracked (start t, receiver i) pair p is a column of the
+    matrix X, started at e_i and multiplied by each later round's W; its entry i is then
+    [W^{s−1}⋯W^{t+1}]_ii. Pairs are numbered in start order (start t owns pairs
+    ptr[t]..ptr[t+1]−1) and pair p lives in column p mod width, so the live pairs always form
+    one circular range of columns (at most two contiguous ranges, ``part`` 0 and 1) and the
+    work is exactly (adopters' nonzero weights) × (live pairs): only adopters' rows change,
+    the others are identity rows.
+
+    Row i of X is row ``rowbuf[i]`` of the pool ``C``; an adopter's new row is written into a
+    spare pool row, which then takes the old row's place (no copy). Columns are processed in
+    tiles of ``tile`` so that a tile of the rows stays in cache; a tile of a new row is
+    Σ_d w_d·(row j_d) over the adopter's nonzero weights, summed in order d = 0, 1, … (as
+    one accumulation at a time would), up to four rows per pass over the tile.
+
+    Written as one function, with no helper calls, because it compiles faster so."""
     n = indptr.shape[0] - 1
     kmax = 1
     for i in range(n):
@@ -152,103 +114,140 @@ def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, 
     m_ad = spare.shape[0]
     nz_row = np.empty(m_ad, np.int64)
     nz_len = np.empty(m_ad, np.int64)
-    nz_j = np.empty((m_ad, kmax), np.int64)
-    nz_w = np.empty((m_ad, kmax))
-    for t in range(t0, t1):
-        _horizon_step(t, n, indptr, send, w[t - t0], adopt[t - t0], C, rowbuf, spare, recv, acc,
-                      ptr, pairs, out, h, tile, nz_row, nz_j, nz_w, nz_len)
-
-
-@_jit(inline="always")
-def _arc(start, count, width, part):
-    """Part 0 or 1 of the circular column range of ``count`` columns from ``start`` (mod
-    ``width``) as a [lo, hi) pair; part 1 is empty unless the range wraps."""
-    if part == 0:
-        return start, min(start + count, width)
-    return 0, max(start + count - width, 0)
-
-
-@_jit
-def _horizon_step(s, n, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs, out,
-                  h, tile, nz_row, nz_j, nz_w, nz_len):
-    """One round of the self-return (SPEC §9).
-
-    Every tracked (start t, receiver i) pair p is a column of the matrix X, started at e_i and
-    multiplied by each later round's W; its entry i is then [W^{s−1}⋯W^{t+1}]_ii. Pairs are
-    numbered in start order (start t owns pairs ptr[t]..ptr[t+1]−1) and pair p lives in
-    column p mod width, so the live pairs always form one circular range of columns and the
-    work is exactly (adopters' nonzero weights) × (live pairs): only adopters' rows change,
-    the others are identity rows.
-
-    Row i of X is row ``rowbuf[i]`` of the pool ``C``; an adopter's new row is written into a
-    spare pool row, which then takes the old row's place (no copy). Columns are processed in
-    tiles of ``tile`` so that a tile of the rows stays in cache.
-    """
+    nz_j = np.empty(m_ad * kmax, np.int64)  # row k: [k·kmax, (k + 1)·kmax)
+    nz_w = np.empty(m_ad * kmax, np.float64)
     width = C.shape[1]
     if h <= 0 or width == 0:
         return
     T = ptr.shape[0] - 1
-    lo = ptr[min(max(s - h + 1, 0), T)]
-    hi = ptr[min(s, T)]
-    if hi > lo:
-        # the adopters' rows of W, nonzero entries only, in slot order, as pool rows
-        n_ad = 0
-        for i in range(n):
-            if adopt[i]:
-                nz_row[n_ad] = i
-                d = 0
-                for e in range(indptr[i], indptr[i + 1]):
-                    if w[e] != 0.0:
-                        nz_j[n_ad, d] = rowbuf[send[e]]
-                        nz_w[n_ad, d] = w[e]
-                        d += 1
-                nz_len[n_ad] = d
-                n_ad += 1
-        a0 = lo % width
-        n_live = hi - lo
-        for part in range(2):  # the live columns: at most two contiguous ranges
-            c_lo, c_hi = _arc(a0, n_live, width, part)
-            for c0 in range(c_lo, c_hi, tile):
-                c1 = min(c0 + tile, c_hi)
-                for k in range(n_ad):
-                    _row_tile(C, C[spare[k], c0:c1], nz_j[k], nz_w[k], nz_len[k], c0, c1)
-        for k in range(n_ad):
-            i = nz_row[k]
-            old = rowbuf[i]
-            rowbuf[i] = spare[k]
-            spare[k] = old
-        # the diagonal entries (no modulo in the loop: an integer division costs ~30 cycles)
-        for part in range(2):
-            c_lo, c_hi = _arc(a0, n_live, width, part)
-            for c in range(c_lo, c_hi):
-                acc[c] += C[rowbuf[recv[c]], c]
-    # start s − h + 1 has its h terms now
-    f = s - h + 1
-    if 0 <= f < T:
-        c = ptr[f] % width
-        for p in range(ptr[f], ptr[f + 1]):
-            out[p] = acc[c]
-            c += 1
-            if c == width:
-                c = 0
-    # start s begins: its columns are e_i (zeroed row by row, contiguous)
-    if s < T and ptr[s + 1] > ptr[s]:
-        b0 = ptr[s] % width
-        nb = ptr[s + 1] - ptr[s]
-        for part in range(2):
-            c_lo, c_hi = _arc(b0, nb, width, part)
-            if c_hi > c_lo:
-                for i in range(n):
-                    row = C[rowbuf[i], c_lo:c_hi]
-                    for c in range(c_hi - c_lo):
-                        row[c] = 0.0
-        c = b0
-        for p in range(ptr[s], ptr[s + 1]):
-            C[rowbuf[pairs[p]], c] = 1.0
-            recv[c] = pairs[p]
-            acc[c] = 1.0
-            if h == 1:
-                out[p] = 1.0
-            c += 1
-            if c == width:
-                c = 0
+    for s in range(t0, t1):
+        ws = w[s - t0]
+        ad = adopt[s - t0]
+        lo = ptr[min(max(s - h + 1, 0), T)]
+        hi = ptr[min(s, T)]
+        if hi > lo:
+            # the adopters' rows of W, nonzero entries only, in slot order, as pool rows
+            n_ad = 0
+            for i in range(n):
+                if ad[i]:
+                    nz_row[n_ad] = i
+                    d = 0
+                    for e in range(indptr[i], indptr[i + 1]):
+                        if ws[e] != 0.0:
+                            nz_j[n_ad * kmax + d] = rowbuf[send[e]]
+                            nz_w[n_ad * kmax + d] = ws[e]
+                            d += 1
+                    nz_len[n_ad] = d
+                    n_ad += 1
+            a0 = lo % width
+            n_live = hi - lo
+            for part in range(2):  # the live columns: at most two contiguous ranges
+                c_lo = a0 if part == 0 else 0
+                c_hi = min(a0 + n_live, width) if part == 0 else max(a0 + n_live - width, 0)
+                for c0 in range(c_lo, c_hi, tile):
+                    c1 = min(c0 + tile, c_hi)
+                    m = c1 - c0
+                    for k in range(n_ad):
+                        tk = C[spare[k], c0:c1]
+                        js = nz_j[k * kmax:(k + 1) * kmax]
+                        wk = nz_w[k * kmax:(k + 1) * kmax]
+                        ln = nz_len[k]
+                        x0 = C[js[0], c0:c1]
+                        w0 = wk[0]
+                        if ln == 1:
+                            for c in range(m):
+                                tk[c] = w0 * x0[c]
+                            continue
+                        x1 = C[js[1], c0:c1]
+                        w1 = wk[1]
+                        if ln == 2:
+                            for c in range(m):
+                                tk[c] = w0 * x0[c] + w1 * x1[c]
+                            continue
+                        x2 = C[js[2], c0:c1]
+                        w2 = wk[2]
+                        if ln == 3:
+                            for c in range(m):
+                                tk[c] = (w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]
+                            continue
+                        x3 = C[js[3], c0:c1]
+                        w3 = wk[3]
+                        for c in range(m):
+                            tk[c] = ((w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
+                        d = 4
+                        while d + 4 <= ln:
+                            x0 = C[js[d], c0:c1]
+                            x1 = C[js[d + 1], c0:c1]
+                            x2 = C[js[d + 2], c0:c1]
+                            x3 = C[js[d + 3], c0:c1]
+                            w0 = wk[d]
+                            w1 = wk[d + 1]
+                            w2 = wk[d + 2]
+                            w3 = wk[d + 3]
+                            for c in range(m):
+                                tk[c] = (((tk[c] + w0 * x0[c]) + w1 * x1[c]) + w2 * x2[c]) \
+                                    + w3 * x3[c]
+                            d += 4
+                        while d < ln:
+                            x0 = C[js[d], c0:c1]
+                            w0 = wk[d]
+                            for c in range(m):
+                                tk[c] = tk[c] + w0 * x0[c]
+                            d += 1
+            for k in range(n_ad):
+                i = nz_row[k]
+                old = rowbuf[i]
+                rowbuf[i] = spare[k]
+                spare[k] = old
+            # the diagonal entries (no modulo in the loop: an integer division costs ~30
+            # cycles)
+            for part in range(2):
+                c_lo = a0 if part == 0 else 0
+                c_hi = min(a0 + n_live, width) if part == 0 else max(a0 + n_live - width, 0)
+                for c in range(c_lo, c_hi):
+                    acc[c] += C[rowbuf[recv[c]], c]
+        # start s − h + 1 has its h terms now
+        f = s - h + 1
+        if 0 <= f < T:
+            c = ptr[f] % width
+            for p in range(ptr[f], ptr[f + 1]):
+                out[p] = acc[c]
+                c += 1
+                if c == width:
+                    c = 0
+        # start s begins: its columns are e_i (zeroed row by row, contiguous)
+        if s < T and ptr[s + 1] > ptr[s]:
+            b0 = ptr[s] % width
+            nb = ptr[s + 1] - ptr[s]
+            for part in range(2):
+                c_lo = b0 if part == 0 else 0
+                c_hi = min(b0 + nb, width) if part == 0 else max(b0 + nb - width, 0)
+                if c_hi > c_lo:
+                    for i in range(n):
+                        row = C[rowbuf[i], c_lo:c_hi]
+                        for c in range(c_hi - c_lo):
+                            row[c] = 0.0
+            c = b0
+            for p in range(ptr[s], ptr[s + 1]):
+                C[rowbuf[pairs[p]], c] = 1.0
+                recv[c] = pairs[p]
+                acc[c] = 1.0
+                if h == 1:
+                    out[p] = 1.0
+                c += 1
+                if c == width:
+                    c = 0
+
+
+def _signature():
+    from numba import types as nt
+
+    i1, f1 = nt.Array(nt.int64, 1, "C"), nt.Array(nt.float64, 1, "C")
+    f2, b2 = nt.Array(nt.float64, 2, "C"), nt.Array(nt.boolean, 2, "C")
+    return nt.none(nt.int64, nt.int64, i1, i1, f2, b2, f2, i1, i1, i1, f1, i1, i1, f1, nt.int64,
+                   nt.int64)
+
+
+#: :func:`horizon_rounds` compiled (one signature), on first use or ahead in a helper process
+#: (:mod:`sfg.round.compiled`; the replay starts it while the round compiles)
+KERNEL = Kernel(horizon_rounds, _signature, "KERNEL")

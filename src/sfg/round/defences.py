@@ -1,9 +1,9 @@
 """Defences against forged staleness claims; they compose with every model-free rule like a
-modifier (``sfg-cut:L=2+guard``, ``sfg+relative+cap``; see :mod:`sfg.round.attacks` for the attacks).
+modifier (``sfg-cut:L=2+guard``, ``sfg+relative+cap``; see :mod:`sfg.round.kernel.attacks` for the attacks).
 
 A rule trusts the scalars each sender claims about its own model (age τ, effective lag ℓ,
 max-inherited count n; SPEC §2). The defences below run inside the shared round
-(:mod:`sfg.round.kernel`) on one receiver's candidates (index 0 = the receiver, whose own state is
+(:mod:`sfg.round.kernel.kernel`) on one receiver's candidates (index 0 = the receiver, whose own state is
 never touched), before the rule scores them (claims) or after the shared normalisation
 (weights). Clamped claims are what the receiver then also uses for its own bookkeeping (its
 lag is the weighted mean of the clamped lags, its count the max of the clamped counts).
@@ -45,7 +45,7 @@ CLIP = 8
 DEFENCES = {"guard": GUARD, "relative": RELATIVE, "cap": CAP, "clip": CLIP}
 # parameters a defence brings, with defaults and the defence that owns them
 DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap")}
-TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.rules.library.TIE_TOL)
+TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.kernel.rules.library.TIE_TOL)
 
 
 @njit(cache=True, nogil=True)
@@ -127,6 +127,40 @@ def cap_weights(w, kappa):  # pragma: no cover - compiled
             w[d] = cap
     if excess > 0.0:
         w[0] += excess
+
+
+def _defend(stage, t, flags, margin, kappa, k, age, raw, count, min_age, w):  # pragma: no cover
+    """The round's defences of one receiver (compiled, passed to the round as a function, so
+    that a round without defences compiles none of them): ``stage`` 0 clamps the claims
+    (:func:`clamp_claims`, returns the number changed), 1 caps the weights ``w``
+    (:func:`cap_weights`, returns 0)."""
+    if stage == 0:
+        return clamp_claims(t, flags, margin, k, age, raw, count, min_age)
+    cap_weights(w, kappa)
+    return 0
+
+
+_DEFEND: list = []
+
+
+def defend_signature():
+    """The numba signature of :func:`defend`."""
+    from numba import types as nt
+
+    i1, f1 = nt.Array(nt.int64, 1, "C"), nt.Array(nt.float64, 1, "C")
+    return nt.int64(nt.int64, nt.int64, nt.int64, nt.float64, nt.float64, nt.int64, i1, f1, i1,
+                    i1, f1)
+
+
+def defend():
+    """:func:`_defend` compiled (or loaded from numba's cache) on first use, as the round's
+    first-class function argument (:func:`sfg.round.compiled.first_class`)."""
+    if not _DEFEND:
+        from sfg.round.compiled import first_class
+
+        sig = defend_signature()
+        _DEFEND.append(first_class(njit(sig, cache=True, nogil=True)(_defend), sig))
+    return _DEFEND[0]
 
 
 def clamp_one(rule, t: int, ages, lags, counts, min_ages=None):

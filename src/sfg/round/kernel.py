@@ -1,6 +1,6 @@
 """THE round (SPEC §1, §2, §9): candidates → weights → staleness update → per-receiver facts.
 
-One compiled function, :func:`_round`, plays a whole round for every receiver: it forms the
+One compiled function, :func:`_rounds`, plays rounds for every receiver: it forms the
 candidate set S_i^t (anatomy modes through the round's capabilities, link failures), gathers
 the candidates' staleness into short arrays (index 0 = the receiver), calls the rule's compiled
 one-receiver function, applies the modifiers and the shared normalisation (:func:`_weights`:
@@ -8,22 +8,26 @@ one-receiver function, applies the modifiers and the shared normalisation (:func
 own model), updates the staleness state (ages, lags, counts, local counts, q̂) and records
 the facts that the replay analyses (SPEC §9) are computed from (:data:`FACTS`).
 
-:func:`play_round` wraps it for one round; the replay (:mod:`sfg.replay`), the training
-simulator (:mod:`sfg.sim`) and :meth:`sfg.round.rules.Rule.weights_one` (through
-:func:`one_receiver`, which runs the same :func:`_weights`) all call it.
+:func:`play_round` runs it for one round and :func:`run_rounds` for a stretch of rounds; the
+replay (:mod:`sfg.replay`), the training simulator (:mod:`sfg.sim`) and
+:meth:`sfg.round.rules.Rule.weights_one` (through :func:`one_receiver`, which runs the same
+:func:`_weights`) all call it.
 
-Specialisation: :func:`kernels` makes, per rule, numba copies of :func:`_weights` and
-:func:`_round` with that rule's function bound as a global, cached on disk under a name
-that includes the rule's name and a hash of its bytecode (numba caches a kernel that takes a
-dispatcher *argument* under the dispatcher's address, i.e. never across processes). A command
-therefore loads only the rules it uses. Numba's cache does not see edits to helpers a rule
-calls; after changing one, clear ``__pycache__`` (as for any numba cache).
+Compiled once, for every rule: the round takes the rule as an argument, a first-class
+function of one signature (:func:`scorer`: the rule's function inlined into :func:`_score`,
+cached on disk under a name that includes the rule's name and a hash of its bytecode). A new
+rule therefore compiles only its own few lines, not the round. The round itself has up to four
+signatures, compiled on first use: with or without inputs from outside the round (scores
+computed outside, forged claims, remembered models, attackers) and with or without defences;
+the branches of what is absent are not compiled. Numba's cache does not see edits to helpers
+a rule calls; after changing one, clear ``__pycache__`` (as for any numba cache).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import types
 from collections import namedtuple
 from dataclasses import dataclass, replace
@@ -31,7 +35,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
-from sfg.round.defences import CAP, GUARD, cap_weights, clamp_claims
+from sfg.errors import SfgError
+from sfg.round.compiled import first_class
+from sfg.round.defences import CAP, GUARD, RELATIVE, cap_weights, clamp_claims
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState
 from sfg.util.rng import stream
@@ -54,28 +60,75 @@ FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age",
  F_SELF_W, F_ATT_W, F_HONEST, F_CLAMPED) = range(len(FACTS))
 
 _EMPTY_F = np.zeros(0)
-_EMPTY_I = np.zeros(0, np.int64)
 _EMPTY_B = np.zeros(0, bool)
+_NONE_F = np.zeros((0, 0))
+_NONE_I = np.zeros((0, 0), np.int64)
+_NONE_B = np.zeros((0, 0), bool)
+_I64_MAX = np.iinfo(np.int64).max
+
+
+def _c(a, dtype) -> np.ndarray:
+    """``a`` as a C-contiguous, writeable array of ``dtype`` (what the compiled parts' one
+    signature takes); no copy when it already is one."""
+    a = np.ascontiguousarray(a, dtype)
+    return a if a.flags.writeable else a.copy()
 
 
 # ----------------------------------------------------------------------------- compiled parts
-def _weights(x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled per rule
-    """One receiver's weights, written to ``w`` [k] and returned: the rule's scores, the
-    modifiers (base self-weight c on the receiver, +ipw on neighbours), non-finite or negative
-    scores → 0, then the shared normalisation (SPEC §1); an all-zero row, or a receiver that
-    does not adopt, keeps its own model (w_ii = 1). ``rule`` is bound per rule by
-    :func:`kernels`."""
-    h = call_rule(x, params)  # noqa: F821
-    k = x.age.shape[0]
+# A rule's compiled form, as the round calls it: score(x, params, out) writes the rule's
+# scores of one receiver's candidates x into out [k] (params: the rule's parameters in
+# signature order) and returns 1, or 0 if the rule raised (numba's C wrapper, through which
+# the round calls it, reports the exception). One signature for every rule, so that the round
+# takes the rule as an argument (a first-class function) and is compiled once.
+_TYPES: dict[object, object] = {}
+
+
+def _types() -> dict[object, object]:
+    """The numba types of the compiled parts (made on first use: importing this module
+    compiles nothing). ``("round", outside, defended)``: the signature of :func:`_rounds`
+    with or without the inputs from outside the round and the defences."""
+    if not _TYPES:
+        from numba import types as nt
+
+        from sfg.round.defences import defend_signature
+
+        i1, f1, b1 = (nt.Array(d, 1, "C") for d in (nt.int64, nt.float64, nt.boolean))
+        i2, f2, b2 = (nt.Array(d, 2, "C") for d in (nt.int64, nt.float64, nt.boolean))
+        cand = nt.NamedTuple((nt.int64, nt.float64, i1, f1, i1, i1, f1, i1, f1, f1), Candidates)
+        score = nt.FunctionType(nt.int64(cand, f1, f1))
+        head = (score, f1, nt.int64, nt.float64, nt.boolean, nt.boolean, nt.int64, nt.float64,
+                nt.float64, i1, i1, i1, nt.Array(nt.boolean, 3, "C"), b2, f2, f2, i2, f1, f1, f2,
+                b1, nt.Array(nt.float64, 3, "C"))
+        _TYPES.update(cand=cand, score=score, one=nt.int64(
+            score, f1, nt.int64, nt.float64, i1, f1, i1, i1, f1, i1, f1, f1, nt.float64,
+            nt.boolean, nt.boolean, f1))
+        for outside in (False, True):
+            for defended in (False, True):
+                tail = ((f2, i2, f1, b1, b2) if outside else (nt.none,) * 5) + (
+                    (nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2)
+                _TYPES["round", outside, defended] = nt.int64(*head, *tail)
+    return _TYPES
+
+
+@njit(inline="always")
+def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled
+    """One receiver's weights, written to ``w`` [k]: the rule's scores (``score``, see
+    :func:`scorer`), the modifiers (base self-weight c on the receiver, +ipw on neighbours),
+    non-finite or negative scores → 0, then the shared normalisation (SPEC §1); an all-zero
+    row, or a receiver that does not adopt, keeps its own model (w_ii = 1). Returns 0, or 1
+    if the rule raised (``w`` is then undefined)."""
+    if score(x, params, w) != 1:
+        return 1
+    k = w.shape[0]
     row = 0.0
     for d in range(k):
-        v = h[d]
+        v = w[d]
         if d == 0:
             if c_self != 1.0:
                 v = v * c_self
         elif ipw:
             v = v / x.q[d]
-        if not (np.isfinite(v) and v > 0.0):
+        if not (v > 0.0 and v < np.inf):  # non-finite or not positive
             v = 0.0
         w[d] = v
         row += v
@@ -83,202 +136,256 @@ def _weights(x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled p
         for d in range(k):
             w[d] = w[d] / row
     else:
-        w[:] = 0.0
+        for d in range(k):
+            w[d] = 0.0
         w[0] = 1.0
-    return w
+    return 0
 
 
-def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends, aggregates,
-           adopts, live, u, key, given, slot_age, slot_lag, slot_count, extra,
-           defence, margin, kappa, attackers, frozen, versions, ev_ver, ev_first,
-           ages, lags, counts, local_counts, q, w, cand, facts):  # pragma: no cover - compiled
-    """Round t for every receiver, updating the state arrays in place (SPEC §1, §2).
+def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, indptr, send,
+            edge_id, caps, live, u, key, st, lags, q, w, cand, facts, given, claim_ic,
+            claim_lag, extra, marks, defend, ev):  # pragma: no cover - compiled once
+    """Rounds t0, t0 + 1, … of every receiver (SPEC §1, §2), updating the state in place; the
+    rule is ``score`` (see :func:`scorer`) with its ``params``. Returns 0, or 1 + r·N + i for
+    the first receiver i (of row r) whose rule raised (the results are then undefined).
 
-    Capabilities train/sends/aggregates/adopts [N] bool; live [M] bool per undirected edge or
-    empty (all live); u [N], key [E] the rule's draws or empty; given [E] scores computed
-    outside, or empty; slot_age/slot_lag/slot_count [E] staleness delivered by each slot
-    (remembered models) or empty (the sender's); extra [E] bool slots that are candidates
-    besides the live ones (remembered models) or empty. State: ages, lags, counts,
-    local_counts [N], q [E]. Out: w [E] weights, cand [E] candidate slots, facts [N, F].
+    Per round (rows r = t − t0): caps [4, R, N] bool (train, send, aggregate, adopt); live
+    [R, M] bool per undirected edge, or [0, 0] (all live); u [R, N], key [R, E] the rule's
+    draws, or [0, 0]. State: st [4, N] int64 (ages, counts, local counts, content versions),
+    lags [N], q [E] (q̂). Out: w [R, E] weights, cand [E] the last round's candidate slots,
+    facts [R, N, F] (:data:`FACTS`).
 
-    Forged claims (:mod:`sfg.round.attacks`) arrive as slot_age/slot_lag/slot_count. Defences
-    (:mod:`sfg.round.defences`): ``defence`` flags, ``margin``, ``kappa``; ``+guard`` keeps its
-    evidence in versions [N] (content versions; ``frozen`` [N] bool or empty: senders whose
-    content never changes) and ev_ver/ev_first [E] (version last seen per slot, round first
-    seen), updated in place. attackers [N] bool or empty: for the damage facts.
-    """
+    Inputs from outside the round, all None (the usual case: those branches are not even
+    compiled) or all arrays: given [R, E] scores computed outside, or [0, 0]; forged claims
+    (:mod:`sfg.round.attacks`: slots deliver claim_ic [2, E] ages and counts and claim_lag [E] lags,
+    in every round), or [0, 0] and [0] (the senders' own state); extra [E] bool slots that
+    are candidates besides the live ones (remembered models), or [0]; marks [2, N] bool:
+    attackers (for the damage facts) and senders whose content never changes (evidence of
+    ``+guard``), or [0, 0].
+
+    Defences (:mod:`sfg.round.defences`), None without them: ``defend`` (:func:`sfg.round.defences.defend`,
+    with the ``defence`` flags, ``margin``, ``kappa``) and ev [2, E] int64, ``+guard``'s
+    evidence per slot (the version last seen, the round first seen), or [0, 0]."""
     n = indptr.shape[0] - 1
     use_live = live.shape[0] > 0
     use_u = u.shape[0] > 0
     use_key = key.shape[0] > 0
-    use_given = given.shape[0] > 0
-    use_slot = slot_age.shape[0] > 0
-    use_extra = extra.shape[0] > 0
     kmax = 1
     for i in range(n):
-        kmax = max(kmax, indptr[i + 1] - indptr[i])
+        ki = indptr[i + 1] - indptr[i]
+        if ki > kmax:
+            kmax = ki
     b_slot = np.empty(kmax, np.int64)
     b_age = np.empty(kmax, np.int64)
-    b_lag = np.empty(kmax)
-    b_raw = np.empty(kmax)
+    b_lag = np.empty(kmax, np.float64)
+    b_raw = np.empty(kmax, np.float64)
     b_count = np.empty(kmax, np.int64)
     b_local = np.empty(kmax, np.int64)
-    b_q = np.empty(kmax)
+    b_q = np.empty(kmax, np.float64)
     b_deg = np.empty(kmax, np.int64)
-    b_key = np.zeros(kmax)
-    b_given = np.ones(kmax)
-    b_w = np.empty(kmax)
-    b_min_age = np.zeros(kmax, np.int64)
-    guard = (defence & GUARD) != 0
-    use_att = attackers.shape[0] > 0
-    # live-neighbour counts d_j (whether or not j aggregates)
-    degree = np.zeros(n, np.int64)
-    for i in range(n):
-        for e in range(indptr[i] + 1, indptr[i + 1]):
-            if sends[send[e]] and (not use_live or live[edge_id[e]]):
-                degree[i] += 1
+    b_key = np.empty(kmax, np.float64)
+    b_given = np.empty(kmax, np.float64)
+    b_w = np.empty(kmax, np.float64)
+    b_min_age = np.empty(kmax, np.int64)
+    for d in range(kmax):
+        b_key[d] = 0.0
+        b_given[d] = 1.0
+        b_min_age[d] = 0
+    degree = np.empty(n, np.int64)
     new_age = np.empty(n, np.int64)
-    new_lag = np.empty(n)
+    new_lag = np.empty(n, np.float64)
     new_count = np.empty(n, np.int64)
-    for i in range(n):
-        a = indptr[i]
-        b = indptr[i + 1]
-        trained = train[i]
-        not_trained = 0.0 if trained else 1.0
-        # a client that keeps its model (overwritten below for adopters)
-        new_lag[i] = lags[i] + not_trained
-        new_age[i] = 0 if trained else ages[i] + 1
-        new_count[i] = counts[i] + (1 if trained else 0)
-        facts[i, :] = 0.0
-        facts[i, F_AGE] = ages[i]
-        facts[i, F_LAG] = lags[i]
-        facts[i, F_MAX_NB_AGE] = -1.0
-        facts[i, F_SELF_W] = 1.0
-        facts[i, F_HONEST] = 0.0 if (use_att and attackers[i]) else 1.0
-        for e in range(a, b):
-            w[e] = 0.0
-            cand[e] = False
-        w[a] = 1.0
-        if not aggregates[i]:
-            continue  # no candidate set: identity row (adopting implies aggregating)
-        # candidates S_i^t (the receiver first), their staleness gathered
-        k = 0
-        n_nb = 0
-        for e in range(a, b):
-            j = send[e]
-            c = e == a or (sends[j] and (not use_live or live[edge_id[e]]))
-            cand[e] = c
-            if not (c or (use_extra and extra[e])):
-                continue
-            b_slot[k] = e
-            b_age[k] = slot_age[e] if use_slot else ages[j]
-            b_raw[k] = slot_lag[e] if use_slot else lags[j]
-            b_lag[k] = np.rint(b_raw[k]) if rounded else b_raw[k]
-            b_count[k] = slot_count[e] if use_slot else counts[j]
-            b_local[k] = local_counts[j]
-            b_q[k] = 1.0 if e == a else q[e]
-            b_deg[k] = degree[j]
-            if use_key:
-                b_key[k] = key[e]
-            if use_given:
-                b_given[k] = given[e]
-            b_min_age[k] = 0
-            if guard and c and e != a:  # evidence: the content last seen over this slot
-                if ev_ver[e] == versions[j]:
-                    b_min_age[k] = t - ev_first[e]
-                else:
-                    ev_ver[e] = versions[j]
-                    ev_first[e] = t
-            if c and e != a:
-                n_nb += 1
-            k += 1
-        n_clamped = 0
-        if defence != 0:
-            n_clamped = clamp_claims(t, defence, margin, k, b_age, b_raw, b_count, b_min_age)
-            for d in range(k):
-                b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
-        x = Candidates(t, u[i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
-                       b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
-        wk = receiver_weights(x, params, c_self, ipw, adopts[i], b_w[:k])  # noqa: F821
-        if (defence & CAP) != 0 and adopts[i]:
-            cap_weights(wk, kappa)
-        # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
-        mix = 0.0
-        youngest = np.iinfo(np.int64).max
-        inherited = 0
-        kept = 0
-        amin = np.iinfo(np.int64).max
-        amax = -1
-        lmin = np.inf
-        lmax = -np.inf
-        max_nb_age = -1
-        att_w = 0.0
-        for d in range(k):
-            e = b_slot[d]
-            w[e] = wk[d]
-            if use_att and d > 0 and attackers[send[e]]:
-                att_w += wk[d]
-            mix += wk[d] * b_raw[d]
-            if wk[d] > 0.0:
-                youngest = min(youngest, b_age[d])
-                inherited = max(inherited, b_count[d])
-                if cand[e]:
-                    kept += 1
-            if cand[e]:
-                amin = min(amin, b_age[d])
-                amax = max(amax, b_age[d])
-                lmin = min(lmin, b_raw[d])
-                lmax = max(lmax, b_raw[d])
-                if d > 0:
-                    max_nb_age = max(max_nb_age, b_age[d])
-        if adopts[i]:
-            new_lag[i] = mix + not_trained
-            new_age[i] = 0 if trained else youngest + 1
-            new_count[i] = inherited + (1 if trained else 0)
-        for e in range(a + 1, b):
-            q[e] = max((1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0),
-                       Q_HAT_FLOOR)
-        facts[i, F_ADOPT] = 1.0 if adopts[i] else 0.0
-        facts[i, F_NB] = n_nb
-        facts[i, F_MAX_NB_AGE] = max_nb_age
-        facts[i, F_SPREAD_AGE] = amax - amin
-        facts[i, F_SPREAD_LAG] = lmax - lmin
-        facts[i, F_KEPT] = kept
-        facts[i, F_SELF_W] = w[a]
-        facts[i, F_ATT_W] = att_w
-        facts[i, F_CLAMPED] = n_clamped
-    if guard:  # content versions: a model changes when trained or mixed with others
+    ages = st[0]
+    counts = st[1]
+    local_counts = st[2]
+    versions = st[3]
+    failed = 0
+    for r in range(caps.shape[1]):
+        t = t0 + r
+        train = caps[0, r]
+        sends = caps[1, r]
+        aggregates = caps[2, r]
+        adopts = caps[3, r]
+        wr = w[r]
+        fr = facts[r]
+        # live-neighbour counts d_j (whether or not j aggregates)
         for i in range(n):
-            if (train[i] or (adopts[i] and w[indptr[i]] < 1.0)) and not (
-                    frozen.shape[0] > 0 and frozen[i]):
-                versions[i] += 1
-    for i in range(n):
-        ages[i] = new_age[i]
-        lags[i] = new_lag[i]
-        counts[i] = new_count[i]
-        if train[i]:
-            local_counts[i] += 1
+            dg = 0
+            for e in range(indptr[i] + 1, indptr[i + 1]):
+                if sends[send[e]] and (not use_live or live[r, edge_id[e]]):
+                    dg += 1
+            degree[i] = dg
+        for i in range(n):
+            a = indptr[i]
+            b = indptr[i + 1]
+            trained = train[i]
+            not_trained = 0.0 if trained else 1.0
+            # a client that keeps its model (overwritten below for adopters)
+            new_lag[i] = lags[i] + not_trained
+            new_age[i] = 0 if trained else ages[i] + 1
+            new_count[i] = counts[i] + (1 if trained else 0)
+            for f in range(fr.shape[1]):
+                fr[i, f] = 0.0
+            fr[i, F_AGE] = ages[i]
+            fr[i, F_LAG] = lags[i]
+            fr[i, F_MAX_NB_AGE] = -1.0
+            fr[i, F_SELF_W] = 1.0
+            fr[i, F_HONEST] = 1.0
+            if marks is not None:
+                if marks.shape[0] > 0 and marks[0, i]:
+                    fr[i, F_HONEST] = 0.0
+            for e in range(a, b):
+                wr[e] = 0.0
+                cand[e] = False
+            wr[a] = 1.0
+            if not aggregates[i]:
+                continue  # no candidate set: identity row (adopting implies aggregating)
+            # candidates S_i^t (the receiver first), their staleness gathered
+            k = np.int64(0)
+            n_nb = 0
+            for e in range(a, b):
+                j = send[e]
+                c = e == a or (sends[j] and (not use_live or live[r, edge_id[e]]))
+                cand[e] = c
+                if not c:
+                    if extra is None:
+                        continue
+                    if not (extra.shape[0] > 0 and extra[e]):
+                        continue
+                b_slot[k] = e
+                b_age[k] = ages[j]
+                b_raw[k] = lags[j]
+                b_count[k] = counts[j]
+                if claim_ic is not None:
+                    if claim_ic.shape[0] > 0:
+                        b_age[k] = claim_ic[0, e]
+                        b_raw[k] = claim_lag[e]
+                        b_count[k] = claim_ic[1, e]
+                b_lag[k] = np.rint(b_raw[k]) if rounded else b_raw[k]
+                b_local[k] = local_counts[j]
+                b_q[k] = 1.0 if e == a else q[e]
+                b_deg[k] = degree[j]
+                if use_key:
+                    b_key[k] = key[r, e]
+                if given is not None:
+                    if given.shape[0] > 0:
+                        b_given[k] = given[r, e]
+                if ev is not None:
+                    b_min_age[k] = 0
+                    # +guard's evidence: the content last seen over this slot
+                    if ev.shape[0] > 0 and c and e != a:
+                        if ev[0, e] == versions[j]:
+                            b_min_age[k] = t - ev[1, e]
+                        else:
+                            ev[0, e] = versions[j]
+                            ev[1, e] = t
+                if c and e != a:
+                    n_nb += 1
+                k += 1
+            n_clamped = 0
+            if defend is not None:
+                if defence != 0:
+                    n_clamped = defend(0, t, defence, margin, kappa, k, b_age, b_raw, b_count,
+                                       b_min_age, b_w)
+                    for d in range(k):
+                        b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
+            x = Candidates(t, u[r, i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
+                           b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
+            wk = b_w[:k]
+            # after a failure, no more scoring (and no early return: its clean-up code
+            # would compile slower)
+            if failed == 0 and _weights(score, x, params, c_self, ipw, adopts[i], wk) != 0:
+                failed = 1 + r * n + i
+            if defend is not None:
+                if (defence & CAP) != 0 and adopts[i]:
+                    defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age,
+                           wk)
+            # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
+            mix = 0.0
+            youngest = _I64_MAX
+            inherited = 0
+            kept = 0
+            amin = _I64_MAX
+            amax = -1
+            lmin = np.inf
+            lmax = -np.inf
+            max_nb_age = -1
+            att_w = 0.0
+            for d in range(k):
+                e = b_slot[d]
+                wr[e] = wk[d]
+                if marks is not None:
+                    if marks.shape[0] > 0 and d > 0 and marks[0, send[e]]:
+                        att_w += wk[d]
+                mix += wk[d] * b_raw[d]
+                if wk[d] > 0.0:
+                    if b_age[d] < youngest:
+                        youngest = b_age[d]
+                    if b_count[d] > inherited:
+                        inherited = b_count[d]
+                    if cand[e]:
+                        kept += 1
+                if cand[e]:
+                    if b_age[d] < amin:
+                        amin = b_age[d]
+                    if b_age[d] > amax:
+                        amax = b_age[d]
+                    if b_raw[d] < lmin:
+                        lmin = b_raw[d]
+                    if b_raw[d] > lmax:
+                        lmax = b_raw[d]
+                    if d > 0 and b_age[d] > max_nb_age:
+                        max_nb_age = b_age[d]
+            if adopts[i]:
+                new_lag[i] = mix + not_trained
+                new_age[i] = 0 if trained else youngest + 1
+                new_count[i] = inherited + (1 if trained else 0)
+            for e in range(a + 1, b):
+                qe = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
+                q[e] = Q_HAT_FLOOR if Q_HAT_FLOOR > qe else qe  # max(qe, floor)
+            fr[i, F_ADOPT] = 1.0 if adopts[i] else 0.0
+            fr[i, F_NB] = n_nb
+            fr[i, F_MAX_NB_AGE] = max_nb_age
+            fr[i, F_SPREAD_AGE] = amax - amin
+            fr[i, F_SPREAD_LAG] = lmax - lmin
+            fr[i, F_KEPT] = kept
+            fr[i, F_SELF_W] = wr[a]
+            fr[i, F_ATT_W] = att_w
+            fr[i, F_CLAMPED] = n_clamped
+        if ev is not None:
+            if ev.shape[0] > 0:  # content versions: a model changes when trained or mixed
+                for i in range(n):
+                    if train[i] or (adopts[i] and wr[indptr[i]] < 1.0):
+                        frozen = False
+                        if marks is not None:
+                            frozen = marks.shape[0] > 0 and marks[1, i]
+                        if not frozen:
+                            versions[i] += 1
+        for i in range(n):
+            ages[i] = new_age[i]
+            lags[i] = new_lag[i]
+            counts[i] = new_count[i]
+            if train[i]:
+                local_counts[i] += 1
+    return failed
 
 
-def _rounds(t0, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends, aggregates,
-            adopts, live, u, key, defence, margin, kappa, versions, ev_ver, ev_first,
-            ages, lags, counts, local_counts, q, w, facts):  # pragma: no cover
-    """Rounds t0, t0 + 1, … of a replay, one :func:`_round` each (per-round inputs and outputs
-    are rows r = t − t0: train/sends/aggregates/adopts [R, N], live [R, M] or [0, 0], u [R, N]
-    and key [R, E] or [0, 0], w [R, E], facts [R, N, F]); saves a Python call per round.
-    Defences as in :func:`_round` (no attack: claims are the senders' own state)."""
-    no_b = np.zeros(0, np.bool_)
-    no_f = np.zeros(0)
-    no_i = np.zeros(0, np.int64)
-    cand = np.empty(send.shape[0], np.bool_)
-    for r in range(train.shape[0]):
-        live_r = live[r] if live.shape[0] > 0 else no_b
-        u_r = u[r] if u.shape[0] > 0 else no_f
-        key_r = key[r] if key.shape[0] > 0 else no_f
-        round_(t0 + r, params, c_self, ipw, rounded, indptr, send, edge_id, train[r],  # noqa: F821
-               sends[r], aggregates[r], adopts[r], live_r, u_r, key_r, no_f,
-               no_i, no_f, no_i, no_b, defence, margin, kappa, no_b, no_b, versions, ev_ver,
-               ev_first, ages, lags, counts, local_counts, q, w[r], cand, facts[r])
+def _one(score, params, t, u, age, lag, count, local, q, deg, key, given, c_self, ipw, adopt,
+         w):  # pragma: no cover - compiled once, for every rule
+    """One receiver's weights (:func:`_weights`) on the given candidates (index 0 = the
+    receiver), written to ``w`` [k]; returns 0, or 1 if the rule raised."""
+    x = Candidates(t, u, age, lag, count, local, q, deg, key, given)
+    return _weights(score, x, params, c_self, ipw, adopt, w)
+
+
+def _score(x, params, out):  # pragma: no cover - compiled per rule
+    """The rule's scores of one receiver, written to ``out`` [k]; returns 1 (the round calls
+    this through numba's C wrapper, which returns 0 instead if the rule raises).
+    ``call_rule`` is bound per rule by :func:`scorer`."""
+    h = call_rule(x, params)  # noqa: F821
+    for d in range(out.shape[0]):
+        out[d] = h[d]
+    return 1
 
 
 def _given(x):  # pragma: no cover - compiled
@@ -287,21 +394,41 @@ def _given(x):  # pragma: no cover - compiled
 
 
 given_scores = njit(cache=True)(_given)
-_KERNELS: dict[object, tuple] = {}
+_KERNELS: dict[object, object] = {}
+_GENERIC: dict[object, object] = {}
+_LOCK = threading.Lock()
 
 
-def _specialise(fn, tag: str, inline: str = "never", **bind):
+def _generic(name):
+    """The round's rule-independent compiled parts, one signature each (see :func:`_types`),
+    compiled (or loaded from numba's cache) on first use: ``("round", outside, defended)``
+    is :func:`_rounds` for that signature, ``"one"`` is :func:`_one`."""
+    got = _GENERIC.get(name)
+    if got is None:
+        with _LOCK:
+            got = _GENERIC.get(name)
+            if got is None:
+                fn = _one if name == "one" else _rounds
+                got = njit(_types()[name], cache=True, nogil=True)(fn)
+                _GENERIC[name] = got
+    return got
+
+
+def _specialise(fn, tag: str, **bind):
+    """A copy of ``fn`` named ``fn__tag`` with ``bind`` as its globals, compiled for the score
+    signature: called from compiled code only, so without a Python wrapper (which would
+    unbox the candidates' ten arrays: about a third of a rule's compile time)."""
     g = dict(fn.__globals__)
     g.update(bind)
     f = types.FunctionType(fn.__code__, g, f"{fn.__name__}__{tag}")
     f.__qualname__ = f.__name__
     f.__doc__ = fn.__doc__
-    return njit(cache=True, nogil=True, inline=inline)(f)
+    return njit(_types()["score"].signature, cache=True, nogil=True, no_cpython_wrapper=True)(f)
 
 
 def _rule_call(fn):
-    """``call_rule(x, params)`` = ``fn(x, *params)`` with the parameters spelled out, the rule
-    inlined into it (numba inlines no call with ``*args``); ``fn``: a rule's dispatcher."""
+    """``call_rule(x, params)`` = ``fn(x, params[0], …)`` with the parameters spelled out, the
+    rule inlined into it (numba inlines no call with ``*args``); ``fn``: a rule's dispatcher."""
     import inspect
 
     py = getattr(fn, "py_func", None)
@@ -314,29 +441,69 @@ def _rule_call(fn):
     return njit(inline="always")(ns["call_rule"])
 
 
-def kernels(fn) -> tuple:
-    """(weights, round, rounds) compiled for the rule function ``fn`` (loaded from numba's cache when
-    there), made once per process."""
+def scorer(fn):
+    """The rule function ``fn`` compiled as the round calls it (:func:`_score`, the rule
+    inlined; as a first-class function, :func:`sfg.round.compiled.first_class`), cached on disk
+    under a name that includes the rule's name and a hash of its bytecode (loaded from there
+    when present), made once per process. The only compiled code made per rule."""
     got = _KERNELS.get(fn)
     if got is None:
-        from sfg.round.jit import materialise
+        with _LOCK:
+            got = _KERNELS.get(fn)
+            if got is None:
+                from sfg.round.jit import materialise
 
-        py = getattr(fn, "py_func", fn)
-        fn_key, fn = fn, materialise(fn)
-        code = py.__code__
-        digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()
-                              + repr(code.co_names).encode()).hexdigest()[:10]
-        name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
-        tag = f"{name}_{digest}"
-        call = _rule_call(fn)
-        wk = _specialise(_weights, tag, call_rule=call)
-        # the round inlines the weights and the rule (no per-receiver call that passes the
-        # candidates' arrays, each reference-counted: about 150 ns a receiver)
-        rk = _specialise(_round, tag + "_i", receiver_weights=_specialise(
-            _weights, tag + "_in", inline="always", call_rule=call))
-        got = (wk, rk, _specialise(_rounds, tag, round_=rk))
-        _KERNELS[fn_key] = got
+                py = getattr(fn, "py_func", fn)
+                disp = materialise(fn)
+                code = py.__code__
+                digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()
+                                      + repr(code.co_names).encode()).hexdigest()[:10]
+                name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
+                got = first_class(_specialise(_score, f"{name}_{digest}",
+                                              call_rule=_rule_call(disp)),
+                                  _types()["score"].signature)
+                _KERNELS[fn] = got
     return got
+
+
+class RuleError(SfgError):
+    """A rule's compiled function raised while the round scored a receiver."""
+
+
+def _raise_rule_error(fn, status: int, t0: int, n: int) -> None:
+    r, i = divmod(int(status) - 1, max(n, 1))
+    name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))
+    raise RuleError(f"the rule function {name} raised while scoring receiver {i} in round "
+                    f"{t0 + r} (the exception is printed above; to see where, call the "
+                    "function in Python, e.g. through Rule.weights_one, on those candidates)")
+
+
+def run_rounds(fn, params, t0: int, c_self: float, ipw: bool, rounded: bool, defence: int,
+               margin: float, kappa: float, rg: RoundGraph, caps: np.ndarray, live, u, key, st,
+               lags, q, w, cand, facts, outside: tuple | None = None,
+               ev: np.ndarray | None = None) -> None:
+    """:func:`_rounds` (the compiled round, once for every rule) with the rule function ``fn``
+    (:func:`scorer`); arguments as there, the graph as ``rg``. ``outside``: None or
+    (given, claim_ic, claim_lag, extra, marks); ``ev``: the ``+guard`` evidence (None without
+    ``+guard``). The state (st, lags, q, ev) and outputs (w, cand, facts) are updated in
+    place: C-contiguous arrays of the signature's types. Raises :class:`RuleError` if the
+    rule raised."""
+    defended = bool(defence & (GUARD | RELATIVE | CAP))
+    rest = (None,) * 5 if outside is None else outside
+    if defended:
+        from sfg.round.defences import defend
+
+        rest = (*rest, defend(), _NONE_I if ev is None else ev)
+    else:
+        rest = (*rest, None, None)
+    kern = _generic(("round", outside is not None, defended))
+    status = kern(scorer(fn), _c(params, np.float64), int(t0), float(c_self), bool(ipw), bool(rounded),
+                  int(defence), float(margin), float(kappa), _c(rg.indptr, np.int64),
+                  _c(rg.send, np.int64), _c(rg.edge_id, np.int64), _c(caps, np.bool_),
+                  _c(live, np.bool_), _c(u, np.float64), _c(key, np.float64), st, lags, q, w,
+                  cand, facts, *rest)
+    if status:
+        _raise_rule_error(fn, status, t0, rg.n)
 
 
 # ----------------------------------------------------------------------------- Python side
@@ -401,41 +568,54 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
         scores = rule.fn(rg.indptr, rg.send, cand, state.missed, **{
             k: v for k, v in rule.params.items() if k != "c"})
     if scores is not None:
-        fn, params = given_scores, ()
+        fn, params = given_scores, _EMPTY_F
     else:
-        fn, params = rule.fn, rule.args
-    kr = kernels(fn)[1]
+        fn, params = rule.fn, np.array(rule.args, np.float64)
     n, E = rg.n, rg.n_slots
-    u = key = _EMPTY_F
+    u = key = _NONE_F
     if rule.random:
-        u, key = rule_draws(seed, state.t, n, E)
-    ages, lags = state.ages.copy(), state.lags.copy()
-    counts, local_counts, q = state.counts.copy(), state.local_counts.copy(), state.q_hat.copy()
+        u, key = (a.reshape(1, -1) for a in rule_draws(seed, state.t, n, E))
+    st = np.stack([state.ages, state.counts, state.local_counts,
+                   state.versions if state.versions is not None else np.zeros(n, np.int64)]
+                  ).astype(np.int64, copy=False)
+    lags, q = _c(state.lags, np.float64).copy(), _c(state.q_hat, np.float64).copy()
     w = np.empty(E) if weights_out is None else weights_out
     cand = np.empty(E, bool)
     facts = np.empty((n, len(FACTS))) if facts_out is None else facts_out
-    s_age, s_lag, s_count = (_EMPTY_I, _EMPTY_F, _EMPTY_I) if slot_staleness is None else (
-        np.ascontiguousarray(slot_staleness[0], np.int64),
-        np.ascontiguousarray(slot_staleness[1], np.float64),
-        np.ascontiguousarray(slot_staleness[2], np.int64))
+    w_run, f_run = (a if (a.dtype == np.float64 and a.flags.c_contiguous and a.flags.writeable)
+                    else np.empty(a.shape) for a in (w, facts))
+    outside = None  # the inputs from outside the round, when there are any
+    if (scores is not None or slot_staleness is not None or extra is not None
+            or attackers is not None or frozen is not None):
+        marks = _NONE_B
+        if attackers is not None or frozen is not None:
+            marks = np.zeros((2, n), bool)
+            for row, a in enumerate((attackers, frozen)):
+                if a is not None:
+                    marks[row] = a
+        outside = (_NONE_F if scores is None else _c(scores, np.float64).reshape(1, -1),
+                   *((_NONE_I, _EMPTY_F) if slot_staleness is None else (
+                       _c(np.stack([slot_staleness[0], slot_staleness[2]]), np.int64),
+                       _c(slot_staleness[1], np.float64))),
+                   _EMPTY_B if extra is None else _c(extra, bool), marks)
     defence = rule.defence_flags
     versions = evidence = None
-    ev_ver = ev_first = vers = _EMPTY_I
     if defence & GUARD:
-        versions = (np.zeros(n, np.int64) if state.versions is None else state.versions.copy())
         evidence = (np.full((2, E), -1, np.int64) if state.evidence is None
-                    else state.evidence.copy())
-        vers, ev_ver, ev_first = versions, evidence[0], evidence[1]
-    kr(state.t, params, rule.self_weight, rule.ipw, rule.rounded, rg.indptr, rg.send,
-       rg.edge_id, caps.train, caps.send, caps.aggregate, caps.adopt,
-       _EMPTY_B if live is None else live, u, key,
-       _EMPTY_F if scores is None else np.ascontiguousarray(scores, np.float64),
-       s_age, s_lag, s_count, _EMPTY_B if extra is None else extra,
-       defence, rule.margin, rule.kappa,
-       _EMPTY_B if attackers is None else np.ascontiguousarray(attackers, bool),
-       _EMPTY_B if frozen is None else np.ascontiguousarray(frozen, bool),
-       vers, ev_ver, ev_first,
-       ages, lags, counts, local_counts, q, w, cand, facts)
+                    else _c(state.evidence, np.int64).copy())
+    caps_r = np.stack([caps.train, caps.send, caps.aggregate, caps.adopt]).astype(
+        bool, copy=False).reshape(4, 1, n)
+    run_rounds(fn, params, state.t, float(rule.self_weight), bool(rule.ipw),
+               bool(rule.rounded), int(defence), float(rule.margin), float(rule.kappa), rg,
+               caps_r, _NONE_B if live is None else _c(live, bool).reshape(1, -1), u, key, st,
+               lags, q, w_run.reshape(1, E), cand, f_run.reshape(1, n, len(FACTS)),
+               outside=outside, ev=evidence)
+    for out, got in ((w, w_run), (facts, f_run)):
+        if got is not out:
+            out[...] = got
+    if defence & GUARD:
+        versions = st[3]
+    ages, counts, local_counts = st[0], st[1], st[2]
     missed = state.missed
     if missed is not None:
         from sfg.round.rules.oracles import advance_missed
@@ -487,14 +667,18 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
                         np.asarray(missed, np.float64),
                         **{kk: v for kk, v in rule.params.items() if kk != "c"})
         fn = given_scores
-    wk = kernels(fn)[0]
     defence = rule.defence_flags
     if defence:  # claims clamped as in the round (no evidence history here)
         age, raw, count = age.copy(), raw.copy(), count.copy()
         clamp_claims(int(t), defence, rule.margin, k, age, raw, count, np.zeros(k, np.int64))
         lag = np.rint(raw) if rule.rounded else raw
-    x = Candidates(int(t), float(u), age, lag, count, local, q, deg, key, given)
-    w = wk(x, params, rule.self_weight, rule.ipw, True, np.empty(k))
+    w = np.empty(k)
+    status = _generic("one")(scorer(fn), np.array(params, np.float64), int(t), float(u), age,
+                             _c(lag, np.float64), count, local, q, deg, key,
+                             _c(given, np.float64), float(rule.self_weight), bool(rule.ipw),
+                             True, w)
+    if status:
+        _raise_rule_error(fn, status, int(t), 1)
     if defence & CAP:
         cap_weights(w, rule.kappa)
     return w

@@ -1,8 +1,8 @@
 """The rule library (SPEC §3.1–3.3): one compiled function per rule, registered where it is written.
 
-Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.Candidates`; index 0 is the
+Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.kernel.Candidates`; index 0 is the
 receiver, the others its live neighbours, in slot order) and returns non-negative scores
-``[k] float64``. The shared round (:mod:`sfg.round.kernel`) applies the modifiers (``+ipw``,
+``[k] float64``. The shared round (:mod:`sfg.round.kernel.kernel`) applies the modifiers (``+ipw``,
 ``+rounded``, ``c``), normalises (SPEC §1) and updates the staleness state (SPEC §2), for the
 replay, the training simulator and ``Rule.weights_one`` alike. A rule must not write to ``x``.
 
@@ -12,17 +12,17 @@ Fields of ``x``: ``t`` round; ``u`` the receiver's uniform draw; ``age`` [k] int
 ``degree`` [k] int64 live-neighbour counts; ``key`` [k] float64 uniform keys.
 
 Parameters are the keyword defaults after ``x``; their annotation is the valid range
-(:class:`sfg.round.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
+(:class:`sfg.round.kernel.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
 ``gamma=0`` "freshest only" variants for free. Adding a rule: write a function here (or in any
 module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=True)``.
 """
 
 import numpy as np
 
-from sfg.round.jit import (
+from sfg.round.kernel.jit import (
     njit,  # numba.njit, imported on first use (listing the rules loads no numba)
 )
-from sfg.round.rules import Discount, NonNegative, Unit, register_rule, rule
+from sfg.round.kernel.rules import Discount, NonNegative, Unit, register_rule, rule
 
 # Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
 # arithmetic may differ in the last bits depending on summation order. Relative staleness below
@@ -32,19 +32,76 @@ TIE_TOL = 1e-9
 
 # Helpers shared by several rules. They are written as loops with one output array and take
 # arrays, not ``x``: a rule runs once per receiver and round, and each temporary array (and
-# each call that passes ``x``, whose ten arrays are reference-counted) costs time.
-@njit(cache=True)
+# each call that passes ``x``, whose ten arrays are reference-counted) costs time. Loops also
+# compile faster than numpy's generic reductions, array expressions and sorts (``s.min()``
+# alone pulls in numba's n-dimensional iterator: about 0.5 s on a rule's first use). They are
+# called from compiled rules only, so they get neither a Python nor a C wrapper (less to
+# compile); the rules themselves are compiled inlined into the round's call (sfg.round.kernel.scorer).
+HELPER = dict(cache=True, nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+
+
+@njit(**HELPER)
+def lowest(s):
+    """``s.min()`` (the first NaN if there is one, as numpy's), as a loop."""
+    lo = s[0]
+    if lo != lo:
+        return lo
+    for j in range(1, s.shape[0]):
+        v = s[j]
+        if v != v:
+            return v
+        if v < lo:
+            lo = v
+    return lo
+
+
+@njit(**HELPER)
+def highest(s):
+    """``s.max()`` of integers, as a loop."""
+    hi = s[0]
+    for j in range(1, s.shape[0]):
+        if s[j] > hi:
+            hi = s[j]
+    return hi
+
+
+@njit(**HELPER)
+def smallest_keys(key, m):
+    """1.0 on the ``m`` candidates with the smallest keys, ties to the earlier candidate (the
+    order of a stable sort: ``np.argsort(key, kind="mergesort")[:m]``, NaN last), else 0."""
+    k = key.shape[0]
+    order = np.empty(k, np.int64)
+    for j in range(k):  # insertion sort: stable, and k is a handful
+        v = key[j]
+        d = j
+        while d > 0:
+            u = key[order[d - 1]]
+            if u > v or (u != u and v == v):
+                order[d] = order[d - 1]
+                d -= 1
+            else:
+                break
+        order[d] = j
+    h = np.empty(k, np.float64)
+    for j in range(k):
+        h[j] = 0.0
+    for d in range(m if m < k else k):
+        h[order[d]] = 1.0
+    return h
+
+
+@njit(**HELPER)
 def relative(s):
     """s_j − min_k s_k over the given candidates, as float64; differences ≤ TIE_TOL count as 0."""
-    lo = s.min()
-    rel = np.empty(s.shape[0])
+    lo = lowest(s)
+    rel = np.empty(s.shape[0], np.float64)
     for j in range(s.shape[0]):
         r = s[j] - lo
         rel[j] = r if r > TIE_TOL else 0.0
     return rel
 
 
-@njit(cache=True)
+@njit(**HELPER)
 def discount(gamma, s):
     """γ^(s_j − s_min) (0^0 = 1)."""
     h = relative(s)
@@ -53,35 +110,50 @@ def discount(gamma, s):
     return h
 
 
-@njit(cache=True)
+@njit(**HELPER)
 def neighbours_discount(gamma, s):
     """h_ii = 1, h_ij = γ^(s_j − min over live neighbours) (receiver never discounted)."""
-    h = np.ones(s.shape[0])
+    h = np.empty(s.shape[0], np.float64)
+    h[0] = 1.0
     if s.shape[0] > 1:
-        h[1:] = discount(gamma, s[1:])
+        rest = discount(gamma, s[1:])
+        for j in range(rest.shape[0]):
+            h[j + 1] = rest[j]
     return h
 
 
-@njit(cache=True)
+@njit(**HELPER)
 def mean_inherited_cut(lag, t, L):
     """(1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
-    lo = lag.min()
-    h = np.zeros(lag.shape[0])
+    lo = lowest(lag)
+    h = np.empty(lag.shape[0], np.float64)
     for j in range(h.shape[0]):
+        h[j] = 0.0
         if lag[j] - lo <= L + TIE_TOL:
-            h[j] = max(1.0 + t - lag[j], 0.0)
+            v = 1.0 + t - lag[j]
+            h[j] = v if v > 0.0 else 0.0  # max(v, 0.0)
     return h
 
 
-@njit(cache=True)
+@njit(**HELPER)
 def within(counts, L):
     """Counts within L of the largest, weighted by the count; the rest 0."""
-    top = counts.max()
-    h = np.zeros(counts.shape[0])
+    top = highest(counts)
+    h = np.empty(counts.shape[0], np.float64)
     for j in range(h.shape[0]):
+        h[j] = 0.0
         if counts[j] >= top - L:
             h[j] = counts[j]
     return h
+
+
+@njit(**HELPER)
+def negated(a):
+    """−a of integers (a new array)."""
+    out = np.empty(a.shape[0], np.int64)
+    for j in range(a.shape[0]):
+        out[j] = -a[j]
+    return out
 
 
 # ----------------------------------------------------------------- SFG family (SPEC §3.1)
@@ -110,7 +182,11 @@ def sfg_cut(x, L: NonNegative = 1.0):
 @njit(cache=True)
 def sfg_counts(x, gamma: Discount = 0.5):
     """``sfg-counts``: h_j = γ^(n_max − n_j) on max-inherited counts."""
-    return gamma ** (x.count.max() - x.count).astype(np.float64)
+    top = highest(x.count)
+    h = np.empty(x.count.shape[0], np.float64)
+    for j in range(h.shape[0]):
+        h[j] = gamma ** float(top - x.count[j])
+    return h
 
 
 # ----------------------------------------------------------------- baselines (SPEC §3.2)
@@ -143,7 +219,10 @@ def aoi(x, gamma: Discount = 0.5):
 @njit(cache=True)
 def dfl_aa(x, gamma: Discount = 0.5):
     """``dfl-aa``: h_ii = 1, h_ij = γ^(τ_j − min over live neighbours)/q̂_ij; the receiver is never discounted."""
-    return neighbours_discount(gamma, x.age) / x.q
+    h = neighbours_discount(gamma, x.age)
+    for j in range(h.shape[0]):
+        h[j] = h[j] / x.q[j]
+    return h
 
 
 @rule("gl-age", tags=("baseline",))
@@ -186,7 +265,7 @@ def self_weight(x, c: NonNegative = 0.5):
     return h
 
 
-@njit(cache=True)
+@njit(**HELPER)
 def discount_on_return(age, base):
     """Neighbours 1; a returning receiver (τ_i ≥ 1) with ≥ 1 live neighbour scores base^τ_i."""
     h = np.ones(age.shape[0])
@@ -220,7 +299,7 @@ def neighbour_only_lags(x, gamma: Discount = 0.5):
 @njit(cache=True)
 def neighbour_only_counts(x, gamma: Discount = 0.5):
     """``neighbour-only-counts``: h_ii = 1, h_ij = γ^(max over live neighbours n − n_j)."""
-    return neighbours_discount(gamma, -x.count)
+    return neighbours_discount(gamma, negated(x.count))
 
 
 @rule("pinned-receiver", tags=("control",))
@@ -246,17 +325,23 @@ def copy_random(x):
 @njit(cache=True)
 def placebo_cut(x, L: NonNegative = 1.0):
     """``placebo-cut``: keep as many candidates as ``sfg-cut`` would, drawn at random; uniform weights."""
-    kept = np.sum(mean_inherited_cut(x.lag, x.t, L) > 0)
-    h = np.zeros(x.age.shape[0])
-    h[np.argsort(x.key, kind="mergesort")[:kept]] = 1.0
-    return h
+    cut = mean_inherited_cut(x.lag, x.t, L)
+    kept = np.int64(0)  # not a literal 0: smallest_keys is compiled for one type of m
+    for j in range(cut.shape[0]):
+        if cut[j] > 0:
+            kept += 1
+    return smallest_keys(x.key, kept)
 
 
 @rule("cut-ages", tags=("control",))
 @njit(cache=True)
 def cut_ages(x):
     """``cut-ages``: keep candidates within one round of the youngest age; uniform weights."""
-    return np.where(x.age - x.age.min() <= 1, 1.0, 0.0)
+    lo = lowest(x.age)
+    h = np.empty(x.age.shape[0], np.float64)
+    for j in range(h.shape[0]):
+        h[j] = 1.0 if x.age[j] - lo <= 1 else 0.0
+    return h
 
 
 @rule("receiver-kept", tags=("control",))
@@ -275,9 +360,7 @@ def two_random(x):
 
     The own model alone when there is no live neighbour; the draws are the rule's own stream
     keyed by (seed, round) (SPEC §3.3)."""
-    h = np.zeros(x.age.shape[0])
-    h[np.argsort(x.key, kind="mergesort")[:2]] = 1.0
-    return h
+    return smallest_keys(x.key, np.int64(2))
 
 
 @rule("metropolis-hastings", tags=("control",), scalars=False)
@@ -287,8 +370,16 @@ def metropolis_hastings(x):
 
     d is the current number of live neighbours (neighbours that send, over live links);
     symmetric and doubly stochastic without outages (SPEC §3.3)."""
-    h = 1.0 / (1.0 + np.maximum(x.degree[0], x.degree).astype(np.float64))
-    h[0] = 1.0 - h[1:].sum()
+    k = x.degree.shape[0]
+    d0 = x.degree[0]
+    h = np.empty(k, np.float64)
+    rest = 0.0
+    for j in range(k):
+        dj = x.degree[j] if x.degree[j] > d0 else d0  # np.maximum
+        h[j] = 1.0 / (1.0 + float(dj))
+        if j > 0:
+            rest += h[j]
+    h[0] = 1.0 - rest
     return h
 
 
