@@ -86,3 +86,13 @@ def test_no_two_module_names_differ_by_one_letter():
         return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
 
     assert [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if one_apart(a, b)] == []
+
+
+def test_every_name_a_package_face_exports_resolves():
+    import sfg.replay
+    import sfg.round
+    import sfg.world.traces
+
+    for package in (sfg.round, sfg.replay, sfg.world.traces):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, (package.__name__, name)

@@ -15,7 +15,7 @@ from sfg.util.lazy import lazy_exports
 
 _EXPORTS = {
     "play_round": "kernel", "one_receiver": "kernel", "RoundResult": "kernel", "FACTS": "kernel",
-    "Candidates": "kernel", "kernels": "kernel", "candidate_mask": "kernel",
+    "Candidates": "kernel", "run_rounds": "kernel", "candidate_mask": "kernel",
     "RoundGraph": "slots", "StalenessState": "staleness",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
