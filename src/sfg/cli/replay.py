@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from sfg.cli.main import console
+from sfg.cli import console
 from sfg.errors import SfgError
 from sfg.util.safety import max_runs
 
@@ -65,7 +65,7 @@ def __getattr__(name: str):
 
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean over seeds per (process, rule[, attack]), in first-seen order (with the damage
-    measures of sfg.round.kernel.attacks when rows carry an attack)."""
+    measures of sfg.round.attacks when rows carry an attack)."""
     from sfg.replay.metrics import columns
 
     with_attack = any("attack" in r for r in rows)
@@ -157,7 +157,7 @@ def replay(
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List every aggregation rule with its parameters and defaults."""
-    from sfg.round.kernel.rules import RULES, rule_names
+    from sfg.round.rules import RULES, rule_names
 
     rows = []
     for name in rule_names():

@@ -1,9 +1,9 @@
 """Defences against forged staleness claims; they compose with every model-free rule like a
-modifier (``sfg-cut:L=2+guard``, ``sfg+relative+cap``; see :mod:`sfg.round.kernel.attacks` for the attacks).
+modifier (``sfg-cut:L=2+guard``, ``sfg+relative+cap``; see :mod:`sfg.round.attacks` for the attacks).
 
 A rule trusts the scalars each sender claims about its own model (age τ, effective lag ℓ,
 max-inherited count n; SPEC §2). The defences below run inside the shared round
-(:mod:`sfg.round.kernel.kernel`) on one receiver's candidates (index 0 = the receiver, whose own state is
+(:mod:`sfg.round.kernel`) on one receiver's candidates (index 0 = the receiver, whose own state is
 never touched), before the rule scores them (claims) or after the shared normalisation
 (weights). Clamped claims are what the receiver then also uses for its own bookkeeping (its
 lag is the weighted mean of the clamped lags, its count the max of the clamped counts).
@@ -45,7 +45,7 @@ CLIP = 8
 DEFENCES = {"guard": GUARD, "relative": RELATIVE, "cap": CAP, "clip": CLIP}
 # parameters a defence brings, with defaults and the defence that owns them
 DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap")}
-TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.kernel.rules.library.TIE_TOL)
+TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.rules.library.TIE_TOL)
 
 
 @njit(cache=True, nogil=True)

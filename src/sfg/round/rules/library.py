@@ -1,8 +1,8 @@
 """The rule library (SPEC §3.1–3.3): one compiled function per rule, registered where it is written.
 
-Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.kernel.Candidates`; index 0 is the
+Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.Candidates`; index 0 is the
 receiver, the others its live neighbours, in slot order) and returns non-negative scores
-``[k] float64``. The shared round (:mod:`sfg.round.kernel.kernel`) applies the modifiers (``+ipw``,
+``[k] float64``. The shared round (:mod:`sfg.round.kernel`) applies the modifiers (``+ipw``,
 ``+rounded``, ``c``), normalises (SPEC §1) and updates the staleness state (SPEC §2), for the
 replay, the training simulator and ``Rule.weights_one`` alike. A rule must not write to ``x``.
 
@@ -12,17 +12,17 @@ Fields of ``x``: ``t`` round; ``u`` the receiver's uniform draw; ``age`` [k] int
 ``degree`` [k] int64 live-neighbour counts; ``key`` [k] float64 uniform keys.
 
 Parameters are the keyword defaults after ``x``; their annotation is the valid range
-(:class:`sfg.round.kernel.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
+(:class:`sfg.round.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
 ``gamma=0`` "freshest only" variants for free. Adding a rule: write a function here (or in any
 module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=True)``.
 """
 
 import numpy as np
 
-from sfg.round.kernel.jit import (
+from sfg.round.jit import (
     njit,  # numba.njit, imported on first use (listing the rules loads no numba)
 )
-from sfg.round.kernel.rules import Discount, NonNegative, Unit, register_rule, rule
+from sfg.round.rules import Discount, NonNegative, Unit, register_rule, rule
 
 # Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
 # arithmetic may differ in the last bits depending on summation order. Relative staleness below
