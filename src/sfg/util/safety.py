@@ -6,7 +6,7 @@ pixels, decompressed bytes, grid cells) **before** allocating or decompressing i
 it with a budget; an input over budget is refused with the figure and the way to raise the
 limit. Every failure here is an :class:`sfg.errors.SfgError` (one line, exit status 2).
 
-Budgets (README "Limits"; each is an environment variable, read at every check):
+Budgets (docs/reference/limits.md; each is an environment variable, read at every check):
 
 =====================  =========  ===========================================================
 variable               default    what it bounds
