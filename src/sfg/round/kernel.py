@@ -26,16 +26,22 @@ import hashlib
 import re
 import types
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numba import njit
+from numpy.typing import ArrayLike
 
 from sfg.round.defences import CAP, GUARD, cap_weights, clamp_claims
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState
 from sfg.util.rng import stream
 from sfg.world.outages.anatomy import Capabilities
+
+if TYPE_CHECKING:
+    from sfg.round.rules import Rule
 
 Candidates = namedtuple("Candidates", ["t", "u", "age", "lag", "count", "local_count", "q",
                                        "degree", "key", "given"])
@@ -65,7 +71,7 @@ def _weights(x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled p
     scores → 0, then the shared normalisation (SPEC §1); an all-zero row, or a receiver that
     does not adopt, keeps its own model (w_ii = 1). ``rule`` is bound per rule by
     :func:`kernels`."""
-    h = call_rule(x, params)  # noqa: F821
+    h = call_rule(x, params)  # type: ignore[name-defined]  # noqa: F821 - bound by kernels()
     k = x.age.shape[0]
     row = 0.0
     for d in range(k):
@@ -199,7 +205,7 @@ def _round(t, params, c_self, ipw, rounded, indptr, send, edge_id, train, sends,
                 b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
         x = Candidates(t, u[i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                        b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
-        wk = receiver_weights(x, params, c_self, ipw, adopts[i], b_w[:k])  # noqa: F821
+        wk = receiver_weights(x, params, c_self, ipw, adopts[i], b_w[:k])  # type: ignore[name-defined]  # noqa: F821
         if (defence & CAP) != 0 and adopts[i]:
             cap_weights(wk, kappa)
         # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
@@ -275,7 +281,7 @@ def _rounds(t0, params, c_self, ipw, rounded, indptr, send, edge_id, train, send
         live_r = live[r] if live.shape[0] > 0 else no_b
         u_r = u[r] if u.shape[0] > 0 else no_f
         key_r = key[r] if key.shape[0] > 0 else no_f
-        round_(t0 + r, params, c_self, ipw, rounded, indptr, send, edge_id, train[r],  # noqa: F821
+        round_(t0 + r, params, c_self, ipw, rounded, indptr, send, edge_id, train[r],  # type: ignore[name-defined]  # noqa: F821 - bound by kernels()
                sends[r], aggregates[r], adopts[r], live_r, u_r, key_r, no_f,
                no_i, no_f, no_i, no_b, defence, margin, kappa, no_b, no_b, versions, ev_ver,
                ev_first, ages, lags, counts, local_counts, q, w[r], cand, facts[r])
@@ -290,7 +296,8 @@ given_scores = njit(cache=True)(_given)
 _KERNELS: dict[object, tuple] = {}
 
 
-def _specialise(fn, tag: str, inline: str = "never", **bind):
+def _specialise(fn: Callable[..., Any], tag: str, inline: Literal["never", "always"] = "never",
+                **bind: Any) -> Callable[..., Any]:
     g = dict(fn.__globals__)
     g.update(bind)
     f = types.FunctionType(fn.__code__, g, f"{fn.__name__}__{tag}")
@@ -314,7 +321,8 @@ def _rule_call(fn):
     return njit(inline="always")(ns["call_rule"])
 
 
-def kernels(fn) -> tuple:
+def kernels(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[..., Any],
+                                           Callable[..., Any]]:
     """(weights, round, rounds) compiled for the rule function ``fn`` (loaded from numba's cache when
     there), made once per process."""
     got = _KERNELS.get(fn)
@@ -378,7 +386,7 @@ class RoundResult:
     facts: np.ndarray
 
 
-def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, *, seed: int,
+def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, *, seed: int,
                live: np.ndarray | None = None, scores: np.ndarray | None = None,
                slot_staleness: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                extra: np.ndarray | None = None, weights_out: np.ndarray | None = None,
@@ -398,12 +406,14 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
     (evidence of ``+guard``). The rule's defences (:mod:`sfg.round.defences`) run inside the round."""
     if rule.oracle:
         cand = candidate_mask(rg, caps, live)
-        scores = rule.fn(rg.indptr, rg.send, cand, state.missed, **{
+        scores = rule.scorer(rg.indptr, rg.send, cand, state.missed, **{
             k: v for k, v in rule.params.items() if k != "c"})
+    fn: Callable[..., Any]
+    params: tuple[float, ...]
     if scores is not None:
         fn, params = given_scores, ()
     else:
-        fn, params = rule.fn, rule.args
+        fn, params = rule.scorer, rule.args
     kr = kernels(fn)[1]
     n, E = rg.n, rg.n_slots
     u = key = _EMPTY_F
@@ -448,9 +458,11 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
     return RoundResult(weights=w, candidate=cand, state=nxt, facts=facts)
 
 
-def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat=None,
-                 t: int | None = None, u: float = 0.5, keys=None, degrees=None,
-                 missed=None) -> np.ndarray:
+def one_receiver(rule: Rule, *, ages: ArrayLike, lags: ArrayLike | None = None,
+                 counts: ArrayLike | None = None, local_counts: ArrayLike | None = None,
+                 q_hat: ArrayLike | None = None, t: int | None = None, u: float = 0.5,
+                 keys: ArrayLike | None = None, degrees: ArrayLike | None = None,
+                 missed: ArrayLike | None = None) -> np.ndarray:
     """One receiver's weights over its candidates (index 0 = the receiver): the round's own
     compiled weights (:func:`_weights`) on the given candidates. See ``Rule.weights_one``."""
     from sfg.errors import SfgError
@@ -479,11 +491,11 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
         t = int(np.ceil(raw.max())) if k else 0
     lag = np.rint(raw) if rule.rounded else raw
     given = np.ones(k)
-    fn, params = rule.fn, rule.args if rule.compiled else ()
+    fn, params = rule.scorer, rule.args if rule.compiled else ()
     if rule.oracle:
         if missed is None:
             raise SfgError(f"rule {rule.name!r} is an oracle: give missed=[k, T] rows of A")
-        given = rule.fn(np.array([0, k]), np.arange(k), np.ones(k, bool),
+        given = rule.scorer(np.array([0, k]), np.arange(k), np.ones(k, bool),
                         np.asarray(missed, np.float64),
                         **{kk: v for kk, v in rule.params.items() if kk != "c"})
         fn = given_scores
