@@ -100,8 +100,8 @@ def _read_parquet(path: Path) -> tuple[dict[str, list[str]], list[int], str]:
         import pyarrow.parquet as pq
     except ImportError:
         raise SfgError(
-            f"reading Parquet trace {path} needs pyarrow; install it (pip install pyarrow) "
-            "or save the trace as CSV"
+            f"reading Parquet trace {path} needs the 'parquet' extra (pyarrow is not "
+            "installed): pip install 'sfg[parquet]', or save the trace as CSV"
         ) from None
     try:
         meta = pq.ParquetFile(path).metadata
@@ -402,8 +402,8 @@ def save_tabular(trace: Trace, path: str | Path, *, form: str = "rounds") -> Pat
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise SfgError(f"writing Parquet trace {p} needs pyarrow; install it "
-                           "(pip install pyarrow) or write CSV") from None
+            raise SfgError(f"writing Parquet trace {p} needs the 'parquet' extra (pyarrow is "
+                           "not installed): pip install 'sfg[parquet]', or write CSV") from None
         pq.write_table(pa.table({h: list(c) for h, c in zip(header, rows_cols, strict=True)}), p)
         return p
     p.parent.mkdir(parents=True, exist_ok=True)
