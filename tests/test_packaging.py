@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -113,11 +114,24 @@ def _run(cmd: list[str], *, cwd: Path, timeout: float = 300) -> subprocess.Compl
                           timeout=timeout)
 
 
+def _source_copy(dest: Path) -> Path:
+    """What the build reads, copied: the project files and ``src/`` without caches or
+    ``*.egg-info`` (setuptools writes egg-info into the tree it builds, and a stale one can
+    carry deleted files into the sdist)."""
+    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "MANIFEST.in", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "src", dest / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
+    return dest
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     """``python -m build``: the sdist, then the wheel built from the sdist (as pip would)."""
     out = tmp_path_factory.mktemp("dist")
-    r = _run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], cwd=out,
+    src = _source_copy(tmp_path_factory.mktemp("source"))
+    r = _run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], cwd=out,
              timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
