@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory test-lowered
