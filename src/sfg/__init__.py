@@ -13,4 +13,4 @@ from sfg import reproducible as _reproducible
 
 _reproducible.apply()  # SFG_REPRODUCIBLE=1: pin the numerical libraries before they load
 _moved.install()  # import paths from before the layout keep working (DeprecationWarning)
-__version__ = "0.1.0"
+__version__ = "0.2.0"

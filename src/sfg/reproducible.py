@@ -29,7 +29,7 @@ What is bit-identical where:
   others are set before numpy, torch or numba load. Measured on this project's AVX2 machine:
   the default run gives the same bits under the switch whatever lower instruction set the
   process is otherwise restricted to, and different bits without it
-  (``tests/test_reproducible.py``; the speed cost is in the README).
+  (``tests/test_reproducible.py``; the speed cost is in docs/reference/reproducibility.md).
 * **Otherwise** (default, the fastest): results recorded on another CPU agree to float
   tolerance only — parameters to about 1e-6 relative after short runs (rounding differences
   of fused multiply-adds and vector widths, amplified by each local step), accuracies and

@@ -12,7 +12,8 @@ One module, imported by every command module, so that they all behave alike:
   for work that takes long enough to need them.
 * **Exit status**, one convention for every command (:func:`run_app`): ``0`` success, ``1`` the
   work failed (:class:`WorkFailed`, e.g. a grid with failed or pending runs), ``2`` bad input
-  (:class:`sfg.errors.SfgError`, a missing file, a usage error), ``130`` interrupted. A bad input
+  (:class:`sfg.errors.SfgError`, a missing file, a usage error, an optional part not installed:
+  the line names the extra, :mod:`sfg.util.extras`), ``130`` interrupted. A bad input
   never prints a traceback.
 
 Start-up matters (a command imports only what it uses): this module imports nothing heavy at
@@ -227,6 +228,18 @@ def _usage_line(e: Exception) -> str:
     return f"{msg} (see '{path} --help')"
 
 
+def _command_path(command: Any, args: Sequence[str], prog_name: str) -> str:
+    """``sfg grid run``: the program and the sub-commands that ``args`` name."""
+    words = [prog_name]
+    for a in args:
+        sub = getattr(command, "commands", {}).get(a)
+        if sub is None:
+            break
+        words.append(a)
+        command = sub
+    return " ".join(words)
+
+
 def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sfg") -> int:
     """Run a typer app with the one exit-status convention; returns the status.
 
@@ -260,6 +273,15 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
     except (KeyboardInterrupt, typer.Abort):
         error("interrupted; results already written are kept")
         return INTERRUPTED
+    except ImportError as e:  # an optional part not installed: name its extra (sfg.util.extras)
+        from sfg.util.extras import missing_extra
+
+        args = list(sys.argv[1:] if argv is None else argv)
+        missing = missing_extra(e, _command_path(command, args, prog_name))
+        if missing is None:
+            raise
+        error(missing)
+        return BAD_INPUT
     except Exception as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # `sfg` or `sfg grid` alone: help, then error
             ctx = getattr(e, "ctx", None)

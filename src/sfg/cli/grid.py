@@ -65,6 +65,12 @@ def run_cmd(
         console.echo(f"grid {g.name!r}: {len(g)} runs ({axes}); {done} already done in "
                      f"{store}, {len(g) - done} to run")
         return
+    from sfg.util.extras import require
+
+    if any(c.kind == "train" for c in g):
+        require(f"sfg grid run {grid} (it has training runs)", "torch")
+    if executor == "ray":
+        require("sfg grid run --executor ray", "ray")
     result = run_grid(g.configs, store, executor=executor, workers=workers, address=address,
                       gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run,
                       show_progress=progress and not as_json, label=g.name,

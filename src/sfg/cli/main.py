@@ -36,6 +36,9 @@ def demo(
     resume: bool = typer.Option(False, help="Keep runs already in sfg-out/demo.sqlite"),
 ) -> None:
     """The main job on embedded data (no download): pilot, replay, paired grid, report."""
+    from sfg.util.extras import require
+
+    require("sfg demo", "torch", "sklearn", "matplotlib")
     from sfg.cli.demo import run_demo
 
     run_demo(quick=quick, resume=resume)

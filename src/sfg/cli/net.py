@@ -11,6 +11,9 @@ import typer
 
 from sfg.cli import console
 from sfg.errors import SfgError
+from sfg.util.extras import require
+
+NET_MODULES = ("torch", "grpc", "msgpack", "safetensors")  # what a node imports
 
 MODE_HELP = "lockstep (SPEC §11.1: equals `sfg run --backend loop`) or async (SPEC §11.2)"
 
@@ -147,6 +150,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
+        require("sfg swarm", *NET_MODULES, extra="net")
         from sfg.net.swarm import SwarmOptions, check_nodes, parse_kill, run_swarm
         from sfg.net.world import build_world
 
@@ -218,6 +222,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
+        require("sfg node", *NET_MODULES, extra="net")
         import asyncio
 
         from sfg.net.node import Node, NodeConfig
@@ -275,6 +280,7 @@ def register(app: typer.Typer) -> None:
         days: int = typer.Option(30, help="Validity in days"),
     ) -> None:
         """Create a test CA and a certificate per node for `sfg swarm/node --tls-dir`."""
+        require("sfg tls-ca", "cryptography", extra="net")
         from sfg.net.tls import make_test_ca
 
         if nodes < 1 or days < 1:

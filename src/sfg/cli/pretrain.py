@@ -28,6 +28,9 @@ def pretrain_cmd(
     device: str = typer.Option("cpu", help="cpu or cuda"),
 ) -> None:
     """Pre-train a backbone on a whole training split; rerun the same command to resume."""
+    from sfg.util.extras import require
+
+    require("sfg pretrain", "torch", "safetensors")
     from sfg.sim.pretrain import pretrain
 
     with console.progress("pre-training") as update:

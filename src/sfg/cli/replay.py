@@ -127,6 +127,9 @@ def replay(
 
     if plot is not None:  # a folder, a bare name or an unknown format: settled before the work
         from sfg.replay.plot import plot_path
+        from sfg.util.extras import require
+
+        require("sfg replay --plot", "matplotlib")
 
         plot = str(plot_path(plot, "staleness.png"))
     # the bar shows from the start: the first use on a machine compiles the round (a few

@@ -49,6 +49,9 @@ def report(
         if out is None:
             return
     out = Path("report") if out is None else out
+    from sfg.util.extras import require
+
+    require("sfg report", "matplotlib")
     from sfg.experiments.report.paired import build_report, print_report
     from sfg.experiments.store import records
 

@@ -14,6 +14,7 @@ import typer
 
 from sfg.cli import console
 from sfg.errors import SfgError
+from sfg.util.extras import require
 
 
 def _load_config(path: Path) -> dict[str, Any]:
@@ -83,6 +84,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
 ) -> None:
     """Train N personalised models under outages with one rule; print the metrics."""
+    require("sfg run", "torch")
     cfg = run_config(config, {
         "dataset": dataset, "data_root": data_root, "model": model, "process": process,
         "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,

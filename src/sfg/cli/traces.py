@@ -84,6 +84,9 @@ def plot(source: str = _SOURCE, path: Path = _PATH, rule: str = _RULE, screen: s
          round_minutes: float | None = _RM, min_availability: float | None = _MINAV,
          out: Path = typer.Option(..., "--out", "-o", help="folder for the PNGs")) -> None:
     """Availability by hour, outage lengths, per-device availability, raster (PNG)."""
+    from sfg.util.extras import require
+
+    require("sfg traces plot", "matplotlib")
     from sfg.world.traces.plot import plot_trace
 
     trace = _load(source, path, rule, variant, rounds, round_minutes, min_availability, screen)

@@ -275,7 +275,9 @@ def _run_ray(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, addre
     try:
         import ray
     except ImportError:
-        raise SfgError("the ray executor needs Ray; pip install 'sfg[ray]'") from None
+        from sfg.util.extras import MissingExtra
+
+        raise MissingExtra("the ray executor", "ray") from None
     started_here = False
     if not ray.is_initialized():
         try:

@@ -46,8 +46,11 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
         try:
             from sfg.sim.run import simulate_config
         except ImportError as e:
-            raise SfgError(f"kind 'train' needs sfg.sim.run.simulate_config, which is not "
-                           f"available ({e})") from None
+            from sfg.util.extras import missing_extra
+
+            raise (missing_extra(e, "a 'train' run") or SfgError(
+                f"kind 'train' needs sfg.sim.run.simulate_config, which is not available ({e})"
+            )) from None
         out = simulate_config(cfg.model_dump(), progress=progress)
     else:  # pragma: no cover - RunConfig's Literal rules this out
         raise SfgError(f"unknown run kind {cfg.kind!r}; use train, replay or selftest")

@@ -40,11 +40,11 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sfg.errors import SfgError
 from sfg.experiments.config import RunConfig, canonical_json, run_id
@@ -220,11 +220,14 @@ def _writable(path: Path) -> bool:
                                                   os.W_OK)
 
 
-def _guarded(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _guarded(method: _Method) -> _Method:
     """Turn SQLite failures inside a store method (a damaged page...) into one-line errors."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except sqlite3.DatabaseError as e:
@@ -233,7 +236,7 @@ def _guarded(method):
                                "grid needs a writable store") from None
             raise SfgError(sqlite_message(self.path, e)) from None
 
-    return wrapper
+    return cast(_Method, wrapper)
 
 
 class Store:
@@ -246,7 +249,7 @@ class Store:
                  busy_timeout: float = 120.0, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
-        self._con = None
+        self._con: sqlite3.Connection | None = None
         if self.path.is_dir():
             raise SfgError(f"results store {self.path} is a directory; give a file name such "
                            "as results.sqlite")
@@ -290,7 +293,7 @@ class Store:
             except OSError as e:
                 raise SfgError(f"cannot create the folder of results store {self.path} "
                                f"({e.strerror or e}); give a path in a writable folder") from None
-        self._con: sqlite3.Connection | None = None
+        self._con = None
         # Several processes opening a new store at once race to switch it to WAL; SQLite then
         # answers "database is locked" at once, without waiting on the busy handler, so the
         # opening is retried (with a short back-off) until busy_timeout has passed.
@@ -329,14 +332,21 @@ class Store:
             raise SfgError(f"{self.path} is not an sfg results store of schema version "
                            f"{SCHEMA_VERSION}; give a new file name for --store")
 
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The open connection (set once ``__init__`` has succeeded)."""
+        if self._con is None:
+            raise SfgError(f"results store {self.path} is not open")
+        return self._con
+
     def _close_quietly(self) -> None:
         if self._con is not None:
             self._con.close()
             self._con = None
 
     def _read_meta(self) -> dict[str, str]:
-        if self._con.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
-            return dict(self._con.execute("SELECT key, value FROM meta"))
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            return dict(self._db.execute("SELECT key, value FROM meta"))
         return {}
 
     def _create_schema(self) -> None:
@@ -375,19 +385,19 @@ class Store:
                            "`sfg report` and `sfg grid status` can read it, but running a grid "
                            "needs a writable copy")
         try:
-            self._con.execute("BEGIN IMMEDIATE")
+            self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.DatabaseError as e:
             raise SfgError(sqlite_message(self.path, e, "write to")) from None
         try:
-            yield self._con
+            yield self._db
         except BaseException:
-            self._con.execute("ROLLBACK")
+            self._db.execute("ROLLBACK")
             raise
-        self._con.execute("COMMIT")
+        self._db.execute("COMMIT")
 
     @_guarded
     def meta(self) -> dict[str, str]:
-        return dict(self._con.execute("SELECT key, value FROM meta"))
+        return dict(self._db.execute("SELECT key, value FROM meta"))
 
     # ------------------------------------------------------------------ queue
     @_guarded
@@ -459,7 +469,7 @@ class Store:
     def claimable(self, run_ids: Sequence[str], *, lease: float = 60.0) -> int:
         """How many of ``run_ids`` :meth:`claim` could take now (read-only)."""
         now = time.time()
-        rows = self._con.execute(
+        rows = self._db.execute(
             "SELECT r.status, r.worker, r.heartbeat FROM runs AS r WHERE r.status IN "
             "('queued', 'running') AND r.run_id IN (SELECT value FROM json_each(?))",
             (json.dumps(list(run_ids)),)).fetchall()
@@ -524,9 +534,9 @@ class Store:
     def counts(self, run_ids: Sequence[str] | None = None) -> dict[str, int]:
         """Runs per status (all four keys present), over ``run_ids`` or the whole store."""
         if run_ids is None:
-            rows = self._con.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+            rows = self._db.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
         else:
-            rows = self._con.execute(
+            rows = self._db.execute(
                 "SELECT r.status, COUNT(*) FROM runs AS r WHERE r.run_id IN "
                 "(SELECT value FROM json_each(?)) GROUP BY r.status",
                 (json.dumps(list(run_ids)),))
@@ -541,7 +551,7 @@ class Store:
                 "heartbeat", "finished", "seconds", "dataset", "process", "rule", "seed", "config",
                 "metrics")
         where, args = ("WHERE status = ?", (status,)) if status else ("", ())
-        rows = self._con.execute(f"SELECT {', '.join(cols)} FROM runs {where} ORDER BY rowid",
+        rows = self._db.execute(f"SELECT {', '.join(cols)} FROM runs {where} ORDER BY rowid",
                                  args).fetchall()
         out = []
         for row in rows:
@@ -556,7 +566,7 @@ class Store:
         """``{run_id: {name: [value per round index]}}`` (NaN restored from NULL)."""
         where, args = ("WHERE run_id = ?", (rid,)) if rid else ("", ())
         out: dict[str, dict[str, list[float]]] = {}
-        for r, name, _i, value in self._con.execute(
+        for r, name, _i, value in self._db.execute(
                 f"SELECT run_id, name, round, value FROM curves {where} "
                 "ORDER BY run_id, name, round", args):
             out.setdefault(r, {}).setdefault(name, []).append(
@@ -566,11 +576,11 @@ class Store:
     @_guarded
     def diagnostics(self) -> dict[str, dict]:
         """``{run_id: diagnostics}`` of the runs that recorded training diagnostics."""
-        if not self._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                                  "name = 'diagnostics'").fetchone():
             return {}
         return {rid: json.loads(data) for rid, data in
-                self._con.execute("SELECT run_id, data FROM diagnostics")}
+                self._db.execute("SELECT run_id, data FROM diagnostics")}
 
     @_guarded
     def grids(self) -> dict[str, list[str]]:
@@ -579,11 +589,11 @@ class Store:
         Runs queued without one (stores written before grids were recorded, ``sfg swarm``) are
         absent.
         """
-        if not self._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                                  "name = 'grid_runs'").fetchone():
             return {}
         out: dict[str, list[str]] = {}
-        for grid, rid in self._con.execute("SELECT grid, run_id FROM grid_runs "
+        for grid, rid in self._db.execute("SELECT grid, run_id FROM grid_runs "
                                            "ORDER BY grid, run_id"):
             out.setdefault(rid, []).append(grid)
         return out

@@ -53,6 +53,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,9 @@ from sfg.net.world import Trainer, World
 from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one
 from sfg.round.kernel import rule_draws
 from sfg.util.rng import stream
+
+# an own message: (header, payload), the payload in the transport's chunks or as bytes
+Outgoing = tuple[bytes, bytes | Chunked]
 
 log = logging.getLogger("sfg.net")
 MODES = ("lockstep", "async")
@@ -201,7 +205,7 @@ class Node:
         self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
                              tls=self.cfg.tls)
         self.peers: dict[int, Peer] = {}
-        self.outbox: dict[int, tuple[bytes, bytes]] = {}         # own messages by round
+        self.outbox: dict[int, Outgoing] = {}                  # own messages by round
         self._expected: dict[int, list[int]] = {}                  # who needs each of them
         self.heard: dict[int, int] = {}                            # latest round from each
         self._delivered: set[tuple[int, int]] = set()               # (neighbour, round) pushed
@@ -267,8 +271,8 @@ class Node:
                 and not self._blocked(sender, r)
         return self.answering and not self._blocked(sender, self.round)
 
-    async def _on_deliver(self, raw_header: bytes, chunks, identity: int | None,
-                          peer: str) -> tuple[bool, str]:
+    async def _on_deliver(self, raw_header: bytes, chunks: AsyncIterator[bytes],
+                          identity: int | None, peer: str) -> tuple[bool, str]:
         try:
             if not raw_header:  # a call cancelled before its first message, or an empty one
                 await asyncio.sleep(0.05)
@@ -345,19 +349,19 @@ class Node:
                 del self.outbox[r]
                 self._expected.pop(r, None)
 
-    def _on_fetch(self, t: int, who: int) -> tuple[bytes, bytes] | None:
+    def _on_fetch(self, t: int, who: int) -> Outgoing | None:
         msg = self.outbox.get(t)
         if msg is not None and who in self.nbr_set:
             self._delivered.add((who, t))
         return msg
 
     # ------------------------------------------------------------------ sending
-    def _message(self) -> tuple[bytes, bytes]:
+    def _message(self) -> Outgoing:
         s = self.state
         age, lag, count = self._claims()
         att = self.world.attack
         x = self.world.x0 if (att is not None and att.model == "constant"
-                              and self.world.attackers[self.i]) else self.x
+                              and self._attacker) else self.x
         return encode(x, self.layout, sender=self.i, round=self.round, age=age,
                       lag=lag, count=count, local_count=s.local_count, chunk=CHUNK)
 
@@ -368,7 +372,7 @@ class Node:
         its own and the last its neighbours claimed)."""
         s = self.state
         att = self.world.attack
-        if att is None or not att.forges or not self.world.attackers[self.i]:
+        if att is None or not att.forges or not self._attacker:
             return s.age, s.lag, s.count
         from sfg.round.attacks import claims
         from sfg.round.staleness import StalenessState
@@ -384,7 +388,7 @@ class Node:
         e = int(np.flatnonzero((self.star.rg.send == 0) & ~self.star.rg.is_self)[0])
         return int(age[e]), float(lag[e]), int(count[e])
 
-    async def _send(self, j: int, r: int, header: bytes, payload: bytes) -> None:
+    async def _send(self, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
         ok, reason = await self.peers[j].deliver(header, payload, timeout=self.cfg.rpc_timeout,
                                                  retries=self.cfg.retries)
         if ok:
@@ -396,7 +400,7 @@ class Node:
             self.stats.send_failed += 1
             log.info("node %d -> %d round %d not delivered: %s", self.i, j, self.round, reason)
 
-    def _send_all(self, targets, msg: tuple[bytes, bytes]) -> None:
+    def _send_all(self, targets: Iterable[int], msg: Outgoing) -> None:
         for j in targets:
             j = int(j)
             prev = self._sends.get(j)
@@ -612,8 +616,19 @@ class Node:
         extra = {"t0": self.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
         save_checkpoint(path, self.x, self.layout, self.state, extra)
 
+    @property
+    def _attacker(self) -> bool:
+        """Whether this node forges its claims (one of the run's attackers)."""
+        return self.world.attackers is not None and bool(self.world.attackers[self.i])
+
     def _outbox_path(self, r: int) -> Path:
-        return Path(self.cfg.checkpoint_dir) / f"node-{self.i}-out-{r}.msgpack"
+        return self._checkpoint_dir / f"node-{self.i}-out-{r}.msgpack"
+
+    @property
+    def _checkpoint_dir(self) -> Path:
+        if self.cfg.checkpoint_dir is None:  # callers run only with checkpoints on
+            raise SfgError(f"node {self.i}: no checkpoint folder configured")
+        return Path(self.cfg.checkpoint_dir)
 
     def _save_outbox(self) -> None:
         """Lockstep: own messages a neighbour may still need are part of the checkpoint (one
@@ -636,7 +651,7 @@ class Node:
 
     def _restore_outbox(self) -> None:
         """The saved own messages of rounds before the checkpoint's (later ones are made again)."""
-        for f in Path(self.cfg.checkpoint_dir).glob(f"node-{self.i}-out-*.msgpack"):
+        for f in self._checkpoint_dir.glob(f"node-{self.i}-out-*.msgpack"):
             d = msgpack.unpackb(f.read_bytes(), raw=False)
             r = int(d["round"])
             if r < self.state.t:

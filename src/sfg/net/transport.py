@@ -31,6 +31,8 @@ from pathlib import Path
 import grpc
 import msgpack
 
+from sfg.net.wire import Chunked
+
 CHUNK = 1 << 20
 SERVICE = "sfg.Node"
 log = logging.getLogger("sfg.net")
@@ -106,7 +108,7 @@ def peer_identity(context: grpc.aio.ServicerContext) -> int | None:
 
 # ----------------------------------------------------------------------------------- server
 DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[tuple[bool, str]]]
-FetchFn = Callable[[int, int], tuple[bytes, bytes] | None]
+FetchFn = Callable[[int, int], tuple[bytes, bytes | Chunked] | None]
 
 
 def chunks(payload, size: int | None = None):
@@ -195,7 +197,7 @@ class Peer:
         self._deliver = self.channel.stream_unary(f"/{SERVICE}/Deliver")
         self._fetch = self.channel.unary_stream(f"/{SERVICE}/Fetch")
 
-    async def deliver(self, header: bytes, payload: bytes, *, timeout: float = 10.0,
+    async def deliver(self, header: bytes, payload: bytes | Chunked, *, timeout: float = 10.0,
                       retries: int = 3, backoff: float = 0.05) -> tuple[bool, str]:
         """Send one message; ``(accepted, reason)``. ``reason`` is the receiver's rejection
         reason, or a transport status such as ``"UNAVAILABLE"`` after the retries."""

@@ -31,9 +31,11 @@ import threading
 import types
 from collections import namedtuple
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
+from numpy.typing import ArrayLike
 
 from sfg.errors import SfgError
 from sfg.round.compiled import first_class
@@ -42,6 +44,9 @@ from sfg.round.slots import RoundGraph
 from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState
 from sfg.util.rng import stream
 from sfg.world.outages.anatomy import Capabilities
+
+if TYPE_CHECKING:
+    from sfg.round.rules import Rule
 
 Candidates = namedtuple("Candidates", ["t", "u", "age", "lag", "count", "local_count", "q",
                                        "degree", "key", "given"])
@@ -67,7 +72,7 @@ _NONE_B = np.zeros((0, 0), bool)
 _I64_MAX = np.iinfo(np.int64).max
 
 
-def _c(a, dtype) -> np.ndarray:
+def _c(a: Any, dtype: Any) -> np.ndarray:
     """``a`` as a C-contiguous, writeable array of ``dtype`` (what the compiled parts' one
     signature takes); no copy when it already is one."""
     a = np.ascontiguousarray(a, dtype)
@@ -382,7 +387,7 @@ def _score(x, params, out):  # pragma: no cover - compiled per rule
     """The rule's scores of one receiver, written to ``out`` [k]; returns 1 (the round calls
     this through numba's C wrapper, which returns 0 instead if the rule raises).
     ``call_rule`` is bound per rule by :func:`scorer`."""
-    h = call_rule(x, params)  # noqa: F821
+    h = call_rule(x, params)  # type: ignore[name-defined]  # noqa: F821 - bound per rule by scorer()
     for d in range(out.shape[0]):
         out[d] = h[d]
     return 1
@@ -409,12 +414,13 @@ def _generic(name):
             got = _GENERIC.get(name)
             if got is None:
                 fn = _one if name == "one" else _rounds
-                got = njit(_types()[name], cache=True, nogil=True)(fn)
+                sig: Any = _types()[name]  # a numba signature
+                got = njit(sig, cache=True, nogil=True)(fn)
                 _GENERIC[name] = got
     return got
 
 
-def _specialise(fn, tag: str, **bind):
+def _specialise(fn: Any, tag: str, **bind: Any) -> Any:
     """A copy of ``fn`` named ``fn__tag`` with ``bind`` as its globals, compiled for the score
     signature: called from compiled code only, so without a Python wrapper (which would
     unbox the candidates' ten arrays: about a third of a rule's compile time)."""
@@ -423,7 +429,9 @@ def _specialise(fn, tag: str, **bind):
     f = types.FunctionType(fn.__code__, g, f"{fn.__name__}__{tag}")
     f.__qualname__ = f.__name__
     f.__doc__ = fn.__doc__
-    return njit(_types()["score"].signature, cache=True, nogil=True, no_cpython_wrapper=True)(f)
+    sig = _types()["score"].signature  # type: ignore[attr-defined]  # a numba FunctionType
+    # numba's stubs do not list no_cpython_wrapper, which njit accepts
+    return njit(sig, cache=True, nogil=True, no_cpython_wrapper=True)(f)  # type: ignore[call-overload]
 
 
 def _rule_call(fn):
@@ -461,7 +469,7 @@ def scorer(fn):
                 name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
                 got = first_class(_specialise(_score, f"{name}_{digest}",
                                               call_rule=_rule_call(disp)),
-                                  _types()["score"].signature)
+                                  _types()["score"].signature)  # type: ignore[attr-defined]
                 _KERNELS[fn] = got
     return got
 
@@ -470,7 +478,7 @@ class RuleError(SfgError):
     """A rule's compiled function raised while the round scored a receiver."""
 
 
-def _raise_rule_error(fn, status: int, t0: int, n: int) -> None:
+def _raise_rule_error(fn: Any, status: int, t0: int, n: int) -> None:
     r, i = divmod(int(status) - 1, max(n, 1))
     name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))
     raise RuleError(f"the rule function {name} raised while scoring receiver {i} in round "
@@ -478,9 +486,11 @@ def _raise_rule_error(fn, status: int, t0: int, n: int) -> None:
                     "function in Python, e.g. through Rule.weights_one, on those candidates)")
 
 
-def run_rounds(fn, params, t0: int, c_self: float, ipw: bool, rounded: bool, defence: int,
-               margin: float, kappa: float, rg: RoundGraph, caps: np.ndarray, live, u, key, st,
-               lags, q, w, cand, facts, outside: tuple | None = None,
+def run_rounds(fn: Any, params: Any, t0: int, c_self: float, ipw: bool, rounded: bool,
+               defence: int, margin: float, kappa: float, rg: RoundGraph, caps: np.ndarray,
+               live: np.ndarray, u: np.ndarray, key: np.ndarray, st: np.ndarray,
+               lags: np.ndarray, q: np.ndarray, w: np.ndarray, cand: np.ndarray,
+               facts: np.ndarray, outside: tuple | None = None,
                ev: np.ndarray | None = None) -> None:
     """:func:`_rounds` (the compiled round, once for every rule) with the rule function ``fn``
     (:func:`scorer`); arguments as there, the graph as ``rg``. ``outside``: None or
@@ -545,7 +555,7 @@ class RoundResult:
     facts: np.ndarray
 
 
-def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, *, seed: int,
+def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, *, seed: int,
                live: np.ndarray | None = None, scores: np.ndarray | None = None,
                slot_staleness: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                extra: np.ndarray | None = None, weights_out: np.ndarray | None = None,
@@ -563,7 +573,9 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
     delivers; the senders' true state stays in ``state``); ``attackers`` [N] bool marks them for
     the damage facts; ``frozen`` [N] bool marks senders whose model content never changes
     (evidence of ``+guard``). The rule's defences (:mod:`sfg.round.defences`) run inside the round."""
+    fn: Any
     if rule.oracle:
+        assert rule.fn is not None  # an oracle's numpy function
         cand = candidate_mask(rg, caps, live)
         scores = rule.fn(rg.indptr, rg.send, cand, state.missed, **{
             k: v for k, v in rule.params.items() if k != "c"})
@@ -628,9 +640,11 @@ def play_round(rule, rg: RoundGraph, state: StalenessState, caps: Capabilities, 
     return RoundResult(weights=w, candidate=cand, state=nxt, facts=facts)
 
 
-def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat=None,
-                 t: int | None = None, u: float = 0.5, keys=None, degrees=None,
-                 missed=None) -> np.ndarray:
+def one_receiver(rule: Rule, *, ages: ArrayLike, lags: ArrayLike | None = None,
+                 counts: ArrayLike | None = None, local_counts: ArrayLike | None = None,
+                 q_hat: ArrayLike | None = None, t: int | None = None, u: float = 0.5,
+                 keys: ArrayLike | None = None, degrees: ArrayLike | None = None,
+                 missed: ArrayLike | None = None) -> np.ndarray:
     """One receiver's weights over its candidates (index 0 = the receiver): the round's own
     compiled weights (:func:`_weights`) on the given candidates. See ``Rule.weights_one``."""
     from sfg.errors import SfgError
@@ -659,11 +673,13 @@ def one_receiver(rule, *, ages, lags=None, counts=None, local_counts=None, q_hat
         t = int(np.ceil(raw.max())) if k else 0
     lag = np.rint(raw) if rule.rounded else raw
     given = np.ones(k)
-    fn, params = rule.fn, rule.args if rule.compiled else ()
+    fn: Any = rule.fn
+    params = rule.args if rule.compiled else ()
     if rule.oracle:
+        assert fn is not None  # an oracle's numpy function
         if missed is None:
             raise SfgError(f"rule {rule.name!r} is an oracle: give missed=[k, T] rows of A")
-        given = rule.fn(np.array([0, k]), np.arange(k), np.ones(k, bool),
+        given = fn(np.array([0, k]), np.arange(k), np.ones(k, bool),
                         np.asarray(missed, np.float64),
                         **{kk: v for kk, v in rule.params.items() if kk != "c"})
         fn = given_scores

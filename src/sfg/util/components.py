@@ -114,7 +114,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 @dataclass
 class Entry:
     name: str
-    factory: Callable[..., Any]
+    factory: Callable[..., Any] | None  # None: run elsewhere (model-reading rules)
     params: dict[str, Any]
     doc: str = ""
     tags: frozenset[str] = frozenset()
@@ -123,15 +123,19 @@ class Entry:
 class Registry:
     """Name -> factory, with declared parameters (and their defaults) for validation."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, entry_type: type[Entry] = Entry):
         self.kind = kind
+        self.entry_type = entry_type
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Callable[..., Any], *, params: dict[str, Any] | None = None,
-                 doc: str = "", tags: Iterable[str] = ()) -> Callable[..., Any]:
+    def register(self, name: str, factory: Callable[..., Any] | None, *,
+                 params: dict[str, Any] | None = None, doc: str = "", tags: Iterable[str] = (),
+                 **extra: Any) -> Callable[..., Any] | None:
+        """``extra``: the fields of a subclass of :class:`Entry` (``entry_type``)."""
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} registered twice")
-        self._entries[name] = Entry(name, factory, dict(params or {}), doc, frozenset(tags))
+        self._entries[name] = self.entry_type(name, factory, dict(params or {}), doc,
+                                              frozenset(tags), **extra)
         return factory
 
     def __contains__(self, name: str) -> bool:
@@ -167,4 +171,7 @@ class Registry:
     def make(self, text: str | Component, **overrides: Any) -> Any:
         comp = text if isinstance(text, Component) else parse_component(text, kind=self.kind)
         params = self.check_params(comp.name, {**comp.params, **overrides})
-        return self._entries[comp.name].factory(**params)
+        factory = self._entries[comp.name].factory
+        if factory is None:
+            raise SfgError(f"{self.kind} {comp.name!r} cannot be made here")
+        return factory(**params)

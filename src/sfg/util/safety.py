@@ -6,7 +6,7 @@ pixels, decompressed bytes, grid cells) **before** allocating or decompressing i
 it with a budget; an input over budget is refused with the figure and the way to raise the
 limit. Every failure here is an :class:`sfg.errors.SfgError` (one line, exit status 2).
 
-Budgets (README "Limits"; each is an environment variable, read at every check):
+Budgets (docs/reference/limits.md; each is an environment variable, read at every check):
 
 =====================  =========  ===========================================================
 variable               default    what it bounds
@@ -122,7 +122,7 @@ def check_memory(nbytes: float, what: str, *, fix: str = "") -> None:
                        f"{tail}")
 
 
-def check_cells(rows: int, cols: int, bytes_per_cell: float, what: str, *,
+def check_cells(rows: float, cols: float, bytes_per_cell: float, what: str, *,
                 rows_name: str = "rounds", cols_name: str = "devices", fix: str = "") -> None:
     """:func:`check_memory` for a ``rows x cols`` array (figures named in the message)."""
     check_memory(float(rows) * float(cols) * bytes_per_cell,

@@ -2,12 +2,13 @@
 
 A model-free rule is one compiled function over ONE receiver's candidates (index 0 = the
 receiver) that returns non-negative scores; its parameters, defaults and valid ranges are its
-signature's keyword defaults and their :class:`Range` annotations, and ``@rule`` registers it
+signature's keyword defaults and their :class:`Range` annotations (``Annotated[float, R]``,
+which type checkers read, or ``R`` alone), and ``@rule`` registers it
 (see :mod:`sfg.round.rules.library`)::
 
     @rule("sfg", tags=("sfg",))
     @njit(cache=True)
-    def sfg(x, gamma: Unit = 0.5):
+    def sfg(x, gamma: Annotated[float, Unit] = 0.5):
         return gamma ** relative(x.age)
 
 The shared round (:mod:`sfg.round.kernel`) masks, normalises and applies the modifiers, for the
@@ -40,11 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from sfg.errors import SfgError
-from sfg.util.components import Component, Registry, did_you_mean, parse_component
+from sfg.util.components import Component, Entry, Registry, did_you_mean, parse_component
 
-RULES = Registry("rule")
 MODIFIERS = ("ipw", "rounded", "catchup", "guard", "relative", "cap", "clip")
 CATCHUP_CAP = 3
 
@@ -73,57 +74,80 @@ NonNegative = Range(0.0)
 SELF_WEIGHT = Range(0.0, why="the receiver's score is multiplied by c")
 
 
-def _signature_params(fn: Callable) -> dict[str, tuple[float, Range]]:
+@dataclass
+class RuleEntry(Entry):
+    """A registered rule: its compiled function (``factory``; None for model-reading rules),
+    parameters with defaults, tags, and what the round needs to know about it."""
+
+    ranges: dict[str, Range] = field(default_factory=dict)
+    own_c: bool = False  # the rule declares its own ``c`` (the self-weight modifier is off)
+    amplify: str | None = None  # the parameter capping update amplification in training
+    scalars: bool = True  # its weights read staleness scalars that messages must carry
+
+
+RULES = Registry("rule", RuleEntry)
+
+
+def _entry(name: str) -> RuleEntry:
+    entry = RULES.entry(name)
+    assert isinstance(entry, RuleEntry)
+    return entry
+
+
+def _range_of(annotation: Any) -> Range:
+    """A parameter's range: ``Annotated[float, R]`` (what type checkers read) or ``R`` itself."""
+    if isinstance(annotation, Range):
+        return annotation
+    for meta in getattr(annotation, "__metadata__", ()):  # typing.Annotated
+        if isinstance(meta, Range):
+            return meta
+    return Range()
+
+
+def _signature_params(fn: Callable[..., Any] | None) -> dict[str, tuple[float, Range]]:
     """{name: (default, range)} from a compiled rule's keyword parameters (after ``x``)."""
+    if fn is None:  # model-reading rules: no compiled function
+        return {}
     py = getattr(fn, "py_func", fn)
     out = {}
     for k, p in list(inspect.signature(py).parameters.items())[1:]:
         if p.default is inspect.Parameter.empty:
             raise TypeError(f"rule parameter {k!r} of {py.__name__} needs a default")
-        rng = p.annotation if isinstance(p.annotation, Range) else Range()
-        out[k] = (float(p.default), rng)
+        out[k] = (float(p.default), _range_of(p.annotation))
     return out
 
 
 def rule(name: str, *, tags: tuple[str, ...] = (), amplify: str | None = None,
-         scalars: bool = True) -> Callable:
+         scalars: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a compiled one-receiver rule ``fn(x, **params) -> scores [k]``.
 
     tags: "sfg", "baseline", "control"; "random" when it reads the draws ``x.u``/``x.key``.
     amplify: name of the parameter that caps FedAWE-style update amplification in training.
     scalars: False when its weights read no staleness scalar (messages carry none)."""
 
-    def deco(fn):
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = _signature_params(fn)
         params = {k: d for k, (d, _) in sig.items()}
         if "c" not in params:
             params["c"] = 1.0
         py = getattr(fn, "py_func", fn)
         RULES.register(name, fn, params=params, tags=tags,
-                       doc=(py.__doc__ or "").strip().split("\n")[0])
-        entry = RULES.entry(name)
-        entry.ranges = {k: r for k, (_, r) in sig.items()}  # type: ignore[attr-defined]
-        entry.ranges.setdefault("c", SELF_WEIGHT)
-        entry.own_c = "c" in sig  # type: ignore[attr-defined]
-        entry.amplify = amplify  # type: ignore[attr-defined]
-        entry.scalars = scalars  # type: ignore[attr-defined]
+                       doc=(py.__doc__ or "").strip().split("\n")[0],
+                       ranges={"c": SELF_WEIGHT, **{k: r for k, (_, r) in sig.items()}},
+                       own_c="c" in sig, amplify=amplify, scalars=scalars)
         return fn
 
     return deco
 
 
-def register_rule(name: str, fn: Callable | None, *, params: dict | None = None,
-                  tags: tuple[str, ...] = (), doc: str = "",
+def register_rule(name: str, fn: Callable[..., Any] | None, *,
+                  params: dict[str, Any] | None = None, tags: tuple[str, ...] = (), doc: str = "",
                   ranges: dict[str, Range] | None = None) -> None:
     """Register a rule that is not a compiled one-receiver function: model-reading rules
     (``fn`` None, tag "model"; run by :mod:`sfg.sim.model_rules`) and oracles (tag "oracle";
     :mod:`sfg.round.rules.oracles`)."""
-    RULES.register(name, fn, params={"c": 1.0, **(params or {})}, tags=tags, doc=doc)
-    entry = RULES.entry(name)
-    entry.ranges = {"c": SELF_WEIGHT, **(ranges or {})}  # type: ignore[attr-defined]
-    entry.own_c = False  # type: ignore[attr-defined]
-    entry.amplify = None  # type: ignore[attr-defined]
-    entry.scalars = True  # type: ignore[attr-defined]
+    RULES.register(name, fn, params={"c": 1.0, **(params or {})}, tags=tags, doc=doc,
+                   ranges={"c": SELF_WEIGHT, **(ranges or {})})
 
 
 @dataclass(frozen=True)
@@ -139,17 +163,27 @@ class Rule:
     text: str = ""
 
     @property
-    def entry(self):
-        return RULES.entry(self.name)
+    def entry(self) -> RuleEntry:
+        return _entry(self.name)
 
     @property
     def tags(self) -> frozenset[str]:
         return self.entry.tags
 
     @property
-    def fn(self) -> Callable | None:
+    def fn(self) -> Callable[..., Any] | None:
         """The compiled one-receiver function (None for model-reading rules)."""
         return self.entry.factory
+
+    @property
+    def scorer(self) -> Callable[..., Any]:
+        """The compiled function (a one-receiver rule's or an oracle's); an error for a rule
+        that reads models."""
+        fn = self.fn
+        if fn is None:
+            raise SfgError(f"rule {self.name!r} reads model parameters; run it with `sfg run`, "
+                           "not in a model-free replay")
+        return fn
 
     @property
     def compiled(self) -> bool:
@@ -233,9 +267,11 @@ class Rule:
     def __str__(self) -> str:
         return self.text or self.name
 
-    def weights_one(self, *, ages, lags=None, counts=None, local_counts=None, q_hat=None,
-                    t: int | None = None, u: float = 0.5, keys=None, degrees=None,
-                    missed=None) -> np.ndarray:
+    def weights_one(self, *, ages: ArrayLike, lags: ArrayLike | None = None,
+                    counts: ArrayLike | None = None, local_counts: ArrayLike | None = None,
+                    q_hat: ArrayLike | None = None, t: int | None = None, u: float = 0.5,
+                    keys: ArrayLike | None = None, degrees: ArrayLike | None = None,
+                    missed: ArrayLike | None = None) -> np.ndarray:
         """One receiver's weights over its candidates; index 0 is the receiver (SPEC §1 step 2).
 
         ages [k] int, lags [k] float (default = ages), counts [k] int (default 1),
@@ -285,7 +321,7 @@ def parse_rule(text: str | Component) -> Rule:
             Range(lo, why=f"the +{owner} defence").check(name, key, value)
             defence_params[key] = float(value)
     params = {**RULES.check_params(name, rule_params), **defence_params}
-    ranges = getattr(RULES.entry(name), "ranges", {})
+    ranges = _entry(name).ranges
     for key, value in params.items():
         if key in ranges:
             ranges[key].check(name, key, value)

@@ -12,10 +12,12 @@ Fields of ``x``: ``t`` round; ``u`` the receiver's uniform draw; ``age`` [k] int
 ``degree`` [k] int64 live-neighbour counts; ``key`` [k] float64 uniform keys.
 
 Parameters are the keyword defaults after ``x``; their annotation is the valid range
-(:class:`sfg.round.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
+(``Annotated[float, R]``, ``R`` a :class:`sfg.round.rules.Range`). ``0^0 = 1`` throughout (``gamma ** 0.0 == 1``), which gives the
 ``gamma=0`` "freshest only" variants for free. Adding a rule: write a function here (or in any
 module that is imported), decorate it with ``@rule(name)`` and ``@njit(cache=True)``.
 """
+
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from sfg.round.jit import (
     njit,  # numba.njit, imported on first use (listing the rules loads no numba)
 )
 from sfg.round.rules import Discount, NonNegative, Unit, register_rule, rule
+
+if TYPE_CHECKING:  # the kernel loads numba; listing the rules must not
+    from sfg.round.kernel import Candidates
 
 # Real-valued lags are sums of products; two lags that are equal (or exactly L apart) in exact
 # arithmetic may differ in the last bits depending on summation order. Relative staleness below
@@ -159,28 +164,28 @@ def negated(a):
 # ----------------------------------------------------------------- SFG family (SPEC §3.1)
 @rule("sfg", tags=("sfg",))
 @njit(cache=True)
-def sfg(x, gamma: Discount = 0.5):
+def sfg(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``sfg``: h_j = γ^(τ_j − τ_min), ages relative to the freshest candidate (receiver included)."""
     return discount(gamma, x.age)
 
 
 @rule("sfg-l", tags=("sfg",))
 @njit(cache=True)
-def sfg_l(x, gamma: Discount = 0.5):
+def sfg_l(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``sfg-l``: h_j = γ^(ℓ_j − ℓ_min) on effective lags."""
     return discount(gamma, x.lag)
 
 
 @rule("sfg-cut", tags=("sfg",))
 @njit(cache=True)
-def sfg_cut(x, L: NonNegative = 1.0):
+def sfg_cut(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``sfg-cut``: h_j = (1 + t − ℓ_j)·1[ℓ_j − ℓ_min ≤ L] (mean-inherited count, cut at margin L)."""
     return mean_inherited_cut(x.lag, x.t, L)
 
 
 @rule("sfg-counts", tags=("sfg",))
 @njit(cache=True)
-def sfg_counts(x, gamma: Discount = 0.5):
+def sfg_counts(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``sfg-counts``: h_j = γ^(n_max − n_j) on max-inherited counts."""
     top = highest(x.count)
     h = np.empty(x.count.shape[0], np.float64)
@@ -192,14 +197,14 @@ def sfg_counts(x, gamma: Discount = 0.5):
 # ----------------------------------------------------------------- baselines (SPEC §3.2)
 @rule("dfedavg", tags=("baseline",), scalars=False)
 @njit(cache=True)
-def dfedavg(x):
+def dfedavg(x: "Candidates") -> np.ndarray:
     """``dfedavg``: uniform over the candidate set."""
     return np.ones(x.age.shape[0])
 
 
 @rule("local", tags=("baseline",), scalars=False)
 @njit(cache=True)
-def local(x):
+def local(x: "Candidates") -> np.ndarray:
     """``local``: only the receiver's own model (no communication)."""
     h = np.zeros(x.age.shape[0])
     h[0] = 1.0
@@ -208,7 +213,7 @@ def local(x):
 
 @rule("aoi", tags=("baseline",))
 @njit(cache=True)
-def aoi(x, gamma: Discount = 0.5):
+def aoi(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``aoi`` (neighbour-only AoI): h_ii = 1, h_ij = γ^(τ_j) (absolute ages)."""
     h = gamma ** x.age.astype(np.float64)
     h[0] = 1.0
@@ -217,7 +222,7 @@ def aoi(x, gamma: Discount = 0.5):
 
 @rule("dfl-aa", tags=("baseline",))
 @njit(cache=True)
-def dfl_aa(x, gamma: Discount = 0.5):
+def dfl_aa(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``dfl-aa``: h_ii = 1, h_ij = γ^(τ_j − min over live neighbours)/q̂_ij; the receiver is never discounted."""
     h = neighbours_discount(gamma, x.age)
     for j in range(h.shape[0]):
@@ -227,28 +232,28 @@ def dfl_aa(x, gamma: Discount = 0.5):
 
 @rule("gl-age", tags=("baseline",))
 @njit(cache=True)
-def gl_age(x):
+def gl_age(x: "Candidates") -> np.ndarray:
     """``gl-age``: h_j = n_j, the max-inherited count (gossip-learning model age)."""
     return x.count.astype(np.float64)
 
 
 @rule("limited-merging", tags=("baseline",))
 @njit(cache=True)
-def limited_merging(x, L: NonNegative = 1.0):
+def limited_merging(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``limited-merging``: drop n_j < n_max − L (the receiver included), weight the rest by n_j."""
     return within(x.count, L)
 
 
 @rule("local-counts", tags=("baseline",))
 @njit(cache=True)
-def local_counts(x, L: NonNegative = 1.0):
+def local_counts(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``local-counts``: limited merging on per-client counters that are never inherited."""
     return within(x.local_count, L)
 
 
 @rule("update-amplification", tags=("baseline",), amplify="c", scalars=False)
 @njit(cache=True)
-def update_amplification(x, c: NonNegative = 1.0):
+def update_amplification(x: "Candidates", c: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``update-amplification`` (FedAWE-style): DFedAvg weights, returning updates × (1 + min(τ_i, c)).
 
     A returning client scales its local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
@@ -258,7 +263,7 @@ def update_amplification(x, c: NonNegative = 1.0):
 # ----------------------------------------------------------------- controls (SPEC §3.3)
 @rule("self-weight", tags=("control",), scalars=False)
 @njit(cache=True)
-def self_weight(x, c: NonNegative = 0.5):
+def self_weight(x: "Candidates", c: Annotated[float, NonNegative] = 0.5) -> np.ndarray:
     """``self-weight``: neighbours 1, receiver c (default 0.5), regardless of age."""
     h = np.ones(x.age.shape[0])
     h[0] = c
@@ -276,35 +281,35 @@ def discount_on_return(age, base):
 
 @rule("self-only", tags=("control",))
 @njit(cache=True)
-def self_only(x, base: Unit = 0.5):
+def self_only(x: "Candidates", base: Annotated[float, Unit] = 0.5) -> np.ndarray:
     """``self-only``: neighbours 1; a returning receiver with ≥ 1 live neighbour scores itself base^τ_i."""
     return discount_on_return(x.age, base)
 
 
 @rule("reset-on-return", tags=("control",))
 @njit(cache=True)
-def reset_on_return(x):
+def reset_on_return(x: "Candidates") -> np.ndarray:
     """``reset-on-return``: as ``self-only`` with 0 (discard the own model, average live neighbours)."""
     return discount_on_return(x.age, 0.0)
 
 
 @rule("neighbour-only-lags", tags=("control",))
 @njit(cache=True)
-def neighbour_only_lags(x, gamma: Discount = 0.5):
+def neighbour_only_lags(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``neighbour-only-lags``: h_ii = 1, h_ij = γ^(ℓ_j − min over live neighbours ℓ)."""
     return neighbours_discount(gamma, x.lag)
 
 
 @rule("neighbour-only-counts", tags=("control",))
 @njit(cache=True)
-def neighbour_only_counts(x, gamma: Discount = 0.5):
+def neighbour_only_counts(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``neighbour-only-counts``: h_ii = 1, h_ij = γ^(max over live neighbours n − n_j)."""
     return neighbours_discount(gamma, negated(x.count))
 
 
 @rule("pinned-receiver", tags=("control",))
 @njit(cache=True)
-def pinned_receiver(x, gamma: Discount = 0.5):
+def pinned_receiver(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
     """``pinned-receiver``: ``sfg-l`` weights and reference (receiver included), but h_ii = 1."""
     h = discount(gamma, x.lag)
     h[0] = 1.0
@@ -313,7 +318,7 @@ def pinned_receiver(x, gamma: Discount = 0.5):
 
 @rule("copy-random", tags=("control", "random"), scalars=False)
 @njit(cache=True)
-def copy_random(x):
+def copy_random(x: "Candidates") -> np.ndarray:
     """``copy-random``: replace the model by one candidate drawn uniformly (the rule's own stream)."""
     k = x.age.shape[0]
     h = np.zeros(k)
@@ -323,7 +328,7 @@ def copy_random(x):
 
 @rule("placebo-cut", tags=("control", "random"))
 @njit(cache=True)
-def placebo_cut(x, L: NonNegative = 1.0):
+def placebo_cut(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``placebo-cut``: keep as many candidates as ``sfg-cut`` would, drawn at random; uniform weights."""
     cut = mean_inherited_cut(x.lag, x.t, L)
     kept = np.int64(0)  # not a literal 0: smallest_keys is compiled for one type of m
@@ -335,7 +340,7 @@ def placebo_cut(x, L: NonNegative = 1.0):
 
 @rule("cut-ages", tags=("control",))
 @njit(cache=True)
-def cut_ages(x):
+def cut_ages(x: "Candidates") -> np.ndarray:
     """``cut-ages``: keep candidates within one round of the youngest age; uniform weights."""
     lo = lowest(x.age)
     h = np.empty(x.age.shape[0], np.float64)
@@ -346,7 +351,7 @@ def cut_ages(x):
 
 @rule("receiver-kept", tags=("control",))
 @njit(cache=True)
-def receiver_kept(x, L: NonNegative = 1.0):
+def receiver_kept(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``receiver-kept``: ``sfg-cut`` that never drops the receiver."""
     h = mean_inherited_cut(x.lag, x.t, L)
     h[0] = max(1.0 + x.t - x.lag[0], 0.0)
@@ -355,7 +360,7 @@ def receiver_kept(x, L: NonNegative = 1.0):
 
 @rule("two-random", tags=("control", "random"), scalars=False)
 @njit(cache=True)
-def two_random(x):
+def two_random(x: "Candidates") -> np.ndarray:
     """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights.
 
     The own model alone when there is no live neighbour; the draws are the rule's own stream
@@ -365,7 +370,7 @@ def two_random(x):
 
 @rule("metropolis-hastings", tags=("control",), scalars=False)
 @njit(cache=True)
-def metropolis_hastings(x):
+def metropolis_hastings(x: "Candidates") -> np.ndarray:
     """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)), d = live degree; w_ii = 1 − Σ_j w_ij.
 
     d is the current number of live neighbours (neighbours that send, over live links);

@@ -42,7 +42,8 @@ class Trace:
     devices: list[str]
     round_minutes: float
     start: list[str]
-    day_offset_minutes: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None (the default) means zeros: __post_init__ always sets an [D] array, so readers see one
+    day_offset_minutes: np.ndarray = field(default=None)  # type: ignore[arg-type]
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -127,8 +128,11 @@ class FlashStates:
         if screen not in SCREENS:
             raise SfgError(f"unknown FLASH screen reading {screen!r}"
                            f"{did_you_mean(str(screen), SCREENS)}")
-        return {"last-event": self.screen_last, "display": self.display_off,
-                "lock": self.locked}[screen]
+        got = {"last-event": self.screen_last, "display": self.display_off,
+               "lock": self.locked}[screen]
+        if got is None:
+            raise SfgError(f"FLASH trace {self.path} has no {screen!r} screen reading")
+        return got
 
     def rule(self, rule: str, screen: str = "either") -> np.ndarray:
         """bool[M]: the flat per-minute rule ``strict`` or ``relaxed`` under ``screen``."""
@@ -153,7 +157,8 @@ def _load_json(path: Path) -> dict:
     return data
 
 
-def _split_messages(path: Path, data: dict):
+def _split_messages(path: Path, data: dict[str, Any]
+                    ) -> tuple[list[str], list[str], int, np.ndarray, np.ndarray, list[str], list[str]]:
     """Flatten all devices' message lines: (keys, models, dev[E], line[E], stamps[E], events[E])."""
     keys: list[str] = []
     models: list[str] = []
@@ -190,7 +195,8 @@ def _split_messages(path: Path, data: dict):
     return keys, models, n_total, np.asarray(dev, np.int64), np.asarray(lineno, np.int64), stamps, events
 
 
-def _first_bad(path: Path, keys, dev, lineno, mask: np.ndarray, what: str, values) -> SfgError:
+def _first_bad(path: Path, keys: list[str], dev: np.ndarray, lineno: np.ndarray, mask: np.ndarray,
+               what: str, values: list[str]) -> SfgError:
     i = int(np.flatnonzero(mask)[0])
     return SfgError(
         f"FLASH trace {path}: device {keys[dev[i]]!r}, message line {lineno[i]}: {what} "
@@ -198,7 +204,8 @@ def _first_bad(path: Path, keys, dev, lineno, mask: np.ndarray, what: str, value
     )
 
 
-def _parse_times(path, keys, dev, lineno, stamps: list[str]) -> np.ndarray:
+def _parse_times(path: Path, keys: list[str], dev: np.ndarray, lineno: np.ndarray,
+                 stamps: list[str]) -> np.ndarray:
     arr = np.asarray(stamps, dtype=str)
     bad = np.char.str_len(arr) != 19
     if bad.any():
@@ -218,7 +225,8 @@ def _parse_times(path, keys, dev, lineno, stamps: list[str]) -> np.ndarray:
         raise  # pragma: no cover - numpy rejected the batch but no single stamp
 
 
-def _event_codes(path, keys, dev, lineno, events: list[str], ignore_unknown: bool):
+def _event_codes(path: Path, keys: list[str], dev: np.ndarray, lineno: np.ndarray,
+                 events: list[str], ignore_unknown: bool) -> tuple[np.ndarray, np.ndarray]:
     """(kind[E], value[E]) from event strings; unknown events raise unless ignored."""
     uniq, inv = np.unique(np.asarray(events, dtype=str), return_inverse=True)
     kind_u = np.full(len(uniq), -1, np.int64)

@@ -60,6 +60,7 @@ def load_trace(source: str, path: str | Path, **params: Any) -> Trace:
     key = (source, fkey, tuple(sorted((k, repr(v)) for k, v in params.items())))
     if key in _TRACES:
         return _TRACES[key]
+    pkey: tuple[Any, ...]
     if source == "flash":
         ignore = bool(params.pop("ignore_unknown", False))
         pkey = ("flash", fkey, ignore)

@@ -32,6 +32,7 @@ Variants: ``10min`` = 300 rounds of 10 minutes (50 h); ``6day`` = 300 rounds of 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,7 +218,8 @@ def _window(tl: _Timeline, t0: int, rounds: int, rm: int) -> np.ndarray:
     return minutes_to_rounds(per_minute, rm)[0]
 
 
-def _promising(tl: _Timeline, fit: np.ndarray, W_ms: int, min_online_ms: float):
+def _promising(tl: _Timeline, fit: np.ndarray, W_ms: int, min_online_ms: float
+               ) -> Iterator[tuple[int, int]]:
     """(start, offset) of the fitting windows online long enough to qualify, earliest first.
 
     A round is available only when at least half of its minutes are online, and a minute only

@@ -97,11 +97,11 @@ def _read_columns(path: Path) -> tuple[dict[str, list[str]], list[int], str]:
 
 def _read_parquet(path: Path) -> tuple[dict[str, list[str]], list[int], str]:
     try:
-        import pyarrow.parquet as pq  # type: ignore[import-not-found]
+        import pyarrow.parquet as pq
     except ImportError:
         raise SfgError(
-            f"reading Parquet trace {path} needs pyarrow; install it (pip install pyarrow) "
-            "or save the trace as CSV"
+            f"reading Parquet trace {path} needs the 'parquet' extra (pyarrow is not "
+            "installed): pip install 'sfg[parquet]', or save the trace as CSV"
         ) from None
     try:
         meta = pq.ParquetFile(path).metadata
@@ -197,7 +197,8 @@ def _devices(values: list[str]) -> tuple[list[str], np.ndarray]:
     return [str(u) for u in uniq[order]], rank[inv]
 
 
-def _from_rounds(path: Path, cols, lines, where: str, rounds: int | None,
+def _from_rounds(path: Path, cols: dict[str, list[str]], lines: list[int], where: str,
+                 rounds: int | None,
                  round_minutes: float) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
     devices, dev = _devices(cols["device"])
     try:
@@ -235,8 +236,9 @@ def _from_rounds(path: Path, cols, lines, where: str, rounds: int | None,
     return avail, devices, start, np.zeros(len(devices))
 
 
-def _from_intervals(path: Path, cols, lines, where: str, rounds: int | None,
-                    round_minutes: float, origin: Any):
+def _from_intervals(path: Path, cols: dict[str, list[str]], lines: list[int], where: str,
+                    rounds: int | None, round_minutes: float, origin: Any
+                    ) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
     devices, dev = _devices(cols["device"])
     s, kind_s = _minutes(path, cols["start"], lines, where, "start")
     e, kind_e = _minutes(path, cols["end"], lines, where, "end")
@@ -397,11 +399,11 @@ def save_tabular(trace: Trace, path: str | Path, *, form: str = "rounds") -> Pat
                      end[order], val[order]]
     if p.suffix.lower() in (".parquet", ".pq"):
         try:
-            import pyarrow as pa  # type: ignore[import-not-found]
-            import pyarrow.parquet as pq  # type: ignore[import-not-found]
+            import pyarrow as pa
+            import pyarrow.parquet as pq
         except ImportError:
-            raise SfgError(f"writing Parquet trace {p} needs pyarrow; install it "
-                           "(pip install pyarrow) or write CSV") from None
+            raise SfgError(f"writing Parquet trace {p} needs the 'parquet' extra (pyarrow is "
+                           "not installed): pip install 'sfg[parquet]', or write CSV") from None
         pq.write_table(pa.table({h: list(c) for h, c in zip(header, rows_cols, strict=True)}), p)
         return p
     p.parent.mkdir(parents=True, exist_ok=True)
