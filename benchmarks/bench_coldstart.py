@@ -63,7 +63,7 @@ def machine() -> dict:
 def run(src: str, cache: str, rules: list[str]) -> float:
     """Wall seconds of one ``sfg replay`` process with ``rules`` (src on PYTHONPATH)."""
     env = dict(os.environ, PYTHONPATH=src, NUMBA_CACHE_DIR=cache)
-    cmd = [PY, "-m", "sfg.cli.main", *REPLAY]
+    cmd = [PY, "-m", "sfg", *REPLAY]  # works for the old layout (sfg.cli) and the new
     for r in rules:
         cmd += ["-r", r]
     t0 = time.perf_counter()
