@@ -112,6 +112,15 @@ def _types() -> dict[object, object]:
                 tail = ((f2, i2, f1, b1, b2) if outside else (nt.none,) * 5) + (
                     (nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2)
                 _TYPES["round", outside, defended] = nt.int64(*head, *tail)
+        for defended in (False, True):
+            # _events: score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
+            # send, times, kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags,
+            # q, hdr, hdr_lag, w, facts, marks, forge, rnd, samples, curve, defend, ev
+            _TYPES["events", defended] = nt.int64(
+                score, f1, nt.float64, nt.boolean, nt.boolean, nt.int64, nt.float64,
+                nt.float64, i1, i1, f1, i1, i1, i1, f1, i1, i1, i1, f1, f1, f1, i2, f1, f1,
+                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2,
+                *((nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2))
     return _TYPES
 
 
@@ -145,6 +154,66 @@ def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - com
             w[d] = 0.0
         w[0] = 1.0
     return 0
+
+
+@njit(inline="always")
+def _settle(trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr):  # pragma: no cover
+    """The staleness update of one receiver that adopts its aggregate (SPEC §2), from its
+    candidates' claims as used (``b_age``, ``b_raw`` lags, ``b_count`` [k], index 0 = the
+    receiver) and its weights ``wk`` [k]: returns (age, lag, count) after the round — lag the
+    weighted mean of the candidates' lags (+1 if it did not train), age 0 after training (else
+    the youngest merged + 1), count the largest merged (+1 for training). Writes the facts of
+    the candidates into ``fr`` (:data:`FACTS`; ``b_cand``: candidates proper, not remembered
+    models; ``b_att``: sent by an attacker). Written once for the round (:func:`_rounds`) and
+    the virtual clock's events (:func:`_events`)."""
+    mix = 0.0
+    youngest = _I64_MAX
+    inherited = 0
+    kept = 0
+    amin = _I64_MAX
+    amax = -1
+    lmin = np.inf
+    lmax = -np.inf
+    max_nb_age = -1
+    att_w = 0.0
+    for d in range(k):
+        if b_att[d]:
+            att_w += wk[d]
+        mix += wk[d] * b_raw[d]
+        if wk[d] > 0.0:
+            if b_age[d] < youngest:
+                youngest = b_age[d]
+            if b_count[d] > inherited:
+                inherited = b_count[d]
+            if b_cand[d]:
+                kept += 1
+        if b_cand[d]:
+            if b_age[d] < amin:
+                amin = b_age[d]
+            if b_age[d] > amax:
+                amax = b_age[d]
+            if b_raw[d] < lmin:
+                lmin = b_raw[d]
+            if b_raw[d] > lmax:
+                lmax = b_raw[d]
+            if d > 0 and b_age[d] > max_nb_age:
+                max_nb_age = b_age[d]
+    fr[F_MAX_NB_AGE] = max_nb_age
+    fr[F_SPREAD_AGE] = amax - amin
+    fr[F_SPREAD_LAG] = lmax - lmin
+    fr[F_KEPT] = kept
+    fr[F_ATT_W] = att_w
+    not_trained = 0.0 if trained else 1.0
+    return (0 if trained else youngest + 1), mix + not_trained, inherited + (1 if trained else 0)
+
+
+@njit(inline="always")
+def _update_q(q, a, b, cand):  # pragma: no cover - compiled
+    """q̂ of receiver slots a+1..b−1 after an aggregation (SPEC §2): EWMA of "is a candidate",
+    floored."""
+    for e in range(a + 1, b):
+        qe = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
+        q[e] = Q_HAT_FLOOR if Q_HAT_FLOOR > qe else qe  # max(qe, floor)
 
 
 def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, indptr, send,
@@ -192,6 +261,8 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
     b_given = np.empty(kmax, np.float64)
     b_w = np.empty(kmax, np.float64)
     b_min_age = np.empty(kmax, np.int64)
+    b_cand = np.empty(kmax, np.bool_)
+    b_att = np.empty(kmax, np.bool_)
     for d in range(kmax):
         b_key[d] = 0.0
         b_given[d] = 1.0
@@ -305,57 +376,24 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
                 if (defence & CAP) != 0 and adopts[i]:
                     defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age,
                            wk)
-            # weights, the staleness update of an adopter (SPEC §2), facts (SPEC §9)
-            mix = 0.0
-            youngest = _I64_MAX
-            inherited = 0
-            kept = 0
-            amin = _I64_MAX
-            amax = -1
-            lmin = np.inf
-            lmax = -np.inf
-            max_nb_age = -1
-            att_w = 0.0
             for d in range(k):
                 e = b_slot[d]
                 wr[e] = wk[d]
+                b_cand[d] = cand[e]
+                b_att[d] = False
                 if marks is not None:
                     if marks.shape[0] > 0 and d > 0 and marks[0, send[e]]:
-                        att_w += wk[d]
-                mix += wk[d] * b_raw[d]
-                if wk[d] > 0.0:
-                    if b_age[d] < youngest:
-                        youngest = b_age[d]
-                    if b_count[d] > inherited:
-                        inherited = b_count[d]
-                    if cand[e]:
-                        kept += 1
-                if cand[e]:
-                    if b_age[d] < amin:
-                        amin = b_age[d]
-                    if b_age[d] > amax:
-                        amax = b_age[d]
-                    if b_raw[d] < lmin:
-                        lmin = b_raw[d]
-                    if b_raw[d] > lmax:
-                        lmax = b_raw[d]
-                    if d > 0 and b_age[d] > max_nb_age:
-                        max_nb_age = b_age[d]
+                        b_att[d] = True
+            # the staleness update of an adopter (SPEC §2), facts (SPEC §9)
             if adopts[i]:
-                new_lag[i] = mix + not_trained
-                new_age[i] = 0 if trained else youngest + 1
-                new_count[i] = inherited + (1 if trained else 0)
-            for e in range(a + 1, b):
-                qe = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
-                q[e] = Q_HAT_FLOOR if Q_HAT_FLOOR > qe else qe  # max(qe, floor)
+                new_age[i], new_lag[i], new_count[i] = _settle(
+                    trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr[i])
+            else:
+                _settle(trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr[i])
+            _update_q(q, a, b, cand)
             fr[i, F_ADOPT] = 1.0 if adopts[i] else 0.0
             fr[i, F_NB] = n_nb
-            fr[i, F_MAX_NB_AGE] = max_nb_age
-            fr[i, F_SPREAD_AGE] = amax - amin
-            fr[i, F_SPREAD_LAG] = lmax - lmin
-            fr[i, F_KEPT] = kept
             fr[i, F_SELF_W] = wr[a]
-            fr[i, F_ATT_W] = att_w
             fr[i, F_CLAMPED] = n_clamped
         if ev is not None:
             if ev.shape[0] > 0:  # content versions: a model changes when trained or mixed
@@ -372,6 +410,180 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
             counts[i] = new_count[i]
             if train[i]:
                 local_counts[i] += 1
+    return failed
+
+
+
+def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr, send, times,
+            kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags, q, hdr, hdr_lag,
+            w, facts, marks, forge, rnd, samples, curve, defend, ev):  # pragma: no cover
+    """The virtual clock's events in order (SPEC §12), one receiver each, through the round's
+    own parts: the rule (``score``), :func:`_weights`, the defences, :func:`_settle` (the
+    staleness update) and :func:`_update_q`. Returns 0, or 1 + r for the first event r whose
+    rule raised.
+
+    kind [R]: 0 a local round of dev[r] at times[r] (aggregate, train K steps, send; the
+    schedule holds only rounds that completed), 1 an offline span of amount[r] staleness
+    units (lag + amount, age + ⌊amount⌋). tt [R]: the receiver's round index t as the rule
+    sees it (its own clock). cptr [R+1], cslot / cmsg / cwait [C]: a local round's
+    candidates, the receiver first (its own slot; cmsg −1), then one message per neighbour:
+    the slot it arrives over, the local round that sent it (an earlier event) and the units
+    it waited (counted as older: age + ⌊d⌋, lag + d, counts unchanged). u [R], key [C]: a
+    random rule's draws, or [0].
+
+    State, in place: st [4, N] int64 (ages, counts, local counts, content versions), lags
+    [N], q [E] (q̂ per slot). hdr [5, R] int64 (age, count, local count, candidates heard,
+    version) and hdr_lag [R]: the header each local round sends (written here; read by the
+    candidates of later rounds). Out: w [C] weights, facts [R, F] (:data:`FACTS`, on the
+    state before the event), curve [2, S] the mean age and lag at the times samples [S].
+
+    Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
+    attackers' claim on what they send (0 honest, 1 fresh: age 0, lag 0, count = the largest
+    count among its candidates + 1, 2 stale-others: that + t + 1, 3 random from rnd [3, R]).
+    An attacker knows only what it received (its candidates), not its neighbours' state.
+    Defences: ``defend`` and ev [2, E] as in :func:`_rounds` (None without them)."""
+    n = indptr.shape[0] - 1
+    R = kind.shape[0]
+    use_u = u.shape[0] > 0
+    use_key = key.shape[0] > 0
+    kmax = 1
+    for i in range(n):
+        ki = indptr[i + 1] - indptr[i]
+        if ki > kmax:
+            kmax = ki
+    b_slot = np.empty(kmax, np.int64)
+    b_age = np.empty(kmax, np.int64)
+    b_lag = np.empty(kmax, np.float64)
+    b_raw = np.empty(kmax, np.float64)
+    b_count = np.empty(kmax, np.int64)
+    b_local = np.empty(kmax, np.int64)
+    b_q = np.empty(kmax, np.float64)
+    b_deg = np.empty(kmax, np.int64)
+    b_key = np.zeros(kmax, np.float64)
+    b_given = np.ones(kmax, np.float64)
+    b_w = np.empty(kmax, np.float64)
+    b_min_age = np.zeros(kmax, np.int64)
+    b_cand = np.ones(kmax, np.bool_)
+    b_att = np.zeros(kmax, np.bool_)
+    cand = np.zeros(send.shape[0], np.bool_)
+    ages = st[0]
+    counts = st[1]
+    local_counts = st[2]
+    versions = st[3]
+    S = samples.shape[0]
+    s = 0
+    failed = 0
+    for r in range(R):
+        while s < S and samples[s] <= times[r]:
+            curve[0, s] = np.mean(ages)
+            curve[1, s] = np.mean(lags)
+            s += 1
+        i = dev[r]
+        t = tt[r]
+        fr = facts[r]
+        for f in range(fr.shape[0]):
+            fr[f] = 0.0
+        fr[F_AGE] = ages[i]
+        fr[F_LAG] = lags[i]
+        fr[F_MAX_NB_AGE] = -1.0
+        fr[F_SELF_W] = 1.0
+        fr[F_HONEST] = 0.0 if marks[0, i] else 1.0
+        if kind[r] == 1:
+            lags[i] += amount[r]
+            ages[i] += np.int64(np.floor(amount[r]))
+            continue
+        a = indptr[i]
+        b = indptr[i + 1]
+        for e in range(a, b):
+            cand[e] = False
+        p0 = cptr[r]
+        k = cptr[r + 1] - p0
+        for d in range(k):
+            c = p0 + d
+            e = cslot[c]
+            cand[e] = True
+            b_slot[d] = e
+            if d == 0:
+                b_age[d] = ages[i]
+                b_raw[d] = lags[i]
+                b_count[d] = counts[i]
+                b_local[d] = local_counts[i]
+                b_deg[d] = k - 1
+                b_q[d] = 1.0
+                b_att[d] = False
+            else:
+                m = cmsg[c]
+                dd = cwait[c]
+                b_age[d] = hdr[0, m] + np.int64(np.floor(dd))
+                b_raw[d] = hdr_lag[m] + dd
+                b_count[d] = hdr[1, m]
+                b_local[d] = hdr[2, m]
+                b_deg[d] = hdr[3, m]
+                b_q[d] = q[e]
+                b_att[d] = marks[0, send[e]]
+                if ev is not None:
+                    b_min_age[d] = 0
+                    # +guard's evidence: the content last seen over this slot
+                    if ev.shape[0] > 0:
+                        if ev[0, e] == hdr[4, m]:
+                            b_min_age[d] = t - ev[1, e]
+                        else:
+                            ev[0, e] = hdr[4, m]
+                            ev[1, e] = t
+            b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
+            if use_key:
+                b_key[d] = key[c]
+        n_clamped = 0
+        if defend is not None:
+            if defence != 0:
+                n_clamped = defend(0, t, defence, margin, kappa, k, b_age, b_raw, b_count,
+                                   b_min_age, b_w)
+                for d in range(k):
+                    b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
+        x = Candidates(t, u[r] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
+                       b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
+        wk = b_w[:k]
+        if failed == 0 and _weights(score, x, params, c_self, ipw, True, wk) != 0:
+            failed = 1 + r
+        if defend is not None:
+            if (defence & CAP) != 0:
+                defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age, wk)
+        heard = 0
+        for d in range(k):
+            w[p0 + d] = wk[d]
+            if b_count[d] > heard:
+                heard = b_count[d]
+        na, nl, nc = _settle(True, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr)
+        _update_q(q, a, b, cand)
+        fr[F_ADOPT] = 1.0
+        fr[F_NB] = k - 1
+        fr[F_SELF_W] = wk[0]
+        fr[F_CLAMPED] = n_clamped
+        ages[i] = na
+        lags[i] = nl
+        counts[i] = nc
+        local_counts[i] += 1
+        if not marks[1, i]:
+            versions[i] += 1
+        hdr[0, r] = na
+        hdr[1, r] = nc
+        hdr[2, r] = local_counts[i]
+        hdr[3, r] = k - 1
+        hdr[4, r] = versions[i]
+        hdr_lag[r] = nl
+        if forge != 0 and marks[0, i]:
+            if forge == 3:
+                hdr[0, r] = np.int64(np.floor(rnd[0, r] * (t + 1)))
+                hdr_lag[r] = rnd[1, r] * t
+                hdr[1, r] = 1 + np.int64(np.floor(rnd[2, r] * (t + 1)))
+            else:
+                hdr[0, r] = 0
+                hdr_lag[r] = 0.0
+                hdr[1, r] = heard + 1 + ((t + 1) if forge == 2 else 0)
+    while s < S:
+        curve[0, s] = np.mean(ages)
+        curve[1, s] = np.mean(lags)
+        s += 1
     return failed
 
 
@@ -413,7 +625,8 @@ def _generic(name):
         with _LOCK:
             got = _GENERIC.get(name)
             if got is None:
-                fn = _one if name == "one" else _rounds
+                fn = {"one": _one, "round": _rounds, "events": _events}[
+                    name if isinstance(name, str) else name[0]]
                 sig: Any = _types()[name]  # a numba signature
                 got = njit(sig, cache=True, nogil=True)(fn)
                 _GENERIC[name] = got
@@ -514,6 +727,47 @@ def run_rounds(fn: Any, params: Any, t0: int, c_self: float, ipw: bool, rounded:
                   cand, facts, *rest)
     if status:
         _raise_rule_error(fn, status, t0, rg.n)
+
+
+
+def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarray,
+               dev: np.ndarray, tt: np.ndarray, amount: np.ndarray, cptr: np.ndarray,
+               cslot: np.ndarray, cmsg: np.ndarray, cwait: np.ndarray, u: np.ndarray,
+               key: np.ndarray, st: np.ndarray, lags: np.ndarray, q: np.ndarray,
+               hdr: np.ndarray, hdr_lag: np.ndarray, w: np.ndarray, facts: np.ndarray,
+               marks: np.ndarray, forge: int, rnd: np.ndarray, samples: np.ndarray,
+               curve: np.ndarray, ev: np.ndarray | None = None) -> None:
+    """:func:`_events` (the virtual clock's events, compiled once for every rule) with
+    ``rule``'s compiled function, modifiers and defences; arguments as there. The state (st,
+    lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in place. Raises
+    :class:`RuleError` if the rule raised."""
+    if not rule.compiled or rule.oracle or rule.reads_models:
+        raise SfgError(f"rule {rule.name!r} cannot run on the virtual clock's event protocols "
+                       "(they take model-free rules: scores from the candidates' staleness); "
+                       "use --protocol lockstep, or a model-free rule")
+    defence = int(rule.defence_flags)
+    defended = bool(defence & (GUARD | RELATIVE | CAP))
+    if defended:
+        from sfg.round.defences import defend
+
+        rest: tuple = (defend(), _NONE_I if ev is None else ev)
+    else:
+        rest = (None, None)
+    kern = _generic(("events", defended))
+    status = kern(scorer(rule.fn), _c(rule.args, np.float64), float(rule.self_weight),
+                  bool(rule.ipw), bool(rule.rounded), defence, float(rule.margin),
+                  float(rule.kappa), _c(rg.indptr, np.int64), _c(rg.send, np.int64),
+                  _c(times, np.float64), _c(kind, np.int64), _c(dev, np.int64),
+                  _c(tt, np.int64), _c(amount, np.float64), _c(cptr, np.int64),
+                  _c(cslot, np.int64), _c(cmsg, np.int64), _c(cwait, np.float64),
+                  _c(u, np.float64), _c(key, np.float64), st, lags, q, hdr, hdr_lag, w, facts,
+                  _c(marks, np.bool_), int(forge), _c(rnd, np.float64), _c(samples, np.float64),
+                  curve, *rest)
+    if status:
+        r = int(status) - 1
+        name = getattr(getattr(rule.fn, "py_func", rule.fn), "__qualname__", str(rule.fn))
+        raise RuleError(f"the rule function {name} raised while scoring the local round "
+                        f"{r} of the virtual clock (device {int(dev[r])}, round {int(tt[r])})")
 
 
 # ----------------------------------------------------------------------------- Python side
