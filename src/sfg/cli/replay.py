@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from sfg.cli import console
+from sfg.cli import clockflags, console
 from sfg.errors import SfgError
 from sfg.util.safety import max_runs
 
@@ -118,9 +118,36 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
     attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
+    local_steps: int = typer.Option(10, "--local-steps", "-K", help="On the virtual clock: K local steps per local round (K × compute seconds)", rich_help_panel="Virtual clock"),
+    clock: str | None = clockflags.CLOCK,
+    protocol: str | None = clockflags.PROTOCOL,
+    round_seconds: float | None = clockflags.ROUND_SECONDS,
+    period: float | None = clockflags.PERIOD,
+    jitter: float | None = clockflags.JITTER,
+    window: float | None = clockflags.WINDOW,
+    compute: str | None = clockflags.COMPUTE,
+    uplink: str | None = clockflags.UPLINK,
+    latency: str | None = clockflags.LATENCY,
+    loss: str | None = clockflags.LOSS,
+    message_bytes: float | None = clockflags.MESSAGE_BYTES,
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
     seed_list = parse_seeds(seeds)
+    on_clock = clockflags.clock_values(
+        clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
+        jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
+        loss=loss, message_bytes=message_bytes)
+    clock_settings = None
+    if on_clock:
+        from sfg.clock.settings import make_settings
+
+        if on_clock.get("clock") != "virtual":
+            extra = [k for k in on_clock if k != "clock"]
+            if extra:
+                raise SfgError(f"--{extra[0].replace('_', '-')} is a setting of the virtual "
+                               "clock; add --clock virtual or drop it")
+        else:
+            clock_settings = make_settings(on_clock)
     if horizon < 0:
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from sfg.replay import replay as run_replay
@@ -136,10 +163,20 @@ def replay(
     # seconds), and each rule's first use its own function
     with console.progress("replay (the first use compiles: a few seconds)",
                           enabled=not as_json) as update:
-        rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
-                          anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                          with_curves=plot is not None, progress=update, engine=engine,
-                          attacks=attack or [None])
+        if clock_settings is not None:
+            from sfg.clock.replay import replay_clock_rows
+
+            rows = replay_clock_rows(process, rule, seed_list, settings=clock_settings,
+                                     n=clients, rounds=rounds, graph=graph,
+                                     local_steps=local_steps, anatomy=anatomy,
+                                     link_failure=link_failure, horizon=horizon,
+                                     attacks=list(attack) or [None],
+                                     with_curves=plot is not None, progress=update)
+        else:
+            rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
+                              anatomy=anatomy, link_failure=link_failure, horizon=horizon,
+                              with_curves=plot is not None, progress=update, engine=engine,
+                              attacks=attack or [None])
     if plot is not None:
         from sfg.replay import plot_staleness
 
@@ -151,8 +188,10 @@ def replay(
     if as_json:
         console.print_json({"rows": rows, "summary": summary})
         return
+    where = (f", virtual clock {clock_settings.protocol} (T·Δ = "
+             f"{rounds * clock_settings.round_seconds / 3600:g} h)" if clock_settings else "")
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
-                                       f"seeds {','.join(map(str, seed_list))}"))
+                                       f"seeds {','.join(map(str, seed_list))}{where}"))
     from sfg.replay.metrics import legend
 
     console.caption(legend(attack=bool(attack)))

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from sfg.cli import console
+from sfg.cli import clockflags, console
 from sfg.errors import SfgError
 from sfg.util.extras import require
 
@@ -82,9 +82,27 @@ def run(
     device: str | None = typer.Option(None, help="cpu, cuda, auto"),
     attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
+    clock: str | None = clockflags.CLOCK,
+    protocol: str | None = clockflags.PROTOCOL,
+    round_seconds: float | None = clockflags.ROUND_SECONDS,
+    period: float | None = clockflags.PERIOD,
+    jitter: float | None = clockflags.JITTER,
+    window: float | None = clockflags.WINDOW,
+    compute: str | None = clockflags.COMPUTE,
+    uplink: str | None = clockflags.UPLINK,
+    latency: str | None = clockflags.LATENCY,
+    loss: str | None = clockflags.LOSS,
+    message_bytes: float | None = clockflags.MESSAGE_BYTES,
+    eval_seconds: float | None = clockflags.EVAL_SECONDS,
+    target_accuracy: float | None = clockflags.TARGET,
 ) -> None:
     """Train N personalised models under outages with one rule; print the metrics."""
     require("sfg run", "torch")
+    on_clock = clockflags.clock_values(
+        clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
+        jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
+        loss=loss, message_bytes=message_bytes, eval_seconds=eval_seconds,
+        target_accuracy=target_accuracy)
     cfg = run_config(config, {
         "dataset": dataset, "data_root": data_root, "model": model, "process": process,
         "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,
@@ -93,11 +111,14 @@ def run(
         "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
         "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
         "device": device, "partition": partition, "backbone_from": backbone_from,
-        "diagnostics": diagnostics, "attack": attack})
+        "diagnostics": diagnostics, "attack": attack, **on_clock})
     from sfg.experiments.config import run_id
     from sfg.sim.run import simulate
 
     settings = cfg.model_dump()
+    if cfg.clock == "virtual" and cfg.protocol != "lockstep":
+        _run_events(cfg, settings, as_json)
+        return
     with console.progress("training", enabled=not as_json) as update:
         res = simulate(settings, progress=update)
     if as_json:
@@ -126,6 +147,45 @@ def run(
     console.caption(f"backend {res.meta.get('backend')}, D = {res.meta.get('D')} parameters per "
                  f"model; {res.meta.get('with_replacement_clients')} clients have fewer examples "
                  "than the batch and sample it with replacement")
+
+
+def _run_events(cfg, settings: dict[str, Any], as_json: bool) -> None:
+    """``sfg run --clock virtual --protocol async|event`` (:mod:`sfg.clock.train`)."""
+    from sfg.clock.train import simulate_events
+    from sfg.experiments.config import run_id
+    from sfg.sim.run import resolve_config
+
+    with console.progress(f"training on the virtual clock ({cfg.protocol})",
+                          enabled=not as_json) as update:
+        got = simulate_events(resolve_config(settings), progress=update)
+    if as_json:
+        console.print_json({"config": settings, "run_id": run_id(cfg), "metrics": got["metrics"],
+                            "curves": got["curves"], "meta": got["meta"]})
+        return
+    m = got["metrics"]
+    tta = m["time_to_accuracy_h"]
+    rows = [("mean accuracy", f"{m['acc_mean']:.4f}"), ("10th percentile", f"{m['acc_p10']:.4f}"),
+            ("time-averaged accuracy", f"{m['acc_time_avg']:.4f}"),
+            (f"time to mean accuracy {got['meta']['target_accuracy']:g}",
+             "not reached" if tta != tta else f"{tta:.2f} h"),
+            ("realised unavailability", f"{m['unavailability']:.4f}"),
+            ("local rounds per device-hour", f"{m['clock_local_rounds_per_device_hour']:.3f}"),
+            ("messages delivered", f"{m['clock_delivered']:.0f}"),
+            ("messages lost (sender offline / receiver offline / random)",
+             f"{m['clock_lost_sender']:.0f} / {m['clock_lost_receiver']:.0f} / "
+             f"{m['clock_lost_random']:.0f}"),
+            ("interrupted / skipped local rounds",
+             f"{m['clock_interrupted']:.0f} / {m.get('clock_skipped', 0.0):.0f}"),
+            ("compute-seconds per device-hour", f"{m['clock_compute_seconds_per_device_hour']:.1f}"),
+            ("seconds", f"{got['meta']['seconds']:.1f}")]
+    t = console.table(f"sfg run --clock virtual --protocol {cfg.protocol}: {cfg.rule} under "
+                      f"{cfg.process}", ["metric", ("value", "right")])
+    for name, v in rows:
+        t.add_row(name, v)
+    console.show(t)
+    console.caption(f"{got['meta']['levels']} batches of local rounds, backend "
+                    f"{got['meta']['backend']}, D = {got['meta']['D']}; schedule digest "
+                    f"{got['meta']['schedule_digest']}")
 
 
 def _rate_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -100,6 +100,41 @@ class RunConfig(BaseModel):
     # Left out of the dump (and so of the run id) when None: ids of runs without attacks are
     # those they had before the field existed.
     attack: str | None = None
+    # the virtual clock (SPEC §12, sfg.clock.settings): "rounds" (the default, SPEC §1) or
+    # "virtual". Its settings are left out of the dump (and the run id) with clock "rounds",
+    # so run ids of round-based runs are those they had before the clock existed.
+    clock: Literal["rounds", "virtual"] = "rounds"
+    protocol: Literal["lockstep", "async", "event"] = "lockstep"
+    round_seconds: float = 600.0
+    period: float | None = None
+    jitter: float = 0.0
+    window: float = 1.0
+    compute: str = "const:value=0"
+    uplink: str = "const:value=inf"
+    latency: str = "const:value=0"
+    loss: str = "const:value=0"
+    message_bytes: float | None = None
+    eval_seconds: float | None = None
+    target_accuracy: float = 0.8
+
+    @model_validator(mode="after")
+    def _clock(self) -> RunConfig:
+        from sfg.clock.settings import DEFAULTS, make_settings
+
+        if self.clock == "rounds":
+            changed = [k for k in (*DEFAULTS, "target_accuracy") if k != "clock"
+                       and getattr(self, k) != (DEFAULTS.get(k, 0.8))]
+            if changed:
+                raise ValueError(f"{changed[0]} is a setting of the virtual clock; add "
+                                 "clock: virtual (--clock virtual) or drop it")
+            return self
+        try:
+            make_settings({k: getattr(self, k) for k in DEFAULTS})
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+        if not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy must lie in (0, 1], got {self.target_accuracy}")
+        return self
 
     @field_validator("attack")
     @classmethod
@@ -119,6 +154,11 @@ class RunConfig(BaseModel):
         data = handler(self)
         if isinstance(data, dict) and data.get("attack") is None:
             data.pop("attack", None)
+        if isinstance(data, dict) and data.get("clock", "rounds") == "rounds":
+            from sfg.clock.settings import DEFAULTS
+
+            for k in (*DEFAULTS, "target_accuracy"):
+                data.pop(k, None)
         return data
 
     # ------------------------------------------------------------------ field checks

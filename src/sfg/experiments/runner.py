@@ -41,7 +41,12 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
         except ImportError as e:
             raise SfgError(f"kind 'replay' needs sfg.replay.replay_config, which is not "
                            f"available ({e})") from None
-        out = replay_config(cfg.model_dump(), progress=progress)
+        if cfg.clock == "virtual":
+            from sfg.clock.replay import clock_replay_config
+
+            out = clock_replay_config(cfg.model_dump(), progress=progress)
+        else:
+            out = replay_config(cfg.model_dump(), progress=progress)
     elif cfg.kind == "train":
         try:
             from sfg.sim.run import simulate_config

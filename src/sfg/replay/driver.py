@@ -32,6 +32,8 @@ class Lane:
     rule: Rule
     seed: int
     attack: Attack | None = None
+    # per-slot deliveries bool[T, E] (the virtual clock's lockstep, sfg.clock.schedule), or None
+    live: np.ndarray | None = None
 
 
 @dataclass
@@ -67,6 +69,11 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     reach = Reach(T, n, horizon, attackers)
     caps = capabilities(available, anatomy)
     live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
+    if ln.live is not None:  # deliveries per direction: one link id per slot
+        from sfg.clock.schedule import directed, per_slot_live
+
+        live = per_slot_live(rg, ln.live, live)
+        rg = directed(rg)
     ts, flat, sampled = pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                   sample=sample_pairs)
     h = horizon if flat.size else 0

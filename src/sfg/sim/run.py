@@ -229,6 +229,26 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     model = factory()
     spec = ParamSpec.from_module(model)
     X = init_params(factory, N, seed=seed).to(device)
+    # the virtual clock's lockstep (SPEC §12.2): its participants and per-slot deliveries
+    clock_meta: dict[str, Any] = {}
+    clock_live = None
+    if c.get("clock", "rounds") == "virtual":
+        from sfg.clock.schedule import lockstep_rounds, make_world
+        from sfg.clock.settings import HEADER_BYTES, make_settings
+
+        cs = make_settings(c).with_bytes(4.0 * spec.D + HEADER_BYTES)
+        if cs.protocol != "lockstep":
+            raise SfgError(f"protocol {cs.protocol!r} trains through sfg.clock.train")
+        world = make_world(cs, process=c["process"], graph=c["graph"], n=N, rounds=T, seed=seed)
+        lk = lockstep_rounds(world, cs, local_steps=K, rounds=T, seed=seed)
+        available = availability(lk.available, attack, attackers)
+        caps_all = capabilities(available, c["anatomy"])
+        clock_live = lk.live
+        from sfg.clock.replay import per_device_hour
+
+        clock_meta = {"clock": "virtual", "protocol": "lockstep", "schedule_digest": lk.digest,
+                      "message_bytes": cs.message_bytes,
+                      "_stats": per_device_hour(lk.stats, N, world.horizon)}
     backend = make_backend(str(c["backend"]), model, device=str(device))
     clients = _ClientData(data, device)
     test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
@@ -248,6 +268,11 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     model_rule = make_model_rule(rule, N=N, D=spec.D, device=device) if rule.reads_models else None
 
     rg = RoundGraph.from_graph(graph)
+    undirected_id = rg.edge_id
+    if clock_live is not None:  # deliveries per direction: one link id per slot
+        from sfg.clock.schedule import directed
+
+        rg = directed(rg)
     state = init_state(rg, rounds=T, track_missed=rule.oracle)  # A only for oracle rules
     if attack is not None and model_rule is not None and attack.forges:
         raise SfgError(f"rule {rule.name!r} reads model parameters; forged claims apply to "
@@ -284,6 +309,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             caps = caps_at(caps_all, t)
             live = live_links_round(graph.edges.shape[0], t, p=float(c["link_failure"]), seed=seed) \
                 if float(c["link_failure"]) > 0 else None
+            if clock_live is not None:
+                delivered = clock_live[t].copy()
+                if live is not None:
+                    nbs = undirected_id >= 0
+                    delivered[nbs] &= live[undirected_id[nbs]]
+                live = delivered
             X_start = X.clone() if watch else X
 
             # ---- aggregation (reads the models as they were at the start of round t)
@@ -410,6 +441,9 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             "D": spec.D, "minibatch_digest": digest.hexdigest(),
             "client_steps": steps_taken,  # local SGD steps taken by available clients
             "numerics": numerics()}
+    if clock_meta:
+        metrics.update(clock_meta.pop("_stats"))
+        meta.update(clock_meta)
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log,
                      diagnostics=diag.result() if diag is not None else None)
@@ -417,6 +451,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
+    c = resolve_config(cfg)
+    if c.get("clock") == "virtual" and c.get("protocol") != "lockstep":
+        from sfg.clock.train import simulate_events
+
+        got = simulate_events(c, progress=progress)
+        return {"metrics": got["metrics"], "curves": got["curves"]}
     res = simulate(cfg, progress=progress)
     out = {"metrics": res.metrics, "curves": res.curves}
     if res.diagnostics is not None:

@@ -1,0 +1,204 @@
+"""Model-free replay on the virtual clock (SPEC §9 on the clock of §12): staleness, weights
+and the replay metrics for the three protocols, without training.
+
+* ``lockstep`` runs the round-based replay (:func:`sfg.replay.driver.run_lane`) on the
+  lockstep schedule's participants and deliveries: every metric of SPEC §9, the self-return H
+  and the attackers' reach included.
+* ``async`` and ``event`` run the schedule's events through the round's compiled parts
+  (:func:`sfg.round.kernel.run_events`); the metrics are the same facts summarised the same
+  way (:mod:`sfg.replay.metrics`) over aggregations instead of rounds. H and the reach are
+  defined on synchronous rounds' mixing matrices and are reported as NaN (not defined) here.
+  The curves are the mean age and lag sampled every unit (P or Δ) of virtual time.
+
+Every result carries the schedule's counts (local rounds, skipped and interrupted wakes,
+stragglers, late and lost messages, compute-seconds, bytes) per device-hour of the run
+(N · T · Δ device-seconds) and its digest (``meta.schedule_digest``; the same for every rule of
+a seed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sfg.clock.schedule import LOCAL, Schedule, World, lockstep_rounds, make_schedule, make_world
+from sfg.clock.settings import ClockSettings, make_settings
+from sfg.errors import SfgError
+from sfg.round.attacks import Attack, parse_attack, place
+from sfg.round.defences import GUARD
+from sfg.round.kernel import FACTS, run_events
+from sfg.round.rules import Rule, parse_rule
+from sfg.util.rng import stream
+
+FORGE = {"honest": 0, "fresh": 1, "stale-others": 2, "random": 3}
+# schedule counts reported per device-hour
+PER_HOUR = ("local_rounds", "messages_sent", "delivered", "bytes_sent", "compute_seconds")
+
+
+def per_device_hour(stats: dict[str, float], n: int, horizon: float) -> dict[str, float]:
+    """The schedule's counts, and the main ones per device-hour (N · horizon / 3600)."""
+    hours = n * horizon / 3600.0
+    out = {f"clock_{k}": float(v) for k, v in stats.items()}
+    for k in PER_HOUR:
+        if k in stats:
+            out[f"clock_{k}_per_device_hour"] = float(stats[k]) / hours if hours else float("nan")
+    return out
+
+
+def staleness_events(rule: Rule, world: World, sched: Schedule, *, seed: int,
+                     attack: Attack | None = None) -> dict[str, Any]:
+    """Run the schedule's events with ``rule`` (model-free): the state after them, every
+    local round's weights over its candidates ``w`` [C], facts [R, F], the sampled curves
+    [2, S] and the headers each local round sent. ``attack``: forged claims on the
+    attackers' messages (what an attacker can know: its own candidates)."""
+    rg, n = world.rg, world.n
+    R, C = sched.n_events, int(sched.cptr[-1])
+    attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
+    forge = 0
+    marks = np.zeros((2, n), bool)
+    if attack is not None and attackers.any():
+        marks[0] = attackers
+        if attack.model == "constant":
+            marks[1] = attackers
+        forge = FORGE[attack.claim]
+    rnd = (stream(seed, "attack-claims-clock").random((3, R)) if forge == 3
+           else np.zeros((0, 0)))
+    u = key = np.zeros(0)
+    if rule.random:
+        g = stream(seed, "clock-rule-draws")
+        u, key = g.random(R), g.random(C)
+    st = np.zeros((4, n), np.int64)
+    st[1] = 1
+    st[2] = 1
+    lags = np.zeros(n)
+    q = np.ones(rg.n_slots)
+    hdr = np.zeros((5, R), np.int64)
+    hdr_lag = np.zeros(R)
+    w = np.zeros(C)
+    facts = np.zeros((R, len(FACTS)))
+    curve = np.zeros((2, sched.samples.shape[0]))
+    ev = np.full((2, rg.n_slots), -1, np.int64) if rule.defence_flags & GUARD else None
+    run_events(rule, rg, times=sched.time, kind=sched.kind, dev=sched.dev, tt=sched.t,
+               amount=sched.amount, cptr=sched.cptr, cslot=sched.cslot, cmsg=sched.cmsg,
+               cwait=sched.cwait, u=u, key=key, st=st, lags=lags, q=q, hdr=hdr,
+               hdr_lag=hdr_lag, w=w, facts=facts, marks=marks, forge=forge, rnd=rnd,
+               samples=sched.samples, curve=curve, ev=ev)
+    return {"ages": st[0], "counts": st[1], "local_counts": st[2], "lags": lags, "q_hat": q,
+            "weights": w, "facts": facts, "curve": curve, "hdr": hdr, "hdr_lag": hdr_lag,
+            "attackers": attackers}
+
+
+def _event_metrics(rule: Rule, world: World, sched: Schedule, *, seed: int,
+                   attack: Attack | None) -> tuple[dict[str, float], dict[str, list[float]]]:
+    from sfg.replay.metrics import Accumulator, RunEnd
+
+    got = staleness_events(rule, world, sched, seed=seed, attack=attack)
+    acc = Accumulator()
+    acc.add(got["facts"][None])
+    end = RunEnd(available=np.zeros((1, 1), bool), H=np.zeros(0), sampled=False,
+                 final_lags=got["lags"], reach=float("nan"))
+    metrics, _ = acc.summary(end, attack=attack is not None, defence=bool(rule.defence_flags))
+    metrics["unavailability"] = 1.0 - float(world.online.online_seconds().sum()) / (
+        world.n * world.horizon)
+    units = sched.samples / sched.unit
+    curves = {"round": units.tolist(), "hours": (sched.samples / 3600.0).tolist(),
+              "mean_age": got["curve"][0].tolist(), "mean_lag": got["curve"][1].tolist()}
+    local = sched.kind == LOCAL
+    metrics["aggregations"] = float(np.count_nonzero(local))
+    return metrics, curves
+
+
+def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSettings,
+                 n: int = 100, rounds: int = 300, graph: str = "knn:k=6", local_steps: int = 10,
+                 anatomy: str = "full", link_failure: float = 0.0, horizon: int = 50,
+                 attack: str | None = None, world: World | None = None) -> dict[str, Any]:
+    """One model-free replay on the clock: ``{"metrics", "curves", "meta"}`` (see the module
+    docstring). ``rounds`` T: the run lasts T·Δ of virtual time. ``world``: reuse one seed's
+    world across rules (it does not depend on the rule)."""
+    r = parse_rule(rule) if isinstance(rule, str) else rule
+    if r.reads_models or r.clip:
+        raise SfgError(f"rule {str(r)!r} reads model parameters; the model-free replay covers "
+                       "model-free rules only — run it with `sfg run --clock virtual`")
+    settings = settings.with_bytes(0.0)
+    a = parse_attack(attack)
+    if world is None:
+        world = make_world(settings, process=process, graph=graph, n=n, rounds=rounds, seed=seed)
+    if settings.protocol == "lockstep":
+        from sfg.replay.driver import Lane, run_lane
+
+        lk = lockstep_rounds(world, settings, local_steps=local_steps, rounds=rounds, seed=seed)
+        res = run_lane(Lane(lk.available, world.graph, r, seed, a, live=lk.live),
+                       anatomy=anatomy, link_failure=link_failure, horizon=horizon,
+                       exact_pairs=200_000, sample_pairs=1000, threads=1)
+        metrics, curves = dict(res.metrics), dict(res.curves)
+        curves["hours"] = [float(x) * settings.round_seconds / 3600.0 for x in curves["round"]]
+        stats, digest = lk.stats, lk.digest
+    else:
+        if anatomy != "full":
+            raise SfgError(f"anatomy {anatomy!r} runs in rounds (lockstep); the async and event "
+                           "protocols model full outages only")
+        if link_failure > 0:
+            raise SfgError("link_failure is a per-round process; on the async and event "
+                           "protocols use --loss (per message) instead")
+        if r.catchup or r.amplify is not None:
+            raise SfgError(f"rule {str(r)!r} changes local training by rounds (catch-up, "
+                           "amplification); run it with --protocol lockstep")
+        sched = make_schedule(world, settings, local_steps=local_steps, seed=seed)
+        metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)
+        stats, digest = sched.stats, sched.digest()
+    metrics.update(per_device_hour(stats, world.n, world.horizon))
+    meta = {"clock": "virtual", "protocol": settings.protocol, "schedule_digest": digest,
+            "virtual_seconds": world.horizon, "unit_seconds": settings.unit}
+    return {"metrics": metrics, "curves": curves, "meta": meta}
+
+
+def clock_replay_config(cfg: dict[str, Any], *, progress=None) -> dict:
+    """The grid runner's ``kind: replay`` with ``clock: virtual``."""
+    settings = make_settings(cfg)
+    out = replay_clock(cfg.get("process", "none"), cfg.get("rule", "dfedavg"),
+                       seed=int(cfg.get("seed", 1)), settings=settings,
+                       n=int(cfg.get("n_clients", 100)), rounds=int(cfg.get("rounds", 300)),
+                       graph=cfg.get("graph", "knn:k=6"),
+                       local_steps=int(cfg.get("local_steps", 10)),
+                       anatomy=cfg.get("anatomy", "full"),
+                       link_failure=float(cfg.get("link_failure", 0.0)),
+                       horizon=int(cfg.get("horizon", 50)), attack=cfg.get("attack"))
+    if progress is not None:
+        progress(1, 1)
+    return out
+
+
+def replay_clock_rows(processes: list[str], rules: list[str], seeds: list[int], *,
+                      settings: ClockSettings, n: int = 100, rounds: int = 300,
+                      graph: str = "knn:k=6", local_steps: int = 10, anatomy: str = "full",
+                      link_failure: float = 0.0, horizon: int = 50,
+                      attacks: list[str | None] | None = None, with_curves: bool = False,
+                      progress=None) -> list[dict[str, Any]]:
+    """``sfg replay --clock virtual``: processes × rules × seeds (× attacks), one row each, as
+    :func:`sfg.replay.replay` gives them; each (process, seed) world is built once and shared
+    by its rules (it does not depend on them)."""
+    parsed = [parse_rule(r) for r in rules]  # validate every name before any work
+    atts = list(attacks or [None])
+    tag = any(a is not None for a in atts)
+    rows: list[dict[str, Any]] = []
+    total = len(processes) * len(seeds) * len(parsed) * len(atts)
+    for p in processes:
+        for seed in seeds:
+            world = make_world(settings.with_bytes(0.0), process=p, graph=graph, n=n,
+                               rounds=rounds, seed=seed)
+            for r in parsed:
+                for a in atts:
+                    out = replay_clock(p, r, seed=seed, settings=settings, n=n, rounds=rounds,
+                                       graph=graph, local_steps=local_steps, anatomy=anatomy,
+                                       link_failure=link_failure, horizon=horizon, attack=a,
+                                       world=world)
+                    row = {"process": p, "rule": str(r), "seed": seed,
+                           **({"attack": a or "none"} if tag else {}), **out["metrics"],
+                           "schedule_digest": out["meta"]["schedule_digest"]}
+                    if with_curves:
+                        row["curves"] = out["curves"]
+                    rows.append(row)
+                    if progress is not None:
+                        progress(len(rows), total)
+    return rows

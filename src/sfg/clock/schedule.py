@@ -1,0 +1,509 @@
+"""The schedule: who acts when on the virtual clock (SPEC §12.1–12.4), model-free and
+rule-independent.
+
+A :class:`World` is one seed's world in time: the graph, every device's online intervals,
+compute time per local step, uplink rate, and every directed link's latency and loss. From it
+and the :class:`~sfg.clock.settings.ClockSettings` the protocols fix everything that happens
+before any rule is consulted:
+
+* ``lockstep`` (:func:`lockstep_rounds`): global rounds [rΔ, (r+1)Δ). Device i takes part in
+  round r when it is online from rΔ until it has sent its start-of-round model to each of
+  its neighbours (back to back on its uplink, k·bytes/uplink) and trained K steps
+  (K·c_i), all by (r+1)Δ; otherwise it is a straggler and counts as unavailable (SPEC §12.2).
+  The message of j reaches i when both take part, it arrives (its transfer end plus the
+  link's latency) while i is online and early enough for i to train K steps by the deadline,
+  and it is not lost; a message that arrives later is *late*. The result is the round-based
+  availability [T, N] and the per-slot deliveries [T, E] that the round (SPEC §1) runs on, so
+  every rule, modifier, anatomy mode, defence and attack runs there unchanged; with zero
+  compute time, latency and transfer time it is exactly ``sfg run``'s availability.
+* ``async`` (:func:`async_schedule`): device i wakes at rP + jitter_ir (jitter uniform in
+  [0, jitter·P), stream ``clock-jitter`` keyed by the seed). An offline wake adds one unit to
+  its age and lag; a wake while it is still busy is skipped; otherwise it starts a local
+  round: aggregate at the wake, train K·c_i seconds, then send to every neighbour (in the
+  order of their ids, back to back). Busy lasts until the last transfer ends (or the device
+  goes offline).
+* ``event`` (:func:`event_schedule`): no timer; an online, idle device starts a local round at
+  once and starts the next one as soon as its sends are done. Offline time adds
+  (offline seconds)/Δ to its lag and ⌊offline seconds/Δ⌋ to its age when it comes back.
+
+Shared rules of time (SPEC §12.1): a local round that the device cannot finish online (it
+goes offline, or the run ends, before its K steps are done) is *interrupted*: discarded,
+nothing sent, state unchanged (its wake then adds nothing). A message is lost when its sender
+goes offline before its transfer ends, when the receiver is offline at its arrival, or with
+the link's loss probability (stream ``clock-loss``). Events at one instant are ordered wakes
+before arrivals: a message that arrives exactly when a receiver aggregates is not yet held.
+A receiver aggregates itself and, per neighbour, the latest message held, if it arrived
+within the last W units; it waited d = (now − arrival)/unit units.
+
+The result (:class:`Schedule`) lists the events in the order the staleness runs through them
+(time, then device), each local round with its candidates (the receiver first, then the
+messages: slot, sending local round, waited units), plus the counts of what happened and a
+digest (:func:`Schedule.digest`). Nothing in it depends on the rule (SPEC §12.4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from sfg.clock.settings import ClockSettings
+from sfg.errors import SfgError
+from sfg.round.slots import RoundGraph
+from sfg.util.rng import stream
+
+LOCAL, OFFLINE = 0, 1
+# the most local rounds a schedule may hold (memory: about 100 bytes each, plus candidates)
+MAX_EVENTS = 30_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class World:
+    """One seed's world in time (SPEC §12.1).
+
+    graph: the graph; rg: its round slots; online: :class:`sfg.world.timeline.Intervals` [N];
+    available: bool[T, N] the round-based process as ``sfg run`` samples it (the reference);
+    compute [N] seconds per local step; uplink [N] bytes/s (inf: instant); latency [E] and
+    loss [E] per slot (the directed link send → recv; 0 on self slots); horizon = T·Δ.
+    """
+
+    graph: Any
+    rg: RoundGraph
+    online: Any
+    available: np.ndarray
+    compute: np.ndarray
+    uplink: np.ndarray
+    latency: np.ndarray
+    loss: np.ndarray
+    horizon: float
+    device_ids: list[str] | None = None
+
+    @property
+    def n(self) -> int:
+        return self.rg.n
+
+
+def slot_direction(rg: RoundGraph, edges: np.ndarray) -> np.ndarray:
+    """[E] index of each slot's direction in ``sfg.world.devices.link_quantity``'s order
+    (edges[:, 0] → edges[:, 1] for all M, then the reverse); −1 on self slots."""
+    m = np.asarray(edges).reshape(-1, 2).shape[0]
+    eid = rg.edge_id
+    out = np.full(rg.n_slots, -1, np.int64)
+    nb = eid >= 0
+    fwd = np.asarray(edges)[eid[nb], 0] == rg.send[nb]
+    out[nb] = np.where(fwd, eid[nb], m + eid[nb])
+    return out
+
+
+def make_world(settings: ClockSettings, *, process: str, graph: str, n: int, rounds: int,
+               seed: int) -> World:
+    """The world of one seed: graph and trace as the round-based run draws them (same
+    devices on the same nodes), availability as online intervals at the trace's own
+    resolution, devices' and links' quantities from their own streams (SPEC §12.1)."""
+    from sfg.world.devices import device_quantity, link_quantity
+    from sfg.world.graphs import make_graph
+    from sfg.world.outages import make_process
+    from sfg.world.timeline import make_intervals
+
+    g = make_graph(graph, n, seed=seed)
+    online, available = make_intervals(process, rounds, n, seed=seed, positions=g.positions,
+                                       round_seconds=settings.round_seconds)
+    proc = make_process(process)
+    ids = proc.device_ids(n, seed=seed) if hasattr(proc, "device_ids") else None
+    rg = RoundGraph.from_graph(g)
+    direction = slot_direction(rg, g.edges)
+    nb = direction >= 0
+
+    def per_slot(kind: str, spec: str) -> np.ndarray:
+        vals = link_quantity(kind, spec, g.edges, seed=seed)
+        out = np.zeros(rg.n_slots)
+        out[nb] = vals[direction[nb]]
+        return out
+
+    return World(graph=g, rg=rg, online=online, available=np.asarray(available, bool),
+                 compute=device_quantity("compute", settings.compute, n, seed=seed,
+                                         device_ids=ids),
+                 uplink=device_quantity("uplink", settings.uplink, n, seed=seed, device_ids=ids),
+                 latency=per_slot("latency", settings.latency),
+                 loss=per_slot("loss", settings.loss),
+                 horizon=float(rounds) * settings.round_seconds, device_ids=ids)
+
+
+def _transfer(world: World, nbytes: float) -> np.ndarray:
+    """[N] seconds one message takes on each device's uplink."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dt = np.where(np.isinf(world.uplink) | (nbytes == 0), 0.0, nbytes / world.uplink)
+    return dt
+
+
+def _out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each sender's outgoing slots in the order it sends (receivers by id): (ptr [N+1],
+    slots [2M], position [E] of each slot in its sender's order, −1 on self slots)."""
+    nb = np.flatnonzero(~rg.is_self)
+    order = nb[np.lexsort((rg.recv[nb], rg.send[nb]))]
+    ptr = np.zeros(rg.n + 1, np.int64)
+    np.cumsum(np.bincount(rg.send[order], minlength=rg.n), out=ptr[1:])
+    pos = np.full(rg.n_slots, -1, np.int64)
+    pos[order] = np.arange(order.size) - ptr[rg.send[order]]
+    return ptr, order, pos
+
+
+# ----------------------------------------------------------------------------- lockstep
+@dataclass(frozen=True, eq=False)
+class Rounds:
+    """Lockstep on the clock: the round-based inputs of SPEC §1.
+
+    available: bool[T, N] participants (online through their sends and K steps, by the
+    deadline); live: bool[T, E] per slot, whether the message over it was delivered in time
+    (None when every message of two participants is: the round's own candidate sets);
+    stats: counts (stragglers, late, lost); digest of the schedule."""
+
+    available: np.ndarray
+    live: np.ndarray | None
+    stats: dict[str, float]
+    digest: str
+
+
+def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, rounds: int,
+                    seed: int) -> Rounds:
+    """The lockstep protocol's participants and deliveries (see the module docstring)."""
+    rg, n, T = world.rg, world.n, int(rounds)
+    delta = float(settings.round_seconds)
+    dt = _transfer(world, float(settings.message_bytes or 0.0))
+    ptr, _, pos = _out_slots(rg)
+    deg = np.diff(ptr)
+    train = local_steps * world.compute
+    start = (np.arange(T, dtype=np.float64) * delta)[:, None]
+    finish = start + (deg * dt + train)[None, :]
+    dev = np.broadcast_to(np.arange(n), (T, n))
+    online0 = world.online.online_at(dev.ravel(), np.broadcast_to(start, (T, n)).ravel()
+                                     ).reshape(T, n)
+    part = (world.online.online_through(dev.ravel(), np.broadcast_to(start, (T, n)).ravel(),
+                                        finish.ravel()).reshape(T, n)
+            & (finish <= start + delta))
+    nb = ~rg.is_self
+    s_nb = np.flatnonzero(nb)
+    j, i = rg.send[s_nb], rg.recv[s_nb]
+    both = part[:, j] & part[:, i]
+    trivial = (not dt.any()) and (not world.latency.any()) and (not world.loss.any())
+    live = None
+    late = lost = 0
+    if not trivial:
+        arrival = start + ((pos[s_nb] + 1) * dt[j] + world.latency[s_nb])[None, :]
+        in_time = arrival <= start + delta - train[i][None, :]
+        rx = world.online.online_at(np.broadcast_to(i, arrival.shape).ravel(),
+                                    arrival.ravel()).reshape(arrival.shape)
+        dropped = stream(seed, "clock-loss").random(arrival.shape) < world.loss[s_nb][None, :]
+        ok = both & in_time & rx & ~dropped
+        late = int(np.count_nonzero(both & ~in_time))
+        lost = int(np.count_nonzero(both & in_time & ~(rx & ~dropped)))
+        live = np.ones((T, rg.n_slots), bool)
+        live[:, s_nb] = ok | ~both  # non-participants are excluded by the round itself
+    stats = {"participations": float(part.sum()), "stragglers": float((online0 & ~part).sum()),
+             "late": float(late), "lost": float(lost),
+             "messages_sent": float(both.sum()),
+             "compute_seconds": float((part * train[None, :] * 1.0).sum()),
+             "bytes_sent": float(both.sum() * float(settings.message_bytes or 0.0))}
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"lockstep")
+    h.update(np.ascontiguousarray(part).tobytes())
+    if live is not None:
+        h.update(np.ascontiguousarray(live).tobytes())
+    return Rounds(available=part, live=live, stats=stats, digest=h.hexdigest())
+
+
+def directed(rg: RoundGraph) -> RoundGraph:
+    """``rg`` with one link id per slot (``live`` then given per slot, [E]): for lockstep's
+    deliveries, which are per direction."""
+    from dataclasses import replace
+
+    return replace(rg, edge_id=np.where(rg.is_self, -1, np.arange(rg.n_slots)))
+
+
+def per_slot_live(rg: RoundGraph, delivered: np.ndarray, links: np.ndarray | None) -> np.ndarray:
+    """bool[T, E] per slot: the lockstep deliveries, and the link failures of SPEC §4.2
+    (``links`` [T, M] per undirected edge, or None), for a :func:`directed` round graph."""
+    out = np.ascontiguousarray(delivered, bool).copy()
+    if links is not None:
+        nb = ~rg.is_self
+        out[:, nb] &= np.asarray(links, bool)[:, rg.edge_id[nb]]
+    return out
+
+
+# ----------------------------------------------------------------------------- events
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Events of the async or event protocol in processing order (SPEC §12.2–12.4).
+
+    time [R] when a local round aggregates or an offline span is counted; dev [R]; kind [R]
+    (:data:`LOCAL` or :data:`OFFLINE`); t [R] the receiver's round index as its rule sees it
+    (⌊time/unit⌋); amount [R] an offline span's units; end [R] when a local round's K steps
+    are done (its model exists); step [R] the device's local-round key (minibatch streams);
+    cptr [R+1], cslot / cmsg / cwait [C]: candidates, the receiver first (cmsg −1), then the
+    messages (slot, sending event, waited units); samples [S] the times of the per-unit
+    curves; stats: counts; unit: seconds per staleness unit.
+    """
+
+    protocol: str
+    n: int
+    unit: float
+    horizon: float
+    time: np.ndarray
+    dev: np.ndarray
+    kind: np.ndarray
+    t: np.ndarray
+    amount: np.ndarray
+    end: np.ndarray
+    step: np.ndarray
+    cptr: np.ndarray
+    cslot: np.ndarray
+    cmsg: np.ndarray
+    cwait: np.ndarray
+    samples: np.ndarray
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_events(self) -> int:
+        return int(self.time.shape[0])
+
+    def digest(self) -> str:
+        """A digest of every event and candidate (SPEC §12.4: the same for every rule)."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.protocol.encode())
+        for a in (self.time, self.dev, self.kind, self.t, self.amount, self.end, self.step,
+                  self.cptr, self.cslot, self.cmsg, self.cwait):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
+
+
+@njit(cache=True, nogil=True)
+def _latest(ptr, arrival, qslot, qtime, window, out_idx, out_wait):  # pragma: no cover
+    """For each query (slot, time): the latest message over the slot that arrived strictly
+    before the time and within ``window`` seconds of it (index into ``arrival``, sorted per
+    slot between ptr[s] and ptr[s+1]), or −1; and its wait in seconds."""
+    for q in range(qslot.shape[0]):
+        s = qslot[q]
+        a, b = ptr[s], ptr[s + 1]
+        k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
+        if k >= a and qtime[q] - arrival[k] <= window:
+            out_idx[q] = k
+            out_wait[q] = qtime[q] - arrival[k]
+        else:
+            out_idx[q] = -1
+            out_wait[q] = 0.0
+
+
+def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
+              time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
+              end: np.ndarray, step: np.ndarray, t: np.ndarray,
+              stats: dict[str, float]) -> Schedule:
+    """Order the events, make every committed local round's messages and each local
+    round's candidates (see the module docstring)."""
+    rg = world.rg
+    unit = settings.unit
+    order = np.lexsort((dev, time))
+    time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
+                                                                  step, t))
+    R = time.shape[0]
+    dt = _transfer(world, float(settings.message_bytes or 0.0))
+    ptr, out, _ = _out_slots(rg)
+    deg = np.diff(ptr)
+    loc = np.flatnonzero(kind == LOCAL)
+    # messages: every committed local round to each neighbour, back to back
+    src = np.repeat(loc, deg[dev[loc]])
+    first = np.repeat(ptr[dev[loc]], deg[dev[loc]])
+    k = np.arange(src.size) - np.repeat(np.cumsum(deg[dev[loc]]) - deg[dev[loc]], deg[dev[loc]])
+    slot = out[first + k]
+    tx_end = end[src] + (k + 1) * dt[dev[src]]
+    sent = world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
+    arrival = tx_end + world.latency[slot]
+    rx = world.online.online_at(rg.recv[slot], arrival) & (arrival < world.horizon)
+    dropped = stream(seed, "clock-loss").random(src.size) < world.loss[slot]
+    ok = sent & rx & ~dropped
+    stats.update(messages_sent=float(sent.sum()), lost_sender=float((~sent).sum()),
+                 lost_receiver=float((sent & ~rx).sum()),
+                 lost_random=float((sent & rx & dropped).sum()),
+                 delivered=float(ok.sum()),
+                 bytes_sent=float(sent.sum() * float(settings.message_bytes or 0.0)))
+    m_slot, m_arr, m_src = slot[ok], arrival[ok], src[ok]
+    mo = np.lexsort((m_arr, m_slot))
+    m_slot, m_arr, m_src = m_slot[mo], m_arr[mo], m_src[mo]
+    mptr = np.zeros(rg.n_slots + 1, np.int64)
+    np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
+    # queries: every local round × the receiver's incoming slots
+    nin = np.diff(rg.indptr) - 1
+    qn = nin[dev[loc]]
+    qev = np.repeat(loc, qn)
+    qk = np.arange(qev.size) - np.repeat(np.cumsum(qn) - qn, qn)
+    qslot = rg.indptr[dev[qev]] + 1 + qk
+    idx = np.empty(qev.size, np.int64)
+    wait = np.empty(qev.size)
+    _latest(mptr, m_arr, qslot, time[qev], float(settings.window) * unit, idx, wait)
+    got = idx >= 0
+    stats["candidates"] = float(got.sum())
+    # candidates per event: the receiver first, then the messages held
+    per = np.zeros(R, np.int64)
+    per[loc] = 1 + np.bincount(qev[got], minlength=R)[loc]
+    cptr = np.zeros(R + 1, np.int64)
+    np.cumsum(per, out=cptr[1:])
+    C = int(cptr[-1])
+    cslot = np.empty(C, np.int64)
+    cmsg = np.full(C, -1, np.int64)
+    cwait = np.zeros(C)
+    cslot[cptr[loc]] = rg.indptr[dev[loc]]
+    gq = np.flatnonzero(got)
+    if gq.size:
+        ge = qev[gq]
+        # position of each held message after its event's self entry (queries are in order)
+        rank = np.arange(gq.size) - np.searchsorted(ge, ge, side="left")
+        at = cptr[ge] + 1 + rank
+        cslot[at] = qslot[gq]
+        cmsg[at] = m_src[idx[gq]]
+        cwait[at] = wait[gq] / unit
+    n_samples = int(np.floor(world.horizon / unit)) + 1
+    samples = np.arange(n_samples, dtype=np.float64) * unit
+    return Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
+                    dev=dev, kind=kind, t=t, amount=amount, end=end, step=step, cptr=cptr,
+                    cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats)
+
+
+def _check_budget(n_events: float, what: str) -> None:
+    if n_events > MAX_EVENTS:
+        raise SfgError(f"the {what} would hold about {n_events:.3g} local rounds, more than "
+                       f"the limit of {MAX_EVENTS:.3g}; use fewer clients or rounds, or "
+                       "longer local rounds (--compute, --uplink)")
+
+
+def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
+                   seed: int) -> Schedule:
+    """The async protocol's schedule (see the module docstring)."""
+    n, P = world.n, settings.P
+    train = local_steps * world.compute
+    if n and float(train.min()) >= P:
+        raise SfgError(f"the period P = {P:g} s is not longer than the fastest device's K "
+                       f"local steps ({float(train.min()):g} s): every device would still be "
+                       "busy at its next wake and skip it; raise --period or lower --compute")
+    wakes = int(np.ceil(world.horizon / P))
+    _check_budget(float(n) * wakes, "async schedule")
+    jit = stream(seed, "clock-jitter").random((wakes, n)) * (settings.jitter * P)
+    dt = _transfer(world, float(settings.message_bytes or 0.0))
+    deg = np.diff(_out_slots(world.rg)[0])
+    busy = np.zeros(n)
+    ids = np.arange(n)
+    parts: list[tuple[np.ndarray, ...]] = []
+    skipped = interrupted = offline_wakes = unfinished = 0
+    for r in range(wakes):
+        w = r * P + jit[r]
+        inside = w < world.horizon
+        on = world.online.online_at(ids, w) & inside
+        off = np.flatnonzero(~on & inside)
+        offline_wakes += off.size
+        start = on & (w >= busy)
+        skipped += int(np.count_nonzero(on & (w < busy)))
+        d = np.flatnonzero(start)
+        fe = w[d] + train[d]
+        through = world.online.online_through(d, w[d], fe)
+        ok = through & (fe <= world.horizon)
+        unfinished += int(np.count_nonzero(through & ~ok))
+        bad = d[~ok]
+        interrupted += int(np.count_nonzero(~through))
+        busy[bad] = np.maximum(world.online.next_off(bad, w[bad]), w[bad])
+        done = d[ok]
+        fe = fe[ok]
+        busy[done] = np.minimum(fe + deg[done] * dt[done], world.online.next_off(done, fe))
+        m = off.size + done.size
+        parts.append((np.concatenate([w[off], w[done]]), np.concatenate([off, done]),
+                      np.concatenate([np.full(off.size, OFFLINE), np.full(done.size, LOCAL)]),
+                      np.concatenate([np.ones(off.size), np.zeros(done.size)]),
+                      np.concatenate([w[off], fe]), np.full(m, r, np.int64),
+                      np.full(m, r, np.int64)))
+    cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
+    time, dev, kind, amount, end, step, t = cols
+    stats = {"wakes": float(n * wakes), "local_rounds": float(np.count_nonzero(kind == LOCAL)),
+             "skipped": float(skipped), "interrupted": float(interrupted),
+             "unfinished": float(unfinished), "offline_wakes": float(offline_wakes),
+             "compute_seconds": float(train[dev[kind == LOCAL].astype(np.int64)].sum())}
+    return _assemble(world, settings, "async", seed=seed, time=time.astype(np.float64),
+                     dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
+                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats)
+
+
+def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
+                   seed: int) -> Schedule:
+    """The event protocol's schedule (see the module docstring)."""
+    n, delta = world.n, float(settings.round_seconds)
+    train = local_steps * world.compute
+    dt = _transfer(world, float(settings.message_bytes or 0.0))
+    deg = np.diff(_out_slots(world.rg)[0])
+    dur = train + deg * dt
+    if n and float(dur.min()) <= 0.0:
+        i = int(np.argmin(dur))
+        raise SfgError(f"the event protocol starts a device's next local round as soon as the "
+                       f"last one is done; device {i}'s takes no time (compute 0 and instant "
+                       "transfers), so it would never stop: give --compute a positive time "
+                       "(e.g. const:value=1) or a finite --uplink with --message-bytes")
+    est = float((world.online.online_seconds() / np.maximum(dur, 1e-300)).sum())
+    _check_budget(est, "event schedule")
+    ids = np.arange(n)
+    cur = world.online.next_on(ids, np.zeros(n))
+    off_since = np.where(world.online.online_at(ids, np.zeros(n)), np.nan, 0.0)
+    count = np.zeros(n, np.int64)
+    parts: list[tuple[np.ndarray, ...]] = []
+    interrupted = unfinished = 0
+    active = cur < world.horizon
+    while active.any():
+        d = np.flatnonzero(active)
+        s = cur[d]
+        back = ~np.isnan(off_since[d])
+        b = d[back]
+        amt = (s[back] - off_since[b]) / delta
+        off_since[b] = np.nan
+        fe = s + train[d]
+        through = world.online.online_through(d, s, fe)
+        ok = through & (fe <= world.horizon)
+        done = d[ok]
+        parts.append((np.concatenate([s[back], s[ok]]), np.concatenate([b, done]),
+                      np.concatenate([np.full(b.size, OFFLINE), np.full(done.size, LOCAL)]),
+                      np.concatenate([amt, np.zeros(done.size)]),
+                      np.concatenate([s[back], fe[ok]]),
+                      np.concatenate([np.full(b.size, -1), count[done]]),
+                      np.floor(np.concatenate([s[back], s[ok]]) / delta).astype(np.int64)))
+        count[done] += 1
+        # committed: busy through the sends (or until it goes offline), then at once again
+        f = fe[ok]
+        send_end = f + deg[done] * dt[done]
+        off_at = world.online.next_off(done, f)
+        gone = off_at <= send_end
+        cur[done] = np.where(gone, world.online.next_on(done, off_at), send_end)
+        off_since[done[gone]] = off_at[gone]
+        # interrupted (went offline first), or the run ended before its K steps
+        bad = d[~ok]
+        unfinished += int(np.count_nonzero(through & ~ok))
+        interrupted += int(np.count_nonzero(~through))
+        off = world.online.next_off(bad, s[~ok])
+        ended = through[~ok]
+        cur[bad] = np.where(ended, world.horizon, world.online.next_on(bad, off))
+        off_since[bad[~ended]] = off[~ended]
+        active = cur < world.horizon
+    cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
+    time, dev, kind, amount, end, step, t = cols
+    loc = kind == LOCAL
+    stats = {"local_rounds": float(np.count_nonzero(loc)), "interrupted": float(interrupted),
+             "unfinished": float(unfinished),
+             "compute_seconds": float(train[dev[loc].astype(np.int64)].sum())}
+    return _assemble(world, settings, "event", seed=seed, time=time.astype(np.float64),
+                     dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
+                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats)
+
+
+def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
+                  seed: int) -> Schedule:
+    """The async or event protocol's :class:`Schedule`."""
+    if settings.protocol == "async":
+        return async_schedule(world, settings, local_steps=local_steps, seed=seed)
+    if settings.protocol == "event":
+        return event_schedule(world, settings, local_steps=local_steps, seed=seed)
+    raise SfgError(f"protocol {settings.protocol!r} has no event schedule (lockstep runs in rounds)")

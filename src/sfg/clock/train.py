@@ -1,0 +1,323 @@
+"""Training on the virtual clock (SPEC §12 with the training protocol of §6).
+
+``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
+participants and deliveries, so every rule, backbone and diagnostic runs there.
+
+``async`` and ``event`` (:func:`simulate_events`) first fix the schedule (model-free,
+rule-independent), then run the rule's staleness over it (:func:`sfg.clock.replay.staleness_events`:
+every local round's weights over its candidates), and only then compute the models, batched:
+a local round's model is needed only by the local rounds that read it (its own device's next
+one, and the receivers of its messages) and by the evaluations after it, so every local round
+gets a *level* (one more than the levels of the models it reads) and all local rounds of one
+level aggregate and train together, as one batch through the training backend. Asynchrony
+therefore never falls back to one client at a time: the batches are about as large as the
+synchronous run's rounds.
+
+Pairing (SPEC §7, §12.4): data, graph, initial models, world and schedule come from the seed;
+device i's local round keyed ``step`` (its wake index under async, its count of completed
+local rounds under event) trains on the minibatches ``sfg run`` draws for client i in round
+``step`` (stream ``minibatch``), whatever the rule. Evaluation every ``eval_seconds`` of
+virtual time uses each device's model as it stands then (its last completed local round).
+
+Metrics: as ``sfg run`` (final and time-averaged accuracy, per-availability-quartile means),
+plus ``time_to_accuracy_h``: the first evaluation time (hours) at which the mean accuracy
+reaches ``target_accuracy`` — NaN with ``reached_target`` 0 when it never does — and the
+schedule's counts per device-hour (:func:`sfg.clock.replay.per_device_hour`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from numba import njit
+
+from sfg.clock.schedule import LOCAL, Schedule, make_schedule, make_world
+from sfg.clock.settings import HEADER_BYTES, make_settings
+from sfg.errors import SfgError
+
+
+@njit(cache=True, nogil=True)
+def _levels(kind, dev, cptr, cmsg, n):  # pragma: no cover - compiled
+    """Level of every local round (1 + the levels of the models it reads: its device's
+    previous local round, or the initial model at level 0, and its messages' senders), and
+    each local round's previous local round on its device (−1: the initial model)."""
+    R = kind.shape[0]
+    level = np.zeros(R, np.int64)
+    prev = np.full(R, -1, np.int64)
+    last = np.full(n, -1, np.int64)
+    for r in range(R):
+        if kind[r] != 0:
+            continue
+        i = dev[r]
+        p = last[i]
+        prev[r] = p
+        lv = level[p] if p >= 0 else 0
+        for c in range(cptr[r] + 1, cptr[r + 1]):
+            m = cmsg[c]
+            if level[m] > lv:
+                lv = level[m]
+        level[r] = lv + 1
+        last[i] = r
+    return level, prev
+
+
+@njit(cache=True, nogil=True)
+def _last_by(ptr, vals, group, q):  # pragma: no cover - compiled
+    """For each query: the index of the last value ≤ q[k] in group[k]'s sorted run
+    vals[ptr[g]:ptr[g+1]], or −1."""
+    out = np.empty(group.shape[0], np.int64)
+    for k in range(group.shape[0]):
+        a, b = ptr[group[k]], ptr[group[k] + 1]
+        j = a + np.searchsorted(vals[a:b], q[k], side="right") - 1
+        out[k] = j if j >= a else -1
+    return out
+
+
+class _Pool:
+    """Models by id in one growing [capacity, D] tensor with a free list: the initial models
+    are ids 0..N−1, local round r's model is id N + r."""
+
+    def __init__(self, X0: torch.Tensor, n_ids: int):
+        self.n0 = X0.shape[0]
+        self.buf = X0.clone()
+        self.row = np.full(n_ids, -1, np.int64)
+        self.row[: self.n0] = np.arange(self.n0)
+        self.free: list[int] = []
+        self.peak = self.n0
+
+    def put(self, ids: np.ndarray, X: torch.Tensor) -> None:
+        k = ids.size
+        take = [self.free.pop() for _ in range(min(k, len(self.free)))]
+        need = k - len(take)
+        if need:
+            start = self.buf.shape[0]
+            grow = max(need, start // 2)
+            self.buf = torch.cat([self.buf, self.buf.new_empty((grow, self.buf.shape[1]))])
+            self.free.extend(range(start + grow - 1, start + need - 1, -1))
+            take.extend(range(start, start + need))
+        rows = np.array(take, np.int64)
+        self.buf.index_copy_(0, torch.from_numpy(rows), X)
+        self.row[ids] = rows
+        self.peak = max(self.peak, int((self.row >= 0).sum()))
+
+    def get(self, ids: np.ndarray) -> torch.Tensor:
+        rows = self.row[ids]
+        assert (rows >= 0).all(), "a model was read after it was freed"
+        return self.buf.index_select(0, torch.from_numpy(rows))
+
+    def drop(self, ids: np.ndarray) -> None:
+        rows = self.row[ids]
+        rows = rows[rows >= 0]
+        self.free.extend(rows.tolist())
+        self.row[ids] = -1
+
+
+def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
+                    ) -> dict[str, Any]:
+    """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
+    config. Returns ``{"metrics", "curves", "meta", "accuracy", "params"}``."""
+    from sfg.clock.replay import per_device_hour, staleness_events
+    from sfg.round.attacks import parse_attack
+    from sfg.round.rules import parse_rule
+    from sfg.sim.backends import make_backend
+    from sfg.sim.params import ParamSpec, init_params
+    from sfg.sim.run import (
+        _ClientData,
+        _device,
+        _quartile_means,
+        _single_threaded,
+        minibatch_indices,
+        numerics,
+    )
+    from sfg.util.rng import stream
+    from sfg.world.data import load_federated
+    from sfg.world.models import make_model
+
+    t_start = time.perf_counter()
+    settings = make_settings(c)
+    seed = int(c["seed"])
+    N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
+    rule = parse_rule(c["rule"])
+    if rule.reads_models or rule.oracle or rule.clip:
+        raise SfgError(f"rule {str(rule)!r} reads models or global information; the async and "
+                       "event protocols take model-free rules (use --protocol lockstep)")
+    if rule.catchup or rule.amplify is not None:
+        raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
+                       "amplification); run it with --protocol lockstep")
+    for key, ok in (("backbone", "full"), ("anatomy", "full")):
+        if c[key] != ok:
+            raise SfgError(f"{key} {c[key]!r} runs in rounds; the async and event protocols "
+                           f"train with {key} {ok!r} (use --protocol lockstep)")
+    if float(c["link_failure"]) > 0:
+        raise SfgError("link_failure is a per-round process; on the async and event protocols "
+                       "use --loss (per message) instead")
+    if c.get("diagnostics"):
+        raise SfgError("diagnostics are measured in rounds; use --protocol lockstep for them")
+    attack = parse_attack(c.get("attack"))
+    if attack is not None and attack.model != "none":
+        raise SfgError("poisoned models (attack model=...) run in rounds; on the async and "
+                       "event protocols attacks forge claims only (model=none)")
+    device = _device(str(c["device"]))
+    data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
+                          alpha=float(c["alpha"]), partition=c["partition"])
+
+    def factory():
+        return make_model(c["model"], input_shape=tuple(data.input_shape),
+                          num_classes=data.num_classes)
+
+    model = factory()
+    spec = ParamSpec.from_module(model)
+    settings = settings.with_bytes(4.0 * spec.D + HEADER_BYTES)
+    world = make_world(settings, process=c["process"], graph=c["graph"], n=N, rounds=T,
+                       seed=seed)
+    sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed)
+    got = staleness_events(rule, world, sched, seed=seed, attack=attack)
+    weights = got["weights"]
+
+    X0 = init_params(factory, N, seed=seed).to(device)
+    backend = make_backend(str(c["backend"]), model, device=str(device))
+    clients = _ClientData(data, device)
+    test_x: Any = [x.to(device) for x in data.test_x]
+    test_y: Any = [y.to(device) for y in data.test_y]
+    if len({int(y.shape[0]) for y in test_y}) == 1:
+        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
+    lr, wd, momentum = float(c["lr"]), float(c["weight_decay"]), float(c["momentum"])
+
+    R = sched.n_events
+    level, prev = _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, N)
+    loc = np.flatnonzero(sched.kind == LOCAL)
+    # evaluations: each device's last completed local round at every eval time
+    every = settings.eval_seconds or float(c["eval_every"]) * settings.round_seconds
+    te = np.arange(every, world.horizon + 1e-9 * every, every)
+    if te.size == 0 or te[-1] < world.horizon - 1e-9 * every:
+        te = np.append(te, world.horizon)
+    by_dev = loc[np.lexsort((sched.end[loc], sched.dev[loc]))]
+    dptr = np.zeros(N + 1, np.int64)
+    np.cumsum(np.bincount(sched.dev[loc], minlength=N), out=dptr[1:])
+    k = _last_by(dptr, sched.end[by_dev], np.tile(np.arange(N), te.size), np.repeat(te, N))
+    eval_ids = np.where(k >= 0, N + by_dev[np.maximum(k, 0)],
+                        np.tile(np.arange(N), te.size)).reshape(te.size, N)
+    lvl_of = np.concatenate([np.zeros(N, np.int64), level])  # by model id
+    eval_level = lvl_of[eval_ids].max(axis=1)
+    # the last level at which each model is read (then it is freed)
+    last_use = np.full(N + R, -1, np.int64)
+    src_ids = np.where(prev[loc] >= 0, N + prev[loc], sched.dev[loc])
+    np.maximum.at(last_use, src_ids, level[loc])
+    nb = np.flatnonzero(sched.cmsg >= 0)
+    owner = np.repeat(np.arange(R), np.diff(sched.cptr))
+    np.maximum.at(last_use, N + sched.cmsg[nb], level[owner[nb]])
+    np.maximum.at(last_use, eval_ids.ravel(), np.repeat(eval_level, N))
+    last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
+
+    pool = _Pool(X0, N + R)
+    n_levels = int(level[loc].max()) if loc.size else 0
+    by_level = np.argsort(level[loc], kind="stable")
+    bounds = np.searchsorted(level[loc][by_level], np.arange(1, n_levels + 2))
+    by_last = np.argsort(last_use, kind="stable")
+    free_bounds = np.searchsorted(last_use[by_last], np.arange(0, n_levels + 2), side="right")
+    sizes = clients.sizes
+    batches: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    curve_t: list[float] = []
+    curve_mean: list[float] = []
+    curve_p10: list[float] = []
+    acc_at: dict[int, np.ndarray] = {}
+    steps_taken = 0
+    next_eval = 0
+    eval_order = np.argsort(eval_level, kind="stable")
+
+    final: list[torch.Tensor] = []
+
+    def evaluate(k: int) -> None:
+        X = pool.get(eval_ids[k])
+        if k == te.size - 1:
+            final.append(X)
+        acc_at[k] = backend.evaluate(X, test_x, test_y).detach().cpu().numpy().astype(np.float64)
+
+    with _single_threaded():
+        for L in range(0, n_levels + 1):
+            if L >= 1:
+                ev = loc[by_level[bounds[L - 1]: bounds[L]]]
+                # aggregate: Σ_c w_c · model(c), the receiver's own (previous) model first
+                lens = sched.cptr[ev + 1] - sched.cptr[ev]
+                cidx = np.concatenate([np.arange(sched.cptr[r], sched.cptr[r + 1]) for r in ev])
+                row = np.repeat(np.arange(ev.size), lens)
+                ids = np.where(sched.cmsg[cidx] >= 0, N + sched.cmsg[cidx], -1)
+                own = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
+                ids[np.cumsum(lens) - lens] = own
+                M = pool.get(ids)
+                wt = torch.from_numpy(weights[cidx]).to(M.dtype).to(device)
+                agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
+                agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
+                # train K steps on sfg run's minibatches of (client, round = step)
+                devs, steps = sched.dev[ev], sched.step[ev]
+                idx = np.empty((ev.size, K, B), np.int64)
+                flips = np.empty((ev.size, K, B), bool) if clients.hflip else None
+                for s in np.unique(steps):
+                    if int(s) not in batches:
+                        if len(batches) > 64:
+                            batches.pop(next(iter(batches)))
+                        batches[int(s)] = (
+                            minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch",
+                                              t=int(s)),
+                            stream(seed, "augment", int(s)).random((N, K, B)) < 0.5
+                            if clients.hflip else None)
+                    sel = steps == s
+                    got_i, got_f = batches[int(s)]
+                    idx[sel] = got_i[devs[sel]]
+                    if flips is not None and got_f is not None:
+                        flips[sel] = got_f[devs[sel]]
+                xs, ys = clients.gather(devs, idx, flips)
+                buf = torch.zeros_like(agg) if momentum > 0 else None
+                out = backend.train(agg, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
+                                    momentum_buf=buf)
+                if not bool(torch.isfinite(out.sum(dim=1)).all()):
+                    bad = int(np.flatnonzero(~torch.isfinite(out.sum(dim=1)).cpu().numpy())[0])
+                    raise SfgError(f"training diverged (non-finite parameters) on device "
+                                   f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
+                                   f"of virtual time; lower --lr (now {lr}) or check the data")
+                pool.put(N + ev, out)
+                steps_taken += ev.size * K
+            while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
+                evaluate(int(eval_order[next_eval]))
+                next_eval += 1
+            pool.drop(by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]])
+            if progress is not None:
+                progress(L, n_levels)
+    for k in range(te.size):
+        a = acc_at[k]
+        curve_t.append(float(te[k] / 3600.0))
+        curve_mean.append(float(a.mean()))
+        curve_p10.append(float(np.percentile(a, 10)))
+    acc = acc_at[te.size - 1]
+    target = float(c.get("target_accuracy", 0.8))
+    hit = np.flatnonzero(np.array(curve_mean) >= target)
+    online = world.online.online_seconds() / world.horizon
+    metrics = {
+        "acc_mean": float(acc.mean()), "acc_p10": float(np.percentile(acc, 10)),
+        "acc_time_avg": float(np.mean(curve_mean)), **_quartile_means(acc, online),
+        "messages": float(sched.stats.get("delivered", 0.0)),
+        "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
+        "time_to_accuracy_h": float(curve_t[hit[0]]) if hit.size else float("nan"),
+        "reached_target": 1.0 if hit.size else 0.0,
+        **per_device_hour(sched.stats, N, world.horizon),
+    }
+    if attack is not None:
+        honest = ~got["attackers"]
+        metrics["acc_honest_mean"] = float(acc[honest].mean())
+        metrics["acc_honest_p10"] = float(np.percentile(acc[honest], 10))
+    if not all(math.isfinite(v) for k, v in metrics.items()
+               if k.startswith("acc") and not k.startswith("acc_q")):
+        raise SfgError("evaluation produced non-finite accuracies; check the data and model")
+    curves = {"hours": curve_t, "acc_mean": curve_mean, "acc_p10": curve_p10}
+    meta = {"seconds": time.perf_counter() - t_start, "backend": getattr(backend, "name", ""),
+            "D": spec.D, "client_steps": steps_taken, "clock": "virtual",
+            "protocol": settings.protocol, "schedule_digest": sched.digest(),
+            "levels": n_levels, "peak_models": pool.peak, "target_accuracy": target,
+            "message_bytes": settings.message_bytes, "numerics": numerics()}
+    return {"metrics": metrics, "curves": curves, "meta": meta, "accuracy": acc,
+            "params": final[0]}
