@@ -36,7 +36,7 @@ A receiver aggregates itself and, per neighbour, the latest message held, if it 
 within the last W units; it waited d = (now − arrival)/unit units.
 
 The result (:class:`Schedule`) lists the events in the order the staleness runs through them
-(time, then device), each local round with its candidates (the receiver first, then the
+(time, then device, an offline span before a local round), each local round with its candidates (the receiver first, then the
 messages: slot, sending local round, waited units), plus the counts of what happened and a
 digest (:func:`Schedule.digest`). Nothing in it depends on the rule (SPEC §12.4).
 """
@@ -304,7 +304,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     round's candidates (see the module docstring)."""
     rg = world.rg
     unit = settings.unit
-    order = np.lexsort((dev, time))
+    order = np.lexsort((-kind, dev, time))  # an offline span is counted before a round
     time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
                                                                   step, t))
     R = time.shape[0]
@@ -405,7 +405,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         skipped += int(np.count_nonzero(on & (w < busy)))
         d = np.flatnonzero(start)
         fe = w[d] + train[d]
-        through = world.online.online_through(d, w[d], fe)
+        through = world.online.online_through(d, w[d], np.minimum(fe, world.horizon))
         ok = through & (fe <= world.horizon)
         unfinished += int(np.count_nonzero(through & ~ok))
         bad = d[~ok]
@@ -462,7 +462,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         amt = (s[back] - off_since[b]) / delta
         off_since[b] = np.nan
         fe = s + train[d]
-        through = world.online.online_through(d, s, fe)
+        through = world.online.online_through(d, s, np.minimum(fe, world.horizon))
         ok = through & (fe <= world.horizon)
         done = d[ok]
         parts.append((np.concatenate([s[back], s[ok]]), np.concatenate([b, done]),
