@@ -343,8 +343,7 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
     # the int64 minute index and the bool rule of every device-minute of the window
     check_cells(W, max(len(idx), 1), 9, f"the FLASH window ({rounds} rounds of {rm} min)",
                 rows_name="minutes", fix="lower rounds= or round_minutes=")
-    cols = (states.span_start[idx] + (midnight_s[idx] // 60 - states.m0[idx]))[:, None] \
-        + np.arange(W)[None, :]
+    cols = _window_cols(states, idx, midnight_s[idx], W)
     per_minute = rule_flat[cols] if len(idx) else np.zeros((0, W), bool)
     avail = minutes_to_rounds(per_minute, rm)  # [D_long, rounds]
     ok = eligible_mask(avail, min_av)
@@ -373,6 +372,45 @@ def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
         available=avail[ok].T, devices=[states.devices[i] for i in keep], round_minutes=rm,
         start=[str(s) for s in start], day_offset_minutes=np.zeros(len(keep)), meta=meta,
     )
+
+
+def _window_cols(states: FlashStates, idx: np.ndarray, midnight_s: np.ndarray,
+                 W: int) -> np.ndarray:
+    """int64[len(idx), W]: flat minute index of each window minute of devices ``idx``."""
+    return (states.span_start[idx] + (midnight_s // 60 - states.m0[idx]))[:, None] \
+        + np.arange(W)[None, :]
+
+
+def window_minutes(states: FlashStates, devices: list[str], *, rule: str = "strict",
+                   rounds: int = 300, round_minutes: int = 10,
+                   screen: str = "either") -> np.ndarray:
+    """bool[len(devices), rounds * round_minutes]: the per-minute rule of ``devices``.
+
+    The minutes of the window :func:`flash_trace` cuts for each device (SPEC §5: from its first
+    local midnight at or after its first event), at the trace's native resolution of one
+    minute; ``minutes_to_rounds`` of it is exactly the device's column of ``flash_trace``.
+    ``devices`` are device ids of ``states`` whose trace covers the whole window (every
+    eligible device of a :class:`Trace` built from ``states`` with the same parameters).
+    """
+    rounds = positive_int(rounds, "rounds")
+    rm = whole_minutes(round_minutes, "round_minutes")
+    W = rounds * rm
+    pos = {d: i for i, d in enumerate(states.devices)}
+    missing = [d for d in devices if d not in pos]
+    if missing:
+        raise SfgError(f"FLASH trace {states.path} has no device {missing[0]!r}")
+    idx = np.asarray([pos[d] for d in devices], dtype=np.int64)
+    check_cells(W, max(len(idx), 1), 9, f"the FLASH window ({rounds} rounds of {rm} min)",
+                rows_name="minutes", fix="lower rounds= or round_minutes=")
+    midnight_s = -(-states.first_s[idx] // 86400) * 86400
+    short = np.flatnonzero(states.last_s[idx] < midnight_s + W * 60)
+    if short.size:
+        raise SfgError(f"FLASH trace {states.path}: device {devices[int(short[0])]!r} does not "
+                       f"cover the {rounds} x {rm}-minute window past its first midnight")
+    rule_flat = states.rule(rule, screen)
+    if not len(idx):
+        return np.zeros((0, W), bool)
+    return rule_flat[_window_cols(states, idx, midnight_s, W)]
 
 
 def load_flash(path: str | Path, *, rule: str = "strict", rounds: int = 300,

@@ -60,22 +60,41 @@ def load_trace(source: str, path: str | Path, **params: Any) -> Trace:
     key = (source, fkey, tuple(sorted((k, repr(v)) for k, v in params.items())))
     if key in _TRACES:
         return _TRACES[key]
-    pkey: tuple[Any, ...]
     if source == "flash":
         ignore = bool(params.pop("ignore_unknown", False))
-        pkey = ("flash", fkey, ignore)
-        if pkey not in _PARSED:
-            _PARSED[pkey] = parse_flash(path, ignore_unknown=ignore)
-        trace = flash_trace(_PARSED[pkey], **params)  # type: ignore[arg-type]
+        states = _parsed("flash", path, fkey, ignore)
+        assert isinstance(states, FlashStates)
+        trace = flash_trace(states, **params)
     elif source == "stunner":
-        pkey = ("stunner", fkey)
-        if pkey not in _PARSED:
-            _PARSED[pkey] = parse_sessions(path)
-        trace = stunner_trace(_PARSED[pkey], **params)  # type: ignore[arg-type]
+        sessions = _parsed("stunner", path, fkey, False)
+        assert isinstance(sessions, Sessions)
+        trace = stunner_trace(sessions, **params)
     else:
         trace = load_tabular(path, **params)
     _TRACES[key] = trace
     return trace
+
+
+def _parsed(source: str, path: str | Path, fkey: tuple, ignore: bool) -> FlashStates | Sessions:
+    pkey: tuple[Any, ...] = ("flash", fkey, ignore) if source == "flash" else ("stunner", fkey)
+    if pkey not in _PARSED:
+        _PARSED[pkey] = (parse_flash(path, ignore_unknown=ignore) if source == "flash"
+                         else parse_sessions(path))
+    return _PARSED[pkey]
+
+
+def load_parsed(source: str, path: str | Path, *,
+                ignore_unknown: bool = False) -> FlashStates | Sessions:
+    """The parsed file behind a ``flash`` or ``stunner`` trace (shared with :func:`load_trace`).
+
+    :class:`FlashStates` (per-minute states) or :class:`Sessions` (online/offline sessions in
+    ms): the native resolution that :mod:`sfg.world.timeline` reads (SPEC §12.1).
+    """
+    source = str(source).lower()
+    if source not in ("flash", "stunner"):
+        raise SfgError(f"no parsed file for trace source {source!r}; choose flash or stunner")
+    what = {"flash": "FLASH trace", "stunner": "STUNner session"}[source]
+    return _parsed(source, path, _file_key(path, what), bool(ignore_unknown))
 
 
 def clear_cache() -> None:

@@ -237,9 +237,9 @@ def _promising(tl: _Timeline, fit: np.ndarray, W_ms: int, min_online_ms: float
     return zip(t0[keep].tolist(), tl.tz_ms[fit][keep].tolist(), strict=True)
 
 
-def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | None = None,
-                  round_minutes: int | None = None, min_availability: float = 0.05) -> Trace:
-    """Availability ``bool[rounds, D_eligible]``: each user's first qualifying window (SPEC §5)."""
+def _params(variant: str, rounds: int | None, round_minutes: int | None,
+            min_availability: float) -> tuple[int, int, float, int, int]:
+    """(rounds, round_minutes, min_availability, rounds needed, window ms), validated."""
     if variant not in VARIANTS:
         raise SfgError(f"unknown STUNner variant {variant!r}{did_you_mean(str(variant), VARIANTS)}")
     dr, drm = VARIANTS[variant]
@@ -251,6 +251,59 @@ def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | N
     # per window: float64 minute edges, interpolated online time and the per-minute rule
     check_cells(rounds * rm + 1, 1, 25, f"a STUNner window of {rounds} rounds of {rm} min",
                 rows_name="minutes", cols_name="window", fix="lower rounds or round_minutes")
+    return rounds, rm, min_av, need, W_ms
+
+
+def _first_window(lines: list[SessionLine], rounds: int, rm: int, need: int, W_ms: int
+                  ) -> tuple[tuple[np.ndarray, int, int, _Timeline] | None, bool]:
+    """((availability, start ms, offset ms, timeline) of a user's first qualifying window, or
+    None; whether any window fits at all)."""
+    fits = False
+    for tl in _timelines(lines):
+        fit = tl.midnights + W_ms <= tl.end_ms  # a prefix: the midnights ascend
+        fits = fits or bool(fit.any())
+        for t0, tz in _promising(tl, fit, W_ms, need * ((rm + 1) // 2) * _MIN_MS / 2):
+            a = _window(tl, t0, rounds, rm)
+            if int(a.sum()) >= need:
+                return (a, t0, tz, tl), fits
+    return None, fits
+
+
+def window_sessions(sessions: Sessions, devices: list[str], *, variant: str = "10min",
+                    rounds: int | None = None, round_minutes: int | None = None,
+                    min_availability: float = 0.05) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per device: ``(start_ms, end_ms)``, int64 arrays of its online sessions in its window.
+
+    The window is the one :func:`stunner_trace` picks for the user with the same parameters
+    (SPEC §5); times are milliseconds after the window start (a local midnight), at the
+    file's native millisecond resolution, clipped to ``[0, rounds * round_minutes minutes]``,
+    in time order; sessions of zero length are left out, and sessions that touch (across two
+    joined lines, or around an empty offline session) are NOT merged here. ``devices`` are
+    user ids of eligible users (those of a :class:`Trace` built from ``sessions``).
+    """
+    rounds, rm, _, need, W_ms = _params(variant, rounds, round_minutes, min_availability)
+    out = []
+    for user in devices:
+        if user not in sessions.lines:
+            raise SfgError(f"STUNner session file {sessions.path} has no user {user!r}")
+        found, _ = _first_window(sessions.lines[user], rounds, rm, need, W_ms)
+        if found is None:
+            raise SfgError(f"STUNner user {user!r} of {sessions.path} has no qualifying "
+                           f"window of {rounds} rounds of {rm} min")
+        _, t0, _, tl = found
+        bounds = tl.bounds.astype(np.int64) - (t0 - tl.start_ms)  # exact: whole ms < 2**53
+        online = np.diff(tl.online_cum) > 0
+        s = np.clip(bounds[:-1], 0, W_ms)
+        e = np.clip(bounds[1:], 0, W_ms)
+        keep = online & (e > s)
+        out.append((s[keep], e[keep]))
+    return out
+
+
+def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | None = None,
+                  round_minutes: int | None = None, min_availability: float = 0.05) -> Trace:
+    """Availability ``bool[rounds, D_eligible]``: each user's first qualifying window (SPEC §5)."""
+    rounds, rm, min_av, need, W_ms = _params(variant, rounds, round_minutes, min_availability)
 
     cols, devices, start, no_window, low = [], [], [], 0, 0
     total_ms = online_ms = 0
@@ -262,22 +315,12 @@ def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | N
         total_ms += u_total
         online_ms += u_online
         never += u_online == 0
-        found, fits = None, False
-        for tl in _timelines(lines):
-            fit = tl.midnights + W_ms <= tl.end_ms  # a prefix: the midnights ascend
-            fits = fits or bool(fit.any())
-            for t0, tz in _promising(tl, fit, W_ms, need * ((rm + 1) // 2) * _MIN_MS / 2):
-                a = _window(tl, t0, rounds, rm)
-                if int(a.sum()) >= need:
-                    found = (a, t0, tz)
-                    break
-            if found is not None:
-                break
+        found, fits = _first_window(lines, rounds, rm, need, W_ms)
         if found is None:
             no_window += not fits
             low += fits
             continue
-        a, t0, tz = found
+        a, t0, tz, _ = found
         cols.append(a)
         devices.append(user)
         start.append(str(np.datetime64(t0 + tz, "ms").astype("datetime64[m]")))

@@ -236,9 +236,13 @@ def _from_rounds(path: Path, cols: dict[str, list[str]], lines: list[int], where
     return avail, devices, start, np.zeros(len(devices))
 
 
-def _from_intervals(path: Path, cols: dict[str, list[str]], lines: list[int], where: str,
-                    rounds: int | None, round_minutes: float, origin: Any
-                    ) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
+def _interval_rows(path: Path, cols: dict[str, list[str]], lines: list[int], where: str,
+                   rounds: int | None, round_minutes: float, origin: Any
+                   ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, int, float, float,
+                              bool]:
+    """(devices, dev, start, end, T, L, origin, iso): the online periods, validated, sorted by
+    device and start, in minutes after the origin, clipped to the T rounds (empty ones left
+    out)."""
     devices, dev = _devices(cols["device"])
     s, kind_s = _minutes(path, cols["start"], lines, where, "start")
     e, kind_e = _minutes(path, cols["end"], lines, where, "end")
@@ -287,10 +291,17 @@ def _from_intervals(path: Path, cols: dict[str, list[str]], lines: list[int], wh
         check_cells(rounds + 1, max(len(devices), 1), 9, f"trace file {path}", fix=_FIX_ROUNDS)
         T = rounds
     T = max(T, 0)
-    cover = np.zeros((len(devices), T + 1))
     s0c, e0c = np.clip(s0, 0, T * L), np.clip(e0, 0, T * L)
     keep = e0c > s0c
-    s0c, e0c, d0 = s0c[keep], e0c[keep], d0[keep]
+    return devices, d0[keep], s0c[keep], e0c[keep], T, L, o, iso_s
+
+
+def _from_intervals(path: Path, cols: dict[str, list[str]], lines: list[int], where: str,
+                    rounds: int | None, round_minutes: float, origin: Any
+                    ) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
+    devices, d0, s0c, e0c, T, L, o, iso_s = _interval_rows(path, cols, lines, where, rounds,
+                                                           round_minutes, origin)
+    cover = np.zeros((len(devices), T + 1))
     r0 = np.floor(s0c / L).astype(np.int64)
     r1 = np.ceil(e0c / L).astype(np.int64)  # exclusive
     n = r1 - r0
@@ -309,9 +320,10 @@ def _from_intervals(path: Path, cols: dict[str, list[str]], lines: list[int], wh
     return avail, devices, start, day_off
 
 
-def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | None = None,
-                 origin: Any = None, min_availability: float = 0.0) -> Trace:
-    """Load a user trace in the tabular format of this module's docstring (SPEC §5)."""
+def _open(path: str | Path, round_minutes: float, rounds: int | None,
+          min_availability: float = 0.0
+          ) -> tuple[Path, float, int | None, float, dict[str, list[str]], list[int], str]:
+    """The checked path, round length, rounds and min_availability, and the file's columns."""
     p = existing_file(path, "trace", " (a CSV/Parquet file: device,start,end or "
                                      "device,round,available)")
     try:
@@ -329,6 +341,36 @@ def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | N
     _need(p, cols, ("device",))
     if not cols["device"]:
         raise SfgError(f"trace file {p} has a header but no data rows")
+    return p, L, rounds, min_av, cols, lines, where
+
+
+def tabular_intervals(path: str | Path, *, round_minutes: float = 10, rounds: int | None = None,
+                      origin: Any = None
+                      ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """The online periods of an interval-form trace file at their own times (SPEC §5, §12.1).
+
+    ``(devices, dev, start, end, T)``: every device of the file in order of first appearance
+    (the order :func:`load_tabular` uses before dropping devices below ``min_availability``),
+    and per online period its device index and ``[start, end)`` in minutes after round 0's
+    start, clipped to the ``T`` rounds :func:`load_tabular` cuts with the same parameters
+    (periods wholly outside are left out), sorted by device and start; periods that touch
+    are not merged. ``None`` for a file in the per-round form (``device,round,available``),
+    whose rounds are its native resolution.
+    """
+    p, L, rounds, _, cols, lines, where = _open(path, round_minutes, rounds)
+    if "round" in cols:
+        return None
+    _need(p, cols, ("start", "end"))
+    devices, dev, start, end, T, _, _, _ = _interval_rows(p, cols, lines, where, rounds, L,
+                                                          origin)
+    return devices, dev, start, end, T
+
+
+def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | None = None,
+                 origin: Any = None, min_availability: float = 0.0) -> Trace:
+    """Load a user trace in the tabular format of this module's docstring (SPEC §5)."""
+    p, L, rounds, min_av, cols, lines, where = _open(path, round_minutes, rounds,
+                                                     min_availability)
     if "round" in cols:
         _need(p, cols, ("available",))
         form = "rounds"
