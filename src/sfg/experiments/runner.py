@@ -56,7 +56,14 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
             raise (missing_extra(e, "a 'train' run") or SfgError(
                 f"kind 'train' needs sfg.sim.run.simulate_config, which is not available ({e})"
             )) from None
-        out = simulate_config(cfg.model_dump(), progress=progress)
+        if cfg.clock == "virtual" and cfg.protocol != "lockstep":
+            from sfg.clock.train import simulate_events
+            from sfg.sim.run import resolve_config
+
+            got = simulate_events(resolve_config(cfg.model_dump()), progress=progress)
+            out = {"metrics": got["metrics"], "curves": got["curves"]}
+        else:
+            out = simulate_config(cfg.model_dump(), progress=progress)
     else:  # pragma: no cover - RunConfig's Literal rules this out
         raise SfgError(f"unknown run kind {cfg.kind!r}; use train, replay or selftest")
     return normalise_result(out)

@@ -451,12 +451,6 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
-    c = resolve_config(cfg)
-    if c.get("clock") == "virtual" and c.get("protocol") != "lockstep":
-        from sfg.clock.train import simulate_events
-
-        got = simulate_events(c, progress=progress)
-        return {"metrics": got["metrics"], "curves": got["curves"]}
     res = simulate(cfg, progress=progress)
     out = {"metrics": res.metrics, "curves": res.curves}
     if res.diagnostics is not None:
