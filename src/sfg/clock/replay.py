@@ -118,8 +118,10 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
     world across rules (it does not depend on the rule)."""
     r = parse_rule(rule) if isinstance(rule, str) else rule
     if r.reads_models or r.clip:
+        # sfg run trains model-reading rules on the lockstep clock only (sfg.clock.train)
         raise SfgError(f"rule {str(r)!r} reads model parameters; the model-free replay covers "
-                       "model-free rules only — run it with `sfg run --clock virtual`")
+                       "model-free rules only — run it with `sfg run --clock virtual"
+                       f"{'' if settings.protocol == 'lockstep' else ' --protocol lockstep'}`")
     settings = settings.with_bytes(0.0)
     a = parse_attack(attack)
     if world is None:
