@@ -3,8 +3,8 @@
 Pipeline for one comparison, rule R against baseline B on metric m:
 
 1. **Pairing.** For every (dataset, process, seed) cell that holds a finished run of both R and
-   B, the paired difference is ``d = m(R) - m(B)``. Runs without a partner (or with a
-   non-finite metric) are dropped and counted in ``dropped``.
+   B under the same *setting* (below), the paired difference is ``d = m(R) - m(B)``. Runs
+   without a partner (or with a non-finite metric) are dropped and counted in ``dropped``.
 2. **Units.** The unit of inference is the (dataset, seed) pair; a unit's difference is the
    mean of its paired differences over the processes present for both rules.
 3. **Interval.** Stratified t-interval over units, variance pooled within datasets:
@@ -27,9 +27,19 @@ Pipeline for one comparison, rule R against baseline B on metric m:
    Holm-corrected permutation p is below ``alpha``; ``"no difference"`` when neither holds;
    ``"unresolved"`` when they disagree or the interval is undefined.
 
+**Settings.** A run's setting (:func:`setting_labels`) is what it was run under besides the
+grid's axes: on the virtual clock (SPEC §12) its protocol and every clock setting away from its
+default (``"async, jitter 0.5, compute lognormal:median=30,sigma=1"``), and any other setting
+that tells apart runs of one (dataset, process, rule, seed) — an override such as
+``local_steps 3``; round-based runs of a grid without such overrides have the setting ``""``.
+Runs are paired only within one setting (an ``async`` run never with a ``lockstep`` one), and
+:func:`compare` makes one comparison per (setting, rule), in the order the settings first
+appear in the records; Holm runs over all of them.
+
 ``wins`` counts paired runs in which R improved on B and ``positive_cells`` the cells with a
 mean improvement; "improved" means a larger metric unless the metric is one where lower is
-better (``messages``, ``scalars``, ``local_steps_rel``; override with ``higher_is_better``).
+better (``messages``, ``scalars``, ``local_steps_rel``, ``time_to_accuracy_h``; override with
+``higher_is_better``).
 ``mean_gain`` and the interval are always the raw difference ``m(R) − m(B)``.
 
 **Design sensitivity and the outage gap** (SPEC §10.4), per comparison, every mean pooled like
@@ -67,7 +77,7 @@ from sfg.errors import SfgError, check
 from sfg.util.components import did_you_mean
 from sfg.util.rng import stream
 
-LOWER_IS_BETTER = frozenset({"messages", "scalars", "local_steps_rel"})
+LOWER_IS_BETTER = frozenset({"messages", "scalars", "local_steps_rel", "time_to_accuracy_h"})
 """Metrics for which a smaller value is an improvement."""
 
 EXACT_MAX_UNITS = 20
@@ -94,6 +104,7 @@ class RunValue:
     rule: str
     seed: int
     value: float
+    setting: str = ""  # what the run was run under besides the axes (:func:`setting_labels`)
 
 
 def _describe(record: Any, index: int) -> str:
@@ -107,10 +118,13 @@ def run_values(records: Iterable[Mapping[str, Any]], metric: str) -> list[RunVal
     Each record needs ``dataset``, ``process``, ``rule`` (strings), ``seed`` (int) and a
     ``metrics`` mapping holding ``metric``; ``None`` or a non-finite value becomes NaN (the run
     is then dropped from pairing and counted). Raises :class:`SfgError` on malformed records
-    and on duplicate (dataset, process, rule, seed) runs.
+    and on duplicate (dataset, process, rule, seed) runs of one setting (:func:`setting_labels`,
+    kept in :attr:`RunValue.setting`).
     """
+    records = list(records)
+    labels = setting_labels(records)
     out: list[RunValue] = []
-    seen: dict[tuple[str, str, str, int], int] = {}
+    seen: dict[tuple[str, str, str, int, str], int] = {}
     for index, record in enumerate(records):
         where = _describe(record, index)
         check(isinstance(record, Mapping), f"{where} is {type(record).__name__}, not a mapping; "
@@ -139,14 +153,109 @@ def run_values(records: Iterable[Mapping[str, Any]], metric: str) -> list[RunVal
                                "numbers") from None
         if not math.isfinite(value):
             value = math.nan
-        key = (record["dataset"], record["process"], record["rule"], int(seed))
-        if key in seen:
-            raise SfgError(f"{where} duplicates record {seen[key]}: dataset={key[0]}, "
-                           f"process={key[1]}, rule={key[2]}, seed={key[3]}; keep one run per "
-                           "cell")
-        seen[key] = index
-        out.append(RunValue(key[0], key[1], key[2], key[3], value))
+        cell = (str(record["dataset"]), str(record["process"]), str(record["rule"]),
+                int(seed), labels[index])  # type: ignore[arg-type]
+        if cell in seen:
+            under = f", setting {cell[4]!r}" if cell[4] else ""
+            raise SfgError(f"{where} duplicates record {seen[cell]}: dataset={cell[0]}, "
+                           f"process={cell[1]}, rule={cell[2]}, seed={cell[3]}{under}; keep one "
+                           "run per cell")
+        seen[cell] = index
+        out.append(RunValue(*cell[:4], value, cell[4]))
     return out
+
+
+# --------------------------------------------------------------------------- settings
+
+AXIS_KEYS = ("dataset", "process", "rule", "seed")
+"""The grid's axes: they name a run's cell, never its setting."""
+
+
+def _clock_defaults() -> dict[str, Any]:
+    """The virtual clock's settings (SPEC §12) with their defaults, protocol first."""
+    from sfg.clock.settings import DEFAULTS
+    from sfg.experiments.config import RunConfig
+
+    keys = [k for k in DEFAULTS if k != "clock"] + ["target_accuracy"]
+    return {k: RunConfig.model_fields[k].default for k in keys}
+
+
+def setting_value(v: Any) -> str:
+    """A setting's value as a label shows it: ``0.5``, ``600``, ``const:value=60``, ``none``."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (int, str)):
+        return str(v)
+    return json.dumps(v, sort_keys=True)
+
+
+def clock_setting(config: Any) -> str:
+    """The clock part of a run's setting: ``""`` for a round-based run (SPEC §1), else its
+    protocol and each clock setting away from its default, ``"async, jitter 0.5"``."""
+    if not isinstance(config, Mapping) or config.get("clock", "rounds") != "virtual":
+        return ""
+    defaults = _clock_defaults()
+    parts = [setting_value(config.get("protocol", defaults["protocol"]))]
+    for key, default in defaults.items():
+        v = config.get(key, default)
+        if key != "protocol" and v != default:
+            parts.append(f"{key} {setting_value(v)}")
+    return ", ".join(parts)
+
+
+def setting_labels(records: Sequence[Any]) -> list[str]:
+    """Every record's setting (module docstring), in order: an explicit ``record["setting"]``
+    string as it is; otherwise :func:`clock_setting` of its ``config`` followed by
+    ``key value`` for each other setting (sorted) that differs between records of one
+    (dataset, process, rule, seed) and clock setting. Records without a config get ``""``."""
+    configs: list[Mapping[str, Any] | None] = []
+    clocks: list[str] = []
+    for r in records:
+        explicit = isinstance(r, Mapping) and isinstance(r.get("setting"), str)
+        cfg = r.get("config") if isinstance(r, Mapping) and not explicit else None
+        configs.append(cfg if isinstance(cfg, Mapping) else None)
+        clocks.append(clock_setting(configs[-1]))
+    skip = set(AXIS_KEYS) | set(_clock_defaults()) | {"clock"}
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, (r, cfg) in enumerate(zip(records, configs, strict=True)):
+        if cfg is not None:
+            key = tuple(str(r.get(k)) for k in AXIS_KEYS) + (clocks[i],)
+            groups.setdefault(key, []).append(i)
+    varying: set[str] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        names = set().union(*(configs[i] or {} for i in members)) - skip - varying
+        for name in names:
+            if len({setting_value((configs[i] or {}).get(name)) for i in members}) > 1:
+                varying.add(name)
+    out = []
+    for r, cfg, clock in zip(records, configs, clocks, strict=True):
+        if isinstance(r, Mapping) and isinstance(r.get("setting"), str):
+            out.append(r["setting"])
+            continue
+        parts = [clock] if clock else []
+        if cfg is not None:
+            parts += [f"{k} {setting_value(cfg.get(k))}" for k in sorted(varying)]
+        out.append(", ".join(parts))
+    return out
+
+
+def with_settings(records: Iterable[Any]) -> list[Any]:
+    """The records with their setting written into each (``record["setting"]``, copies), so
+    that every later step labels them alike; what is not a mapping is passed on as it is."""
+    records = list(records)
+    return [{**r, "setting": label} if isinstance(r, Mapping) else r
+            for r, label in zip(records, setting_labels(records), strict=True)]
+
+
+def settings_in_order(values: Iterable[RunValue]) -> list[str]:
+    """The distinct settings of ``values`` in the order they first appear."""
+    return list(dict.fromkeys(v.setting for v in values))
 
 
 # --------------------------------------------------------------------------- pairing
@@ -171,6 +280,7 @@ class PairedDifferences:
     cell_keys: tuple[tuple[str, str], ...]  # [C] (dataset, process), sorted
     cell_means: np.ndarray  # [C] float64, mean over seeds
     dropped: int  # runs of rule or baseline without a finite partner
+    setting: str = ""  # the one setting paired within
 
 
 def _group_mean(keys: Sequence[tuple], values: np.ndarray) -> tuple[list[tuple], np.ndarray]:
@@ -184,8 +294,21 @@ def _group_mean(keys: Sequence[tuple], values: np.ndarray) -> tuple[list[tuple],
 
 
 def pair_values(values: Sequence[RunValue], *, rule: str, baseline: str,
-                metric: str = "") -> PairedDifferences:
-    """Pair ``rule`` with ``baseline`` per (dataset, process, seed) and aggregate (SPEC §8)."""
+                metric: str = "", setting: str | None = None) -> PairedDifferences:
+    """Pair ``rule`` with ``baseline`` per (dataset, process, seed) and aggregate (SPEC §8).
+
+    Pairs form within one setting: ``setting`` (the values of other settings are left out),
+    or, when None, the one setting the two rules' values have (several raise
+    :class:`SfgError`: pair within each, as :func:`compare` does).
+    """
+    if setting is None:
+        present = settings_in_order(v for v in values if v.rule in (rule, baseline))
+        check(len(present) <= 1,
+              f"the runs of {rule} and {baseline} were made under {len(present)} settings "
+              f"({'; '.join(repr(p) for p in present)}); pair within one setting "
+              "(sfg.experiments.stats.compare does)")
+        setting = present[0] if present else ""
+    values = [v for v in values if v.setting == setting]
     by_rule: dict[tuple[str, str, int], float] = {}
     by_base: dict[tuple[str, str, int], float] = {}
     for v in values:
@@ -204,13 +327,17 @@ def pair_values(values: Sequence[RunValue], *, rule: str, baseline: str,
     return PairedDifferences(
         rule=rule, baseline=baseline, metric=metric, run_keys=tuple(paired), run_diffs=diffs,
         unit_keys=tuple(unit_keys), unit_diffs=unit_diffs, unit_strata=strata,
-        datasets=datasets, cell_keys=tuple(cell_keys), cell_means=cell_means, dropped=dropped)
+        datasets=datasets, cell_keys=tuple(cell_keys), cell_means=cell_means, dropped=dropped,
+        setting=setting)
 
 
 def paired_differences(records: Iterable[Mapping[str, Any]], *, rule: str,
-                       baseline: str = "dfedavg", metric: str = "acc_mean") -> PairedDifferences:
-    """Validate ``records`` and pair ``rule`` against ``baseline`` on ``metric`` (SPEC §8)."""
-    return pair_values(run_values(records, metric), rule=rule, baseline=baseline, metric=metric)
+                       baseline: str = "dfedavg", metric: str = "acc_mean",
+                       setting: str | None = None) -> PairedDifferences:
+    """Validate ``records`` and pair ``rule`` against ``baseline`` on ``metric`` (SPEC §8)
+    within ``setting`` (see :func:`pair_values`)."""
+    return pair_values(run_values(records, metric), rule=rule, baseline=baseline, metric=metric,
+                       setting=setting)
 
 
 # --------------------------------------------------------------------------- interval
@@ -389,6 +516,7 @@ class Comparison:
     rule: str
     baseline: str
     metric: str
+    setting: str  # what both rules' runs were run under ("" round-based; module docstring)
     mean_gain: float  # weighted mean over units of m(rule) − m(baseline)
     ci_low: float
     ci_high: float
@@ -513,16 +641,20 @@ def design_sensitivity(pd: PairedDifferences, values: Sequence[RunValue], *,
 
 
 def quartile_gains(records: Sequence[Mapping[str, Any]], *, rule: str, baseline: str,
-                   weighting: str = "unit") -> list[float]:
-    """Pooled mean gains of ``acc_q1`` … ``acc_q4`` (SPEC §8, §10.4); NaNs when a run of
-    ``rule`` or ``baseline`` lacks a quartile metric."""
-    involved = [r for r in records if r.get("rule") in (rule, baseline)]
+                   weighting: str = "unit", setting: str | None = None) -> list[float]:
+    """Pooled mean gains of ``acc_q1`` … ``acc_q4`` (SPEC §8, §10.4) within ``setting`` (see
+    :func:`pair_values`); NaNs when a run of ``rule`` or ``baseline`` there lacks a quartile
+    metric."""
+    records = with_settings(records)
+    involved = [r for r in records if r.get("rule") in (rule, baseline)
+                and (setting is None or r.get("setting") == setting)]
     if not all(isinstance(r.get("metrics"), Mapping)
                and all(f"acc_q{q}" in r["metrics"] for q in range(1, 5)) for r in involved):
         return [math.nan] * 4
     out = []
     for q in range(1, 5):
-        pd = pair_values(run_values(involved, f"acc_q{q}"), rule=rule, baseline=baseline)
+        pd = pair_values(run_values(involved, f"acc_q{q}"), rule=rule, baseline=baseline,
+                         setting=setting)
         out.append(pooled_mean(pd.run_keys, pd.run_diffs, weighting=weighting)[0])
     return out
 
@@ -534,15 +666,17 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
             draws: int = MONTE_CARLO_DRAWS, seed: int = 0) -> list[Comparison]:
     """Compare every rule in ``rules`` with ``baseline`` on ``metric`` (SPEC §8).
 
-    ``rules`` default: every rule in the records except the baseline (sorted). The declared
-    family for Holm is exactly these comparisons. ``higher_is_better`` default: False for
+    ``rules`` default: every rule in the records except the baseline (sorted). One
+    comparison per setting (module docstring) in which the rule has runs, settings in the
+    order they first appear, rules in ``rules`` order within each; the declared family for Holm
+    is exactly these comparisons. ``higher_is_better`` default: False for
     :data:`LOWER_IS_BETTER` metrics, True otherwise. See the module docstring for the method.
     """
     check(0.0 < alpha < 1.0, f"alpha must be in (0, 1), got {alpha}")
     check(0.0 < confidence < 1.0, f"confidence must be in (0, 1), got {confidence}")
     check(weighting in WEIGHTINGS,
           f"unknown weighting {weighting!r}{did_you_mean(weighting, WEIGHTINGS)}")
-    records = list(records)
+    records = with_settings(records)
     values = run_values(records, metric)
     present = sorted({v.rule for v in values})
     check(baseline in present, f"baseline {baseline!r} has no runs"
@@ -557,19 +691,16 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
     hib = (metric not in LOWER_IS_BETTER) if higher_is_better is None else bool(higher_is_better)
 
     partial = []
-    for rule in rules:
-        pd = pair_values(values, rule=rule, baseline=baseline, metric=metric)
-        interval = stratified_interval(pd.unit_diffs, pd.unit_strata, confidence=confidence,
-                                       weighting=weighting)
-        weights = unit_weights(pd.unit_strata, weighting=weighting)
-        p_perm, method = sign_flip_pvalue(pd.unit_diffs, weights=weights,
-                                          exact_max_units=exact_max_units, draws=draws,
-                                          seed=seed)
-        sens = design_sensitivity(pd, values, weighting=weighting, higher_is_better=hib,
-                                  exact_max_units=exact_max_units, draws=draws, seed=seed)
-        quart = quartile_gains(records, rule=rule, baseline=baseline, weighting=weighting)
-        partial.append((rule, pd, interval, p_perm, method, wilcoxon_pvalue(pd.cell_means),
-                        sens, quart))
+    for setting in settings_in_order(values):
+        here = [v for v in values if v.setting == setting]
+        recs = [r for r in records if r.get("setting") == setting]
+        for rule in rules:
+            if any(v.rule == rule for v in here):
+                partial.append(_partial(here, recs, rule=rule, baseline=baseline,
+                                        metric=metric, setting=setting,
+                                        confidence=confidence, weighting=weighting, hib=hib,
+                                        exact_max_units=exact_max_units, draws=draws,
+                                        seed=seed))
 
     perm_holm = holm([p[3] for p in partial])
     wil_holm = holm([p[5] for p in partial])
@@ -577,8 +708,8 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
     for (rule, pd, iv, p_perm, method, p_wil, sens, quart), ph, wh in zip(
             partial, perm_holm, wil_holm, strict=True):
         out.append(Comparison(
-            rule=rule, baseline=baseline, metric=metric, mean_gain=iv.mean, ci_low=iv.low,
-            ci_high=iv.high, df=iv.df, units=iv.units, datasets=len(pd.datasets),
+            rule=rule, baseline=baseline, metric=metric, setting=pd.setting,
+            mean_gain=iv.mean, ci_low=iv.low, ci_high=iv.high, df=iv.df, units=iv.units, datasets=len(pd.datasets),
             p_perm=p_perm, p_perm_holm=float(ph), p_wilcoxon=p_wil,
             p_wilcoxon_holm=float(wh),
             verdict=verdict(mean=iv.mean, low=iv.low, high=iv.high, p_adjusted=float(ph),
@@ -593,6 +724,23 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
             gap_closed_by_process=json.dumps(sens.gap_closed_by_process, sort_keys=True),
             gain_q1=quart[0], gain_q2=quart[1], gain_q3=quart[2], gain_q4=quart[3]))
     return out
+
+
+def _partial(values: Sequence[RunValue], records: Sequence[Mapping[str, Any]], *, rule: str,
+             baseline: str, metric: str, setting: str, confidence: float, weighting: str,
+             hib: bool, exact_max_units: int, draws: int, seed: int) -> tuple:
+    """One comparison before Holm: the values and records of one setting."""
+    pd = pair_values(values, rule=rule, baseline=baseline, metric=metric, setting=setting)
+    interval = stratified_interval(pd.unit_diffs, pd.unit_strata, confidence=confidence,
+                                   weighting=weighting)
+    weights = unit_weights(pd.unit_strata, weighting=weighting)
+    p_perm, method = sign_flip_pvalue(pd.unit_diffs, weights=weights,
+                                      exact_max_units=exact_max_units, draws=draws, seed=seed)
+    sens = design_sensitivity(pd, values, weighting=weighting, higher_is_better=hib,
+                              exact_max_units=exact_max_units, draws=draws, seed=seed)
+    quart = quartile_gains(records, rule=rule, baseline=baseline, weighting=weighting,
+                           setting=setting)
+    return (rule, pd, interval, p_perm, method, wilcoxon_pvalue(pd.cell_means), sens, quart)
 
 
 def comparisons_to_csv(comparisons: Sequence[Comparison], path: str | Path) -> Path:

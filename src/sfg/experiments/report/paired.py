@@ -18,7 +18,18 @@ hands them out), runs the paired comparisons of :mod:`sfg.experiments.stats` and
   of the outage gap closed (overall and per process, when the grid has a ``none`` process)
   and the per-availability-quartile gains (SPEC §10.4, :func:`sfg.experiments.stats.design_sensitivity`);
 * ``diagnostics/`` — tables and plots of the training diagnostics of runs that recorded them
-  (SPEC §10.1–10.3, :mod:`sfg.experiments.report.diagnostics`), linked from a section of ``report.md``.
+  (SPEC §10.1–10.3, :mod:`sfg.experiments.report.diagnostics`), linked from a section of ``report.md``;
+* for runs on the virtual clock (SPEC §12.5, :mod:`sfg.experiments.report.clock`): a
+  time-to-accuracy table (``time_to_accuracy.csv``), a table of the clock's counts per
+  device-hour (``clock_rates.csv``) and ``accuracy_over_time.png`` (accuracy over virtual
+  hours, one panel per clock setting); ``accuracy_over_rounds.png`` then shows the
+  round-based runs only.
+
+**Settings.** Runs are paired and compared within their setting
+(:func:`sfg.experiments.stats.setting_labels`: a clock run's protocol and clock settings, an
+override that tells runs of one cell apart such as ``local_steps 3``): every table and plot
+then has one row, marker or line per (setting, rule), and the tables a ``setting`` column
+(round-based runs without such overrides have none, and the report looks as it always did).
 
 Units and titles (:mod:`sfg.util.units`): tables and plots show accuracies in % and their
 differences in percentage points (pp); every plot is titled with what it shows (metric,
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +54,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from sfg.errors import SfgError, check
+from sfg.experiments.report import clock as _clock
 from sfg.experiments.report.figures import save_png
 from sfg.experiments.stats import (
     Comparison,
@@ -52,6 +65,7 @@ from sfg.experiments.stats import (
     pair_values,
     run_values,
     stratified_interval,
+    with_settings,
 )
 from sfg.util.units import (
     context_of,
@@ -81,19 +95,40 @@ def gain_column(metric: str) -> str:
     return with_unit("gain", gain_unit(metric)) + " [CI]"
 
 
-def table_columns(metric: str) -> tuple[str, ...]:
-    """:data:`TABLE_COLUMNS` with the gain column in the unit of ``metric``."""
-    return tuple(gain_column(metric) if c == GAIN_COLUMN else c for c in TABLE_COLUMNS)
+def _with_setting(columns: tuple[str, ...], settings: bool) -> tuple[str, ...]:
+    return (columns[0], "setting", *columns[1:]) if settings else columns
 
 
-def sensitivity_columns(metric: str) -> tuple[str, ...]:
+def table_columns(metric: str, *, settings: bool = False) -> tuple[str, ...]:
+    """:data:`TABLE_COLUMNS` with the gain column in the unit of ``metric`` (and a ``setting``
+    column after the rule when the runs have settings)."""
+    return _with_setting(tuple(gain_column(metric) if c == GAIN_COLUMN else c
+                               for c in TABLE_COLUMNS), settings)
+
+
+def sensitivity_columns(metric: str, *, settings: bool = False) -> tuple[str, ...]:
     """:data:`SENSITIVITY_COLUMNS` with the pooled-gain columns in the unit of ``metric``
     (the quartile gains are accuracies whatever the metric)."""
     if gain_unit(metric):
-        return SENSITIVITY_COLUMNS
-    return tuple({"leave-one-process-out (pp)": "leave-one-process-out",
-                  "mean w/o iid, pp (p)": "mean w/o iid (p)"}.get(c, c)
-                 for c in SENSITIVITY_COLUMNS)
+        return _with_setting(SENSITIVITY_COLUMNS, settings)
+    return _with_setting(tuple({"leave-one-process-out (pp)": "leave-one-process-out",
+                                "mean w/o iid, pp (p)": "mean w/o iid (p)"}.get(c, c)
+                               for c in SENSITIVITY_COLUMNS), settings)
+
+
+def label(rule: str, setting: str) -> str:
+    """A (setting, rule) as plots name it: ``sfg-cut · async, jitter 0.5``; the rule alone
+    without a setting."""
+    return f"{rule} · {setting}" if setting else rule
+
+
+def _tick(c: Comparison, extra: str) -> str:
+    """A y tick of a per-comparison plot: ``rule (extra)``, the setting wrapped below it."""
+    return "\n".join([f"{c.rule} ({extra})", *textwrap.wrap(c.setting, 40)])
+
+
+def _tick_lines(comps: Sequence[Comparison]) -> int:
+    return max([1 + len(textwrap.wrap(c.setting, 40)) for c in comps], default=1)
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,7 @@ class RuleRow:
     acc_p10: float
     local_steps_rel: float
     comparison: Comparison | None
+    setting: str = ""  # what its runs were run under (sfg.experiments.stats.setting_labels)
 
 
 @dataclass
@@ -125,6 +161,14 @@ class Report:
     diagnostics: dict = field(default_factory=dict)
     # the data compared, for titles: "dataset digits · processes none, … · seeds 1–8"
     context: str = ""
+    # time to accuracy, the clock's counts and accuracy over virtual hours (SPEC §12.5), when
+    # runs are on the virtual clock
+    clock: _clock.ClockReport | None = None
+
+    @property
+    def settings(self) -> bool:
+        """Whether the runs have settings (the tables then show a ``setting`` column)."""
+        return any(row.setting for row in self.rows)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -150,10 +194,12 @@ def _gain_text(c: Comparison) -> str:
     return f"{g} [{points(c.ci_low, metric=c.metric)}, {points(c.ci_high, metric=c.metric)}]"
 
 
-def row_cells(row: RuleRow) -> list[str]:
+def row_cells(row: RuleRow, *, settings: bool = False) -> list[str]:
     """The table cells of ``row`` in :data:`TABLE_COLUMNS` order (Markdown and terminal):
-    accuracies in %, the gain in pp when the metric is an accuracy."""
-    head = [row.rule, str(row.runs), percent(row.acc_mean), percent(row.acc_p10)]
+    accuracies in %, the gain in pp when the metric is an accuracy; ``settings``: the
+    setting after the rule (:func:`table_columns`)."""
+    head = [row.rule, *([row.setting or "rounds"] if settings else []), str(row.runs),
+            percent(row.acc_mean), percent(row.acc_p10)]
     c = row.comparison
     if c is None:
         tail = ["baseline", "—", "—", "—", "—", "—", "—", "—"]
@@ -164,14 +210,16 @@ def row_cells(row: RuleRow) -> list[str]:
     return head + tail + [_num(row.local_steps_rel, 3)]
 
 
-def sensitivity_cells(c: Comparison) -> list[str]:
-    """The cells of ``c`` in :data:`SENSITIVITY_COLUMNS` order (gains in pp for accuracies)."""
+def sensitivity_cells(c: Comparison, *, settings: bool = False) -> list[str]:
+    """The cells of ``c`` in :data:`SENSITIVITY_COLUMNS` order (gains in pp for accuracies;
+    ``settings``: the setting after the rule)."""
     m = c.metric
     loo = ("—" if math.isnan(c.loo_min)
            else f"[{points(c.loo_min, metric=m)}, {points(c.loo_max, metric=m)}]")
     shares = json.loads(c.gap_closed_by_process)
     per = "; ".join(f"{p}: {_share(v)}" for p, v in shares.items()) or "— (no none process)"
-    return [c.rule, f"{c.positive_processes}/{c.processes}", loo,
+    return [c.rule, *([c.setting or "rounds"] if settings else []),
+            f"{c.positive_processes}/{c.processes}", loo,
             f"{points(c.mean_no_iid, metric=m)} ({_p(c.p_no_iid)})", _share(c.gap_closed), per,
             *(points(g) for g in (c.gain_q1, c.gain_q2, c.gain_q3, c.gain_q4))]
 
@@ -201,8 +249,8 @@ def _mean_metric(records: Sequence[Mapping[str, Any]], key: str) -> float:
 
 
 def _gain(values: Sequence[RunValue], *, rule: str, baseline: str, confidence: float,
-          weighting: str) -> Interval:
-    pd = pair_values(values, rule=rule, baseline=baseline)
+          weighting: str, setting: str = "") -> Interval:
+    pd = pair_values(values, rule=rule, baseline=baseline, setting=setting)
     return stratified_interval(pd.unit_diffs, pd.unit_strata, confidence=confidence,
                                weighting=weighting)
 
@@ -222,7 +270,7 @@ def _errorbars(ivs: Sequence[Interval], factor: float = 1.0) -> tuple[np.ndarray
 
 def _plot_gains(comps: Sequence[Comparison], path: Path, *, baseline: str, metric: str,
                 confidence: float, where: str) -> Path:
-    fig = Figure(figsize=(7.0, 1.9 + 0.45 * len(comps)))
+    fig = Figure(figsize=(7.0, 1.9 + 0.45 * len(comps) * _tick_lines(comps)))
     ax = fig.add_subplot()
     y = np.arange(len(comps))[::-1]
     ivs = [Interval(c.mean_gain, c.ci_low, c.ci_high, math.nan, c.df, c.units) for c in comps]
@@ -234,7 +282,7 @@ def _plot_gains(comps: Sequence[Comparison], path: Path, *, baseline: str, metri
             ax.annotate("interval undefined", (f * c.mean_gain, yi), textcoords="offset points",
                         xytext=(6, 4), fontsize=8, color="gray")
     ax.axvline(0.0, color="black", lw=0.8)
-    ax.set_yticks(y, [f"{c.rule} ({c.verdict})" for c in comps])
+    ax.set_yticks(y, [_tick(c, c.verdict) for c in comps])
     ax.set_ylim(-0.7, len(comps) - 0.3)
     ax.set_xlabel(with_unit(f"gain in {metric} over {baseline}", gain_unit(metric)))
     ax.set_title(title(f"Paired gain in {metric_label(metric)} over {baseline} "
@@ -302,13 +350,15 @@ def _mean_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nda
 
 def _plot_curves(records: Sequence[Mapping[str, Any]], rules: Sequence[str],
                  path: Path) -> Path | None:
-    grouped: dict[tuple[str, str], dict[str, list]] = {}
+    grouped: dict[tuple[str, str, str], dict[str, list]] = {}
     plotted = []
     for index, r in enumerate(records):
+        if _clock.is_clock(r):  # drawn over virtual hours (accuracy_over_time.png)
+            continue
         c = _curve(r, index)
         if c is not None and r["rule"] in rules:
-            grouped.setdefault((r["dataset"], r["process"]), {}).setdefault(
-                r["rule"], []).append(c)
+            panel = (r["dataset"], r["process"], str(r.get("setting", "")))
+            grouped.setdefault(panel, {}).setdefault(r["rule"], []).append(c)
             plotted.append(r)
     if not grouped:
         return None
@@ -316,14 +366,14 @@ def _plot_curves(records: Sequence[Mapping[str, Any]], rules: Sequence[str],
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(4.6 * cols, 3.4 * nrows + 0.7))
-    for k, (dataset, process) in enumerate(panels):
+    for k, (dataset, process, setting) in enumerate(panels):
         ax = fig.add_subplot(nrows, cols, k + 1)
         for rule in rules:
-            runs = grouped[(dataset, process)].get(rule)
+            runs = grouped[(dataset, process, setting)].get(rule)
             if runs:
                 rounds, acc = _mean_curve(runs)
                 ax.plot(rounds, 100 * acc, label=f"{rule} (n={len(runs)})")
-        ax.set_title(f"{dataset} · {process}", fontsize=9)
+        ax.set_title(f"{dataset} · {process}" + (f"\n{setting}" if setting else ""), fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel("mean accuracy (%)")
         ax.legend(fontsize=7)
@@ -337,7 +387,7 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
                       metric: str, where: str) -> Path:
     """Left: pooled gain, leave-one-process-out range and the mean without i.i.d. outages per
     rule. Right: share of the outage gap closed per process (when there is a none process)."""
-    fig = Figure(figsize=(11.0, max(4.2, 2.2 + 0.5 * len(comps))))
+    fig = Figure(figsize=(11.0, max(4.2, 2.2 + 0.5 * len(comps) * _tick_lines(comps))))
     ax = fig.add_subplot(1, 2, 1)
     y = np.arange(len(comps))[::-1]
     f = scale(metric)
@@ -351,21 +401,22 @@ def _plot_sensitivity(comps: Sequence[Comparison], path: Path, *, baseline: str,
         ax.plot([f * c.mean_no_iid], [yi], "x", color="tab:red", ms=8, label="without i.i.d."
                 if yi == y[0] else None)
     ax.axvline(0.0, color="black", lw=0.8)
-    ax.set_yticks(y, [f"{c.rule} ({c.positive_processes}/{c.processes} +)" for c in comps])
+    ax.set_yticks(y, [_tick(c, f"{c.positive_processes}/{c.processes} +") for c in comps])
     ax.set_ylim(-0.7, len(comps) - 0.3)
     ax.set_xlabel(with_unit(f"pooled gain in {metric} over {baseline}", gain_unit(metric)))
     ax.set_title("design sensitivity", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax2 = fig.add_subplot(1, 2, 2)
-    shares = {c.rule: json.loads(c.gap_closed_by_process) for c in comps}
+    shares = {label(c.rule, c.setting): json.loads(c.gap_closed_by_process) for c in comps}
     procs = sorted({p for d in shares.values() for p in d})
     if procs:
         x = np.arange(len(procs) + 1, dtype=np.float64)
         width = 0.8 / len(comps)
         for k, c in enumerate(comps):
-            vals = [shares[c.rule].get(p, math.nan) for p in procs] + [c.gap_closed]
+            name = label(c.rule, c.setting)
+            vals = [shares[name].get(p, math.nan) for p in procs] + [c.gap_closed]
             ax2.bar(x + (k - (len(comps) - 1) / 2) * width, np.nan_to_num(np.array(
-                vals, dtype=np.float64) * 100, nan=0.0), width, label=c.rule)
+                vals, dtype=np.float64) * 100, nan=0.0), width, label=name)
         ax2.set_xticks(x, [*procs, "overall"], rotation=20, ha="right")
         ax2.axhline(0.0, color="black", lw=0.8)
         ax2.set_ylabel("gap closed (%)")
@@ -388,18 +439,24 @@ def _markdown(report: Report) -> str:
     lines = [f"# sfg report — {report.metric} against {report.baseline}", ""]
     if report.context:
         lines += [f"{report.context}; accuracies in %, gains in percentage points (pp).", ""]
-    columns = table_columns(report.metric)
+    settings = report.settings
+    columns = table_columns(report.metric, settings=settings)
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "|".join("---" for _ in columns) + "|")
     for row in report.rows:
-        cells = [c.replace("|", "\\|") for c in row_cells(row)]
+        cells = [c.replace("|", "\\|") for c in row_cells(row, settings=settings)]
         lines.append("| " + " | ".join(cells) + " |")
+    if settings:
+        lines += ["", "Setting: what the runs were run under besides the grid's axes (on the "
+                  "virtual clock: the protocol and every clock setting away from its default; "
+                  "\"rounds\": synchronous rounds); runs are paired only within one setting."]
     if report.comparisons:
+        scolumns = sensitivity_columns(report.metric, settings=settings)
         lines += ["", "## Design sensitivity, outage gap, availability quartiles (SPEC §10.4)",
-                  "", "| " + " | ".join(sensitivity_columns(report.metric)) + " |",
-                  "|" + "|".join("---" for _ in SENSITIVITY_COLUMNS) + "|"]
+                  "", "| " + " | ".join(scolumns) + " |",
+                  "|" + "|".join("---" for _ in scolumns) + "|"]
         for c in report.comparisons:
-            cells = [x.replace("|", "\\|") for x in sensitivity_cells(c)]
+            cells = [x.replace("|", "\\|") for x in sensitivity_cells(c, settings=settings)]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Processes +: processes with a positive pooled mean gain. "
                   "Leave-one-process-out: range of the pooled mean over the designs without one "
@@ -407,6 +464,9 @@ def _markdown(report: Report) -> str:
                   "sign-flip p). Gap closed: pooled gain ÷ pooled (baseline without outages − "
                   "baseline with them), same (dataset, seed). Gain q1…q4: gains of the "
                   "per-availability-quartile mean accuracy (q1 least available)."]
+    if report.clock is not None:
+        lines += _clock.markdown(report.clock, baseline=report.baseline,
+                                 confidence=report.confidence)
     lines += ["", "## Method (SPEC §8)", ""]
     if report.comparisons:
         c0 = report.comparisons[0]
@@ -425,13 +485,17 @@ def _markdown(report: Report) -> str:
             "\"unresolved\" where they disagree or the interval is undefined.",
             "* Wins: paired runs with an improvement; + cells: cells with a mean improvement.",
         ]
+        if report.settings:
+            lines.append("* One comparison per (setting, rule): runs are paired only within "
+                         "one setting; Holm runs over all of them.")
         for c in report.comparisons:
-            lines.append(f"* {c.rule}: {c.units} units over {c.datasets} dataset(s), "
-                         f"{c.runs} paired runs, {c.dropped} unpaired run(s) dropped.")
+            lines.append(f"* {label(c.rule, c.setting)}: {c.units} units over {c.datasets} "
+                         f"dataset(s), {c.runs} paired runs, {c.dropped} unpaired run(s) "
+                         "dropped.")
     else:
         lines.append("* No comparisons: the records hold only the baseline.")
     lines += ["", "## Plots", ""]
-    for name in PLOT_FILES:
+    for name in (*PLOT_FILES, *_clock.CLOCK_PLOT_FILES):
         if name in report.files:
             lines.append(f"![{name}]({name})")
     if report.diagnostics:
@@ -467,6 +531,7 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
     """
     records = list(records)
     check(len(records) > 0, "no run records to report; run a grid first")
+    records = with_settings(records)
     comps = compare(records, rules=rules, baseline=baseline, metric=metric, alpha=alpha,
                     confidence=confidence, weighting=weighting, seed=seed)
     out = Path(out_dir)
@@ -476,19 +541,33 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
         raise SfgError(f"cannot create report folder {out}: {exc.strerror}; choose a "
                        "writable out_dir") from None
 
-    shown = [baseline] + [c.rule for c in comps]
-    by_rule = {rule: [r for r in records if r["rule"] == rule] for rule in shown}
-    comp_of = {c.rule: c for c in comps}
-    rows = [RuleRow(rule=rule, runs=len(by_rule[rule]),
-                    acc_mean=_mean_metric(by_rule[rule], "acc_mean"),
-                    acc_p10=_mean_metric(by_rule[rule], "acc_p10"),
-                    local_steps_rel=_mean_metric(by_rule[rule], "local_steps_rel"),
-                    comparison=comp_of.get(rule)) for rule in shown]
+    comp_of = {(c.setting, c.rule): c for c in comps}
+    compared = {c.rule for c in comps}
+    rows: list[RuleRow] = []
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        here = [r for r in records if r["setting"] == setting]
+        shown = [baseline] + [c.rule for c in comps if c.setting == setting]
+        for rule in shown:
+            mine = [r for r in here if r["rule"] == rule]
+            if mine:
+                rows.append(RuleRow(rule=rule, runs=len(mine),
+                                    acc_mean=_mean_metric(mine, "acc_mean"),
+                                    acc_p10=_mean_metric(mine, "acc_p10"),
+                                    local_steps_rel=_mean_metric(mine, "local_steps_rel"),
+                                    comparison=comp_of.get((setting, rule)), setting=setting))
     report = Report(out_dir=out, baseline=baseline, metric=metric, confidence=confidence,
                     rows=rows, comparisons=comps, markdown="",
-                    context=context_of(r for rule in shown for r in by_rule[rule]))
+                    context=context_of(r for r in records
+                                       if r["rule"] == baseline or r["rule"] in compared))
     report.files["comparisons.csv"] = comparisons_to_csv(comps, out / "comparisons.csv")
     _write_plots(report, records, weighting=weighting)
+    ordered = list(dict.fromkeys(c.rule for c in comps))
+    report.clock = _clock.clock_report(records, baseline=baseline, rules=ordered, out_dir=out,
+                                       alpha=alpha, confidence=confidence, weighting=weighting,
+                                       seed=seed)
+    if report.clock is not None:
+        report.files.update(report.clock.files)
+        report.notes.extend(report.clock.notes)
     if any(isinstance(r.get("diagnostics"), Mapping) for r in records):
         from sfg.experiments.report.diagnostics import pooled, write_diagnostics
 
@@ -507,8 +586,8 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
 def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
                  weighting: str) -> None:
     out, comps, conf = report.out_dir, report.comparisons, report.confidence
-    rules = [c.rule for c in comps]
-    kw = dict(baseline=report.baseline, confidence=conf, weighting=weighting)
+    rules = list(dict.fromkeys(c.rule for c in comps))
+    kw: dict[str, Any] = dict(baseline=report.baseline, confidence=conf, weighting=weighting)
     metric, where = report.metric, report.context
     if comps:
         report.files["gains.png"] = _plot_gains(comps, out / "gains.png",
@@ -516,8 +595,9 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
                                                 metric=metric, confidence=conf, where=where)
         values = run_values(records, metric)
         processes = sorted({v.process for v in values})
-        series = {rule: [_gain([v for v in values if v.process == p], rule=rule, **kw)
-                         for p in processes] for rule in rules}
+        series = {label(c.rule, c.setting): [
+            _gain([v for v in values if v.process == p], rule=c.rule, setting=c.setting, **kw)
+            for p in processes] for c in comps}
         report.files["gains_by_process.png"] = _plot_grouped(
             processes, series, out / "gains_by_process.png", xlabel="outage process",
             ylabel=with_unit(f"gain in {metric}", gain_unit(metric)),
@@ -528,7 +608,8 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
         if all(isinstance(r.get("metrics"), Mapping) and all(q in r["metrics"]
                for q in QUARTILE_METRICS) for r in involved):
             per_q = [run_values(involved, q) for q in QUARTILE_METRICS]
-            series = {rule: [_gain(vals, rule=rule, **kw) for vals in per_q] for rule in rules}
+            series = {label(c.rule, c.setting): [_gain(vals, rule=c.rule, setting=c.setting, **kw)
+                                                 for vals in per_q] for c in comps}
             report.files["gains_by_quartile.png"] = _plot_grouped(
                 ["q1 (least available)", "q2", "q3", "q4 (most available)"], series,
                 out / "gains_by_quartile.png", xlabel="availability quartile",
@@ -546,7 +627,11 @@ def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
                                                             baseline=report.baseline,
                                                             metric=metric, where=where)
     curves = _plot_curves(records, [report.baseline, *rules], out / "accuracy_over_rounds.png")
-    if curves is None:
+    if curves is None and any(_clock.is_clock(r) for r in records):
+        if not all(_clock.is_clock(r) for r in records):
+            report.notes.append("accuracy_over_rounds.png not written: no round-based run has "
+                                "curves (clock runs: accuracy_over_time.png)")
+    elif curves is None:
         report.notes.append("accuracy_over_rounds.png not written: no run has curves")
     else:
         report.files["accuracy_over_rounds.png"] = curves
@@ -556,15 +641,18 @@ TERMINAL_COLUMNS = ("rule", "runs", "acc (%)", "p10 (%)", GAIN_COLUMN, "wins", "
                     "p perm (Holm)", "p Wilc. (Holm)", "verdict", "steps ×DFedAvg")
 
 
-def terminal_cells(row: RuleRow) -> list[str]:
-    """Compact cells of ``row`` in :data:`TERMINAL_COLUMNS` order (one value per line)."""
+def terminal_cells(row: RuleRow, *, settings: bool = False) -> list[str]:
+    """Compact cells of ``row`` in :data:`TERMINAL_COLUMNS` order (one value per line;
+    ``settings``: the setting after the rule)."""
     cells = row_cells(row)
     c = row.comparison
+    mid = [row.setting or "rounds"] if settings else []
     if c is None:
-        return cells[:4] + ["baseline", "—", "—", "—", "—", "—", cells[-1]]
+        return cells[:1] + mid + cells[1:4] + ["baseline", "—", "—", "—", "—", "—", cells[-1]]
     gain = _gain_text(c).replace(" [", "\n[", 1).replace(", ", ",\n")
-    return cells[:4] + [gain, cells[5], cells[6], f"{cells[7]}\n({cells[8]})",
-                        f"{cells[9]}\n({cells[10]})", c.verdict, cells[-1]]
+    return cells[:1] + mid + cells[1:4] + [gain, cells[5], cells[6],
+                                           f"{cells[7]}\n({cells[8]})",
+                                           f"{cells[9]}\n({cells[10]})", c.verdict, cells[-1]]
 
 
 def print_report(report: Report, *, console: Any = None) -> None:
@@ -583,17 +671,19 @@ def print_report(report: Report, *, console: Any = None) -> None:
                         f"({report.confidence:.0%} intervals; Holm-corrected p in brackets"
                         f"{unit}){where}",
                   box=box.SIMPLE_HEAD, padding=(0, 1))
-    for name in TERMINAL_COLUMNS:
-        text = name in ("rule", "verdict", GAIN_COLUMN)
+    for name in _with_setting(TERMINAL_COLUMNS, report.settings):
+        text = name in ("rule", "setting", "verdict", GAIN_COLUMN)
         name = gain_column(report.metric) if name == GAIN_COLUMN else name
         table.add_column(name, justify="left" if text else "right", overflow="fold",
                          no_wrap=name == "rule")
     for row in report.rows:
-        table.add_row(*terminal_cells(row))
+        table.add_row(*terminal_cells(row, settings=report.settings))
     console.print(table)
+    if report.clock is not None:
+        _clock.print_clock(report.clock, console=console)
     for c in report.comparisons:
         if c.dropped:
-            console.print(f"{c.rule}: {c.dropped} unpaired run(s) dropped")
+            console.print(f"{label(c.rule, c.setting)}: {c.dropped} unpaired run(s) dropped")
     for note in report.notes:
         console.print(f"note: {note}")
     console.print(f"written to {report.out_dir}: " + ", ".join(sorted(report.files)))
