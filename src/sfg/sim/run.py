@@ -441,9 +441,15 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             "D": spec.D, "minibatch_digest": digest.hexdigest(),
             "client_steps": steps_taken,  # local SGD steps taken by available clients
             "numerics": numerics()}
-    if clock_meta:
+    if clock_meta:  # lockstep on the clock: the same time metrics as async and event
         metrics.update(clock_meta.pop("_stats"))
-        meta.update(clock_meta)
+        hours = [r * float(c["round_seconds"]) / 3600.0 for r in curve_round]
+        target = float(c.get("target_accuracy", 0.8))
+        hit = [h for h, a in zip(hours, curve_mean, strict=True) if a >= target]
+        metrics["time_to_accuracy_h"] = hit[0] if hit else float("nan")
+        metrics["reached_target"] = 1.0 if hit else 0.0
+        curves["hours"] = hours
+        meta.update(clock_meta, target_accuracy=target)
     return SimResult(metrics=metrics, curves=curves, accuracy=acc, params=X, personal=personal,
                      state=state, meta=meta, weights_log=weights_log,
                      diagnostics=diag.result() if diag is not None else None)
