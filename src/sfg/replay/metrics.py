@@ -73,6 +73,9 @@ METRICS: tuple[Metric, ...] = (
            value=lambda r: float(1.0 - r.available.mean())),
     Metric("returns", "returns", "aggregations by a returning client (τ≥1)",
            total=lambda f: f.returning),
+    Metric("returns_heard", "ret heard", "share of returns that hold a live neighbour's model "
+           "(on the virtual clock, a device can wake before it hears anyone)",
+           total=lambda f: f.return_with_neighbours, per=lambda f: f.returning),
     Metric("premise", "stalest",
            "share of returns where the receiver is strictly the stalest candidate",
            total=lambda f: f.return_with_neighbours & (f.age > f.max_neighbour_age),
