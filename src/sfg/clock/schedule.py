@@ -53,6 +53,7 @@ from numba import njit
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.slots import RoundGraph
+from sfg.round.staleness import wake_jitter
 from sfg.util.rng import stream
 
 LOCAL, OFFLINE = 0, 1
@@ -388,7 +389,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                        "busy at its next wake and skip it; raise --period or lower --compute")
     wakes = int(np.ceil(world.horizon / P))
     _check_budget(float(n) * wakes, "async schedule")
-    jit = stream(seed, "clock-jitter").random((wakes, n)) * (settings.jitter * P)
+    jit = wake_jitter(seed, wakes, n) * (settings.jitter * P)
     dt = _transfer(world, float(settings.message_bytes or 0.0))
     deg = np.diff(_out_slots(world.rg)[0])
     busy = np.zeros(n)

@@ -52,9 +52,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ import torch
 from sfg.errors import SfgError
 from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
 from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
+from sfg.net.vclock import WALL, NodeClock
 from sfg.net.wire import (
     DEFAULT_MAX_BYTES,
     Chunked,
@@ -79,7 +79,8 @@ from sfg.net.wire import (
 from sfg.net.world import Trainer, World
 from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one
 from sfg.round.kernel import rule_draws
-from sfg.util.rng import stream
+from sfg.round.staleness import waited as _waited
+from sfg.round.staleness import wake_jitter
 
 # an own message: (header, payload), the payload in the transport's chunks or as bytes
 Outgoing = tuple[bytes, bytes | Chunked]
@@ -89,10 +90,10 @@ MODES = ("lockstep", "async")
 
 
 def waited(age: int, lag: float, d: float) -> tuple[int, float]:
-    """Scalars of a message that sat in the inbox for ``d`` periods (SPEC §11.2): it counts as
-    older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by d: ℓ + d."""
-    d = max(0.0, float(d))
-    return int(age) + math.floor(d), float(lag) + d
+    """Scalars of a message that sat in the inbox for ``d`` periods (SPEC §11.2):
+    :func:`sfg.round.staleness.waited`, the clock's own definition, on d ≥ 0."""
+    a, lg = _waited(np.int64(age), float(lag), max(0.0, float(d)))
+    return int(a), float(lg)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class NodeConfig:
     tls: TlsFiles | None = None
     partitions: tuple[Partition, ...] = ()
     record_headers: bool = False
-    t0: float | None = None      # async: wall-clock start of round 0 (time.time())
+    t0: float | None = None      # async: start of round 0 on the node's clock (wall: time.time())
     linger: float | None = None  # async: keep answering this long after the last round
     on_round: Any = None         # callback(node_id, round, available, acc or None)
 
@@ -174,6 +175,8 @@ class _Stats:
     steps: int = 0
     trains: int = 0
     available_rounds: int = 0
+    interrupted: int = 0         # async: local rounds discarded (offline before K steps)
+    skipped: int = 0             # async, virtual clock: wakes while still busy
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -181,9 +184,14 @@ class Node:
     """One networked node; see the module docstring for the protocol."""
 
     def __init__(self, world: World, i: int, config: NodeConfig | None = None,
-                 trainer: Trainer | None = None):
+                 trainer: Trainer | None = None, *, net: Any = None,
+                 clock: NodeClock | None = None):
         self.world, self.i = world, int(i)
         self.cfg = config or NodeConfig()
+        # the transport (gRPC unless ``net``, e.g. sfg.net.memory.MemoryNetwork) and the clock
+        # (the wall clock unless a virtual one, sfg.net.vclock): the protocol code is the same
+        self.net = net
+        self.clock = clock or WALL
         self.nbrs = world.neighbours(self.i)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
@@ -202,9 +210,13 @@ class Node:
         # the rule that scores claims the node has already clamped (sfg.round.defences.clamp_one)
         self._scorer = claims_as_given(world.rule)
         self.restored: dict | None = None
-        self.server = Server(self._on_deliver, self._on_fetch, max_bytes=self.cfg.max_bytes,
-                             tls=self.cfg.tls)
-        self.peers: dict[int, Peer] = {}
+        if net is None:
+            self.server: Any = Server(self._on_deliver, self._on_fetch,
+                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
+        else:
+            self.server = net.server(self.i, self._on_deliver, self._on_fetch,
+                                     max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
+        self.peers: dict[int, Any] = {}
         self.outbox: dict[int, Outgoing] = {}                  # own messages by round
         self._expected: dict[int, list[int]] = {}                  # who needs each of them
         self.heard: dict[int, int] = {}                            # latest round from each
@@ -212,7 +224,6 @@ class Node:
         self.inbox: dict[tuple[int, int], Message] = {}         # lockstep: (sender, round)
         self.latest: dict[int, tuple[Message, float]] = {}      # async: sender -> (msg, arrival)
         self._arrived = asyncio.Event()
-        self.answering = True
         self.round = 0
         self.t0 = self.cfg.t0
         self._saved_out: set[int] = set()                          # outbox rounds on disk
@@ -250,8 +261,13 @@ class Node:
             raise SfgError(f"node {self.i}: no address for neighbour(s) {missing}; list every "
                            "node in peers.yaml")
         for j in self.nbrs:
-            self.peers[int(j)] = Peer(addresses[int(j)], max_bytes=self.cfg.max_bytes,
-                                      tls=self.cfg.tls)
+            if self.net is None:
+                self.peers[int(j)] = Peer(addresses[int(j)], max_bytes=self.cfg.max_bytes,
+                                          tls=self.cfg.tls)
+            else:
+                self.peers[int(j)] = self.net.peer(self.i, addresses[int(j)],
+                                                   max_bytes=self.cfg.max_bytes,
+                                                   tls=self.cfg.tls)
 
     async def close(self) -> None:
         for task in [*self._sends.values(), *self._backlog]:
@@ -259,6 +275,29 @@ class Node:
         for p in self.peers.values():
             await p.close()
         await self.server.stop()
+
+    # ------------------------------------------------------------------ availability in time
+    def _row(self, t: float) -> int:
+        """Async: the trace row in force at time ``t`` of this node's clock: row r covers
+        [t0 + r·P, t0 + (r+1)·P) (SPEC §12.1: a round-based trace as online intervals)."""
+        return int(math.floor((t - float(self.t0 or 0.0)) / self.cfg.period))
+
+    def _available_at(self, t: float) -> bool:
+        """Async: online at time ``t`` of this node's clock (before round 0 and after the last
+        round the node keeps answering)."""
+        if self.t0 is None:
+            return True
+        r = self._row(t)
+        if r < 0 or r >= self.world.rounds:
+            return True
+        return bool(self.world.available[r, self.i])
+
+    def _online_through(self, t0: float, t1: float) -> bool:
+        """Async: online during all of [t0, t1) of this node's clock."""
+        r0 = self._row(t0)
+        r1 = max(r0, int(math.ceil((t1 - float(self.t0 or 0.0)) / self.cfg.period)) - 1)
+        return all(self._available_at(float(self.t0 or 0.0) + (r + 0.5) * self.cfg.period)
+                   for r in range(r0, r1 + 1))
 
     # ------------------------------------------------------------------ receiving
     def _blocked(self, j: int, r: int) -> bool:
@@ -269,7 +308,7 @@ class Node:
             # an unavailable node answers no message of a round it is offline in
             return bool(self.world.available[min(r, self.world.rounds - 1), self.i]) \
                 and not self._blocked(sender, r)
-        return self.answering and not self._blocked(sender, self.round)
+        return self._available_at(self.clock.time()) and not self._blocked(sender, self.round)
 
     async def _on_deliver(self, raw_header: bytes, chunks: AsyncIterator[bytes],
                           identity: int | None, peer: str) -> tuple[bool, str]:
@@ -328,7 +367,7 @@ class Node:
         else:
             old = self.latest.get(h.sender)
             if old is None or h.round >= old[0].header.round:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 self.latest[h.sender] = (msg, now)
                 seen = self.seen.get(h.sender)
                 if seen is None or seen[0] != h.sha256:  # +guard evidence: first arrival
@@ -436,7 +475,7 @@ class Node:
         which an honest waited age τ + ⌊d⌋ never undercuts. Kept in memory only (a restarted
         node starts without evidence: weaker, never wrong)."""
         out = []
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for j, m in zip(senders, msgs, strict=True):
             seen = self.seen.get(j)
             if self.cfg.mode == "lockstep":
@@ -496,9 +535,16 @@ class Node:
         full["local_counts"][idx] = local
         return agg, full
 
-    def _train_round(self, r: int, agg: np.ndarray, full: dict) -> None:
+    async def _train(self, r: int, agg: np.ndarray) -> tuple[np.ndarray, int]:
+        """K local steps from ``agg`` (the trainer's; on the virtual clock, batched with the
+        other nodes' requests and taking the device's compute time): (model, steps)."""
         n_steps = self.trainer.steps(self.state.age)
-        self.x = self.trainer.train(agg, r, self.state.age)
+        x = await self.trainer.train_async(agg, r, self.state.age)
+        return x, n_steps
+
+    def _commit(self, x: np.ndarray, n_steps: int, full: dict) -> None:
+        """The local round's result becomes the node's model and state (SPEC §2)."""
+        self.x = x
         self.stats.steps += n_steps
         self.stats.trains += 1
         self.stats.messages += int(full["cand"].sum()) - 1
@@ -525,13 +571,13 @@ class Node:
             self.cfg.on_round(self.i, r, available, acc)
 
     async def _wait_lockstep(self, r: int, expected: list[int]) -> None:
-        start = time.monotonic()
+        start = self.clock.monotonic()
         last_pull = start
         while True:
             missing = [j for j in expected if (j, r) not in self.inbox]
             if not missing:
                 return
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if now - start > self.cfg.deadline:
                 raise SfgError(f"lockstep: node {self.i} did not get the round-{r} models of "
                                f"neighbour(s) {missing} within {self.cfg.deadline:g} s; are those "
@@ -576,16 +622,16 @@ class Node:
             del self.inbox[key]
         agg, full = self._aggregate(r, expected, msgs, [m.header.age for m in msgs],
                                     [m.header.lag for m in msgs])
-        self._train_round(r, agg, full)
+        x, n_steps = await self._train(r, agg)
+        self._commit(x, n_steps, full)
 
     async def _async_round(self, r: int) -> None:
         P = self.cfg.period
-        available = bool(self.world.available[r, self.i])
-        self.answering = available
-        if not available:
+        if not self.world.available[r, self.i]:
             self._offline_round()
             return
-        now = time.monotonic()
+        start = self.clock.time()
+        now = self.clock.monotonic()
         senders, msgs, ages, lags = [], [], [], []
         for j in self.nbrs:
             j = int(j)
@@ -602,9 +648,16 @@ class Node:
             ages.append(age)
             lags.append(lag)
         agg, full = self._aggregate(r, senders, msgs, ages, lags)
-        self._train_round(r, agg, full)
+        x, n_steps = await self._train(r, agg)
+        self.round = r + 1  # the state about to be computed is the start of round r + 1
+        if not self._online_through(start, self.clock.time()):
+            # offline before its K steps were done (SPEC §12.1): the local round is
+            # discarded — model and staleness as they were, nothing sent
+            self.stats.interrupted += 1
+            self.state = replace(self.state, t=self.state.t + 1)
+            return
+        self._commit(x, n_steps, full)
         targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
-        self.round = r + 1  # the state just computed is the start of round r + 1
         self._send_all(targets, self._message())
 
     def _checkpoint(self) -> None:
@@ -682,7 +735,7 @@ class Node:
         unavailable rounds (age and lag + 1 each)."""
         if self.restored is None or self.t0 is None:
             return
-        due = int(math.floor((time.time() - self.t0) / self.cfg.period))
+        due = int(math.floor((self.clock.time() - self.t0) / self.cfg.period))
         missed = max(0, min(due, self.world.rounds) - self.state.t)
         for _ in range(missed):
             self._offline_round()
@@ -699,29 +752,37 @@ class Node:
                 self._end_round(r, bool(self.world.available[r, self.i]))
             await self._drain()
             # keep serving until every neighbour has the messages it needs (pushed or pulled)
-            end = time.monotonic() + self.cfg.deadline
+            end = self.clock.monotonic() + self.cfg.deadline
             while True:
                 self._prune_outbox(delivered=True)
-                if not self.outbox or time.monotonic() > end:
+                if not self.outbox or self.clock.monotonic() > end:
                     break
                 await asyncio.sleep(0.05)
             self._save_outbox()  # drop the saved messages nobody needs any more
         else:
             if self.t0 is None:
-                self.t0 = time.time()
+                self.t0 = self.clock.time()
             self._catch_up_missed()
             P = self.cfg.period
+            jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
             while self.state.t < T:
                 r = self.round = self.state.t
-                jitter = self.cfg.jitter * P * float(
-                    stream(self.world.seed, "net-jitter", self.i, r).random())
-                delay = self.t0 + r * P + jitter - time.time()
-                # a late node runs its due rounds back to back, but always lets the others
-                # (and its server) run in between
-                await asyncio.sleep(max(0.0, delay))
+                wake = self.t0 + r * P + float(jitter[r])
+                delay = wake - self.clock.time()
+                if self.clock.virtual and (delay < 0 or (
+                        self.net is not None and self.net.busy_until(self.i) > wake)):
+                    # a wake while the node is still busy (training or sending) is skipped
+                    # (SPEC §12.2); on the wall clock a late node runs its due rounds back to
+                    # back instead (it cannot tell an overrun from the machine's load)
+                    self.stats.skipped += 1
+                    self.state = replace(self.state, t=self.state.t + 1)
+                    self.round = self.state.t
+                    self._end_round(r, False)
+                    continue
+                # always let the others (and the server) run in between
+                await asyncio.sleep(max(0.0, self.clock.to_loop(delay)))
                 await self._async_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
-            self.answering = True
             await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else P)
             await self._drain()
         return self.result()

@@ -203,6 +203,11 @@ class Trainer:
                            f"{self.i}; lower --lr (now {self.lr})")
         return new
 
+    async def train_async(self, x: np.ndarray, t: int, age: int) -> np.ndarray:
+        """:meth:`train`, as the node awaits it (a simulation's batched trainer,
+        :class:`sfg.net.vswarm.BatchTrainer`, answers later, after the compute time)."""
+        return self.train(x, t, age)
+
     def evaluate(self, x: np.ndarray) -> float:
         """Personalised test accuracy of ``x`` on this client's own test set."""
         P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]

@@ -41,7 +41,7 @@ from sfg.errors import SfgError
 from sfg.round.compiled import first_class
 from sfg.round.defences import CAP, GUARD, RELATIVE, cap_weights, clamp_claims
 from sfg.round.slots import RoundGraph
-from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState
+from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState, waited
 from sfg.util.rng import stream
 from sfg.world.outages.anatomy import Capabilities
 
@@ -514,8 +514,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             else:
                 m = cmsg[c]
                 dd = cwait[c]
-                b_age[d] = hdr[0, m] + np.int64(np.floor(dd))
-                b_raw[d] = hdr_lag[m] + dd
+                b_age[d], b_raw[d] = waited(hdr[0, m], hdr_lag[m], dd)
                 b_count[d] = hdr[1, m]
                 b_local[d] = hdr[2, m]
                 b_deg[d] = hdr[3, m]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from sfg.round.slots import RoundGraph
 
@@ -66,3 +67,31 @@ def init_state(rg: RoundGraph, *, rounds: int | None = None, track_missed: bool 
         q_hat=np.ones(rg.n_slots, np.float64),
         missed=missed,
     )
+
+
+@njit(inline="always", cache=True)
+def waited(age, lag, d):  # pragma: no cover - compiled (inlined into the clock's events)
+    """The scalars of a message that waited ``d`` ≥ 0 units since it arrived (SPEC §11.2,
+    §12.3): it counts as older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by
+    d: ℓ + d; counts are unchanged. Written once for the virtual clock's events
+    (:func:`sfg.round.kernel._events`) and the networked node (:mod:`sfg.net.node`)."""
+    return age + np.int64(np.floor(d)), lag + d
+
+
+def wake_jitter(seed: int, wakes: int, n: int) -> np.ndarray:
+    """[wakes, n] uniforms in [0, 1): the async protocol's wake-up jitter of device i at wake
+    r is ``jitter · P · u[r, i]`` (SPEC §12.2; stream ``clock-jitter`` keyed by the seed),
+    the same for the virtual clock's engine and the networked node."""
+    from sfg.util.rng import stream
+
+    key = (int(seed), int(wakes), int(n))
+    got = _JITTER.get(key)
+    if got is None:
+        got = stream(int(seed), "clock-jitter").random((int(wakes), int(n)))
+        got.setflags(write=False)
+        _JITTER.clear()  # one run's at a time
+        _JITTER[key] = got
+    return got
+
+
+_JITTER: dict[tuple[int, int, int], np.ndarray] = {}

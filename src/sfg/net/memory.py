@@ -1,0 +1,153 @@
+"""An in-memory network for nodes on the virtual clock (SPEC §12.6), with the gRPC transport's
+interface (:class:`sfg.net.transport.Server`, :class:`~sfg.net.transport.Peer`).
+
+The node encodes its messages exactly as for gRPC (msgpack header + safetensors payload in
+chunks) and the receiving node runs the same handler on the same bytes (header checks,
+neighbour and identity, size, digest, tensor layout, finite values): nothing of the protocol or
+its acceptance checks is re-implemented here. What the network adds is time (SPEC §12.1): a
+message from j to i leaves j's uplink after the messages queued before it (one at a time,
+size ÷ uplink rate each), arrives after the link's latency, and is lost when the sender goes
+offline before its transfer ends; a receiver that is offline at the arrival refuses it (its
+own handler says so). The world's quantities (per-slot latency, per-device uplink) are those
+of :func:`sfg.clock.schedule.make_world`, so the node under the virtual clock and the clock's
+own engine see the same network.
+
+Faults (:class:`sfg.net.faults.Faults`) are consulted per message, in the deterministic order
+in which the virtual loop runs the sends: loss, extra delay (reordering), duplication,
+partitions between node sets for a window of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from sfg.net.transport import chunks
+
+ADDRESS = "mem:{}"
+
+
+def address(i: int) -> str:
+    return ADDRESS.format(int(i))
+
+
+class MemoryNetwork:
+    """The nodes' servers by address, the world's link quantities and the faults.
+
+    latency: [N, N] dict-like ``latency(j, i)`` seconds; uplink [N] bytes/s (inf: instant);
+    online(i, t0, t1): whether device i is online during [t0, t1) of virtual time (the
+    sender-side loss rule); faults: None or an object with ``decide(src, dst, t)`` returning
+    ``(drop, extra_delay, copies)``.
+    """
+
+    def __init__(self, n: int, *, latency: Callable[[int, int], float] | None = None,
+                 uplink: np.ndarray | None = None,
+                 online: Callable[[int, float, float], bool] | None = None,
+                 faults: Any = None):
+        self.n = int(n)
+        self.latency = latency or (lambda j, i: 0.0)
+        self.uplink = np.full(self.n, np.inf) if uplink is None else np.asarray(uplink, float)
+        self.online = online
+        self.faults = faults
+        self.servers: dict[str, MemoryServer] = {}
+        self.uplink_free = np.zeros(self.n)
+        self.stats = {"sent": 0, "lost_sender": 0, "dropped": 0, "duplicated": 0,
+                      "delayed": 0, "partitioned": 0, "no_server": 0}
+
+    # the transport's factories, as the node calls them
+    def server(self, i: int, deliver, fetch, *, max_bytes: int, tls=None) -> MemoryServer:
+        return MemoryServer(self, int(i), deliver, fetch)
+
+    def peer(self, i: int, addr: str, *, max_bytes: int, tls=None) -> MemoryPeer:
+        return MemoryPeer(self, int(i), addr)
+
+    def busy_until(self, i: int) -> float:
+        """When device i's uplink is free again (virtual seconds)."""
+        return float(self.uplink_free[int(i)])
+
+
+class MemoryServer:
+    def __init__(self, net: MemoryNetwork, i: int, deliver, fetch):
+        self.net, self.i, self.deliver, self.fetch = net, i, deliver, fetch
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self.net.servers[address(self.i)] = self
+        return self.i
+
+    async def stop(self, grace: float | None = 0.5) -> None:
+        if self.net.servers.get(address(self.i)) is self:
+            del self.net.servers[address(self.i)]
+
+
+async def _stream(payload) -> AsyncIterator[bytes]:
+    for c in chunks(payload):
+        yield c
+
+
+class MemoryPeer:
+    """The channel from node ``src`` to the node at ``addr``."""
+
+    def __init__(self, net: MemoryNetwork, src: int, addr: str):
+        self.net, self.src, self.address = net, src, addr
+        self.dst = int(addr.split(":", 1)[1])
+
+    async def deliver(self, header: bytes, payload, *, timeout: float = 10.0, retries: int = 3,
+                      backoff: float = 0.05) -> tuple[bool, str]:
+        net, loop = self.net, asyncio.get_running_loop()
+        size = len(header) + (sum(len(c) for c in payload) if isinstance(payload, tuple)
+                              else len(payload))
+        now = loop.time()
+        up = net.uplink[self.src]
+        start = max(now, float(net.uplink_free[self.src]))
+        end = start if np.isinf(up) else start + size / up
+        net.uplink_free[self.src] = end
+        if end > now:
+            await asyncio.sleep(end - now)
+        net.stats["sent"] += 1
+        if net.online is not None and not net.online(self.src, now, end):
+            net.stats["lost_sender"] += 1
+            return False, "lost"
+        drop, extra, copies = (False, 0.0, 1) if net.faults is None else \
+            net.faults.decide(self.src, self.dst, end)
+        if drop:
+            net.stats["dropped"] += 1
+            await asyncio.sleep(timeout)
+            return False, "DEADLINE_EXCEEDED"
+        if extra > 0:
+            net.stats["delayed"] += 1
+        await asyncio.sleep(float(net.latency(self.src, self.dst)) + extra)
+        ok, reason = await self._arrive(header, payload)
+        for _ in range(copies - 1):  # duplicates arrive right after the original
+            net.stats["duplicated"] += 1
+            await self._arrive(header, payload)
+        return ok, reason
+
+    async def _arrive(self, header: bytes, payload) -> tuple[bool, str]:
+        srv = self.net.servers.get(self.address)
+        if srv is None:  # the node is down (crashed, not yet restarted)
+            self.net.stats["no_server"] += 1
+            return False, "UNAVAILABLE"
+        return await srv.deliver(header, _stream(payload), self.src, address(self.src))
+
+    async def fetch(self, t: int, me: int = -1, *, timeout: float = 10.0):
+        net, loop = self.net, asyncio.get_running_loop()
+        lat = float(net.latency(self.dst, self.src))
+        await asyncio.sleep(float(net.latency(self.src, self.dst)))
+        srv = net.servers.get(self.address)
+        if srv is None:
+            return None
+        got = srv.fetch(int(t), int(me))
+        await asyncio.sleep(lat)
+        if got is None:
+            return None
+        h, p = got
+        body = b"".join(p) if isinstance(p, tuple) else bytes(p)
+        del loop
+        return h, body
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,250 @@
+"""``sfg swarm --clock virtual``: the networked node's own code (:class:`sfg.net.node.Node`,
+lockstep and async) run by the thousand in one process under the virtual clock (SPEC §12.6).
+
+Every node is the deployable node — its protocol, claims, defences, acceptance checks,
+checkpoints and restore — with three parts swapped for the simulation: the clock
+(:class:`sfg.net.vclock.NodeClock` on a :class:`~sfg.net.vclock.VirtualLoop`), the transport
+(:class:`sfg.net.memory.MemoryNetwork`: the same encoded messages through the same handler)
+and the trainer (:class:`BatchTrainer`: the requests every node makes at one virtual instant
+run together as one batch through the simulator's training backend, and each result is
+handed back after the device's compute time, K · c_i seconds of virtual time).
+
+The world in time is that of the clock's engine (:func:`sfg.clock.schedule.make_world`): the
+same graph, trace, per-device compute and uplink, per-link latency. Under the async protocol
+with a period P equal to Δ the node under the virtual clock and ``sfg run --clock virtual
+--protocol async`` therefore run the same protocol on the same schedule and give the same
+models (tested to 1e-5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sfg.errors import SfgError
+
+
+@dataclass
+class _Request:
+    i: int
+    x: np.ndarray
+    t: int
+    age: int
+    fut: asyncio.Future
+    due: float  # virtual time at which the result is needed (request time + K·c_i)
+
+
+class BatchTrainer:
+    """Local training of many simulated nodes, batched per virtual instant (see the module
+    docstring). ``for_node(i)`` gives node i's view with the :class:`sfg.net.world.Trainer`
+    interface (``steps``, ``train``, ``train_async``, ``evaluate``)."""
+
+    def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto"):
+        from sfg.sim.backends import make_backend
+        from sfg.sim.run import _ClientData
+
+        self.world = world
+        c = world.cfg
+        self.K, self.B = int(c["local_steps"]), int(c["batch_size"])
+        self.lr, self.wd = float(c["lr"]), float(c["weight_decay"])
+        self.compute = np.zeros(world.n) if compute is None else np.asarray(compute, float)
+        self.backend = make_backend(backend, world.model_factory(), device="cpu")
+        self.clients = _ClientData(world.data, torch.device("cpu"))
+        self.sizes = self.clients.sizes
+        self._one = [None] * world.n  # per-node Trainer for evaluation (made on first use)
+        self.pending: list[_Request] = []
+        self._batches: dict[int, Any] = {}
+        self.batches_run = 0
+        self.requests = 0
+
+    def for_node(self, i: int) -> _NodeTrainer:
+        return _NodeTrainer(self, int(i))
+
+    def _minibatches(self, t: int):
+        from sfg.sim.run import minibatch_indices
+        from sfg.util.rng import stream
+
+        got = self._batches.get(t)
+        if got is None:
+            if len(self._batches) > 64:
+                self._batches.pop(next(iter(self._batches)))
+            N = self.world.n
+            got = (minibatch_indices(self.sizes, self.K, self.B, seed=self.world.seed,
+                                     stream_name="minibatch", t=t),
+                   stream(self.world.seed, "augment", t).random((N, self.K, self.B)) < 0.5
+                   if self.clients.hflip else None)
+            self._batches[t] = got
+        return got
+
+    def flush(self) -> bool:
+        """Run every pending request as one batch; True if there were any. Called when a
+        result falls due (a timer at the earliest request's time + K·c_i) and by the loop
+        when nothing else is ready (requests with no compute time): every request made
+        before the first result is needed is trained in the same batch."""
+        if not self.pending:
+            return False
+        reqs, self.pending = self.pending, []
+        loop = asyncio.get_running_loop()
+        devs = np.array([r.i for r in reqs], np.int64)
+        idx = np.empty((len(reqs), self.K, self.B), np.int64)
+        flips = np.empty((len(reqs), self.K, self.B), bool) if self.clients.hflip else None
+        for k, r in enumerate(reqs):
+            bi, bf = self._minibatches(r.t)
+            idx[k] = bi[r.i]
+            if flips is not None and bf is not None:
+                flips[k] = bf[r.i]
+        xs, ys = self.clients.gather(devs, idx, flips)
+        start = torch.from_numpy(np.stack([np.ascontiguousarray(r.x, np.float32) for r in reqs]))
+        out = self.backend.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
+        self.batches_run += 1
+        self.requests += len(reqs)
+        now = loop.time()
+        for k, r in enumerate(reqs):
+            new = out[k].copy()
+            if not np.isfinite(new).all():
+                r.fut.set_exception(SfgError(
+                    f"training diverged (non-finite parameters) at round {r.t} on node {r.i}; "
+                    f"lower --lr (now {self.lr})"))
+            elif r.due > now:
+                loop.call_at(r.due, _resolve, r.fut, new)
+            else:
+                r.fut.set_result(new)
+        return True
+
+    def idle(self) -> bool:
+        """The loop's idle hook: run the pending batch if a result is due now (requests
+        with no compute time), else leave it for the timer of the first one due."""
+        now = asyncio.get_running_loop().time()
+        if any(r.due <= now for r in self.pending):
+            return self.flush()
+        return False
+
+    def request(self, i: int, x: np.ndarray, t: int, age: int) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        due = loop.time() + self.K * float(self.compute[i])
+        if not self.pending or due < min(r.due for r in self.pending):
+            if due > loop.time():
+                loop.call_at(due, self.flush)
+        self.pending.append(_Request(int(i), x, int(t), int(age), fut, due))
+        return fut
+
+
+def _resolve(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class _NodeTrainer:
+    """Node i's view of a :class:`BatchTrainer` (the :class:`sfg.net.world.Trainer` interface)."""
+
+    def __init__(self, owner: BatchTrainer, i: int):
+        self.owner, self.i = owner, i
+
+    def _single(self):
+        from sfg.net.world import Trainer
+
+        t = self.owner._one[self.i]
+        if t is None:
+            t = self.owner._one[self.i] = Trainer(self.owner.world, self.i)
+        return t
+
+    def steps(self, age: int) -> int:
+        return self.owner.K
+
+    def train(self, x: np.ndarray, t: int, age: int) -> np.ndarray:
+        return self._single().train(x, t, age)
+
+    async def train_async(self, x: np.ndarray, t: int, age: int) -> np.ndarray:
+        return await self.owner.request(self.i, x, t, age)
+
+    def evaluate(self, x: np.ndarray) -> float:
+        return self._single().evaluate(x)
+
+
+def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
+                      progress=None) -> dict[str, Any]:
+    """Run every node of ``world`` (a :class:`sfg.net.world.World`) with ``opts``
+    (:class:`sfg.net.swarm.SwarmOptions`: mode, period, jitter, window, deadline) on the
+    virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures."""
+    from sfg.clock.schedule import make_world
+    from sfg.clock.settings import HEADER_BYTES, make_settings
+    from sfg.net.memory import MemoryNetwork, address
+    from sfg.net.node import Node, NodeConfig
+    from sfg.net.swarm import summarise
+    from sfg.net.vclock import NodeClock, VirtualLoop
+    from sfg.world.timeline import Intervals
+
+    rule = world.rule
+    if rule.catchup or rule.amplify is not None:
+        raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
+                       "amplification); sfg swarm --clock virtual trains K steps per round")
+    N, T = world.n, world.rounds
+    P = float(opts.period)
+    cs = make_settings({**(clock_settings or {}), "clock": "virtual",
+                        "protocol": "async" if opts.mode == "async" else "lockstep",
+                        "round_seconds": P})
+    cs = cs.with_bytes(4.0 * int(world.x0.shape[0]) + HEADER_BYTES)
+    cw = make_world(cs, process=world.cfg["process"], graph=world.cfg["graph"], n=N, rounds=T,
+                    seed=world.seed)
+    if not np.array_equal(cw.graph.edges, world.graph.edges):
+        raise SfgError("the virtual swarm needs the generated graph of --graph (not peers.yaml)")
+    rg = cw.rg
+    lat = {(int(j), int(i)): float(v) for j, i, v, s in
+           zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
+    online = Intervals.from_rounds(world.available, P)
+
+    def online_through(i: int, t0: float, t1: float) -> bool:
+        return bool(online.online_through(np.array([i]), np.array([t0]),
+                                          np.array([max(t0, t1)]))[0])
+
+    net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
+                        online=online_through, faults=faults)
+    loop = VirtualLoop()
+    trainer = BatchTrainer(world, compute=cw.compute)
+    loop.add_idle_hook(trainer.idle)
+    drift = (np.zeros(N) if faults is None else faults.drifts(N))
+    done = [0]
+
+    def on_round(i, r, available, acc):
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], N * T)
+
+    nodes = [Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
+                                       window=opts.window, deadline=opts.deadline, t0=0.0,
+                                       linger=0.0, on_round=on_round),
+                  trainer.for_node(i), net=net, clock=NodeClock(drift=float(drift[i]),
+                                                                virtual=True))
+             for i in range(N)]
+
+    async def main():
+        for nd in nodes:
+            await nd.server.start("mem", 0)
+        for nd in nodes:
+            nd.connect({int(j): address(int(j)) for j in nd.nbrs})
+        out = await asyncio.gather(*(nd.run() for nd in nodes))
+        for nd in nodes:
+            await nd.close()
+        return out
+
+    wall = time.perf_counter()
+    try:
+        results = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    wall = time.perf_counter() - wall
+    res = summarise(world, results, wall=wall)
+    res["metrics"].update({
+        "virtual_seconds": float(loop.time()), "train_batches": float(trainer.batches_run),
+        "train_requests": float(trainer.requests),
+        "interrupted": float(sum(nd.stats.interrupted for nd in nodes)),
+        "skipped": float(sum(nd.stats.skipped for nd in nodes)),
+        **{f"net_{k}": float(v) for k, v in net.stats.items()}})
+    res["params"] = np.stack([nd.x for nd in nodes])
+    return res
