@@ -585,7 +585,9 @@ BAD = [
     (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "pwg"],
      "--protocol lockstep"),
     (RUN + ["--protocol", "async", "--anatomy", "cannot-communicate"], "--protocol lockstep"),
-    (RUN + ["--protocol", "async", "--link-failure", "0.2"], "--loss"),
+    (RUN + ["--protocol", "async", "--backbone", "ditto"], "--protocol lockstep"),
+    (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "oracle-gls"],
+     "--protocol lockstep"),
     (["run", "--protocol", "async"], "add clock: virtual"),
     (["run", "--compute", "const:value=2"], "add clock: virtual"),
     (["replay", "--protocol", "async"], "add --clock virtual"),
@@ -725,3 +727,107 @@ def test_round_based_run_ids_unchanged_by_the_clock_keys():
         virtual = {run_id(make_config({**cfg, "clock": "virtual", "protocol": p}))
                    for p in ("lockstep", "async", "event")}
         assert len(virtual) == 3 and rid not in virtual
+
+
+
+# ----------------------------------------------------------------------------- async/event:
+# the rounds' modifiers, link failures and poisoned models (SPEC §3.1, §4.2, attacks)
+EV = {**TINY, "clock": "virtual", "protocol": "async", "jitter": 0.5, "rounds": 12,
+      "compute": "const:value=30", "process": "bursty:u=0.6", "eval_every": 12}
+
+
+def _events(**kw):
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    return simulate_events(resolve_config({**EV, **kw}))
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+def test_catchup_on_the_clock_takes_its_own_steps(protocol):
+    """+catchup: a returning device's local round takes K·(1 + min(τ, 3)) steps — τ its own
+    age before the round, which no rule changes — so its compute time and schedule are its own
+    (the digest says so), and its extra steps draw from their own stream."""
+    from sfg.clock.schedule import LOCAL, make_schedule, make_world
+    from sfg.clock.settings import make_settings
+
+    s = make_settings({**EV, "protocol": protocol})
+    w = make_world(s.with_bytes(0.0), process=EV["process"], graph=EV["graph"],
+                   n=EV["n_clients"], rounds=EV["rounds"], seed=1)
+    plain = make_schedule(w, s, local_steps=2, seed=1)
+    catch = make_schedule(w, s, local_steps=2, seed=1, catchup=True)
+    assert plain.digest() != catch.digest()
+    got = staleness_events(parse_rule("sfg-cut+catchup"), w, catch, seed=1)
+    loc = catch.kind == LOCAL
+    tau = got["facts"][loc, 1].astype(int)
+    want = np.where(tau >= 1, 2 * (1 + np.minimum(tau, 3)), 2)
+    assert (tau >= 1).any() and np.array_equal(catch.nsteps[loc], want)
+    # a local round lasts its steps' compute time
+    assert np.allclose(catch.end[loc] - catch.time[loc], want * 30.0)
+    a, b = _events(rule="sfg-cut", protocol=protocol), _events(rule="sfg-cut+catchup",
+                                                             protocol=protocol)
+    assert b["meta"]["schedule_digest"] != a["meta"]["schedule_digest"]
+    if protocol == "async":  # the same wakes, longer rounds for the returning
+        assert b["meta"]["client_steps"] > a["meta"]["client_steps"]
+    else:  # back to back: the same busy time in fewer, longer local rounds
+        assert b["metrics"]["clock_local_rounds"] < a["metrics"]["clock_local_rounds"]
+
+
+def test_amplification_on_the_clock():
+    """update-amplification scales a returning device's update by 1 + min(τ, c): with no
+    outages no device ever returns and it is DFedAvg bit for bit; with outages it differs."""
+    none = {"process": "none"}
+    assert torch.equal(_events(rule="update-amplification", **none)["params"],
+                       _events(rule="dfedavg", **none)["params"])
+    assert not torch.equal(_events(rule="update-amplification")["params"],
+                           _events(rule="dfedavg")["params"])
+
+
+def test_link_failures_on_the_clock():
+    """SPEC §4.2 on the clock: a message whose transfer ends in a Δ-round in which its link is
+    down is lost; no candidate ever crosses such a link."""
+    from sfg.clock.schedule import make_schedule, make_world
+    from sfg.clock.settings import make_settings
+    from sfg.world.outages.links import link_failures
+
+    s = make_settings(EV).with_bytes(0.0)
+    w = make_world(s, process=EV["process"], graph=EV["graph"], n=EV["n_clients"],
+                   rounds=EV["rounds"], seed=1)
+    sc = make_schedule(w, s, local_steps=2, seed=1, link_failure=0.5)
+    live = link_failures(w.graph.edges, EV["rounds"], p=0.5, seed=1)
+    nb = np.flatnonzero(sc.cmsg >= 0)
+    r_of = (sc.end[sc.cmsg[nb]] // 600.0).astype(int)  # instant uplink: sent at the end
+    assert nb.size and live[r_of, w.rg.edge_id[sc.cslot[nb]]].all()
+    assert sc.stats["lost_link"] > 0
+    base = make_schedule(w, s, local_steps=2, seed=1)
+    assert base.stats["candidates"] > sc.stats["candidates"]
+
+
+def test_poisoned_models_on_the_clock():
+    """Attackers' messages carry the poisoned model (sign-flip) and attackers keep their own:
+    honest accuracy drops; frac = 0 is exactly the run without an attack."""
+    clean = _events(rule="sfg-cut")
+    zero = _events(rule="sfg-cut", attack="forge:frac=0,model=sign-flip")
+    assert torch.equal(zero["params"], clean["params"])
+    hit = _events(rule="dfedavg", attack="forge:frac=0.25,claim=honest,model=sign-flip")
+    ref = _events(rule="dfedavg")
+    assert hit["metrics"]["acc_honest_mean"] < ref["metrics"]["acc_mean"] - 0.05
+    assert hit["meta"]["schedule_digest"] == ref["meta"]["schedule_digest"]
+
+
+def test_clip_on_the_clock_by_hand():
+    """+clip per local round: x + Σ_{j≠i} w_j · clip(x_j − x, r), r the lower median of the
+    neighbour candidates' distances. Receiver 0 at the origin with neighbours at distance 1
+    and 3 (weights 0.5, 0.25, 0.25): r = 1, the far one is scaled to distance 1; receiver 1
+    alone keeps its model."""
+    from sfg.clock.train import _clipped
+
+    M = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0], [5.0, 5.0]])
+    wt = torch.tensor([0.5, 0.25, 0.25, 1.0])
+    row = np.array([0, 0, 0, 1])
+    got = _clipped(M, wt, row, np.array([0, 3]), 2)
+    np.testing.assert_allclose(got.numpy(), [[0.25, 0.25], [5.0, 5.0]], atol=1e-7)
+    # and in a run: with sign-flipping attackers +clip changes the models
+    att = "forge:frac=0.25,claim=honest,model=sign-flip"
+    assert not torch.equal(_events(rule="sfg-cut", attack=att)["params"],
+                           _events(rule="sfg-cut+clip", attack=att)["params"])

@@ -140,13 +140,8 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
         if anatomy != "full":
             raise SfgError(f"anatomy {anatomy!r} runs in rounds (lockstep); the async and event "
                            "protocols model full outages only")
-        if link_failure > 0:
-            raise SfgError("link_failure is a per-round process; on the async and event "
-                           "protocols use --loss (per message) instead")
-        if r.catchup or r.amplify is not None:
-            raise SfgError(f"rule {str(r)!r} changes local training by rounds (catch-up, "
-                           "amplification); run it with --protocol lockstep")
-        sched = make_schedule(world, settings, local_steps=local_steps, seed=seed)
+        sched = make_schedule(world, settings, local_steps=local_steps, seed=seed,
+                              catchup=r.catchup, link_failure=link_failure)
         metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)
         stats, digest = sched.stats, sched.digest()
     metrics.update(per_device_hour(stats, world.n, world.horizon))

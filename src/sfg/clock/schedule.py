@@ -265,6 +265,7 @@ class Schedule:
     cwait: np.ndarray
     samples: np.ndarray
     stats: dict[str, float] = field(default_factory=dict)
+    nsteps: np.ndarray | None = None  # [R] local steps of each local round (K unless +catchup)
 
     @property
     def n_events(self) -> int:
@@ -277,6 +278,9 @@ class Schedule:
         for a in (self.time, self.dev, self.kind, self.t, self.amount, self.end, self.step,
                   self.cptr, self.cslot, self.cmsg, self.cwait):
             h.update(np.ascontiguousarray(a).tobytes())
+        if self.nsteps is not None:  # +catchup: the schedule of its own compute (SPEC §12.4)
+            h.update(b"catchup")
+            h.update(np.ascontiguousarray(self.nsteps).tobytes())
         return h.hexdigest()
 
 
@@ -300,7 +304,8 @@ def _latest(ptr, arrival, qslot, qtime, window, out_idx, out_wait):  # pragma: n
 def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
               time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
               end: np.ndarray, step: np.ndarray, t: np.ndarray,
-              stats: dict[str, float]) -> Schedule:
+              stats: dict[str, float], nsteps: np.ndarray | None = None,
+              link_failure: float = 0.0) -> Schedule:
     """Order the events, make every committed local round's messages and each local
     round's candidates (see the module docstring)."""
     rg = world.rg
@@ -308,6 +313,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     order = np.lexsort((-kind, dev, time))  # an offline span is counted before a round
     time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
                                                                   step, t))
+    if nsteps is not None:
+        nsteps = nsteps[order]
     R = time.shape[0]
     dt = _transfer(world, float(settings.message_bytes or 0.0))
     ptr, out, _ = _out_slots(rg)
@@ -323,10 +330,21 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     arrival = tx_end + world.latency[slot]
     rx = world.online.online_at(rg.recv[slot], arrival) & (arrival < world.horizon)
     dropped = stream(seed, "clock-loss").random(src.size) < world.loss[slot]
+    cut = np.zeros(src.size, bool)
+    if link_failure > 0:  # SPEC §4.2 per Δ-round: a message sent while its link is down is lost
+        from sfg.world.outages.links import link_failures
+
+        delta = float(settings.round_seconds)
+        T = max(1, int(np.ceil(world.horizon / delta)))
+        live = link_failures(world.graph.edges, T, p=float(link_failure), seed=seed)
+        r_of = np.minimum((tx_end // delta).astype(np.int64), T - 1)
+        cut = ~live[r_of, rg.edge_id[slot]]
+        dropped = dropped | cut
     ok = sent & rx & ~dropped
     stats.update(messages_sent=float(sent.sum()), lost_sender=float((~sent).sum()),
                  lost_receiver=float((sent & ~rx).sum()),
-                 lost_random=float((sent & rx & dropped).sum()),
+                 lost_random=float((sent & rx & dropped & ~cut).sum()),
+                 lost_link=float((sent & rx & cut).sum()),
                  delivered=float(ok.sum()),
                  bytes_sent=float(sent.sum() * float(settings.message_bytes or 0.0)))
     m_slot, m_arr, m_src = slot[ok], arrival[ok], src[ok]
@@ -368,7 +386,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     samples = np.arange(n_samples, dtype=np.float64) * unit
     return Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
                     dev=dev, kind=kind, t=t, amount=amount, end=end, step=step, cptr=cptr,
-                    cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats)
+                    cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats,
+                    nsteps=nsteps)
 
 
 def _check_budget(n_events: float, what: str) -> None:
@@ -378,9 +397,20 @@ def _check_budget(n_events: float, what: str) -> None:
                        "longer local rounds (--compute, --uplink)")
 
 
+def _catchup_steps(K: int, tau: np.ndarray) -> np.ndarray:
+    """``+catchup``'s local steps (SPEC §3.1): K·(1 + min(τ, 3)) for a returning device
+    (τ ≥ 1), else K — the rule's own definition (:meth:`sfg.round.rules.Rule.local_steps`)."""
+    from sfg.round.rules import CATCHUP_CAP
+
+    return np.where(tau >= 1, K * (1 + np.minimum(tau, CATCHUP_CAP)), K).astype(np.int64)
+
+
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
-                   seed: int) -> Schedule:
-    """The async protocol's schedule (see the module docstring)."""
+                   seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
+    """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
+    of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
+    which says so: SPEC §12.4); ``link_failure``: SPEC §4.2's per-round link failures, per
+    Δ-round of virtual time."""
     n, P = world.n, settings.P
     train = local_steps * world.compute
     if n and float(train.min()) >= P:
@@ -394,7 +424,9 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     deg = np.diff(_out_slots(world.rg)[0])
     busy = np.zeros(n)
     ids = np.arange(n)
+    tau = np.zeros(n, np.int64)  # the device's own age (rule-independent): for +catchup
     parts: list[tuple[np.ndarray, ...]] = []
+    steps_of: list[np.ndarray] = []
     skipped = interrupted = offline_wakes = unfinished = 0
     for r in range(wakes):
         w = r * P + jit[r]
@@ -405,7 +437,8 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         start = on & (w >= busy)
         skipped += int(np.count_nonzero(on & (w < busy)))
         d = np.flatnonzero(start)
-        fe = w[d] + train[d]
+        ns = _catchup_steps(local_steps, tau[d]) if catchup else np.full(d.size, local_steps)
+        fe = w[d] + ns * world.compute[d]
         through = world.online.online_through(d, w[d], np.minimum(fe, world.horizon))
         ok = through & (fe <= world.horizon)
         unfinished += int(np.count_nonzero(through & ~ok))
@@ -415,6 +448,9 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         done = d[ok]
         fe = fe[ok]
         busy[done] = np.minimum(fe + deg[done] * dt[done], world.online.next_off(done, fe))
+        steps_of.append(np.concatenate([np.zeros(off.size, np.int64), ns[ok]]))
+        tau[off] += 1
+        tau[done] = 0
         m = off.size + done.size
         parts.append((np.concatenate([w[off], w[done]]), np.concatenate([off, done]),
                       np.concatenate([np.full(off.size, OFFLINE), np.full(done.size, LOCAL)]),
@@ -423,18 +459,22 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                       np.full(m, r, np.int64)))
     cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
     time, dev, kind, amount, end, step, t = cols
-    stats = {"wakes": float(n * wakes), "local_rounds": float(np.count_nonzero(kind == LOCAL)),
+    nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
+    loc = kind == LOCAL
+    stats = {"wakes": float(n * wakes), "local_rounds": float(np.count_nonzero(loc)),
              "skipped": float(skipped), "interrupted": float(interrupted),
              "unfinished": float(unfinished), "offline_wakes": float(offline_wakes),
-             "compute_seconds": float(train[dev[kind == LOCAL].astype(np.int64)].sum())}
+             "compute_seconds": float((nsteps[loc] * world.compute[dev[loc].astype(np.int64)]).sum())}
     return _assemble(world, settings, "async", seed=seed, time=time.astype(np.float64),
                      dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
-                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats)
+                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
+                     nsteps=nsteps if catchup else None, link_failure=link_failure)
 
 
 def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
-                   seed: int) -> Schedule:
-    """The event protocol's schedule (see the module docstring)."""
+                   seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
+    """The event protocol's schedule (see the module docstring; ``catchup`` and
+    ``link_failure`` as for :func:`async_schedule`)."""
     n, delta = world.n, float(settings.round_seconds)
     train = local_steps * world.compute
     dt = _transfer(world, float(settings.message_bytes or 0.0))
@@ -452,7 +492,9 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     cur = world.online.next_on(ids, np.zeros(n))
     off_since = np.where(world.online.online_at(ids, np.zeros(n)), np.nan, 0.0)
     count = np.zeros(n, np.int64)
+    tau = np.zeros(n, np.int64)  # the device's own age (rule-independent): for +catchup
     parts: list[tuple[np.ndarray, ...]] = []
+    steps_of: list[np.ndarray] = []
     interrupted = unfinished = 0
     active = cur < world.horizon
     while active.any():
@@ -462,7 +504,9 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         b = d[back]
         amt = (s[back] - off_since[b]) / delta
         off_since[b] = np.nan
-        fe = s + train[d]
+        tau[b] += np.floor(amt).astype(np.int64)
+        ns = _catchup_steps(local_steps, tau[d]) if catchup else np.full(d.size, local_steps)
+        fe = s + ns * world.compute[d]
         through = world.online.online_through(d, s, np.minimum(fe, world.horizon))
         ok = through & (fe <= world.horizon)
         done = d[ok]
@@ -472,7 +516,9 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                       np.concatenate([s[back], fe[ok]]),
                       np.concatenate([np.full(b.size, -1), count[done]]),
                       np.floor(np.concatenate([s[back], s[ok]]) / delta).astype(np.int64)))
+        steps_of.append(np.concatenate([np.zeros(b.size, np.int64), ns[ok]]))
         count[done] += 1
+        tau[done] = 0
         # committed: busy through the sends (or until it goes offline), then at once again
         f = fe[ok]
         send_end = f + deg[done] * dt[done]
@@ -491,20 +537,25 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         active = cur < world.horizon
     cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
     time, dev, kind, amount, end, step, t = cols
+    nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
     loc = kind == LOCAL
     stats = {"local_rounds": float(np.count_nonzero(loc)), "interrupted": float(interrupted),
              "unfinished": float(unfinished),
-             "compute_seconds": float(train[dev[loc].astype(np.int64)].sum())}
+             "compute_seconds": float((nsteps[loc] * world.compute[dev[loc].astype(np.int64)]).sum())}
     return _assemble(world, settings, "event", seed=seed, time=time.astype(np.float64),
                      dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
-                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats)
+                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
+                     nsteps=nsteps if catchup else None, link_failure=link_failure)
 
 
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
-                  seed: int) -> Schedule:
-    """The async or event protocol's :class:`Schedule`."""
+                  seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
+    """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``: see
+    :func:`async_schedule`)."""
+    kw = {"local_steps": local_steps, "seed": seed, "catchup": catchup,
+          "link_failure": link_failure}
     if settings.protocol == "async":
-        return async_schedule(world, settings, local_steps=local_steps, seed=seed)
+        return async_schedule(world, settings, **kw)  # type: ignore[arg-type]
     if settings.protocol == "event":
-        return event_schedule(world, settings, local_steps=local_steps, seed=seed)
+        return event_schedule(world, settings, **kw)  # type: ignore[arg-type]
     raise SfgError(f"protocol {settings.protocol!r} has no event schedule (lockstep runs in rounds)")

@@ -117,6 +117,91 @@ class _Pool:
         self.row[ids] = -1
 
 
+def _batches(cache: dict, clients, sizes: np.ndarray, devs: np.ndarray, steps: np.ndarray,
+             n_steps: int, K: int, B: int, N: int, seed: int):
+    """xs, ys of the local rounds (device, step key) with ``n_steps`` steps: ``sfg run``'s
+    minibatches of (client, round = step), and for ``+catchup``'s extra steps its own
+    ``catchup`` stream (sfg.sim.run), with the augmentation flips when the data has them."""
+    from sfg.round.rules import CATCHUP_CAP
+    from sfg.sim.run import minibatch_indices
+    from sfg.util.rng import stream
+
+    idx = np.empty((devs.size, n_steps, B), np.int64)
+    flips = np.empty((devs.size, n_steps, B), bool) if clients.hflip else None
+    for s in np.unique(steps):
+        key = (int(s), n_steps > K)
+        if key not in cache:
+            if len(cache) > 64:
+                cache.pop(next(iter(cache)))
+            base = minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch", t=int(s))
+            fl = stream(seed, "augment", int(s)).random((N, K, B)) < 0.5 if clients.hflip else None
+            if n_steps > K:
+                extra = minibatch_indices(sizes, CATCHUP_CAP * K, B, seed=seed,
+                                          stream_name="catchup", t=int(s))
+                base = np.concatenate([base, extra], axis=1)
+                if fl is not None:
+                    ef = stream(seed, "catchup-augment", int(s)).random((N, CATCHUP_CAP * K, B))
+                    fl = np.concatenate([fl, ef < 0.5], axis=1)
+            cache[key] = (base, fl)
+        base, fl = cache[key]
+        sel = steps == s
+        idx[sel] = base[devs[sel], :n_steps]
+        if flips is not None and fl is not None:
+            flips[sel] = fl[devs[sel], :n_steps]
+    return clients.gather(devs, idx, flips)
+
+
+def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.ndarray,
+              model: str, attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
+    """The candidates' models as sent: an attacker's message poisoned by the attack's
+    ``model`` (SPEC-level definitions of :func:`sfg.sim.attack_train.sent_models`):
+    ``sign-flip`` −x, ``noise`` x + σ·N(0, 1) (stream ``attack-noise`` keyed by the seed and
+    the sending local round), ``constant`` its initial model."""
+    from sfg.util.rng import stream
+
+    msg = sched.cmsg[cidx]
+    hit = np.flatnonzero((msg >= 0) & attackers[np.where(msg >= 0, sched.dev[msg], 0)])
+    if hit.size == 0:
+        return M
+    M = M.clone()
+    for k in hit:  # few: the attackers' messages of one batch
+        j, m = int(sched.dev[msg[k]]), int(msg[k])
+        if model == "sign-flip":
+            M[k] = -M[k]
+        elif model == "noise":
+            g = torch.Generator().manual_seed(int(stream(seed, "attack-noise", m).integers(2**62)))
+            M[k] = M[k] + attack.sigma * torch.randn(M.shape[1], generator=g, dtype=M.dtype)
+        elif model == "constant":
+            M[k] = X0[j]
+    return M
+
+
+def _clipped(M: torch.Tensor, wt: torch.Tensor, row: np.ndarray, first: np.ndarray,
+             n: int) -> torch.Tensor:
+    """``+clip`` (sfg.sim.attack_train.clipped_gossip) per local round: x̃ = x + Σ_{j≠i}
+    w_j · clip(x_j − x, r), r the lower median distance to the round's neighbour candidates."""
+    own = M[torch.from_numpy(first)]
+    out = own.clone()
+    nb = np.ones(row.size, bool)
+    nb[first] = False
+    sl = np.flatnonzero(nb)
+    if sl.size == 0:
+        return out
+    r_of = row[sl]
+    diff = M[torch.from_numpy(sl)] - own[torch.from_numpy(r_of)]
+    dist = torch.linalg.vector_norm(diff, dim=1).detach().numpy()
+    order = np.lexsort((dist, r_of))
+    bounds = np.searchsorted(r_of[order], np.arange(n + 1))
+    radius = np.zeros(n)
+    for i in np.flatnonzero(bounds[1:] > bounds[:-1]):
+        seg = order[bounds[i]:bounds[i + 1]]
+        radius[i] = dist[seg[(seg.size - 1) // 2]]
+    scale = np.minimum(radius[r_of] / np.maximum(dist, 1e-12), 1.0)
+    contrib = diff * (torch.from_numpy(scale).to(M.dtype) * wt[torch.from_numpy(sl)])[:, None]
+    out.index_add_(0, torch.from_numpy(r_of), contrib)
+    return out
+
+
 def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
                     ) -> dict[str, Any]:
     """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
@@ -131,10 +216,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         _device,
         _quartile_means,
         _single_threaded,
-        minibatch_indices,
         numerics,
     )
-    from sfg.util.rng import stream
     from sfg.world.data import load_federated
     from sfg.world.models import make_model
 
@@ -143,25 +226,16 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     seed = int(c["seed"])
     N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
     rule = parse_rule(c["rule"])
-    if rule.reads_models or rule.oracle or rule.clip:
+    if rule.reads_models or rule.oracle:
         raise SfgError(f"rule {str(rule)!r} reads models or global information; the async and "
                        "event protocols take model-free rules (use --protocol lockstep)")
-    if rule.catchup or rule.amplify is not None:
-        raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
-                       "amplification); run it with --protocol lockstep")
     for key, ok in (("backbone", "full"), ("anatomy", "full")):
         if c[key] != ok:
             raise SfgError(f"{key} {c[key]!r} runs in rounds; the async and event protocols "
                            f"train with {key} {ok!r} (use --protocol lockstep)")
-    if float(c["link_failure"]) > 0:
-        raise SfgError("link_failure is a per-round process; on the async and event protocols "
-                       "use --loss (per message) instead")
     if c.get("diagnostics"):
         raise SfgError("diagnostics are measured in rounds; use --protocol lockstep for them")
     attack = parse_attack(c.get("attack"))
-    if attack is not None and attack.model != "none":
-        raise SfgError("poisoned models (attack model=...) run in rounds; on the async and "
-                       "event protocols attacks forge claims only (model=none)")
     device = _device(str(c["device"]))
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
                           alpha=float(c["alpha"]), partition=c["partition"])
@@ -175,9 +249,15 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     settings = settings.with_bytes(4.0 * spec.D + HEADER_BYTES)
     world = make_world(settings, process=c["process"], graph=c["graph"], n=N, rounds=T,
                        seed=seed)
-    sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed)
+    sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed,
+                                    catchup=rule.catchup,
+                                    link_failure=float(c["link_failure"]))
     got = staleness_events(rule, world, sched, seed=seed, attack=attack)
     weights = got["weights"]
+    own_age = got["facts"][:, 1].astype(np.int64)  # the receiver's age before each event
+    nsteps = sched.nsteps if sched.nsteps is not None else np.full(sched.n_events, K, np.int64)
+    attackers = got["attackers"]
+    poison = attack.model if (attack is not None and attackers.any()) else "none"
 
     X0 = init_params(factory, N, seed=seed).to(device)
     backend = make_backend(str(c["backend"]), model, device=str(device))
@@ -221,7 +301,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     by_last = np.argsort(last_use, kind="stable")
     free_bounds = np.searchsorted(last_use[by_last], np.arange(0, n_levels + 2), side="right")
     sizes = clients.sizes
-    batches: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    batches: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray | None]] = {}
     curve_t: list[float] = []
     curve_mean: list[float] = []
     curve_p10: list[float] = []
@@ -250,38 +330,49 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 own = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
                 ids[np.cumsum(lens) - lens] = own
                 M = pool.get(ids)
+                first = np.cumsum(lens) - lens
+                if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
+                    M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
                 wt = torch.from_numpy(weights[cidx]).to(M.dtype).to(device)
-                agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
-                agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
-                # train K steps on sfg run's minibatches of (client, round = step)
-                devs, steps = sched.dev[ev], sched.step[ev]
-                idx = np.empty((ev.size, K, B), np.int64)
-                flips = np.empty((ev.size, K, B), bool) if clients.hflip else None
-                for s in np.unique(steps):
-                    if int(s) not in batches:
-                        if len(batches) > 64:
-                            batches.pop(next(iter(batches)))
-                        batches[int(s)] = (
-                            minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch",
-                                              t=int(s)),
-                            stream(seed, "augment", int(s)).random((N, K, B)) < 0.5
-                            if clients.hflip else None)
-                    sel = steps == s
-                    got_i, got_f = batches[int(s)]
-                    idx[sel] = got_i[devs[sel]]
-                    if flips is not None and got_f is not None:
-                        flips[sel] = got_f[devs[sel]]
-                xs, ys = clients.gather(devs, idx, flips)
-                buf = torch.zeros_like(agg) if momentum > 0 else None
-                out = backend.train(agg, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
-                                    momentum_buf=buf)
+                if poison != "none":  # attackers that poison keep their own model
+                    att_rows = np.flatnonzero(attackers[sched.dev[ev]])
+                    if att_rows.size:
+                        keep = np.zeros(cidx.size)
+                        keep[first[att_rows]] = 1.0
+                        mine = np.isin(row, att_rows)
+                        wt[torch.from_numpy(mine)] = torch.from_numpy(keep[mine]).to(wt.dtype)
+                if rule.clip:
+                    agg = _clipped(M, wt, row, first, ev.size)
+                else:
+                    agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
+                    agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
+                # train on sfg run's minibatches of (client, round = step); +catchup's extra
+                # steps from their own stream, as in sfg run
+                devs, steps, ns = sched.dev[ev], sched.step[ev], nsteps[ev]
+                out = torch.empty_like(agg)
+                for n_steps in np.unique(ns):
+                    grp = np.flatnonzero(ns == n_steps)
+                    xs, ys = _batches(batches, clients, sizes, devs[grp], steps[grp],
+                                      int(n_steps), K, B, N, seed)
+                    buf = torch.zeros((grp.size, agg.shape[1]), dtype=agg.dtype) \
+                        if momentum > 0 else None
+                    gi = torch.from_numpy(grp)
+                    out[gi] = backend.train(agg[gi], xs, ys, lr=lr, weight_decay=wd,
+                                            momentum=momentum, momentum_buf=buf)
+                if rule.amplify is not None:  # FedAWE-style: returning devices scale the update
+                    tau = own_age[ev]
+                    ret = np.flatnonzero(tau >= 1)
+                    if ret.size:
+                        gr = torch.from_numpy(ret)
+                        f = torch.from_numpy(1.0 + np.minimum(tau[ret], rule.amplify)).to(out.dtype)
+                        out[gr] = agg[gr] + f[:, None] * (out[gr] - agg[gr])
                 if not bool(torch.isfinite(out.sum(dim=1)).all()):
                     bad = int(np.flatnonzero(~torch.isfinite(out.sum(dim=1)).cpu().numpy())[0])
                     raise SfgError(f"training diverged (non-finite parameters) on device "
                                    f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
                                    f"of virtual time; lower --lr (now {lr}) or check the data")
                 pool.put(N + ev, out)
-                steps_taken += ev.size * K
+                steps_taken += int(ns.sum())
             while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
                 evaluate(int(eval_order[next_eval]))
                 next_eval += 1
