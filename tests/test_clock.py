@@ -831,3 +831,18 @@ def test_clip_on_the_clock_by_hand():
     att = "forge:frac=0.25,claim=honest,model=sign-flip"
     assert not torch.equal(_events(rule="sfg-cut", attack=att)["params"],
                            _events(rule="sfg-cut+clip", attack=att)["params"])
+
+
+def test_model_memory_on_the_clock():
+    """model-memory on async/event: its kernel on an unbounded window (every neighbour's
+    latest message remembered). With every device online, no jitter and local rounds shorter
+    than the period, nothing older than one period is ever held, so it is DFedAvg bit for bit;
+    with outages it also averages in the remembered models of offline neighbours, and
+    differs."""
+    for proto in ("async", "event"):
+        none = {"process": "none", "protocol": proto, "jitter": 0.0}
+        assert torch.equal(_events(rule="model-memory", **none)["params"],
+                           _events(rule="dfedavg", **none)["params"]), proto
+    a, b = _events(rule="model-memory+sfg-l"), _events(rule="sfg-l")
+    assert not torch.equal(a["params"], b["params"])
+    assert a["metrics"]["messages"] > b["metrics"]["messages"]  # remembered candidates

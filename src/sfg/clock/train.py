@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,29 @@ class _Pool:
         rows = rows[rows >= 0]
         self.free.extend(rows.tolist())
         self.row[ids] = -1
+
+
+# "every neighbour's latest message is a candidate": a window longer than any run
+_UNBOUNDED = 1e12
+
+
+def _memory_kernel(rule):
+    """``model-memory`` (MIFA analogue, SPEC §3.2) on the async and event protocols: each
+    receiver keeps the latest model it received from every neighbour and aggregates all of
+    them whenever it aggregates — the async protocol with an unbounded window W, remembered
+    messages counted with their waited staleness (age τ + ⌊d⌋, lag ℓ + d, as SPEC §3.2's "age
+    or lag at reception plus the rounds since"). So it is its kernel — ``dfedavg`` (every
+    model undiscounted), ``sfg`` or ``sfg-l`` for ``model-memory+sfg``/``+sfg-l`` — on that
+    window; its candidates, and so its schedule's digest, are its own. None for other rules."""
+    from sfg.round.rules import parse_rule
+
+    kernels = {"model-memory": "dfedavg", "model-memory+sfg": "sfg", "model-memory+sfg-l": "sfg-l"}
+    if rule.name not in kernels:
+        return None
+    k = kernels[rule.name]
+    if k != "dfedavg":
+        k = f"{k}:gamma={rule.params['gamma']}"
+    return parse_rule(k)
 
 
 def _batches(cache: dict, clients, sizes: np.ndarray, devs: np.ndarray, steps: np.ndarray,
@@ -226,6 +250,10 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     seed = int(c["seed"])
     N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
     rule = parse_rule(c["rule"])
+    memory = _memory_kernel(rule)
+    if memory is not None:  # model memory on the clock: its kernel, every message remembered
+        rule = memory
+        settings = replace(settings, window=_UNBOUNDED)
     if rule.reads_models or rule.oracle:
         raise SfgError(f"rule {str(rule)!r} reads models or global information; the async and "
                        "event protocols take model-free rules (use --protocol lockstep)")
