@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "clock": "rounds", "protocol": "lockstep", "round_seconds": 600.0, "period": None,
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
-    "eval_seconds": None,
+    "eval_seconds": None, "target_accuracy": 0.8,
 }
 
 

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from sfg.clock.settings import DEFAULTS as _CLOCK
 from sfg.errors import SfgError
 from sfg.util.components import format_component, parse_component
 
@@ -103,27 +104,27 @@ class RunConfig(BaseModel):
     # the virtual clock (SPEC §12, sfg.clock.settings): "rounds" (the default, SPEC §1) or
     # "virtual". Its settings are left out of the dump (and the run id) with clock "rounds",
     # so run ids of round-based runs are those they had before the clock existed.
-    clock: Literal["rounds", "virtual"] = "rounds"
-    protocol: Literal["lockstep", "async", "event"] = "lockstep"
-    round_seconds: float = 600.0
-    period: float | None = None
-    jitter: float = 0.0
-    window: float = 1.0
-    compute: str = "const:value=0"
-    uplink: str = "const:value=inf"
-    latency: str = "const:value=0"
-    loss: str = "const:value=0"
-    message_bytes: float | None = None
-    eval_seconds: float | None = None
-    target_accuracy: float = 0.8
+    # (defaults: the clock's own, sfg.clock.settings.DEFAULTS)
+    clock: Literal["rounds", "virtual"] = _CLOCK["clock"]
+    protocol: Literal["lockstep", "async", "event"] = _CLOCK["protocol"]
+    round_seconds: float = _CLOCK["round_seconds"]
+    period: float | None = _CLOCK["period"]
+    jitter: float = _CLOCK["jitter"]
+    window: float = _CLOCK["window"]
+    compute: str = _CLOCK["compute"]
+    uplink: str = _CLOCK["uplink"]
+    latency: str = _CLOCK["latency"]
+    loss: str = _CLOCK["loss"]
+    message_bytes: float | None = _CLOCK["message_bytes"]
+    eval_seconds: float | None = _CLOCK["eval_seconds"]
+    target_accuracy: float = _CLOCK["target_accuracy"]
 
     @model_validator(mode="after")
     def _clock(self) -> RunConfig:
         from sfg.clock.settings import DEFAULTS, make_settings
 
         if self.clock == "rounds":
-            changed = [k for k in (*DEFAULTS, "target_accuracy") if k != "clock"
-                       and getattr(self, k) != (DEFAULTS.get(k, 0.8))]
+            changed = [k for k in DEFAULTS if k != "clock" and getattr(self, k) != DEFAULTS[k]]
             if changed:
                 raise ValueError(f"{changed[0]} is a setting of the virtual clock; add "
                                  "clock: virtual (--clock virtual) or drop it")
@@ -157,7 +158,7 @@ class RunConfig(BaseModel):
         if isinstance(data, dict) and data.get("clock", "rounds") == "rounds":
             from sfg.clock.settings import DEFAULTS
 
-            for k in (*DEFAULTS, "target_accuracy"):
+            for k in DEFAULTS:
                 data.pop(k, None)
         return data
 

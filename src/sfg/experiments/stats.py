@@ -176,7 +176,7 @@ def _clock_defaults() -> dict[str, Any]:
     from sfg.clock.settings import DEFAULTS
     from sfg.experiments.config import RunConfig
 
-    keys = [k for k in DEFAULTS if k != "clock"] + ["target_accuracy"]
+    keys = [k for k in DEFAULTS if k != "clock"]
     return {k: RunConfig.model_fields[k].default for k in keys}
 
 
