@@ -116,6 +116,46 @@ def _print_summary(out: dict, title: str) -> None:
     console.show(t)
 
 
+def _node_log(path: str | None, mode: str):
+    """``sfg node --record-log``: the node's event log (:class:`sfg.net.eventlog.EventLog`)."""
+    if path is None:
+        return None
+    if mode != "async":
+        raise SfgError("--record-log records async runs (a lockstep run's models do not "
+                       "depend on its timing); add --mode async")
+    from sfg.net.eventlog import EventLog
+
+    return EventLog(path)
+
+
+def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str | None,
+                  as_json: bool) -> None:
+    """``sfg swarm --replay-log FILE --clock virtual`` (:mod:`sfg.net.replaylog`)."""
+    from sfg.net.eventlog import read_logs
+    from sfg.net.replaylog import replay
+
+    if clock != "virtual":
+        raise SfgError("--replay-log re-executes the recorded run on the virtual clock; add "
+                       "--clock virtual")
+    if given:
+        raise SfgError(f"--replay-log takes the run's settings from the log; drop {given[0]}")
+    rec = read_logs(paths)
+    res = replay(rec, workdir=workdir)
+    res.pop("params")
+    s = rec.settings
+    out = {"config": {**rec.world, "mode": "async", "period": s["period"],
+                      "jitter": s["jitter"], "window": s["window"], "clock": "virtual",
+                      "replay_log": [str(p) for p in paths]}, **res}
+    if as_json:
+        console.print_json(out)
+        return
+    _print_summary(res, f"sfg swarm --replay-log ({len(rec.events)} nodes, "
+                        f"{res['replay']['arrivals']} arrivals, digests all matched)")
+    diff = res["max_param_diff"]
+    console.echo("final models: " + ("not kept beside the log" if diff is None else
+                                     f"max |replay - recorded run| = {diff:.3g}"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("swarm")
     def swarm(
@@ -147,6 +187,9 @@ def register(app: typer.Typer) -> None:
         tls_dir: str | None = typer.Option(None, help="Mutual TLS with certificates from `sfg tls-ca`"),
         workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
         store: str | None = typer.Option(None, "--store", help="Write the run to this SQLite results store"),
+        record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it"),
+        replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
+        clock: str = typer.Option("wall", "--clock", help="wall (real nodes over gRPC) or virtual (the node code on the virtual clock)"),
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
@@ -159,11 +202,22 @@ def register(app: typer.Typer) -> None:
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
                  "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
                  "attack": attack}
+        if replay_log:
+            given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
+                     "--config": config, "--kill": kill, "--partition": partition,
+                     "--store": store, "--record-log": record_log, "--tls-dir": tls_dir}
+            _replay_swarm(replay_log, clock, [k for k, v in given.items() if v], workdir,
+                          as_json)
+            return
+        if clock != "wall":
+            raise SfgError(f"--clock {clock}: sfg swarm runs real nodes on the wall clock here; "
+                           "--clock virtual replays a recorded run (--replay-log FILE)")
         cfg = _settings(config, flags)
         cfg["backend"] = "loop"
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
                             deadline=deadline, kills=[parse_kill(k) for k in kill],
-                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir)
+                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir,
+                            record_log=record_log)
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir}; create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
@@ -219,6 +273,7 @@ def register(app: typer.Typer) -> None:
         tls_dir: str | None = typer.Option(None),
         checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
         resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
+        record_log: str | None = typer.Option(None, "--record-log", help="async: append this node's event log to this file (a restarted node continues it); replay the run's logs with `sfg swarm --replay-log ... --clock virtual`"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
@@ -248,7 +303,7 @@ def register(app: typer.Typer) -> None:
         nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
                         window=window, deadline=deadline, tls=tls,
                         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
-                        resume=resume)
+                        resume=resume, events=_node_log(record_log, mode))
 
         async def main() -> dict:
             n = Node(world, id, nc)

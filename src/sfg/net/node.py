@@ -151,6 +151,7 @@ class NodeConfig:
     t0: float | None = None      # async: start of round 0 on the node's clock (wall: time.time())
     linger: float | None = None  # async: keep answering this long after the last round
     on_round: Any = None         # callback(node_id, round, available, acc or None)
+    events: Any = None           # event log (sfg.net.eventlog.EventLog): record(node, ev, fields)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -231,6 +232,13 @@ class Node:
         self._backlog: list[asyncio.Task] = []
         if self.cfg.resume:
             self._restore()
+        self._log("open", resume=bool(self.cfg.resume),
+                  restored=None if self.restored is None else int(self.restored["round"]))
+
+    def _log(self, event: str, **fields: Any) -> None:
+        """One event of the node's event log (:mod:`sfg.net.eventlog`); nothing without one."""
+        if self.cfg.events is not None:
+            self.cfg.events.record(self, event, fields)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -303,12 +311,13 @@ class Node:
     def _blocked(self, j: int, r: int) -> bool:
         return self._blocked_pair(self.i, j, r)
 
-    def _accepting(self, sender: int, r: int) -> bool:
+    def _accepting(self, sender: int, r: int, t: float | None = None) -> bool:
         if self.cfg.mode == "lockstep":
             # an unavailable node answers no message of a round it is offline in
             return bool(self.world.available[min(r, self.world.rounds - 1), self.i]) \
                 and not self._blocked(sender, r)
-        return self._available_at(self.clock.time()) and not self._blocked(sender, self.round)
+        return self._available_at(self.clock.time() if t is None else t) and \
+            not self._blocked(sender, self.round)
 
     async def _on_deliver(self, raw_header: bytes, chunks: AsyncIterator[bytes],
                           identity: int | None, peer: str) -> tuple[bool, str]:
@@ -319,7 +328,8 @@ class Node:
             header = unpack_header(raw_header)
             check_header(header, neighbours=self.nbr_set, max_bytes=self.cfg.max_bytes,
                          identity=identity)
-            if not self._accepting(header.sender, header.round):
+            t_in = self.clock.time()
+            if not self._accepting(header.sender, header.round, t_in):
                 self.stats.refused += 1
                 return False, "unavailable"
             if self.cfg.mode == "lockstep":
@@ -340,7 +350,7 @@ class Node:
         except Rejected as e:
             self.rejections.add(e, peer)
             return False, e.reason
-        self._accept(msg, len(raw_header) + msg.header.length)
+        self._accept(msg, len(raw_header) + msg.header.length, t_in)
         return True, ""
 
     def _check_ahead(self, sender: int, r: int) -> None:
@@ -354,8 +364,11 @@ class Node:
             raise Rejected("ahead", f"node {sender} already has rounds "
                                     f"{sorted(k[1] for k in pending)} waiting here")
 
-    def _accept(self, msg: Message, nbytes: int) -> None:
+    def _accept(self, msg: Message, nbytes: int, t_in: float | None = None) -> None:
         h = msg.header
+        now = self.clock.monotonic()
+        self._log("arrival", t=self.clock.time() if t_in is None else t_in, m=now,
+                  sender=h.sender, round=h.round, sha256=h.sha256.hex(), **h.scalars())
         self.stats.bytes += nbytes
         if self.cfg.record_headers:
             self.headers.append({"sender": h.sender, "receiver": self.i, "round": h.round,
@@ -367,7 +380,6 @@ class Node:
         else:
             old = self.latest.get(h.sender)
             if old is None or h.round >= old[0].header.round:
-                now = self.clock.monotonic()
                 self.latest[h.sender] = (msg, now)
                 seen = self.seen.get(h.sender)
                 if seen is None or seen[0] != h.sha256:  # +guard evidence: first arrival
@@ -627,11 +639,13 @@ class Node:
 
     async def _async_round(self, r: int) -> None:
         P = self.cfg.period
-        if not self.world.available[r, self.i]:
-            self._offline_round()
-            return
         start = self.clock.time()
         now = self.clock.monotonic()
+        available = bool(self.world.available[r, self.i])
+        self._log("wake", t=start, m=now, round=r, available=available)
+        if not available:
+            self._offline_round()
+            return
         senders, msgs, ages, lags = [], [], [], []
         for j in self.nbrs:
             j = int(j)
@@ -650,7 +664,10 @@ class Node:
         agg, full = self._aggregate(r, senders, msgs, ages, lags)
         x, n_steps = await self._train(r, agg)
         self.round = r + 1  # the state about to be computed is the start of round r + 1
-        if not self._online_through(start, self.clock.time()):
+        end = self.clock.time()
+        online = self._online_through(start, end)
+        self._log("trained", t=end, round=r, interrupted=not online)
+        if not online:
             # offline before its K steps were done (SPEC §12.1): the local round is
             # discarded — model and staleness as they were, nothing sent
             self.stats.interrupted += 1
@@ -763,6 +780,7 @@ class Node:
             if self.t0 is None:
                 self.t0 = self.clock.time()
             self._catch_up_missed()
+            self._log("start", t0=self.t0, restored=self.restored)
             P = self.cfg.period
             jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
             while self.state.t < T:
@@ -780,11 +798,12 @@ class Node:
                     self._end_round(r, False)
                     continue
                 # always let the others (and the server) run in between
-                await asyncio.sleep(max(0.0, self.clock.to_loop(delay)))
+                await self.clock.wake(r, delay)
                 await self._async_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
             await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else P)
             await self._drain()
+        self._log("end", round=self.state.t, final=self.x)
         return self.result()
 
     async def _drain(self) -> None:

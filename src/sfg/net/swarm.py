@@ -141,10 +141,14 @@ class SwarmOptions:
     tls_dir: str | None = None
     workdir: str | None = None
     start_delay: float = 0.0
+    record_log: str | None = None   # async: write the run's event log here (sfg.net.eventlog)
 
     def __post_init__(self) -> None:
         if self.mode not in ("lockstep", "async"):
             raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
+        if self.record_log is not None and self.mode != "async":
+            raise SfgError("--record-log records async runs (a lockstep run's models do not "
+                           "depend on its timing); add --mode async")
         if self.procs < 1:
             raise SfgError(f"--procs must be >= 1, got {self.procs}")
         for p in self.partitions:
@@ -220,6 +224,12 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
             "results_dir": str(work / "results")}
     (work / "checkpoints").mkdir(exist_ok=True)
     (work / "results").mkdir(exist_ok=True)
+    if opts.record_log is not None:  # each node appends to its own log; merged at the end
+        events = work / "events"
+        events.mkdir(exist_ok=True)
+        for f in events.glob("node-*"):
+            f.unlink()
+        spec["events_dir"] = str(events)
     spec_path = work / "swarm.json"
     spec_path.write_text(json.dumps(spec))
     parts = groups(N, opts.procs)
@@ -325,6 +335,12 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     if missing:
         raise RuntimeError(f"nodes {missing[:5]} finished without a result")
     out = summarise(world, list(done.values()), wall=wall, restarts=restarts, realised=realised)
+    if opts.record_log is not None:
+        from sfg.net.eventlog import merge
+
+        merge(sorted(Path(spec["events_dir"]).glob("node-*.jsonl")), opts.record_log,
+              settings={"procs": opts.procs, "kills": [f"{k}@{r}" for k, r in opts.kills]})
+        out["record_log"] = str(opts.record_log)
     # a worker's memory is shared by its nodes (one interpreter, torch, the data set)
     out["metrics"]["rss_mb_per_node"] = (sum(peak_rss.values()) / 2**20 / N if peak_rss
                                          else float("nan"))

@@ -136,5 +136,11 @@ class NodeClock:
         """Loop seconds that pass while this clock advances by ``seconds``."""
         return seconds / (1.0 + self.drift) if self.virtual else seconds
 
+    async def wake(self, r: int, seconds: float) -> None:
+        """Sleep until the node's round-``r`` wake, ``seconds`` from now on this clock (always
+        yielding to the other tasks; a replay's clock wakes at the logged time instead,
+        :class:`sfg.net.replaylog.ReplayClock`)."""
+        await asyncio.sleep(max(0.0, self.to_loop(seconds)))
+
 
 WALL = NodeClock()

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from sfg.errors import SfgError
+    from sfg.net.eventlog import EventLog
     from sfg.net.node import NodeConfig, Partition
     from sfg.net.swarm import run_nodes
     from sfg.net.transport import TlsFiles
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                               jitter=spec["jitter"], window=spec["window"],
                               deadline=spec["deadline"], checkpoint_dir=Path(spec["checkpoint_dir"]),
                               resume=a.resume, tls=tls, partitions=parts,
-                              on_round=on_round)
+                              on_round=on_round,
+                              events=EventLog(Path(spec["events_dir"]) / f"node-{i}.jsonl")
+                              if spec.get("events_dir") else None)
 
         async def ready(ports) -> float:
             print(json.dumps({"event": "ready", "nodes": ids}), flush=True)
