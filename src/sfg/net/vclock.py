@@ -20,6 +20,7 @@ as a device's own clock would (SPEC §11.2: timestamps are the receiver's own cl
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import time
 from collections.abc import Callable
@@ -65,6 +66,10 @@ class _Selector(selectors.BaseSelector):
             raise Deadlock("every node is waiting and nothing is scheduled: the run would "
                            "wait forever (a missing message with no deadline?)")
         loop._vtime = max(loop._vtime, when)
+        # asyncio runs the timers due before time() + _clock_resolution: that must exceed
+        # time() itself, i.e. be at least one float step at this clock reading (a fixed
+        # 1e-12 s is below it from 2^14 s on, and the loop would spin at that instant)
+        loop._clock_resolution = max(1e-12, math.ulp(loop._vtime))
         return []
 
     def get_map(self):
