@@ -190,6 +190,8 @@ def register(app: typer.Typer) -> None:
         record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it"),
         replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
         clock: str = typer.Option("wall", "--clock", help="wall (real nodes over gRPC) or virtual (the node code on the virtual clock)"),
+        faults: str | None = typer.Option(None, "--faults", help="virtual clock: faults as events of the schedule, e.g. faults:loss=0.1,delay=2,dup=0.05,reorder=0.1,corrupt=0.01,misroute=0.01,drift=0.001,crashes=2,downtime=900,partition=0-3|4-7@1200-3600 (none: no faults)"),
+        faults_seed: int | None = typer.Option(None, "--faults-seed", help="Seed of the faults' own streams (default 0), independent of --seed: a failing seed replays exactly"),
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
@@ -205,10 +207,20 @@ def register(app: typer.Typer) -> None:
         if replay_log:
             given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
                      "--config": config, "--kill": kill, "--partition": partition,
-                     "--store": store, "--record-log": record_log, "--tls-dir": tls_dir}
+                     "--store": store, "--record-log": record_log, "--tls-dir": tls_dir,
+                     "--faults": faults, "--faults-seed": faults_seed}
             _replay_swarm(replay_log, clock, [k for k, v in given.items() if v], workdir,
                           as_json)
             return
+        if faults is not None or faults_seed is not None:
+            from sfg.net.faults import Faults
+
+            # checked here; the virtual clock's run takes
+            # run_virtual_swarm(..., faults=Faults.parse(faults, seed=faults_seed or 0))
+            Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
+            if clock != "virtual":
+                raise SfgError("--faults are events of the virtual clock's schedule; add "
+                               "--clock virtual (real nodes: --kill and --partition)")
         if clock != "wall":
             raise SfgError(f"--clock {clock}: sfg swarm runs real nodes on the wall clock here; "
                            "--clock virtual replays a recorded run (--replay-log FILE)")

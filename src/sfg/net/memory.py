@@ -12,9 +12,11 @@ own handler says so). The world's quantities (per-slot latency, per-device uplin
 of :func:`sfg.clock.schedule.make_world`, so the node under the virtual clock and the clock's
 own engine see the same network.
 
-Faults (:class:`sfg.net.faults.Faults`) are consulted per message, in the deterministic order
-in which the virtual loop runs the sends: loss, extra delay (reordering), duplication,
-partitions between node sets for a window of time.
+Faults (:class:`sfg.net.faults.FaultPlan`) are consulted per message, in the deterministic
+order in which the virtual loop runs the sends: loss, extra delay (reordering), duplication,
+partitions between node sets for a window of time (``decide``), and in transit a flipped byte
+or a copy to a non-neighbour (``tamper``); the replies to pulls (``Fetch``) go through the same
+faults, less the misrouting.
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ class MemoryNetwork:
         self.uplink_free = np.zeros(self.n)
         self.stats = {"sent": 0, "lost_sender": 0, "dropped": 0, "duplicated": 0,
                       "delayed": 0, "partitioned": 0, "no_server": 0}
+        # every delivery attempt that reached the receiving side, when a list (for checks
+        # and logs): dicts of time, src, dst, kind ("push", "copy", "stranger", "fetch"),
+        # whether a fault changed the payload, the raw header and the receiver's answer
+        self.log: list[dict] | None = None
+        self.in_flight: set[asyncio.Future] = set()  # messages held back by faults
+
+    def note(self, **event) -> None:
+        if self.log is not None:
+            event["t"] = float(asyncio.get_running_loop().time())
+            self.log.append(event)
 
     # the transport's factories, as the node calls them
     def server(self, i: int, deliver, fetch, *, max_bytes: int, tls=None) -> MemoryServer:
@@ -108,6 +120,8 @@ class MemoryPeer:
         if end > now:
             await asyncio.sleep(end - now)
         net.stats["sent"] += 1
+        net.note(src=self.src, dst=self.dst, kind="send", changed=False, header=header,
+                 ok=True, reason="")
         if net.online is not None and not net.online(self.src, now, end):
             net.stats["lost_sender"] += 1
             return False, "lost"
@@ -119,19 +133,49 @@ class MemoryPeer:
             return False, "DEADLINE_EXCEEDED"
         if extra > 0:
             net.stats["delayed"] += 1
-        await asyncio.sleep(float(net.latency(self.src, self.dst)) + extra)
-        ok, reason = await self._arrive(header, payload)
+        tamper = getattr(net.faults, "tamper", None)
+        sent, stranger = (payload, None) if tamper is None else \
+            tamper(self.src, self.dst, end, payload)
+        changed = sent is not payload
+        transit = self._transit(header, sent, float(net.latency(self.src, self.dst)) + extra,
+                                copies, stranger, changed)
+        if extra <= 0:
+            return await transit
+        # a message a fault holds back is on its way: it still arrives when its sender gives
+        # up on the call (after ``timeout``) or is cancelled (it has a newer model to send)
+        flight = asyncio.ensure_future(transit)
+        net.in_flight.add(flight)
+        flight.add_done_callback(net.in_flight.discard)
+        try:
+            return await asyncio.wait_for(asyncio.shield(flight), timeout)
+        except asyncio.TimeoutError:
+            return False, "DEADLINE_EXCEEDED"
+
+    async def _transit(self, header: bytes, sent, delay: float, copies: int,
+                       stranger: int | None, changed: bool) -> tuple[bool, str]:
+        net = self.net
+        await asyncio.sleep(delay)
+        ok, reason = await self._arrive(header, sent, kind="push", changed=changed)
         for _ in range(copies - 1):  # duplicates arrive right after the original
             net.stats["duplicated"] += 1
-            await self._arrive(header, payload)
+            await self._arrive(header, sent, kind="copy", changed=changed)
+        if stranger is not None:  # misrouted: a copy reaches a node that is no neighbour
+            await self._arrive(header, sent, kind="stranger", changed=changed, to=stranger)
         return ok, reason
 
-    async def _arrive(self, header: bytes, payload) -> tuple[bool, str]:
-        srv = self.net.servers.get(self.address)
+    async def _arrive(self, header: bytes, payload, *, kind: str = "push",
+                      changed: bool = False, to: int | None = None) -> tuple[bool, str]:
+        dst = self.dst if to is None else int(to)
+        srv = self.net.servers.get(address(dst))
         if srv is None:  # the node is down (crashed, not yet restarted)
             self.net.stats["no_server"] += 1
-            return False, "UNAVAILABLE"
-        return await srv.deliver(header, _stream(payload), self.src, address(self.src))
+            ok, reason = False, "UNAVAILABLE"
+        else:
+            ok, reason = await srv.deliver(header, _stream(payload), self.src,
+                                           address(self.src))
+        self.net.note(src=self.src, dst=dst, kind=kind, changed=changed, header=header,
+                      ok=ok, reason=reason)
+        return ok, reason
 
     async def fetch(self, t: int, me: int = -1, *, timeout: float = 10.0):
         net, loop = self.net, asyncio.get_running_loop()
@@ -141,12 +185,27 @@ class MemoryPeer:
         if srv is None:
             return None
         got = srv.fetch(int(t), int(me))
-        await asyncio.sleep(lat)
         if got is None:
+            await asyncio.sleep(lat)
             return None
         h, p = got
+        if net.faults is not None:  # the reply travels from the served node back
+            drop, extra, _ = net.faults.decide(self.dst, self.src, loop.time())
+            if drop:
+                net.stats["dropped"] += 1
+                await asyncio.sleep(timeout)
+                return None
+            tamper = getattr(net.faults, "tamper", None)
+            if tamper is not None:
+                p, _ = tamper(self.dst, self.src, loop.time(), p, misroute=False)
+            lat += extra
+            if lat > timeout:  # the fetcher gives up first; the late reply is discarded
+                await asyncio.sleep(timeout)
+                return None
+        await asyncio.sleep(lat)
         body = b"".join(p) if isinstance(p, tuple) else bytes(p)
-        del loop
+        net.note(src=self.dst, dst=self.src, kind="fetch", changed=p is not got[1], header=h,
+                 ok=True, reason="")  # the fetcher's own checks decide (its Rejections)
         return h, body
 
     async def close(self) -> None:

@@ -50,6 +50,7 @@ so its age and lag grow by the missed rounds.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 from collections.abc import AsyncIterator, Iterable
@@ -74,6 +75,7 @@ from sfg.net.wire import (
     check_header,
     check_message,
     encode,
+    encode_params,
     unpack_header,
 )
 from sfg.net.world import Trainer, World
@@ -211,6 +213,7 @@ class Node:
         # the rule that scores claims the node has already clamped (sfg.round.defences.clamp_one)
         self._scorer = claims_as_given(world.rule)
         self.restored: dict | None = None
+        self.loaded: tuple[np.ndarray, NodeState] | None = None
         if net is None:
             self.server: Any = Server(self._on_deliver, self._on_fetch,
                                       max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
@@ -389,16 +392,21 @@ class Node:
             self.claimed[h.sender] = h.count
         self._arrived.set()
 
-    def _prune_outbox(self, *, delivered: bool = False) -> None:
+    def _prune_outbox(self) -> None:
         """Drop own round-r messages every neighbour expecting them is past: a neighbour that
-        sent a message of a later round has finished round r. A delivery alone is no proof
-        (the receiver may crash and restart from its checkpoint before using it), so
-        ``delivered`` counts it only when the run is over."""
+        sent a message of a later round has finished round r. A delivery is no proof (the
+        receiver may crash and restart from its checkpoint before using it; the reply to a
+        pull may be lost on the way), see :meth:`_all_handed_out`."""
         for r in list(self.outbox):
-            if all(self.heard.get(j, -1) > r or (delivered and (j, r) in self._delivered)
-                   for j in self._expected.get(r, ())):
+            if all(self.heard.get(j, -1) > r for j in self._expected.get(r, ())):
                 del self.outbox[r]
                 self._expected.pop(r, None)
+
+    def _all_handed_out(self) -> bool:
+        """Whether every message left in the outbox was pushed to, or pulled by, every
+        neighbour expecting it (the end of a run: nothing more to wait for)."""
+        return all(self.heard.get(j, -1) > r or (j, r) in self._delivered
+                   for r in self.outbox for j in self._expected.get(r, ()))
 
     def _on_fetch(self, t: int, who: int) -> Outgoing | None:
         msg = self.outbox.get(t)
@@ -531,7 +539,12 @@ class Node:
                                      degrees=self._degrees(r, [self.i, *senders]))
         if self.cfg.record_headers:
             self.weights.append({"round": r, "receiver": self.i, "candidates": [self.i, *senders],
-                                 "weights": [float(v) for v in w], "clamped": changed})
+                                 "weights": [float(v) for v in w], "clamped": changed,
+                                 "rounds": [m.header.round for m in msgs],
+                                 "claimed": [m.header.sha256 for m in msgs],
+                                 # the digest of what is aggregated, not of what was announced
+                                 "content": [hashlib.sha256(bytes(encode_params(
+                                     m.params, self.layout))).digest() for m in msgs]})
         X = np.stack([self.x] + [m.params for m in msgs])
         agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
         k = self.star.deg + 1
@@ -736,6 +749,7 @@ class Node:
         if path is None or not path.is_file():
             return  # nothing to resume from: start fresh
         self.x, self.state, extra = load_checkpoint(path, self.layout)
+        self.loaded = (self.x.copy(), self.state)  # what the checkpoint held (for checks)
         st = extra.get("stats", {})
         for k, v in st.items():
             setattr(self.stats, k, [tuple(e) for e in v] if k == "curve" else v)
@@ -748,15 +762,29 @@ class Node:
             self._restore_outbox()
 
     def _catch_up_missed(self) -> None:
-        """Async resume: the own rounds that passed while the node was down count as
-        unavailable rounds (age and lag + 1 each)."""
-        if self.restored is None or self.t0 is None:
+        """Async resume: the own rounds whose wake-up passed while the node was down count
+        as unavailable rounds (age and lag + 1 each), as an offline wake does (SPEC §12.2); the
+        node goes on with the first round whose wake-up is still ahead. A node restarted
+        before its first checkpoint starts from the initial state, and its missed rounds
+        count all the same."""
+        if (self.restored is None and not self.cfg.resume) or self.t0 is None:
             return
-        due = int(math.floor((self.clock.time() - self.t0) / self.cfg.period))
-        missed = max(0, min(due, self.world.rounds) - self.state.t)
+        now = self.clock.time()
+        T, P = self.world.rounds, self.cfg.period
+        jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
+        wakes = self.t0 + P * np.arange(T) + jitter
+        missed = int(np.sum(wakes[self.state.t:] < now))
+        if self.restored is None:
+            if missed == 0:
+                return
+            self.restored = {"round": self.state.t, "age": self.state.age,
+                             "lag": self.state.lag, "missed": 0, "checkpoint": False}
         for _ in range(missed):
             self._offline_round()
-        self.restored.update(missed=missed, age_after=self.state.age, lag_after=self.state.lag)
+        if missed:
+            self._checkpoint()  # a second crash before the next round resumes from here
+        self.restored.update(missed=missed, age_after=self.state.age, lag_after=self.state.lag,
+                             at=now)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
@@ -768,11 +796,13 @@ class Node:
                 await self._lockstep_round(r)
                 self._end_round(r, bool(self.world.available[r, self.i]))
             await self._drain()
-            # keep serving until every neighbour has the messages it needs (pushed or pulled)
+            # wait until every neighbour has the messages it needs (pushed or pulled); what is
+            # left stays served until the server stops: a pull's reply can be lost after this
+            # node handed it out, and the neighbour then pulls again
             end = self.clock.monotonic() + self.cfg.deadline
             while True:
-                self._prune_outbox(delivered=True)
-                if not self.outbox or self.clock.monotonic() > end:
+                self._prune_outbox()
+                if self._all_handed_out() or self.clock.monotonic() > end:
                     break
                 await asyncio.sleep(0.05)
             self._save_outbox()  # drop the saved messages nobody needs any more

@@ -88,7 +88,10 @@ class BatchTrainer:
         before the first result is needed is trained in the same batch."""
         if not self.pending:
             return False
-        reqs, self.pending = self.pending, []
+        # a crashed node's request (its task cancelled the future) is not trained
+        reqs, self.pending = [r for r in self.pending if not r.fut.done()], []
+        if not reqs:
+            return True
         loop = asyncio.get_running_loop()
         devs = np.array([r.i for r in reqs], np.int64)
         idx = np.empty((len(reqs), self.K, self.B), np.int64)
@@ -168,12 +171,29 @@ class _NodeTrainer:
 
 
 def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
-                      progress=None) -> dict[str, Any]:
+                      progress=None, nodes_out: list | None = None,
+                      record_headers: bool = False,
+                      net_log: list | None = None) -> dict[str, Any]:
     """Run every node of ``world`` (a :class:`sfg.net.world.World`) with ``opts``
     (:class:`sfg.net.swarm.SwarmOptions`: mode, period, jitter, window, deadline) on the
-    virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures."""
+    virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures.
+
+    faults: None, a component string, a :class:`sfg.net.faults.Faults` (bound here to the
+    run) or a hook object (:class:`sfg.net.faults.FaultPlan`); with crashes every node
+    checkpoints into a temporary folder after each round, a crashed node's task is cancelled
+    and its server stopped, and after the downtime a new node restarts from its checkpoint
+    files (``NodeConfig(resume=True)``), as a deployed one would. The JSON's ``faults`` holds
+    the counts. For inspection: ``nodes_out`` gets every node object made (restarted ones
+    too, in order), ``record_headers`` makes the nodes record what they accept and aggregate,
+    ``net_log`` (a list) gets every delivery attempt (:attr:`MemoryNetwork.log`)."""
+    import contextlib
+    import os
+    import tempfile
+    from pathlib import Path
+
     from sfg.clock.schedule import make_world
     from sfg.clock.settings import HEADER_BYTES, make_settings
+    from sfg.net.faults import as_plan
     from sfg.net.memory import MemoryNetwork, address
     from sfg.net.node import Node, NodeConfig
     from sfg.net.swarm import summarise
@@ -203,12 +223,22 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         return bool(online.online_through(np.array([i]), np.array([t0]),
                                           np.array([max(t0, t1)]))[0])
 
+    faults = as_plan(faults, N, period=P, rounds=T, neighbours=world.neighbours)
     net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
                         online=online_through, faults=faults)
+    net.log = net_log
     loop = VirtualLoop()
     trainer = BatchTrainer(world, compute=cw.compute)
     loop.add_idle_hook(trainer.idle)
     drift = (np.zeros(N) if faults is None else faults.drifts(N))
+    crashes = [] if faults is None or not hasattr(faults, "crashes") else faults.crashes()
+    downtime = float(getattr(faults, "downtime", P))
+    fstats = getattr(faults, "stats", None)
+    # the checkpoints go through the node's own code (write, fsync, rename); in memory-backed
+    # storage where there is one, as the simulated devices' disks need not be this machine's
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    tmp = tempfile.TemporaryDirectory(prefix="sfg-vswarm-", dir=shm) if crashes else None
+    ckpt = None if tmp is None else Path(tmp.name)
     done = [0]
 
     def on_round(i, r, available, acc):
@@ -216,21 +246,74 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         if progress is not None:
             progress(done[0], N * T)
 
-    nodes = [Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
+    clocks = [NodeClock(drift=float(drift[i]), virtual=True) for i in range(N)]
+
+    def make_node(i: int, resume: bool = False) -> Node:
+        nd = Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
                                        window=opts.window, deadline=opts.deadline, t0=0.0,
-                                       linger=0.0, on_round=on_round),
-                  trainer.for_node(i), net=net, clock=NodeClock(drift=float(drift[i]),
-                                                                virtual=True))
-             for i in range(N)]
+                                       linger=0.0, on_round=on_round, checkpoint_dir=ckpt,
+                                       resume=resume, record_headers=record_headers),
+                  trainer.for_node(i), net=net, clock=clocks[i])
+        if nodes_out is not None:
+            nodes_out.append(nd)
+        return nd
+
+    nodes = [make_node(i) for i in range(N)]
+    tasks: list[asyncio.Task] = []
+    restarts = [0]
+
+    async def crash(i: int, at: float) -> None:
+        """Node i crashes at ``at`` (virtual seconds) and restarts ``downtime`` later."""
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        if tasks[i].done():  # already finished (or down): nothing to crash
+            if fstats is not None:
+                fstats["crashes_skipped"] += 1
+            return
+        tasks[i].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks[i]
+        await nodes[i].close()
+        event = {"node": i, "crashed": float(loop.time()), "restarted": None}
+        if fstats is not None:
+            fstats["crashes"] += 1
+            faults.events.append(event)
+        await asyncio.sleep(downtime)
+        nd = nodes[i] = make_node(i, resume=True)
+        await nd.server.start("mem", 0)
+        nd.connect({int(j): address(int(j)) for j in nd.nbrs})
+        tasks[i] = loop.create_task(nd.run())
+        restarts[0] += 1
+        event["restarted"] = float(loop.time())
+        if fstats is not None:
+            fstats["restarts"] += 1
 
     async def main():
         for nd in nodes:
             await nd.server.start("mem", 0)
         for nd in nodes:
             nd.connect({int(j): address(int(j)) for j in nd.nbrs})
-        out = await asyncio.gather(*(nd.run() for nd in nodes))
-        for nd in nodes:
-            await nd.close()
+        tasks.extend(loop.create_task(nd.run()) for nd in nodes)
+        control = {loop.create_task(crash(i, at)) for i, at in crashes}
+        try:
+            while True:  # until every node's last run is done; a node's error ends the run
+                live = {t for t in tasks if not t.done()} | {c for c in control if not c.done()}
+                if not live:
+                    break
+                done, _ = await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()
+            out = [t.result() for t in tasks]
+        finally:
+            for t in [*tasks, *control]:
+                t.cancel()
+            await asyncio.gather(*tasks, *control, return_exceptions=True)
+            for nd in nodes:
+                await nd.close()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:  # sends and pulls still in flight (a run cut short by an error)
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
         return out
 
     wall = time.perf_counter()
@@ -238,13 +321,17 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         results = loop.run_until_complete(main())
     finally:
         loop.close()
+        if tmp is not None:
+            tmp.cleanup()
     wall = time.perf_counter() - wall
-    res = summarise(world, results, wall=wall)
+    res = summarise(world, results, wall=wall, restarts=restarts[0])
     res["metrics"].update({
         "virtual_seconds": float(loop.time()), "train_batches": float(trainer.batches_run),
         "train_requests": float(trainer.requests),
         "interrupted": float(sum(nd.stats.interrupted for nd in nodes)),
         "skipped": float(sum(nd.stats.skipped for nd in nodes)),
         **{f"net_{k}": float(v) for k, v in net.stats.items()}})
+    if faults is not None and hasattr(faults, "summary"):
+        res["faults"] = faults.summary()
     res["params"] = np.stack([nd.x for nd in nodes])
     return res

@@ -1,0 +1,367 @@
+"""Deterministic faults for the node on the virtual clock (SPEC §12.6).
+
+``sfg swarm --clock virtual --faults faults:loss=0.1,delay=2.0 --faults-seed 7`` runs the
+deployable node (:class:`sfg.net.node.Node`) on the in-memory network of
+:mod:`sfg.net.memory` with faults that are events of the schedule: each decision is drawn
+from a stream of its own, keyed by the faults seed, the fault kind and the link (or node), in
+the order in which the virtual loop runs the sends, so the same (run seed, settings, faults,
+faults seed) replays the same faults exactly, and a failing seed is a reproducible bug
+report. The faults seed is independent of the run seed: the same run can be replayed under
+many fault draws, and one fault draw under many runs.
+
+Keys of the component string (``faults:key=value,...``; ``none`` = no faults):
+
+=============  ==============================================================================
+``loss``       probability that a message (a push, or the reply to a pull) is lost in transit
+``delay``      extra delay of every message, uniform in [0, ``delay``] seconds
+``reorder``    probability that a message is held back by ``hold`` seconds, long enough for the
+               next message on its link to overtake it
+``hold``       seconds a reordered message is held back (default 1.5 periods P)
+``dup``        probability that a message is delivered ``copies`` more times, right after it
+``copies``     extra copies of a duplicated message (default 1; a flood: ``dup=1,copies=20``)
+``corrupt``    probability that one byte of a message's tensor data is flipped in transit (the
+               value stays finite, the payload's SHA-256 no longer matches the header's)
+``misroute``   probability that a copy of a message is also delivered to a random
+               non-neighbour of its sender (which must reject it: "non-neighbour")
+``partition``  ``A|B@T1-T2``: messages between node sets A and B sent in [T1, T2) seconds
+               of virtual time are dropped; a set is ids and ranges joined by ``.``
+               (``0-3``, ``0.2.5-7``) or ``*`` (every node not in the other set); several
+               partitions are joined by ``;``
+``crashes``    K crashes at random (node, time), time uniform in [0, ``span``): the node's task
+               is cancelled, its server stopped (messages to it fail), and after ``downtime``
+               seconds it is restarted from its last checkpoint (the node's own files, written
+               and read by the code a deployed node uses)
+``crash``      crashes at given times: ``NODE@SECONDS``, several joined by ``;``
+``downtime``   seconds a crashed node stays down (default 1.5 periods P)
+``span``       seconds within which the random crashes fall (default the run's T · P)
+``drift``      clock drift per node, uniform in [-``drift``, ``drift``] (a rate: 0.001 is 1 ms
+               per second), fed to the node's own clock (:class:`sfg.net.vclock.NodeClock`)
+=============  ==============================================================================
+
+:class:`Faults` is the parsed setting; :meth:`Faults.plan` binds it to a run (nodes, graph,
+period, rounds) as a :class:`FaultPlan`, the object the network consults per message
+(``decide``, ``tamper``) and :func:`sfg.net.vswarm.run_virtual_swarm` per node (``drifts``,
+``crashes``). The plan counts what it did (``stats``), which the run's summary reports.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sfg.errors import SfgError
+from sfg.util.components import did_you_mean, parse_component
+from sfg.util.rng import stream
+
+KEYS = ("loss", "delay", "reorder", "hold", "dup", "copies", "corrupt", "misroute", "partition",
+        "crashes", "crash", "downtime", "span", "drift")
+_PROBS = ("loss", "reorder", "dup", "corrupt", "misroute")
+_EXAMPLE = "faults:loss=0.1,delay=2.0,dup=0.05,crashes=2,downtime=900"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Messages between node sets ``a`` and ``b`` sent in [t1, t2) are dropped; ``None`` for
+    a set means every node not in the other."""
+
+    a: frozenset[int] | None
+    b: frozenset[int] | None
+    t1: float
+    t2: float
+
+    def blocks(self, i: int, j: int, t: float) -> bool:
+        if not self.t1 <= t < self.t2:
+            return False
+        return (self._in(i, self.a, self.b) and self._in(j, self.b, self.a)) or \
+            (self._in(i, self.b, self.a) and self._in(j, self.a, self.b))
+
+    @staticmethod
+    def _in(i: int, s: frozenset[int] | None, other: frozenset[int] | None) -> bool:
+        return (i not in (other or ())) if s is None else i in s
+
+
+def _node_set(text: str, where: str) -> frozenset[int] | None:
+    text = text.strip()
+    if text == "*":
+        return None
+    out: set[int] = set()
+    for item in text.split("."):
+        lo, dash, hi = item.strip().partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if dash else a
+        except ValueError:
+            raise SfgError(f"cannot read node set {text!r} in {where!r}; write ids and ranges "
+                           "joined by '.', e.g. 0-3 or 0.2.5-7, or * for the rest") from None
+        if a < 0 or b < a:
+            raise SfgError(f"node range {item!r} in {where!r} must be LO-HI with 0 <= LO <= HI")
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
+def _partitions(text: str) -> tuple[Window, ...]:
+    out = []
+    for part in str(text).split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            sets, times = part.split("@")
+            sa, sb = sets.split("|")
+            t1, t2 = (float(v) for v in times.split("-"))
+        except ValueError:
+            raise SfgError(f"cannot read partition {part!r}; write A|B@T1-T2 (node sets, "
+                           "seconds), e.g. partition=0-3|4-7@1200-3600") from None
+        a, b = _node_set(sa, part), _node_set(sb, part)
+        if a is None and b is None:
+            raise SfgError(f"partition {part!r}: at most one side may be '*'")
+        if (a is not None and not a) or (b is not None and not b) or (a and b and a & b):
+            raise SfgError(f"partition {part!r} needs two disjoint non-empty node sets")
+        if not (math.isfinite(t1) and math.isfinite(t2)) or t1 < 0 or t2 <= t1:
+            raise SfgError(f"partition {part!r}: the window T1-T2 needs 0 <= T1 < T2 seconds")
+        out.append(Window(a, b, t1, t2))
+    return tuple(out)
+
+
+def _crash_list(text: str) -> tuple[tuple[int, float], ...]:
+    out = []
+    for part in str(text).split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            node, at = part.split("@")
+            i, t = int(node), float(at)
+        except ValueError:
+            raise SfgError(f"cannot read crash {part!r}; write NODE@SECONDS, e.g. "
+                           "crash=3@1500 or crash=3@1500;5@2400") from None
+        if i < 0 or not math.isfinite(t) or t < 0:
+            raise SfgError(f"crash {part!r} needs a node id >= 0 and a time >= 0 seconds")
+        out.append((i, t))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults of a run, as parsed from a component string (see the module docstring)."""
+
+    loss: float = 0.0
+    delay: float = 0.0
+    reorder: float = 0.0
+    hold: float | None = None
+    dup: float = 0.0
+    copies: int = 1
+    corrupt: float = 0.0
+    misroute: float = 0.0
+    partitions: tuple[Window, ...] = ()
+    crashes: int = 0
+    crash_at: tuple[tuple[int, float], ...] = ()
+    downtime: float | None = None
+    span: float | None = None
+    drift: float = 0.0
+    seed: int = 0
+    text: str = "none"
+
+    @classmethod
+    def parse(cls, text: str | None, *, seed: int = 0) -> Faults:
+        """``faults:key=value,...`` (keys in the module docstring) or ``none``."""
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise SfgError(f"--faults-seed must be an integer >= 0, got {seed!r}")
+        if text is None or str(text).strip().lower() in ("", "none"):
+            return cls(seed=seed)
+        comp = parse_component(str(text), kind="faults")
+        if comp.name != "faults" or comp.modifiers:
+            raise SfgError(f"cannot read --faults {text!r}; write 'none' or "
+                           f"faults:key=value,..., e.g. {_EXAMPLE}")
+        p = dict(comp.params)
+        for k in p:
+            if k not in KEYS:
+                raise SfgError(f"unknown faults key {k!r}{did_you_mean(k, KEYS)}")
+        kw: dict[str, Any] = {}
+        for k in ("loss", "delay", "reorder", "hold", "dup", "corrupt", "misroute", "downtime",
+                  "span", "drift"):
+            if k in p:
+                v = p[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise SfgError(f"faults key {k}={v!r} must be a number")
+                kw[k] = float(v)
+        for k in _PROBS:
+            if not 0.0 <= kw.get(k, 0.0) <= 1.0:
+                raise SfgError(f"faults key {k}={kw[k]} is a probability; use a value in [0, 1]")
+        for k in ("delay", "hold", "downtime", "span"):
+            if k in kw and kw[k] < 0:
+                raise SfgError(f"faults key {k}={kw[k]} is seconds; use a value >= 0")
+        if not 0.0 <= kw.get("drift", 0.0) < 0.5:
+            raise SfgError(f"faults key drift={kw['drift']} is a rate; use a value in [0, 0.5)")
+        for k in ("copies", "crashes"):
+            if k in p:
+                v = p[k]
+                if isinstance(v, bool) or not isinstance(v, int) or v < (1 if k == "copies" else 0):
+                    raise SfgError(f"faults key {k}={v!r} must be an integer >= "
+                                   f"{1 if k == 'copies' else 0}")
+                kw[k] = int(v)
+        if "partition" in p:
+            kw["partitions"] = _partitions(str(p["partition"]))
+        if "crash" in p:
+            kw["crash_at"] = _crash_list(str(p["crash"]))
+        return cls(**kw, seed=seed, text=str(comp))
+
+    @property
+    def any(self) -> bool:
+        """Whether any fault is on."""
+        return bool(self.loss or self.delay or self.reorder or self.dup or self.corrupt
+                    or self.misroute or self.partitions or self.crashes or self.crash_at
+                    or self.drift)
+
+    def plan(self, n: int, *, period: float, rounds: int,
+             neighbours: Callable[[int], Iterable[int]] | None = None) -> FaultPlan:
+        """Bind to a run of ``n`` nodes with round period ``period`` and ``rounds`` rounds."""
+        for w in self.partitions:
+            for s in (w.a, w.b):
+                if s is not None and max(s) >= n:
+                    raise SfgError(f"--faults partition names node {max(s)}, but the run has "
+                                   f"nodes 0..{n - 1}")
+        for i, _ in self.crash_at:
+            if i >= n:
+                raise SfgError(f"--faults crash names node {i}, but the run has nodes 0..{n - 1}")
+        return FaultPlan(self, int(n), float(period), int(rounds), neighbours)
+
+
+@dataclass
+class FaultPlan:
+    """A :class:`Faults` bound to a run: the hooks :class:`sfg.net.memory.MemoryNetwork`
+    and :func:`sfg.net.vswarm.run_virtual_swarm` call, and the counts of what happened."""
+
+    faults: Faults
+    n: int
+    period: float
+    rounds: int
+    neighbours: Callable[[int], Iterable[int]] | None = None
+    stats: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.events: list[dict] = []  # crashes as they happened: node, crashed, restarted
+        self._streams: dict[tuple, np.random.Generator] = {}
+        self._strangers: dict[int, list[int]] = {}
+
+    # ------------------------------------------------------------------ draws
+    def _draw(self, kind: str, *key: int) -> np.random.Generator:
+        g = self._streams.get((kind, *key))
+        if g is None:
+            g = self._streams[(kind, *key)] = stream(self.faults.seed, "faults", kind, *key)
+        return g
+
+    @property
+    def hold(self) -> float:
+        f = self.faults
+        return 1.5 * self.period if f.hold is None else f.hold
+
+    @property
+    def downtime(self) -> float:
+        f = self.faults
+        return 1.5 * self.period if f.downtime is None else f.downtime
+
+    def decide(self, src: int, dst: int, t: float) -> tuple[bool, float, int]:
+        """One message from ``src`` to ``dst`` at time ``t``: (dropped, extra delay, copies).
+        Every active kind draws once per message from its own stream of the link, whatever
+        the others decided, so switching one kind on leaves the others' draws unchanged."""
+        f = self.faults
+        lost = f.loss > 0 and self._draw("loss", src, dst).random() < f.loss
+        extra = float(self._draw("delay", src, dst).uniform(0.0, f.delay)) if f.delay > 0 else 0.0
+        held = f.reorder > 0 and self._draw("reorder", src, dst).random() < f.reorder
+        dup = f.dup > 0 and self._draw("dup", src, dst).random() < f.dup
+        cut = any(w.blocks(src, dst, t) for w in f.partitions)
+        if cut:
+            self.stats["partitioned"] += 1
+            return True, 0.0, 1
+        if lost:
+            self.stats["lost"] += 1
+            return True, 0.0, 1
+        if extra > 0:
+            self.stats["delayed"] += 1
+        if held:
+            self.stats["reordered"] += 1
+            extra += self.hold
+        copies = 1 + (f.copies if dup else 0)
+        self.stats["duplicated"] += copies - 1
+        return False, extra, copies
+
+    def _stranger(self, src: int) -> int | None:
+        got = self._strangers.get(src)
+        if got is None:
+            near = set() if self.neighbours is None else {int(j) for j in self.neighbours(src)}
+            got = self._strangers[src] = [k for k in range(self.n) if k != src and k not in near]
+        if not got:
+            return None
+        return got[int(self._draw("misroute-to", src).integers(len(got)))]
+
+    def tamper(self, src: int, dst: int, t: float, payload, *,
+               misroute: bool = True) -> tuple[Any, int | None]:
+        """In transit: maybe flip one byte of the payload's tensor data (``corrupt``), and
+        maybe name a non-neighbour of ``src`` that also gets a copy (``misroute``; not for the
+        replies to pulls). Returns (payload, stranger or None)."""
+        f = self.faults
+        if f.corrupt > 0:
+            g = self._draw("corrupt", src, dst)
+            if g.random() < f.corrupt:
+                body = bytearray(b"".join(payload) if isinstance(payload, tuple) else payload)
+                (head,) = struct.unpack("<Q", bytes(body[:8]))
+                n_values = (len(body) - 8 - head) // 4
+                if n_values > 0:
+                    k = int(g.integers(n_values))
+                    body[8 + head + 4 * k] ^= 0x01  # the lowest mantissa bit: still finite
+                    payload = bytes(body)
+                    self.stats["corrupted"] += 1
+        stranger = None
+        if misroute and f.misroute > 0 and self._draw("misroute", src, dst).random() < f.misroute:
+            stranger = self._stranger(src)
+            if stranger is not None:
+                self.stats["misrouted"] += 1
+        return payload, stranger
+
+    def drifts(self, n: int) -> np.ndarray:
+        """[n] clock drift rates, uniform in [-drift, drift]."""
+        d = self.faults.drift
+        if d <= 0:
+            return np.zeros(n)
+        return stream(self.faults.seed, "faults", "drift").uniform(-d, d, n)
+
+    def crashes(self) -> list[tuple[int, float]]:
+        """(node, virtual seconds) of every crash, in time order (random ones and given ones)."""
+        f = self.faults
+        out = list(f.crash_at)
+        if f.crashes:
+            g = stream(f.seed, "faults", "crashes")
+            span = self.rounds * self.period if f.span is None else f.span
+            nodes = g.integers(0, self.n, f.crashes)
+            times = g.uniform(0.0, span, f.crashes)
+            out += [(int(i), float(t)) for i, t in zip(nodes, times, strict=True)]
+        return sorted(out, key=lambda c: (c[1], c[0]))
+
+    def summary(self) -> dict[str, Any]:
+        """The faults setting, its seed and the counts (for the run's JSON)."""
+        keys = ("lost", "partitioned", "delayed", "reordered", "duplicated", "corrupted",
+                "misrouted", "crashes", "restarts", "crashes_skipped")
+        return {"spec": self.faults.text, "seed": self.faults.seed,
+                **{k: int(self.stats.get(k, 0)) for k in keys},
+                "crash_log": [dict(e) for e in self.events]}
+
+
+def as_plan(faults: Any, n: int, *, period: float, rounds: int,
+            neighbours: Callable[[int], Iterable[int]] | None = None) -> Any:
+    """``faults`` as the network's hook object: None (no faults), a component string, a
+    :class:`Faults`, or an object that already has the hooks (a :class:`FaultPlan` or any
+    object with ``decide``) — returned as it is."""
+    if faults is None:
+        return None
+    if isinstance(faults, str):
+        faults = Faults.parse(faults)
+    if isinstance(faults, Faults):
+        return faults.plan(n, period=period, rounds=rounds, neighbours=neighbours)
+    return faults
