@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from sfg.cli import console
+from sfg.cli import clockflags, console
 from sfg.errors import SfgError
 from sfg.util.extras import require
 
@@ -156,6 +156,114 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
                                      f"max |replay - recorded run| = {diff:.3g}"))
 
 
+# the virtual clock's world settings the node under the virtual clock takes (SPEC §12.1)
+WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
+
+
+def _loss_as_fault(loss: str, faults: str | None) -> str:
+    """``--loss const:value=P`` as the faults' per-message loss (``--faults ...,loss=P``)."""
+    from sfg.util.components import parse_component
+
+    comp = parse_component(str(loss), kind="loss")
+    p = dict(comp.params)
+    if comp.name != "const" or comp.modifiers or set(p) != {"value"}:
+        raise SfgError(f"--loss {loss!r}: sfg swarm --clock virtual takes const:value=P (one "
+                       "loss probability per message, drawn by the faults' streams); a "
+                       "per-link distribution is for `sfg run --clock virtual`")
+    value = float(p["value"])
+    if value == 0:
+        return faults or "none"
+    if faults is not None and str(faults).strip().lower() not in ("", "none"):
+        from sfg.net.faults import Faults
+
+        if Faults.parse(faults).loss:
+            raise SfgError("give the message loss once: --loss or --faults loss=P, not both")
+        return f"{faults},loss={value!r}"
+    return f"faults:loss={value!r}"
+
+
+def _virtual_progress(total: int, enabled: bool):
+    """A progress bar on stderr over the run's node-rounds."""
+    if not enabled or not console.interactive():
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    prog = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                    MofNCompleteColumn(), console=console.stderr(), transient=True)
+    task = prog.add_task("node-rounds on the virtual clock", total=total)
+
+    def update(done: int, _total: int) -> None:
+        if done % 64 == 0 or done == total:
+            prog.update(task, completed=done)
+
+    return prog, update
+
+
+def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[str, Any], *,
+                   mode: str, period: float | None, jitter: float, window: float,
+                   deadline: float | None, faults: str | None, faults_seed: int | None,
+                   refused: list[str], store: str | None, as_json: bool) -> None:
+    """``sfg swarm --clock virtual``: every node's own code in this process on the virtual
+    clock, the in-memory network and the batched trainer (:func:`sfg.net.vswarm.run_virtual_swarm`),
+    in the clock world's settings (``--compute``, ``--uplink``, ``--latency``, ``--loss``,
+    ``--message-bytes``). Prints the swarm's JSON; it holds no wall time, so the same settings
+    print the same bytes."""
+    from sfg.net.faults import Faults
+    from sfg.net.swarm import SwarmOptions
+    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.world import build_world
+
+    if refused:
+        raise SfgError(f"{refused[0]} is for real nodes; with --clock virtual, faults are events "
+                       "of the schedule: --faults (e.g. faults:crash=3@1200 or "
+                       "partition=0-3|4-7@1200-3600)")
+    P = 600.0 if period is None else float(period)
+    if not P > 0:
+        raise SfgError(f"--period must be > 0 seconds, got {period}")
+    # the run's settings: sfg run's one schema, with the clock's keys (validated there)
+    on_clock = {k: v for k, v in world_flags.items() if v is not None}
+    cfg = _settings(config, {**flags, **on_clock, "clock": "virtual",
+                             "protocol": "async" if mode == "async" else "lockstep",
+                             "round_seconds": P, "period": P, "jitter": jitter,
+                             "window": window})
+    cfg["backend"] = "loop"
+    if mode == "async" and cfg.get("loss") not in (None, "const:value=0"):
+        faults = _loss_as_fault(cfg["loss"], faults)
+    clock_settings = {k: cfg[k] for k in WORLD_KEYS if cfg.get(k) is not None}
+    if mode == "async":
+        clock_settings.pop("loss", None)  # carried by the faults
+    T = int(cfg["rounds"])
+    opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=jitter, window=window,
+                        deadline=float(T * P if deadline is None else deadline))
+    plan = Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
+    world = build_world(cfg)
+    prog, update = _virtual_progress(world.n * world.rounds, not as_json)
+    kw = {"clock_settings": clock_settings, "faults": plan if plan.any else None}
+    if prog is not None:
+        with prog:
+            res = run_virtual_swarm(world, opts, progress=update, **kw)
+    else:
+        res = run_virtual_swarm(world, opts, **kw)
+    res.pop("params")
+    config_out = {**world.cfg, "mode": mode, "clock": "virtual", "period": P}
+    if mode == "lockstep":
+        config_out.update(deadline=opts.deadline)
+    if plan.any:
+        config_out.update(faults=plan.text, faults_seed=plan.seed)
+    wall = res["metrics"].pop("wall_seconds")  # not in the JSON: the same run, the same bytes
+    out = {"config": config_out, **res}
+    if store is not None:
+        out["run_id"] = _store(store, world.cfg, f"virtual-{mode}",
+                               {**res, "metrics": {**res["metrics"], "wall_seconds": wall}})
+    if as_json:
+        console.print_json(out)
+        return
+    _print_summary({**res, "metrics": {**res["metrics"], "wall_seconds": wall}},
+                   f"sfg swarm --clock virtual ({mode}): {world.rule} under "
+                   f"{world.cfg['process']}, {world.n} nodes, "
+                   f"{res['metrics']['virtual_seconds']:.0f} virtual seconds")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("swarm")
     def swarm(
@@ -178,10 +286,10 @@ def register(app: typer.Typer) -> None:
         alpha: float | None = typer.Option(None),
         eval_every: int | None = typer.Option(None),
         attack: str | None = typer.Option(None, "--attack", help="Forged staleness as in `sfg run`, e.g. forge:frac=0.2,claim=fresh: the attackers forge their header claims (model=none|constant)"),
-        period: float = typer.Option(0.2, help="async: round period P in seconds"),
+        period: float | None = typer.Option(None, help="async: round period P in seconds (default 0.2; with --clock virtual 600, and P is also Δ, the lockstep round and the staleness unit)"),
         jitter: float = typer.Option(0.0, help="async: start jitter, a fraction of P in [0, 1)"),
         window: float = typer.Option(1.0, help="async: W, periods a neighbour's message stays live"),
-        deadline: float = typer.Option(60.0, help="lockstep: longest wait for a round's models (s)"),
+        deadline: float | None = typer.Option(None, help="lockstep: longest wait for a round's models (s; default 60; with --clock virtual virtual seconds, default the run's T·P)"),
         kill: list[str] = typer.Option([], "--kill", help="NODE@ROUND: SIGKILL that node's process at that round; it restarts from its checkpoint (repeatable)"),
         partition: list[str] = typer.Option([], "--partition", help="A|B@R1-R2: drop traffic between node sets A and B in rounds R1..R2, e.g. 0,1|2,3@5-9"),
         tls_dir: str | None = typer.Option(None, help="Mutual TLS with certificates from `sfg tls-ca`"),
@@ -192,6 +300,11 @@ def register(app: typer.Typer) -> None:
         clock: str = typer.Option("wall", "--clock", help="wall (real nodes over gRPC) or virtual (the node code on the virtual clock)"),
         faults: str | None = typer.Option(None, "--faults", help="virtual clock: faults as events of the schedule, e.g. faults:loss=0.1,delay=2,dup=0.05,reorder=0.1,corrupt=0.01,misroute=0.01,drift=0.001,crashes=2,downtime=900,partition=0-3|4-7@1200-3600 (none: no faults)"),
         faults_seed: int | None = typer.Option(None, "--faults-seed", help="Seed of the faults' own streams (default 0), independent of --seed: a failing seed replays exactly"),
+        compute: str | None = clockflags.COMPUTE,
+        uplink: str | None = clockflags.UPLINK,
+        latency: str | None = clockflags.LATENCY,
+        loss: str | None = typer.Option(None, "--loss", help="With --clock virtual, async: probability that a message is lost, const:value=P (the faults' loss, --faults loss=P: its own streams, not the messages `sfg run --clock virtual --loss` drops)", rich_help_panel="Virtual clock"),
+        message_bytes: float | None = clockflags.MESSAGE_BYTES,
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
@@ -221,9 +334,25 @@ def register(app: typer.Typer) -> None:
             if clock != "virtual":
                 raise SfgError("--faults are events of the virtual clock's schedule; add "
                                "--clock virtual (real nodes: --kill and --partition)")
+        world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
+                       "message_bytes": message_bytes}
+        if clock == "virtual":
+            refused = {"--kill": kill, "--partition": partition, "--tls-dir": tls_dir,
+                       "--record-log": record_log}
+            _virtual_swarm(config, flags, world_flags, mode=mode, period=period, jitter=jitter,
+                           window=window, deadline=deadline, faults=faults,
+                           faults_seed=faults_seed, refused=[k for k, v in refused.items() if v],
+                           store=store, as_json=as_json)
+            return
         if clock != "wall":
-            raise SfgError(f"--clock {clock}: sfg swarm runs real nodes on the wall clock here; "
-                           "--clock virtual replays a recorded run (--replay-log FILE)")
+            raise SfgError(f"unknown --clock {clock!r}; choose wall (real nodes over gRPC) or "
+                           "virtual (the node code on the virtual clock)")
+        given = [k for k, v in world_flags.items() if v is not None]
+        if given:
+            raise SfgError(f"--{given[0].replace('_', '-')} is a setting of the virtual clock's "
+                           "world; add --clock virtual (real nodes take their own time)")
+        period = 0.2 if period is None else period
+        deadline = 60.0 if deadline is None else deadline
         cfg = _settings(config, flags)
         cfg["backend"] = "loop"
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,

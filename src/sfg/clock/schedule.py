@@ -405,6 +405,16 @@ def _catchup_steps(K: int, tau: np.ndarray) -> np.ndarray:
     return np.where(tau >= 1, K * (1 + np.minimum(tau, CATCHUP_CAP)), K).astype(np.int64)
 
 
+def check_period(train: np.ndarray, P: float) -> None:
+    """Async: the period must be longer than the fastest device's K local steps (``train``,
+    [N] seconds), else every device would skip every wake after its first (the clock's
+    engine and the node under the virtual clock, :mod:`sfg.net.vswarm`, both refuse it)."""
+    if train.size and float(train.min()) >= P:
+        raise SfgError(f"the period P = {P:g} s is not longer than the fastest device's K "
+                       f"local steps ({float(train.min()):g} s): every device would still be "
+                       "busy at its next wake and skip it; raise --period or lower --compute")
+
+
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
     """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
@@ -413,10 +423,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     Δ-round of virtual time."""
     n, P = world.n, settings.P
     train = local_steps * world.compute
-    if n and float(train.min()) >= P:
-        raise SfgError(f"the period P = {P:g} s is not longer than the fastest device's K "
-                       f"local steps ({float(train.min()):g} s): every device would still be "
-                       "busy at its next wake and skip it; raise --period or lower --compute")
+    check_period(train, P)
     wakes = int(np.ceil(world.horizon / P))
     _check_budget(float(n) * wakes, "async schedule")
     jit = wake_jitter(seed, wakes, n) * (settings.jitter * P)

@@ -42,14 +42,17 @@ class MemoryNetwork:
     latency: [N, N] dict-like ``latency(j, i)`` seconds; uplink [N] bytes/s (inf: instant);
     online(i, t0, t1): whether device i is online during [t0, t1) of virtual time (the
     sender-side loss rule); faults: None or an object with ``decide(src, dst, t)`` returning
-    ``(drop, extra_delay, copies)``.
+    ``(drop, extra_delay, copies)``; message_bytes: the size a transfer takes on the uplink
+    (the world's message size, SPEC §12.1, as the clock's engine charges it; None: the
+    encoded message's own length).
     """
 
     def __init__(self, n: int, *, latency: Callable[[int, int], float] | None = None,
                  uplink: np.ndarray | None = None,
                  online: Callable[[int, float, float], bool] | None = None,
-                 faults: Any = None):
+                 faults: Any = None, message_bytes: float | None = None):
         self.n = int(n)
+        self.message_bytes = message_bytes
         self.latency = latency or (lambda j, i: 0.0)
         self.uplink = np.full(self.n, np.inf) if uplink is None else np.asarray(uplink, float)
         self.online = online
@@ -110,8 +113,9 @@ class MemoryPeer:
     async def deliver(self, header: bytes, payload, *, timeout: float = 10.0, retries: int = 3,
                       backoff: float = 0.05) -> tuple[bool, str]:
         net, loop = self.net, asyncio.get_running_loop()
-        size = len(header) + (sum(len(c) for c in payload) if isinstance(payload, tuple)
-                              else len(payload))
+        size = net.message_bytes if net.message_bytes is not None else \
+            len(header) + (sum(len(c) for c in payload) if isinstance(payload, tuple)
+                           else len(payload))
         now = loop.time()
         up = net.uplink[self.src]
         start = max(now, float(net.uplink_free[self.src]))

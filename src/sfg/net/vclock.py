@@ -20,6 +20,7 @@ as a device's own clock would (SPEC §11.2: timestamps are the receiver's own cl
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import selectors
 import time
@@ -103,8 +104,13 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         return any([h() for h in self._idle_hooks])
 
     def _next_timer(self) -> float | None:
-        scheduled = [h for h in self._scheduled if not h._cancelled]  # type: ignore[attr-defined]
-        return min((h._when for h in scheduled), default=None)  # type: ignore[attr-defined]
+        # the timers are asyncio's heap: drop cancelled ones from its head, as asyncio's own
+        # _run_once does, and read the head (O(1), not a scan of every timer)
+        heap = self._scheduled  # type: ignore[attr-defined]
+        while heap and heap[0]._cancelled:
+            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            heapq.heappop(heap)._scheduled = False
+        return heap[0]._when if heap else None
 
 
 def run_virtual(coro, *, loop: VirtualLoop | None = None):

@@ -44,7 +44,8 @@ class BatchTrainer:
     docstring). ``for_node(i)`` gives node i's view with the :class:`sfg.net.world.Trainer`
     interface (``steps``, ``train``, ``train_async``, ``evaluate``)."""
 
-    def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto"):
+    def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto",
+                 max_batch: int | None = None):
         from sfg.sim.backends import make_backend
         from sfg.sim.run import _ClientData
 
@@ -58,6 +59,7 @@ class BatchTrainer:
         self.sizes = self.clients.sizes
         self._one = [None] * world.n  # per-node Trainer for evaluation (made on first use)
         self.pending: list[_Request] = []
+        self.max_batch = max_batch  # None: every request pending at a flush in one batch
         self._batches: dict[int, Any] = {}
         self.batches_run = 0
         self.requests = 0
@@ -91,6 +93,12 @@ class BatchTrainer:
         # a crashed node's request (its task cancelled the future) is not trained
         reqs, self.pending = [r for r in self.pending if not r.fut.done()], []
         if not reqs:
+            return True
+        m = self.max_batch
+        if m is not None and len(reqs) > m:
+            for k in range(0, len(reqs), m):  # the same requests, in batches of at most m
+                self.pending = reqs[k:k + m]
+                self.flush()
             return True
         loop = asyncio.get_running_loop()
         devs = np.array([r.i for r in reqs], np.int64)
@@ -170,10 +178,57 @@ class _NodeTrainer:
         return self._single().evaluate(x)
 
 
+def _online_through(online):
+    """``online(i, t0, t1)``: device i online during all of [t0, t1) (t1 < t0 read as t0) by
+    :meth:`sfg.world.timeline.Intervals.online_through`'s rule, one device per call in plain
+    Python (the network asks once per message: numpy's per-call cost dominated)."""
+    import bisect
+
+    starts = [online.start[online.indptr[i]:online.indptr[i + 1]].tolist()
+              for i in range(online.n)]
+    ends = [online.end[online.indptr[i]:online.indptr[i + 1]].tolist() for i in range(online.n)]
+
+    def through(i: int, t0: float, t1: float) -> bool:
+        s = starts[i]
+        j = bisect.bisect_right(s, t0) - 1  # the last interval starting at or before t0
+        return j >= 0 and t0 < ends[i][j] and max(t0, t1) <= ends[i][j]
+
+    return through
+
+
+def lockstep_world(world, cw, cs):
+    """The node world of lockstep on the virtual clock: availability = the participants of
+    :func:`sfg.clock.schedule.lockstep_rounds` on the clock world ``cw`` with settings ``cs``
+    (a device online at rΔ whose sends and K steps cannot finish online by (r+1)Δ is a
+    straggler, unavailable in round r: a function of the world, so common knowledge as the
+    trace is, SPEC §11.1), attackers made always-on as in ``sfg run``. The node's lockstep
+    waits for every expected message (a missing one past its deadline is an error), so a
+    world in which the clock's lockstep would count a message late or lost is refused."""
+    from dataclasses import replace
+
+    from sfg.clock.schedule import lockstep_rounds
+    from sfg.round.attacks import availability
+
+    lk = lockstep_rounds(cw, cs, local_steps=int(world.cfg["local_steps"]), rounds=world.rounds,
+                         seed=world.seed)
+    late, lost = int(lk.stats["late"]), int(lk.stats["lost"])
+    if late or lost:
+        what = " and ".join(x for x in (f"{late} message(s) would arrive after their round's "
+                                        "deadline" if late else "",
+                                        f"{lost} would be lost" if lost else "") if x)
+        raise SfgError(
+            f"lockstep on the virtual clock: with these --latency/--uplink/--loss settings "
+            f"{what}, but the node's lockstep waits for every message of a round (a missing one "
+            "past its deadline is an error); use --mode async, or a lower latency, a faster "
+            "uplink, no --loss (lost pushes: --faults loss=P, which the node recovers by pulling)")
+    return replace(world, available=availability(lk.available, world.attack, world.attackers))
+
+
 def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                       progress=None, nodes_out: list | None = None,
                       record_headers: bool = False,
-                      net_log: list | None = None) -> dict[str, Any]:
+                      net_log: list | None = None,
+                      max_batch: int | None = None) -> dict[str, Any]:
     """Run every node of ``world`` (a :class:`sfg.net.world.World`) with ``opts``
     (:class:`sfg.net.swarm.SwarmOptions`: mode, period, jitter, window, deadline) on the
     virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures.
@@ -185,13 +240,18 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     files (``NodeConfig(resume=True)``), as a deployed one would. The JSON's ``faults`` holds
     the counts. For inspection: ``nodes_out`` gets every node object made (restarted ones
     too, in order), ``record_headers`` makes the nodes record what they accept and aggregate,
-    ``net_log`` (a list) gets every delivery attempt (:attr:`MemoryNetwork.log`)."""
+    ``net_log`` (a list) gets every delivery attempt (:attr:`MemoryNetwork.log`);
+    ``max_batch`` caps the requests the trainer runs together (1: one by one, for checks).
+
+    ``opts.deadline`` is in virtual seconds. Lockstep rounds follow the messages, not the
+    clock (SPEC §11.1): a node can wait for a neighbour several rounds of training behind, so
+    give at least the run's T·P (what ``sfg swarm --clock virtual`` sets by default)."""
     import contextlib
     import os
     import tempfile
     from pathlib import Path
 
-    from sfg.clock.schedule import make_world
+    from sfg.clock.schedule import check_period, make_world
     from sfg.clock.settings import HEADER_BYTES, make_settings
     from sfg.net.faults import as_plan
     from sfg.net.memory import MemoryNetwork, address
@@ -214,21 +274,21 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                     seed=world.seed)
     if not np.array_equal(cw.graph.edges, world.graph.edges):
         raise SfgError("the virtual swarm needs the generated graph of --graph (not peers.yaml)")
+    if opts.mode == "lockstep":
+        world = lockstep_world(world, cw, cs)
+    else:
+        check_period(int(world.cfg["local_steps"]) * cw.compute, P)
     rg = cw.rg
     lat = {(int(j), int(i)): float(v) for j, i, v, s in
            zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
-    online = Intervals.from_rounds(world.available, P)
-
-    def online_through(i: int, t0: float, t1: float) -> bool:
-        return bool(online.online_through(np.array([i]), np.array([t0]),
-                                          np.array([max(t0, t1)]))[0])
+    online_through = _online_through(Intervals.from_rounds(world.available, P))
 
     faults = as_plan(faults, N, period=P, rounds=T, neighbours=world.neighbours)
     net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
-                        online=online_through, faults=faults)
+                        online=online_through, faults=faults, message_bytes=cs.message_bytes)
     net.log = net_log
     loop = VirtualLoop()
-    trainer = BatchTrainer(world, compute=cw.compute)
+    trainer = BatchTrainer(world, compute=cw.compute, max_batch=max_batch)
     loop.add_idle_hook(trainer.idle)
     drift = (np.zeros(N) if faults is None else faults.drifts(N))
     crashes = [] if faults is None or not hasattr(faults, "crashes") else faults.crashes()

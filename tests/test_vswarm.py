@@ -1,0 +1,267 @@
+"""The networked node on the virtual clock (SPEC §12.6, issue 20 items 1-2): ``sfg swarm
+--clock virtual`` runs the deployable node's code (sfg.net.node) on the virtual loop, the
+in-memory network and the batched trainer, and gives the same models as the clock's own engine
+(async) and as ``sfg run`` (lockstep). Everything runs in this process on virtual time: no
+sockets, no sleeping; every run is bounded by a wall-clock timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from sfg.errors import SfgError
+from sfg.net.swarm import SwarmOptions
+from sfg.net.vclock import Deadlock, VirtualLoop, run_virtual
+from sfg.net.vswarm import run_virtual_swarm
+from sfg.net.world import build_world
+
+P = 600.0
+# 30 periods of 600 s: the virtual clock passes 2^14 s (where a fixed 1e-12 s timer
+# resolution fell below the clock's float step and the loop spun at one instant)
+BASE = dict(rounds=30, local_steps=2, process="bursty:u=0.5", graph="knn:k=6", seed=1,
+            eval_every=10, dataset="digits", model="mlp")
+WORLD = {"compute": "const:value=30", "latency": "const:value=2"}
+# lockstep rounds follow the messages (SPEC §11.1): a node may wait for a neighbour many rounds
+# behind, so the deadline (virtual seconds) is the run's T·P, as sfg swarm --clock virtual sets it
+DEADLINE = BASE["rounds"] * P
+
+
+def _bounded(fn, timeout: float = 120.0):
+    """``fn()`` in a thread (its own event loop), failing the test if it runs past timeout."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            out["error"] = e
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), f"still running after {timeout} s: the run hangs"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _world(n: int, rule: str, **over):
+    return build_world({**BASE, "n_clients": n, "rule": rule, **over, "backend": "loop"})
+
+
+# ------------------------------------------------------------------ async = the clock's engine
+@pytest.mark.parametrize("n", [8, 32])
+@pytest.mark.parametrize("rule", ["sfg-cut", "dfedavg"])
+def test_async_node_on_the_virtual_clock_equals_the_clocks_engine(n, rule):
+    """Same seed, graph, data, trace, compute, network and rule: the node's async protocol on
+    the virtual clock and sfg run --clock virtual --protocol async give the same models."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    world = _world(n, rule)
+    opts = SwarmOptions(mode="async", period=P, jitter=0.5, window=1.0)
+    res = _bounded(lambda: run_virtual_swarm(world, opts, clock_settings=WORLD))
+    eng = simulate_events(resolve_config({**BASE, "n_clients": n, "rule": rule, **WORLD,
+                                          "clock": "virtual", "protocol": "async",
+                                          "period": P, "jitter": 0.5}))
+    X, Y = res["params"], eng["params"].numpy()
+    # bit-identical today (max |X - Y| == 0.0); the guarantee is 1e-5
+    assert np.abs(X - Y).max() <= 1e-5
+    assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
+    assert res["metrics"]["acc_mean"] == eng["metrics"]["acc_mean"]
+    m = res["metrics"]
+    assert m["messages"] == eng["metrics"]["messages"] > 0  # neighbour models aggregated
+    assert m["virtual_seconds"] > 2 ** 14
+
+
+def test_async_equality_holds_with_a_finite_uplink_and_lognormal_devices():
+    """Transfers take size ÷ uplink back to back (the world's message size, as the engine
+    charges it), and devices' compute times differ: still the engine's models."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    world_set = {"compute": "lognormal:median=20,sigma=0.5", "latency": "const:value=1",
+                 "uplink": "const:value=2000"}
+    world = _world(8, "sfg-cut")
+    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="async", period=P,
+                                                                 jitter=0.3),
+                                             clock_settings=world_set))
+    eng = simulate_events(resolve_config({**BASE, "n_clients": 8, "rule": "sfg-cut",
+                                          **world_set, "clock": "virtual",
+                                          "protocol": "async", "period": P, "jitter": 0.3}))
+    assert np.abs(res["params"] - eng["params"].numpy()).max() <= 1e-5
+    assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
+    assert res["metrics"]["net_sent"] > 0
+
+
+# ------------------------------------------------------------------ lockstep = sfg run
+@pytest.mark.parametrize("n,compute", [(8, "const:value=30"), (32, "const:value=0")])
+@pytest.mark.parametrize("rule", ["sfg-cut", "dfedavg"])
+def test_lockstep_node_on_the_virtual_clock_equals_sfg_run(n, compute, rule):
+    """Zero latency, K·c shorter than a round: the node's lockstep on the virtual clock,
+    sfg run --clock virtual (lockstep) and plain sfg run --backend loop give the same models.
+    (With compute > 0 a lockstep node waiting for a neighbour rounds behind polls it every
+    pull_after = 0.5 virtual seconds: the N = 32 case keeps compute 0 to stay fast.)"""
+    from sfg.sim.run import simulate
+
+    cfg = {**BASE, "n_clients": n, "rule": rule}
+    world = _world(n, rule)
+    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
+                                                                    deadline=DEADLINE),
+                                             clock_settings={"compute": compute}))
+    clock = simulate({**cfg, "clock": "virtual", "protocol": "lockstep", "compute": compute},
+                     backend="loop")
+    plain = simulate(cfg, backend="loop")
+    X = res["params"]
+    for ref in (clock, plain):
+        assert np.abs(X - ref.params.numpy()).max() <= 1e-5
+        assert [nd["acc"] for nd in res["nodes"]] == ref.accuracy.tolist()
+    assert res["metrics"]["messages"] == plain.metrics["messages"] > 0
+
+
+def test_lockstep_stragglers_are_unavailable_in_their_rounds():
+    """Devices whose K steps do not fit in a round are stragglers (the lockstep schedule's
+    participants, a function of the world): the node world drops them exactly as the clock's
+    lockstep does, and messages that arrive within the round count (latency 5 s)."""
+    from sfg.sim.run import simulate
+
+    world_set = {"compute": "lognormal:median=300,sigma=0.5", "latency": "const:value=5"}
+    cfg = {**BASE, "n_clients": 8, "rule": "sfg-cut", "rounds": 12, "eval_every": 12}
+    world = build_world({**cfg, "backend": "loop"})
+    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
+                                                                 deadline=DEADLINE),
+                                             clock_settings=world_set))
+    clock = simulate({**cfg, **world_set, "clock": "virtual", "protocol": "lockstep"},
+                     backend="loop")
+    assert np.abs(res["params"] - clock.params.numpy()).max() <= 1e-5
+    # there are stragglers: fewer participants than the trace's available devices
+    assert res["metrics"]["unavailability"] > 1 - world.available.mean()
+    assert res["metrics"]["unavailability"] == pytest.approx(clock.metrics["unavailability"])
+
+
+def test_lockstep_refuses_a_world_where_messages_would_be_late():
+    world = _world(8, "sfg-cut", rounds=6, eval_every=6)
+    with pytest.raises(SfgError, match="after their round's deadline"):
+        run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P),
+                          clock_settings={"latency": "const:value=700"})
+
+
+# ------------------------------------------------------------------ the batched trainer
+def test_batched_trainer_batches_and_equals_training_one_by_one():
+    """With jitter the wakes are spread over the period; requests made before the first
+    result falls due (K·c = 60 s later) are trained together. Batches of one give the same
+    models."""
+    world = _world(16, "sfg-cut", rounds=12, eval_every=12)
+    opts = SwarmOptions(mode="async", period=P, jitter=0.05)
+    run = lambda mb: run_virtual_swarm(world, opts, clock_settings=WORLD, max_batch=mb)  # noqa: E731
+    batched, single = _bounded(lambda: (run(None), run(1)))
+    mb, ms = batched["metrics"], single["metrics"]
+    assert mb["train_requests"] == ms["train_requests"] > 0
+    assert mb["train_batches"] < mb["train_requests"] / 2  # really batched
+    assert ms["train_batches"] == ms["train_requests"]       # one by one
+    assert np.abs(batched["params"] - single["params"]).max() <= 1e-5
+    assert [n["acc"] for n in batched["nodes"]] == [n["acc"] for n in single["nodes"]]
+
+
+# ------------------------------------------------------------------ nothing waits forever
+def test_lockstep_neighbour_that_never_sends_is_the_deadline_error_not_a_hang():
+    """Node 0 is cut off from everyone for the whole run (every push and every pull's reply
+    dropped): its neighbours hit their deadline in virtual seconds; the run stops at once
+    with the node's one-line error."""
+    world = _world(6, "sfg-cut", rounds=6, eval_every=6, graph="ring:k=1")
+    opts = SwarmOptions(mode="lockstep", period=P, deadline=120.0)
+    with pytest.raises(SfgError, match=r"did not get the round-0 models .* within 120 s") as e:
+        _bounded(lambda: run_virtual_swarm(world, opts,
+                                           faults="faults:partition=0|*@0-1000000"), 60)
+    assert "\n" not in str(e.value) and "[0]" in str(e.value) or "node 0 " in str(e.value)
+
+
+def test_a_loop_with_nothing_scheduled_raises_deadlock():
+    async def wait_forever():
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(Deadlock, match="wait forever"):
+        _bounded(lambda: run_virtual(wait_forever()), 30)
+    # and the clock jumps: an hour of virtual sleep takes no time
+    loop = VirtualLoop()
+    assert _bounded(lambda: run_virtual(asyncio.sleep(3600.0, "woke"), loop=loop), 10) == "woke"
+    assert loop.time() == 3600.0
+    loop.close()
+
+
+# ------------------------------------------------------------------ the CLI
+def _cli(args, capsys):
+    from sfg.cli.main import main
+
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+SWARM = ["swarm", "--clock", "virtual", "-n", "8", "-T", "12", "--eval-every", "6",
+         "-K", "2", "-p", "bursty:u=0.5"]
+
+
+def test_cli_virtual_swarm_prints_the_swarms_json_and_is_byte_identical_across_runs(capsys):
+    args = [*SWARM, "--mode", "async", "--jitter", "0.5", "--compute", "const:value=30",
+            "--latency", "const:value=2", "--loss", "const:value=0.1",
+            "--faults", "faults:delay=5,dup=0.1", "--faults-seed", "3", "--json"]
+    first = _bounded(lambda: _cli(args, capsys))
+    second = _bounded(lambda: _cli(args, capsys))
+    assert first[0] == 0 and second[0] == 0, first[2]
+    assert first[1] == second[1]  # byte-identical JSON
+    out = json.loads(first[1])
+    assert set(out) >= {"config", "metrics", "curves", "nodes"} and "params" not in out
+    assert len(out["nodes"]) == 8 and "wall_seconds" not in out["metrics"]
+    m = out["metrics"]
+    assert m["messages"] > 0 and m["train_batches"] <= m["train_requests"]
+    # --loss became the faults' loss, next to --faults' own keys
+    assert out["faults"]["lost"] > 0 and out["faults"]["duplicated"] > 0
+    assert out["config"]["clock"] == "virtual" and out["config"]["faults_seed"] == 3
+    other = _bounded(lambda: _cli([*args[:-3], "--faults-seed", "4", "--json"], capsys))
+    assert other[0] == 0 and other[1] != first[1]  # another faults seed, another run
+
+
+def test_cli_virtual_lockstep_runs_the_lockstep_schedule(capsys):
+    code, out, err = _bounded(lambda: _cli([*SWARM, "--mode", "lockstep", "--rule", "dfedavg",
+                                             "--json"], capsys))
+    assert code == 0, err
+    from sfg.sim.run import simulate
+
+    got = json.loads(out)
+    ref = simulate({**BASE, "n_clients": 8, "rounds": 12, "eval_every": 6, "rule": "dfedavg"},
+                   backend="loop")
+    assert got["metrics"]["acc_mean"] == ref.metrics["acc_mean"]
+    assert got["config"]["deadline"] == 12 * P  # virtual seconds: the run's T·P
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--kill", "1@3"], "--kill is for real nodes"),
+    (["--partition", "0|1@2-3"], "--faults"),
+    (["--tls-dir", "/nonexistent"], "--tls-dir is for real nodes"),
+    (["--mode", "lockstep", "--latency", "const:value=700"], "after their round's deadline"),
+    (["--mode", "lockstep", "--loss", "const:value=0.5"], "would be lost"),
+    (["--mode", "async", "--loss", "const:value=0.1", "--faults", "faults:loss=0.2"], "give the message loss once"),
+    (["--mode", "async", "--compute", "const:value=400"], "not longer than"),
+    (["--compute", "const:value=-1"], "compute"),
+    (["--period", "0"], "--period must be > 0"),
+    (["--jitter", "1.5"], "jitter"),
+])
+def test_cli_virtual_swarm_bad_input_is_one_line_and_exit_2(extra, needle, capsys):
+    code, _, err = _bounded(lambda: _cli([*SWARM, *extra], capsys), 60)
+    assert code == 2, err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in err, err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["swarm", "-n", "8", "--compute", "const:value=3"], "add --clock virtual"),
+    (["swarm", "-n", "8", "--clock", "sundial"], "choose wall"),
+])
+def test_cli_world_flags_need_the_virtual_clock(args, needle, capsys):
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
