@@ -154,17 +154,50 @@ def test_lockstep_refuses_a_world_where_messages_would_be_late():
 def test_batched_trainer_batches_and_equals_training_one_by_one():
     """With jitter the wakes are spread over the period; requests made before the first
     result falls due (K·c = 60 s later) are trained together. Batches of one give the same
-    models."""
+    models, and so do batches split over the worker threads instead of trained in one."""
     world = _world(16, "sfg-cut", rounds=12, eval_every=12)
     opts = SwarmOptions(mode="async", period=P, jitter=0.05)
-    run = lambda mb: run_virtual_swarm(world, opts, clock_settings=WORLD, max_batch=mb)  # noqa: E731
-    batched, single = _bounded(lambda: (run(None), run(1)))
+
+    def run(**kw):
+        return run_virtual_swarm(world, opts, clock_settings=WORLD, trainer_options=kw)
+
+    batched, single, threads = _bounded(lambda: (run(), run(max_batch=1), run(serial_below=0)))
     mb, ms = batched["metrics"], single["metrics"]
     assert mb["train_requests"] == ms["train_requests"] > 0
     assert mb["train_batches"] < mb["train_requests"] / 2  # really batched
     assert ms["train_batches"] == ms["train_requests"]       # one by one
-    assert np.abs(batched["params"] - single["params"]).max() <= 1e-5
-    assert [n["acc"] for n in batched["nodes"]] == [n["acc"] for n in single["nodes"]]
+    for other in (single, threads):
+        # equal bit for bit today; the guarantee is 1e-5
+        assert np.abs(batched["params"] - other["params"]).max() <= 1e-5
+        assert [n["acc"] for n in batched["nodes"]] == [n["acc"] for n in other["nodes"]]
+
+
+@pytest.mark.parametrize("rule", ["sfg-cut", "sfg-l+guard", "dfedavg", "aoi", "copy-random"])
+def test_star_update_through_the_compiled_round_directly_equals_play_round(rule):
+    """A node's staleness update (Star.advance) calls the compiled round with buffers made
+    once; it equals play_round's on random states, online and offline (copy-random draws:
+    the star then goes through play_round itself)."""
+    from sfg.net.checkpoints import NodeState, Star
+    from sfg.round.rules import parse_rule
+
+    rng = np.random.default_rng(7)
+    for deg in (1, 4, 9):
+        fast, ref = Star(deg, parse_rule(rule)), Star(deg, parse_rule(rule))
+        ref._direct_ok = False  # play_round, as before
+        k = deg + 1
+        s = NodeState(q_hat=[1.0] * deg)
+        for _ in range(300):
+            on = bool(rng.random() < 0.5)
+            cand = (rng.random(k) < 0.6) & on
+            cand[0] = on
+            w = rng.random(k) * cand if on else np.eye(k)[0]
+            kw = dict(cand=cand, weights=w / w.sum(), ages=rng.integers(0, 6, k),
+                      lags=rng.random(k) * 6, counts=rng.integers(1, 60, k),
+                      local_counts=rng.integers(1, 30, k))
+            got, want = fast.advance(s, available=on, **kw), ref.advance(s, available=on, **kw)
+            assert got == want
+            s = got
+        assert s.t == 300 and s.age > 0
 
 
 # ------------------------------------------------------------------ nothing waits forever
@@ -265,3 +298,15 @@ def test_cli_virtual_swarm_bad_input_is_one_line_and_exit_2(extra, needle, capsy
 def test_cli_world_flags_need_the_virtual_clock(args, needle, capsys):
     code, _, err = _cli(args, capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_node_world_takes_the_runs_partition_as_sfg_run_does():
+    """build_world splits the data with the run's partition (it used to take the default
+    Dirichlet split whatever the settings said): the same clients' data as sfg run."""
+    from sfg.world.data import load_federated
+
+    world = _world(12, "sfg-cut", partition="classes:k=1")
+    want = load_federated("digits", n_clients=12, seed=1, partition="classes:k=1")
+    for got_y, want_y in zip(world.data.train_y, want.train_y, strict=True):
+        assert got_y.tolist() == want_y.tolist()
+    assert all(len(set(y.tolist())) == 1 for y in world.data.train_y)  # one class each

@@ -51,6 +51,24 @@ class Star:
         # the round normalises given scores with the rule's modifiers; the weights given here
         # are final (from Rule.weights_one), so the round gets the rule without modifiers
         self.rule = replace(rule, params={**rule.params, "c": 1.0}, modifiers=())
+        # the compiled round's buffers, made once: a simulation plays thousands of nodes' rounds
+        # one star at a time, and play_round's per-call set-up would dominate (see _direct)
+        r = self.rule
+        self._direct_ok = not (r.random or r.oracle or r.defence_flags)
+        if self._direct_ok:
+            from sfg.round import kernel
+
+            n, E = deg + 1, self.rg.n_slots
+            self._caps = np.zeros((4, 1, n), bool)
+            self._scores = np.zeros((1, E))
+            self._outside = (self._scores, kernel._NONE_I, kernel._EMPTY_F, kernel._EMPTY_B,
+                             kernel._NONE_B)
+            self._st = np.zeros((4, n), np.int64)
+            self._lags, self._q = np.zeros(n), np.ones(E)
+            self._w, self._cand = np.empty((1, E)), np.empty(E, bool)
+            self._facts = np.empty((1, n, len(kernel.FACTS)))
+            self._args = (float(r.self_weight), bool(r.ipw), bool(r.rounded),
+                          int(r.defence_flags), float(r.margin), float(r.kappa))
 
     def advance(self, s: NodeState, *, available: bool, cand: np.ndarray, weights: np.ndarray,
                 ages: np.ndarray, lags: np.ndarray, counts: np.ndarray,
@@ -62,6 +80,8 @@ class Star:
         the candidate mask, the weights used (0 off the candidates) and the scalars each
         candidate's model carried as the rule saw them (index 0: the node's own).
         """
+        if self._direct_ok:
+            return self._direct(s, available, cand, weights, ages, lags, counts, local_counts)
         n, E = self.deg + 1, self.rg.n_slots
         q = np.ones(E)
         q[self.seg.start + 1:self.seg.stop] = s.q_hat
@@ -82,6 +102,34 @@ class Star:
         return NodeState(t=int(new.t), age=int(new.ages[0]), lag=float(new.lags[0]),
                          count=int(new.counts[0]), local_count=int(new.local_counts[0]),
                          q_hat=[float(v) for v in new.q_hat[self.seg.start + 1:self.seg.stop]])
+
+    def _direct(self, s: NodeState, available: bool, cand, weights, ages, lags, counts,
+                local_counts) -> NodeState:
+        """:meth:`advance` through the compiled round itself (:func:`sfg.round.kernel.run_rounds`,
+        what :func:`~sfg.round.kernel.play_round` calls) with this star's buffers, for rules
+        without random draws, oracles or defences (the modifier-free rule the star plays
+        always has none of the last): the same arguments play_round would pass, without its
+        per-call set-up (tested equal to it on random states)."""
+        from sfg.round import kernel
+
+        st, lg, q, caps, seg = self._st, self._lags, self._q, self._caps, self.seg
+        st[0], st[1], st[2], st[3] = ages, counts, local_counts, 0
+        st[0, 0], st[1, 0], st[2, 0] = s.age, s.count, s.local_count
+        lg[:] = lags
+        lg[0] = s.lag
+        q[:] = 1.0
+        q[seg.start + 1:seg.stop] = s.q_hat
+        caps[:] = False
+        caps[1, 0, :] = cand
+        caps[0, 0, 0] = caps[1, 0, 0] = caps[2, 0, 0] = caps[3, 0, 0] = bool(available)
+        self._scores[0, :] = 0.0
+        self._scores[0, seg] = weights
+        kernel.run_rounds(kernel.given_scores, kernel._EMPTY_F, int(s.t), *self._args, self.rg,
+                          caps, kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lg, q,
+                          self._w, self._cand, self._facts, outside=self._outside, ev=None)
+        return NodeState(t=int(s.t) + 1, age=int(st[0, 0]), lag=float(lg[0]),
+                         count=int(st[1, 0]), local_count=int(st[2, 0]),
+                         q_hat=q[seg.start + 1:seg.stop].tolist())
 
 
 # ----------------------------------------------------------------------------------- checkpoints

@@ -19,6 +19,7 @@ models (tested to 1e-5).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,7 @@ class BatchTrainer:
     interface (``steps``, ``train``, ``train_async``, ``evaluate``)."""
 
     def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto",
-                 max_batch: int | None = None):
+                 max_batch: int | None = None, serial_below: int = 48):
         from sfg.sim.backends import make_backend
         from sfg.sim.run import _ClientData
 
@@ -55,9 +56,16 @@ class BatchTrainer:
         self.lr, self.wd = float(c["lr"]), float(c["weight_decay"])
         self.compute = np.zeros(world.n) if compute is None else np.asarray(compute, float)
         self.backend = make_backend(backend, world.model_factory(), device="cpu")
+        # a small batch trains faster in this thread alone than split over the worker
+        # threads (their hand-off costs more than it saves); every chunk of the split runs
+        # with one intra-op thread, so a client's arithmetic is the same either way (tested)
+        self.serial_below = int(serial_below)
+        self._serial = (make_backend(f"{backend}:workers=1", world.model_factory(), device="cpu")
+                        if ":" not in backend and self.serial_below > 0 else None)
         self.clients = _ClientData(world.data, torch.device("cpu"))
         self.sizes = self.clients.sizes
-        self._one = [None] * world.n  # per-node Trainer for evaluation (made on first use)
+        self._one = [None] * world.n  # per-node Trainer for train() (made on first use)
+        self._eval: Any = None  # the evaluation backend (made on first use)
         self.pending: list[_Request] = []
         self.max_batch = max_batch  # None: every request pending at a flush in one batch
         self._batches: dict[int, Any] = {}
@@ -111,7 +119,15 @@ class BatchTrainer:
                 flips[k] = bf[r.i]
         xs, ys = self.clients.gather(devs, idx, flips)
         start = torch.from_numpy(np.stack([np.ascontiguousarray(r.x, np.float32) for r in reqs]))
-        out = self.backend.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
+        if self._serial is not None and len(reqs) < self.serial_below:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                out = self._serial.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            out = self.backend.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
         self.batches_run += 1
         self.requests += len(reqs)
         now = loop.time()
@@ -126,6 +142,18 @@ class BatchTrainer:
             else:
                 r.fut.set_result(new)
         return True
+
+    def evaluate(self, i: int, x: np.ndarray) -> float:
+        """Personalised test accuracy of ``x`` on client i's own test set, as
+        :meth:`sfg.net.world.Trainer.evaluate` computes it, with one backend for all nodes
+        (not a model and backend per node)."""
+        from sfg.sim.backends import make_backend
+
+        if self._eval is None:  # the single-client backend of Trainer, one for all nodes
+            self._eval = make_backend("loop:workers=2", self.world.model_factory(), device="cpu")
+        P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
+        d = self.world.data
+        return float(self._eval.evaluate(P, [d.test_x[i]], [d.test_y[i]])[0])
 
     def idle(self) -> bool:
         """The loop's idle hook: run the pending batch if a result is due now (requests
@@ -175,7 +203,7 @@ class _NodeTrainer:
         return await self.owner.request(self.i, x, t, age)
 
     def evaluate(self, x: np.ndarray) -> float:
-        return self._single().evaluate(x)
+        return self.owner.evaluate(self.i, x)
 
 
 def _online_through(online):
@@ -228,7 +256,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                       progress=None, nodes_out: list | None = None,
                       record_headers: bool = False,
                       net_log: list | None = None,
-                      max_batch: int | None = None) -> dict[str, Any]:
+                      trainer_options: dict | None = None) -> dict[str, Any]:
     """Run every node of ``world`` (a :class:`sfg.net.world.World`) with ``opts``
     (:class:`sfg.net.swarm.SwarmOptions`: mode, period, jitter, window, deadline) on the
     virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures.
@@ -241,7 +269,8 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     the counts. For inspection: ``nodes_out`` gets every node object made (restarted ones
     too, in order), ``record_headers`` makes the nodes record what they accept and aggregate,
     ``net_log`` (a list) gets every delivery attempt (:attr:`MemoryNetwork.log`);
-    ``max_batch`` caps the requests the trainer runs together (1: one by one, for checks).
+    ``trainer_options``: keywords of :class:`BatchTrainer` (``max_batch``, ``serial_below``;
+    for checks).
 
     ``opts.deadline`` is in virtual seconds. Lockstep rounds follow the messages, not the
     clock (SPEC §11.1): a node can wait for a neighbour several rounds of training behind, so
@@ -288,7 +317,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                         online=online_through, faults=faults, message_bytes=cs.message_bytes)
     net.log = net_log
     loop = VirtualLoop()
-    trainer = BatchTrainer(world, compute=cw.compute, max_batch=max_batch)
+    trainer = BatchTrainer(world, compute=cw.compute, **(trainer_options or {}))
     loop.add_idle_hook(trainer.idle)
     drift = (np.zeros(N) if faults is None else faults.drifts(N))
     crashes = [] if faults is None or not hasattr(faults, "crashes") else faults.crashes()
@@ -377,9 +406,13 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         return out
 
     wall = time.perf_counter()
+    # the set-up's objects (data, models, nodes) are kept out of the cyclic collector's
+    # passes while the run makes its many short-lived ones (a few percent of the run's time)
+    gc.freeze()
     try:
         results = loop.run_until_complete(main())
     finally:
+        gc.unfreeze()
         loop.close()
         if tmp is not None:
             tmp.cleanup()

@@ -98,7 +98,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
           "can run only rules on staleness scalars")
     N, T, seed = int(c["n_clients"]), int(c["rounds"]), int(c["seed"])
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]))
+                          alpha=float(c["alpha"]), partition=c["partition"])
     if edges is not None:  # the edges of peers.yaml; no node positions
         graph = Graph(N, _edges(edges, N), None, "peers")
     else:

@@ -34,6 +34,7 @@ Defences against forged staleness claims (:mod:`sfg.round.defences`; compose wit
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -115,6 +116,13 @@ def _signature_params(fn: Callable[..., Any] | None) -> dict[str, tuple[float, R
             raise TypeError(f"rule parameter {k!r} of {py.__name__} needs a default")
         out[k] = (float(p.default), _range_of(p.annotation))
     return out
+
+
+@functools.cache
+def _arg_names(fn: Callable[..., Any] | None) -> tuple[str, ...]:
+    """The keyword parameters' names of :func:`_signature_params`, read once per function
+    (``Rule.args`` is asked at every one-receiver call: a networked node's every round)."""
+    return tuple(_signature_params(fn))
 
 
 def rule(name: str, *, tags: tuple[str, ...] = (), amplify: str | None = None,
@@ -262,7 +270,7 @@ class Rule:
     @property
     def args(self) -> tuple[float, ...]:
         """The compiled function's parameters, in signature order."""
-        return tuple(float(self.params[k]) for k in _signature_params(self.fn))
+        return tuple(float(self.params[k]) for k in _arg_names(self.fn))
 
     def __str__(self) -> str:
         return self.text or self.name
