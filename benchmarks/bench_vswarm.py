@@ -1,5 +1,5 @@
 """The networked node on the virtual clock (issue 20, "Measure"): ``sfg swarm --clock virtual``
-(:func:`sfg.net.vswarm.run_virtual_swarm`: every node's own code in one process, on the
+(:func:`sfg.net.virtual.run_virtual_swarm`: every node's own code in one process, on the
 virtual loop, the in-memory network and the batched trainer) next to the synchronous ``sfg run``
 (:func:`sfg.sim.run.simulate`) of the same settings.
 
@@ -66,7 +66,7 @@ def _rss_mib() -> float:
 # ----------------------------------------------------------------------------- children
 def _vswarm(cfg: dict, world_set: dict):
     from sfg.net.swarm import SwarmOptions
-    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
 
     world = build_world({**cfg, "backend": "loop"})  # as sfg swarm builds it

@@ -364,7 +364,7 @@ def test_async_never_waits_on_a_crashed_or_partitioned_neighbour():
 def _node_on_memory_net(mode, i=0, n=6):
     from sfg.net.memory import MemoryNetwork
     from sfg.net.node import Node, NodeConfig
-    from sfg.net.vclock import NodeClock
+    from sfg.net.simclock import NodeClock
     from sfg.net.world import build_world
 
     world = build_world(dict(n_clients=n, rounds=5, process="none", graph="ring:k=1",
@@ -377,7 +377,7 @@ def _node_on_memory_net(mode, i=0, n=6):
 
 def _flood(mode, deliveries):
     from sfg.net.memory import MemoryPeer, address
-    from sfg.net.vclock import VirtualLoop
+    from sfg.net.simclock import VirtualLoop
     from sfg.net.wire import encode
 
     world, net, node = _node_on_memory_net(mode)
@@ -439,7 +439,7 @@ def test_the_summary_reports_the_fault_counts():
 
 def test_run_virtual_swarm_takes_the_faults_as_a_string():
     from sfg.net.swarm import SwarmOptions
-    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
 
     world = build_world(Case("async", "sfg-cut", "none", n=6).world_cfg())

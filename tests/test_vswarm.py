@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
+from sfg.net.simclock import Deadlock, VirtualLoop, run_virtual
 from sfg.net.swarm import SwarmOptions
-from sfg.net.vclock import Deadlock, VirtualLoop, run_virtual
-from sfg.net.vswarm import run_virtual_swarm
+from sfg.net.virtual import run_virtual_swarm
 from sfg.net.world import build_world
 
 P = 600.0

@@ -204,13 +204,13 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
                    deadline: float | None, faults: str | None, faults_seed: int | None,
                    refused: list[str], store: str | None, as_json: bool) -> None:
     """``sfg swarm --clock virtual``: every node's own code in this process on the virtual
-    clock, the in-memory network and the batched trainer (:func:`sfg.net.vswarm.run_virtual_swarm`),
+    clock, the in-memory network and the batched trainer (:func:`sfg.net.virtual.run_virtual_swarm`),
     in the clock world's settings (``--compute``, ``--uplink``, ``--latency``, ``--loss``,
     ``--message-bytes``). Prints the swarm's JSON; it holds no wall time, so the same settings
     print the same bytes."""
     from sfg.net.faults import Faults
     from sfg.net.swarm import SwarmOptions
-    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
 
     if refused:

@@ -408,7 +408,7 @@ def _catchup_steps(K: int, tau: np.ndarray) -> np.ndarray:
 def check_period(train: np.ndarray, P: float) -> None:
     """Async: the period must be longer than the fastest device's K local steps (``train``,
     [N] seconds), else every device would skip every wake after its first (the clock's
-    engine and the node under the virtual clock, :mod:`sfg.net.vswarm`, both refuse it)."""
+    engine and the node under the virtual clock, :mod:`sfg.net.virtual`, both refuse it)."""
     if train.size and float(train.min()) >= P:
         raise SfgError(f"the period P = {P:g} s is not longer than the fastest device's K "
                        f"local steps ({float(train.min()):g} s): every device would still be "

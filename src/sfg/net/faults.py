@@ -35,12 +35,12 @@ Keys of the component string (``faults:key=value,...``; ``none`` = no faults):
 ``downtime``   seconds a crashed node stays down (default 1.5 periods P)
 ``span``       seconds within which the random crashes fall (default the run's T · P)
 ``drift``      clock drift per node, uniform in [-``drift``, ``drift``] (a rate: 0.001 is 1 ms
-               per second), fed to the node's own clock (:class:`sfg.net.vclock.NodeClock`)
+               per second), fed to the node's own clock (:class:`sfg.net.simclock.NodeClock`)
 =============  ==============================================================================
 
 :class:`Faults` is the parsed setting; :meth:`Faults.plan` binds it to a run (nodes, graph,
 period, rounds) as a :class:`FaultPlan`, the object the network consults per message
-(``decide``, ``tamper``) and :func:`sfg.net.vswarm.run_virtual_swarm` per node (``drifts``,
+(``decide``, ``tamper``) and :func:`sfg.net.virtual.run_virtual_swarm` per node (``drifts``,
 ``crashes``). The plan counts what it did (``stats``), which the run's summary reports.
 """
 
@@ -236,7 +236,7 @@ class Faults:
 @dataclass
 class FaultPlan:
     """A :class:`Faults` bound to a run: the hooks :class:`sfg.net.memory.MemoryNetwork`
-    and :func:`sfg.net.vswarm.run_virtual_swarm` call, and the counts of what happened."""
+    and :func:`sfg.net.virtual.run_virtual_swarm` call, and the counts of what happened."""
 
     faults: Faults
     n: int

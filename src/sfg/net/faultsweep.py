@@ -1,6 +1,6 @@
 """Protocol properties of the node under random faults (issue 20, item 5): a seeded sweep.
 
-:func:`check_case` runs one virtual swarm (:func:`sfg.net.vswarm.run_virtual_swarm`, the
+:func:`check_case` runs one virtual swarm (:func:`sfg.net.virtual.run_virtual_swarm`, the
 deployable node on the virtual clock) under one fault setting and checks, from the network's
 log of every delivery and the nodes' own records (``record_headers``), properties that must
 hold whatever the faults:
@@ -19,7 +19,7 @@ hold whatever the faults:
   by exactly the rounds whose wake-up passed while it was down (counted here from the wake
   schedule, not by the node);
 * **progress**: async never blocks (the run ends, every node did all its rounds, no
-  :class:`~sfg.net.vclock.Deadlock`); lockstep either ends or a missing message turns into the
+  :class:`~sfg.net.simclock.Deadlock`); lockstep either ends or a missing message turns into the
   deadline's error (allowed only where the case says the faults outlast the deadline); a
   lockstep run that ends gives the same models as the fault-free run;
 * **bounded memory**: sampled at every round end, an async node holds at most one message per
@@ -104,7 +104,7 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
     fault-free lockstep run's parameters (lockstep runs that end must equal them)."""
     from sfg.net.faults import Faults
     from sfg.net.swarm import SwarmOptions
-    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
     from sfg.round.staleness import wake_jitter
 
@@ -376,7 +376,7 @@ def standard_cases(seeds=(1, 2, 3), *, sizes=(6, 8, 10), rounds: int = 8) -> lis
 def reference_params(case: Case) -> np.ndarray:
     """The fault-free run of ``case``'s settings (for lockstep's equality check)."""
     from sfg.net.swarm import SwarmOptions
-    from sfg.net.vswarm import run_virtual_swarm
+    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
 
     world = build_world(case.world_cfg())

@@ -64,8 +64,8 @@ import torch
 
 from sfg.errors import SfgError
 from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
+from sfg.net.simclock import WALL, NodeClock
 from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
-from sfg.net.vclock import WALL, NodeClock
 from sfg.net.wire import (
     DEFAULT_MAX_BYTES,
     Chunked,
@@ -192,7 +192,7 @@ class Node:
         self.world, self.i = world, int(i)
         self.cfg = config or NodeConfig()
         # the transport (gRPC unless ``net``, e.g. sfg.net.memory.MemoryNetwork) and the clock
-        # (the wall clock unless a virtual one, sfg.net.vclock): the protocol code is the same
+        # (the wall clock unless a virtual one, sfg.net.simclock): the protocol code is the same
         self.net = net
         self.clock = clock or WALL
         self.nbrs = world.neighbours(self.i)

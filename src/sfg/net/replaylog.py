@@ -6,7 +6,7 @@ The log (:mod:`sfg.net.eventlog`) holds, per node, every wake-up, every accepted
 its header's payload digest and claims, the end of every local training, and the process
 starts (restarts from checkpoints) — each with the readings of the node's own clock it acted
 on. The replay runs every node as :class:`sfg.net.node.Node` on a
-:class:`~sfg.net.vclock.VirtualLoop` with three parts swapped:
+:class:`~sfg.net.simclock.VirtualLoop` with three parts swapped:
 
 * the clock (:class:`ReplayClock`): the virtual loop's time is the recorded machine's
   monotonic clock (shifted to start near 0); at an instant the log recorded for this node,
@@ -43,7 +43,7 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.net.eventlog import Recording, model_digest
-from sfg.net.vclock import NodeClock
+from sfg.net.simclock import NodeClock
 
 _DIVERGED = "the replay diverged from the recorded run"
 
@@ -451,8 +451,8 @@ def replay(rec: Recording, *, workdir: str | Path | None = None) -> dict[str, An
     import torch
 
     from sfg.net.node import Node, NodeConfig, Partition
+    from sfg.net.simclock import Deadlock, VirtualLoop
     from sfg.net.swarm import summarise
-    from sfg.net.vclock import Deadlock, VirtualLoop
     from sfg.net.world import Trainer
 
     s = _settings(rec)

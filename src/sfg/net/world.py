@@ -205,7 +205,7 @@ class Trainer:
 
     async def train_async(self, x: np.ndarray, t: int, age: int) -> np.ndarray:
         """:meth:`train`, as the node awaits it (a simulation's batched trainer,
-        :class:`sfg.net.vswarm.BatchTrainer`, answers later, after the compute time)."""
+        :class:`sfg.net.virtual.BatchTrainer`, answers later, after the compute time)."""
         return self.train(x, t, age)
 
     def evaluate(self, x: np.ndarray) -> float:

@@ -3,7 +3,7 @@ lockstep and async) run by the thousand in one process under the virtual clock (
 
 Every node is the deployable node — its protocol, claims, defences, acceptance checks,
 checkpoints and restore — with three parts swapped for the simulation: the clock
-(:class:`sfg.net.vclock.NodeClock` on a :class:`~sfg.net.vclock.VirtualLoop`), the transport
+(:class:`sfg.net.simclock.NodeClock` on a :class:`~sfg.net.simclock.VirtualLoop`), the transport
 (:class:`sfg.net.memory.MemoryNetwork`: the same encoded messages through the same handler)
 and the trainer (:class:`BatchTrainer`: the requests every node makes at one virtual instant
 run together as one batch through the simulator's training backend, and each result is
@@ -285,8 +285,8 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     from sfg.net.faults import as_plan
     from sfg.net.memory import MemoryNetwork, address
     from sfg.net.node import Node, NodeConfig
+    from sfg.net.simclock import NodeClock, VirtualLoop
     from sfg.net.swarm import summarise
-    from sfg.net.vclock import NodeClock, VirtualLoop
     from sfg.world.timeline import Intervals
 
     rule = world.rule
