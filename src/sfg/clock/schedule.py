@@ -390,6 +390,25 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                     nsteps=nsteps)
 
 
+def _finish(world: World, settings: ClockSettings, protocol: str,
+            parts: list[tuple[np.ndarray, ...]], steps_of: list[np.ndarray], *, seed: int,
+            catchup: bool, link_failure: float, stats: dict[str, float]) -> Schedule:
+    """A protocol's events, gathered in the order they were made (parts of (time, dev, kind,
+    amount, end, step, t) and each event's local steps), counted (local rounds,
+    compute-seconds, after the protocol's own ``stats``) and assembled (:func:`_assemble`)."""
+    cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
+    time, dev, kind, amount, end, step, t = cols
+    dev = dev.astype(np.int64)
+    nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
+    loc = kind == LOCAL
+    stats = {**stats, "local_rounds": float(np.count_nonzero(loc)),
+             "compute_seconds": float((nsteps[loc] * world.compute[dev[loc]]).sum())}
+    return _assemble(world, settings, protocol, seed=seed, time=time.astype(np.float64),
+                     dev=dev, kind=kind.astype(np.int64), amount=amount, end=end,
+                     step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
+                     nsteps=nsteps if catchup else None, link_failure=link_failure)
+
+
 def _check_budget(n_events: float, what: str) -> None:
     if n_events > MAX_EVENTS:
         raise SfgError(f"the {what} would hold about {n_events:.3g} local rounds, more than "
@@ -464,18 +483,11 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                       np.concatenate([np.ones(off.size), np.zeros(done.size)]),
                       np.concatenate([w[off], fe]), np.full(m, r, np.int64),
                       np.full(m, r, np.int64)))
-    cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
-    time, dev, kind, amount, end, step, t = cols
-    nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
-    loc = kind == LOCAL
-    stats = {"wakes": float(n * wakes), "local_rounds": float(np.count_nonzero(loc)),
-             "skipped": float(skipped), "interrupted": float(interrupted),
-             "unfinished": float(unfinished), "offline_wakes": float(offline_wakes),
-             "compute_seconds": float((nsteps[loc] * world.compute[dev[loc].astype(np.int64)]).sum())}
-    return _assemble(world, settings, "async", seed=seed, time=time.astype(np.float64),
-                     dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
-                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
-                     nsteps=nsteps if catchup else None, link_failure=link_failure)
+    return _finish(world, settings, "async", parts, steps_of, seed=seed, catchup=catchup,
+                   link_failure=link_failure,
+                   stats={"wakes": float(n * wakes), "skipped": float(skipped),
+                          "interrupted": float(interrupted), "unfinished": float(unfinished),
+                          "offline_wakes": float(offline_wakes)})
 
 
 def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
@@ -542,17 +554,9 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         cur[bad] = np.where(ended, world.horizon, world.online.next_on(bad, off))
         off_since[bad[~ended]] = off[~ended]
         active = cur < world.horizon
-    cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
-    time, dev, kind, amount, end, step, t = cols
-    nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
-    loc = kind == LOCAL
-    stats = {"local_rounds": float(np.count_nonzero(loc)), "interrupted": float(interrupted),
-             "unfinished": float(unfinished),
-             "compute_seconds": float((nsteps[loc] * world.compute[dev[loc].astype(np.int64)]).sum())}
-    return _assemble(world, settings, "event", seed=seed, time=time.astype(np.float64),
-                     dev=dev.astype(np.int64), kind=kind.astype(np.int64), amount=amount,
-                     end=end, step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
-                     nsteps=nsteps if catchup else None, link_failure=link_failure)
+    return _finish(world, settings, "event", parts, steps_of, seed=seed, catchup=catchup,
+                   link_failure=link_failure,
+                   stats={"interrupted": float(interrupted), "unfinished": float(unfinished)})
 
 
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
