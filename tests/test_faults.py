@@ -15,8 +15,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from sfg.clock.faults import Faults
 from sfg.errors import SfgError
-from sfg.net.faults import Faults
 from sfg.net.faultsweep import (
     ASYNC_FAULTS,
     LOCKSTEP_FAULTS,
@@ -466,3 +466,66 @@ def test_swarm_faults_flags_bad_input_is_one_line_and_exit_2(args, needle, capsy
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
     assert needle in err, err
+
+
+# ------------------------------------------------------------------ faults as schedule events
+def test_counter_draws_are_the_same_one_at_a_time_and_all_at_once():
+    """The network decides one message at a time with Python ints, the clock's engine all
+    at once with uint64 arrays: the same value for the same message, uniform, and
+    independent across kinds, links and message indices."""
+    from sfg.util.rng import counter_key, counter_uniform
+
+    key = counter_key(7, "faults", "loss")
+    g = np.random.default_rng(0)
+    src, dst, k = g.integers(0, 10_000, 4000), g.integers(0, 10_000, 4000), g.integers(0, 10**9, 4000)
+    many = counter_uniform(key, src, dst, 0, k)
+    one = [counter_uniform(key, int(a), int(b), 0, int(c)) for a, b, c in zip(src, dst, k, strict=True)]
+    assert many.tolist() == one
+    assert 0.0 <= many.min() and many.max() < 1.0 and abs(many.mean() - 0.5) < 0.02
+    assert counter_uniform(key, 1, 2, 0, 3) != counter_uniform(key, 2, 1, 0, 3)
+    assert counter_uniform(key, 1, 2, 0, 3) != counter_uniform(key, 1, 2, 1, 3)
+    assert counter_uniform(key, 1, 2, 0, 3) != counter_uniform(counter_key(7, "faults", "dup"),
+                                                               1, 2, 0, 3)
+    plan = Faults.parse("faults:loss=0.3,delay=5,corrupt=0.2", seed=7).plan(4, period=1.0, rounds=1)
+    s, d, kk = np.array([0, 2, 0]), np.array([1, 3, 1]), np.array([0, 0, 1])
+    cut, lost, extra, bad = plan.fates(s, d, kk, np.zeros(3))
+    for m in range(3):
+        drop, ex, _ = plan.decide(int(s[m]), int(d[m]), 0.0, int(kk[m]))
+        assert drop == bool(lost[m]) and ex == extra[m]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--protocol", "async", "--faults", "faults:crashes=2"], "node's own timeline"),
+    (["--protocol", "async", "--faults", "faults:drift=0.01"], "node's own timeline"),
+    (["--protocol", "lockstep", "--faults", "faults:loss=0.1"], "async and event"),
+    (["--protocol", "event", "--faults", "faults:lose=0.1"], "did you mean 'loss'"),
+    (["--protocol", "async", "--faults", "faults:loss=0.1", "--faults-seed", "-1"], "faults"),
+])
+def test_engine_faults_bad_input_is_one_line_and_exit_2(args, needle, capsys):
+    from sfg.cli.main import main
+
+    code = main(["replay", "-p", "bursty:u=0.8", "-r", "sfg-cut", "--seeds", "1", "-n", "20",
+                 "--clock", "virtual", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_engine_faults_change_the_replay_and_are_counted_and_paired_across_rules():
+    """Model-free replay on the async clock: the faults drop and delay messages (counted),
+    the same faults for every rule (one schedule digest), none without them."""
+    from sfg.clock.replay import replay_clock
+    from sfg.clock.settings import make_settings
+
+    cs = make_settings({"clock": "virtual", "protocol": "async", "jitter": 0.5,
+                        "faults": "faults:loss=0.3,delay=300,corrupt=0.1", "faults_seed": 4})
+    a = replay_clock("bursty:u=0.8", "sfg-cut", n=40, rounds=60, seed=1, settings=cs)
+    b = replay_clock("bursty:u=0.8", "dfedavg", n=40, rounds=60, seed=1, settings=cs)
+    c = replay_clock("bursty:u=0.8", "sfg-cut", n=40, rounds=60, seed=1,
+                     settings=make_settings({"clock": "virtual", "protocol": "async",
+                                             "jitter": 0.5}))
+    assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"]
+    assert a["meta"]["schedule_digest"] != c["meta"]["schedule_digest"]
+    st = a["metrics"]
+    assert st["clock_fault_lost"] > 0 and st["clock_fault_delayed"] > 0
+    assert st["clock_fault_corrupted"] > 0 and st["clock_delivered"] < c["metrics"]["clock_delivered"]
+    assert "clock_fault_lost" not in c["metrics"]

@@ -22,6 +22,8 @@ LATENCY = typer.Option(None, "--latency", help="Seconds per directed link, e.g. 
 LOSS = typer.Option(None, "--loss", help="Probability that a message is lost, e.g. const:value=0.1", rich_help_panel="Virtual clock")
 MESSAGE_BYTES = typer.Option(None, "--message-bytes", help="Bytes per message (default: the model's float32 parameters + 256 when training, 0 in replay)", rich_help_panel="Virtual clock")
 EVAL_SECONDS = typer.Option(None, "--eval-seconds", help="Evaluate every this many seconds of virtual time (default eval_every·Δ)", rich_help_panel="Virtual clock")
+FAULTS = typer.Option(None, "--faults", help="async/event: message faults as events of the schedule, e.g. faults:loss=0.1,delay=2,reorder=0.1,corrupt=0.01,partition=0-3|4-7@1200-3600 (the same messages as under `sfg swarm --clock virtual --faults`; crashes and drift are the node's)", rich_help_panel="Virtual clock")
+FAULTS_SEED = typer.Option(None, "--faults-seed", help="Seed of the faults' own draws (default 0), independent of --seed", rich_help_panel="Virtual clock")
 TARGET = typer.Option(None, "--target-accuracy", help="Mean accuracy whose first time is reported as time-to-accuracy (default 0.8)", rich_help_panel="Virtual clock")
 
 

@@ -160,28 +160,6 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
 WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
 
 
-def _loss_as_fault(loss: str, faults: str | None) -> str:
-    """``--loss const:value=P`` as the faults' per-message loss (``--faults ...,loss=P``)."""
-    from sfg.util.components import parse_component
-
-    comp = parse_component(str(loss), kind="loss")
-    p = dict(comp.params)
-    if comp.name != "const" or comp.modifiers or set(p) != {"value"}:
-        raise SfgError(f"--loss {loss!r}: sfg swarm --clock virtual takes const:value=P (one "
-                       "loss probability per message, drawn by the faults' streams); a "
-                       "per-link distribution is for `sfg run --clock virtual`")
-    value = float(p["value"])
-    if value == 0:
-        return faults or "none"
-    if faults is not None and str(faults).strip().lower() not in ("", "none"):
-        from sfg.net.faults import Faults
-
-        if Faults.parse(faults).loss:
-            raise SfgError("give the message loss once: --loss or --faults loss=P, not both")
-        return f"{faults},loss={value!r}"
-    return f"faults:loss={value!r}"
-
-
 def _virtual_progress(total: int, enabled: bool):
     """A progress bar on stderr over the run's node-rounds."""
     if not enabled or not console.interactive():
@@ -208,7 +186,7 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
     in the clock world's settings (``--compute``, ``--uplink``, ``--latency``, ``--loss``,
     ``--message-bytes``). Prints the swarm's JSON; it holds no wall time, so the same settings
     print the same bytes."""
-    from sfg.net.faults import Faults
+    from sfg.clock.faults import Faults
     from sfg.net.swarm import SwarmOptions
     from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
@@ -227,11 +205,7 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
                              "round_seconds": P, "period": P, "jitter": jitter,
                              "window": window})
     cfg["backend"] = "loop"
-    if mode == "async" and cfg.get("loss") not in (None, "const:value=0"):
-        faults = _loss_as_fault(cfg["loss"], faults)
     clock_settings = {k: cfg[k] for k in WORLD_KEYS if cfg.get(k) is not None}
-    if mode == "async":
-        clock_settings.pop("loss", None)  # carried by the faults
     T = int(cfg["rounds"])
     opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=jitter, window=window,
                         deadline=float(T * P if deadline is None else deadline))
@@ -303,7 +277,7 @@ def register(app: typer.Typer) -> None:
         compute: str | None = clockflags.COMPUTE,
         uplink: str | None = clockflags.UPLINK,
         latency: str | None = clockflags.LATENCY,
-        loss: str | None = typer.Option(None, "--loss", help="With --clock virtual, async: probability that a message is lost, const:value=P (the faults' loss, --faults loss=P: its own streams, not the messages `sfg run --clock virtual --loss` drops)", rich_help_panel="Virtual clock"),
+        loss: str | None = typer.Option(None, "--loss", help="With --clock virtual, async: probability per directed link that a message is lost, e.g. const:value=0.1 (the same links and the same messages lost as `sfg run --clock virtual --loss`)", rich_help_panel="Virtual clock"),
         message_bytes: float | None = clockflags.MESSAGE_BYTES,
         as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     ) -> None:
@@ -326,7 +300,7 @@ def register(app: typer.Typer) -> None:
                           as_json)
             return
         if faults is not None or faults_seed is not None:
-            from sfg.net.faults import Faults
+            from sfg.clock.faults import Faults
 
             # checked here; the virtual clock's run takes
             # run_virtual_swarm(..., faults=Faults.parse(faults, seed=faults_seed or 0))

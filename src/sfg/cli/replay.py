@@ -130,13 +130,15 @@ def replay(
     latency: str | None = clockflags.LATENCY,
     loss: str | None = clockflags.LOSS,
     message_bytes: float | None = clockflags.MESSAGE_BYTES,
+    faults: str | None = clockflags.FAULTS,
+    faults_seed: int | None = clockflags.FAULTS_SEED,
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
     seed_list = parse_seeds(seeds)
     on_clock = clockflags.clock_values(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
         jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
-        loss=loss, message_bytes=message_bytes)
+        loss=loss, message_bytes=message_bytes, faults=faults, faults_seed=faults_seed)
     clock_settings = None
     if on_clock:
         from sfg.clock.settings import make_settings

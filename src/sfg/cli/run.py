@@ -95,6 +95,8 @@ def run(
     message_bytes: float | None = clockflags.MESSAGE_BYTES,
     eval_seconds: float | None = clockflags.EVAL_SECONDS,
     target_accuracy: float | None = clockflags.TARGET,
+    faults: str | None = clockflags.FAULTS,
+    faults_seed: int | None = clockflags.FAULTS_SEED,
 ) -> None:
     """Train N personalised models under outages with one rule; print the metrics."""
     require("sfg run", "torch")
@@ -102,7 +104,7 @@ def run(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
         jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
         loss=loss, message_bytes=message_bytes, eval_seconds=eval_seconds,
-        target_accuracy=target_accuracy)
+        target_accuracy=target_accuracy, faults=faults, faults_seed=faults_seed)
     cfg = run_config(config, {
         "dataset": dataset, "data_root": data_root, "model": model, "process": process,
         "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,

@@ -54,7 +54,7 @@ from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import wake_jitter
-from sfg.util.rng import stream
+from sfg.util.rng import counter_key, counter_uniform
 
 LOCAL, OFFLINE = 0, 1
 # the most local rounds a schedule may hold (memory: about 100 bytes each, plus candidates)
@@ -171,6 +171,11 @@ class Rounds:
 def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, rounds: int,
                     seed: int) -> Rounds:
     """The lockstep protocol's participants and deliveries (see the module docstring)."""
+    if fault_plan(settings, world.n) is not None:
+        raise SfgError("--faults run on the async and event protocols; in lockstep the node "
+                       "recovers a faulty message by pulling it again (sfg swarm --clock virtual "
+                       "--mode lockstep --faults ...), and lost messages on the clock's lockstep "
+                       "are --loss")
     rg, n, T = world.rg, world.n, int(rounds)
     delta = float(settings.round_seconds)
     dt = _transfer(world, float(settings.message_bytes or 0.0))
@@ -197,7 +202,10 @@ def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, 
         in_time = arrival <= start + delta - train[i][None, :]
         rx = world.online.online_at(np.broadcast_to(i, arrival.shape).ravel(),
                                     arrival.ravel()).reshape(arrival.shape)
-        dropped = stream(seed, "clock-loss").random(arrival.shape) < world.loss[s_nb][None, :]
+        # the message of round r over a link is that link's message r (counter-based draws,
+        # as the node's network makes them: sfg.net.memory)
+        dropped = counter_uniform(counter_key(seed, "clock-loss"), j[None, :], i[None, :], 0,
+                                  np.arange(T)[:, None]) < world.loss[s_nb][None, :]
         ok = both & in_time & rx & ~dropped
         late = int(np.count_nonzero(both & ~in_time))
         lost = int(np.count_nonzero(both & in_time & ~(rx & ~dropped)))
@@ -285,20 +293,56 @@ class Schedule:
 
 
 @njit(cache=True, nogil=True)
-def _latest(ptr, arrival, qslot, qtime, window, out_idx, out_wait):  # pragma: no cover
-    """For each query (slot, time): the latest message over the slot that arrived strictly
-    before the time and within ``window`` seconds of it (index into ``arrival``, sorted per
-    slot between ptr[s] and ptr[s+1]), or −1; and its wait in seconds."""
+def _newest_so_far(ptr, sender_event, out):  # pragma: no cover
+    """Per slot, over its messages sorted by arrival (between ptr[s] and ptr[s+1]): the index
+    of the newest message (the latest sending local round, ``sender_event``) among those
+    arrived so far. A receiver keeps a neighbour's newest model, not its last-arrived one
+    (sfg.net.node: an older message overtaken by a newer is ignored when it arrives); without
+    faults that delay messages unevenly, arrival order is sending order and this is the
+    identity."""
+    for s in range(ptr.shape[0] - 1):
+        best = -1
+        for k in range(ptr[s], ptr[s + 1]):
+            if best < 0 or sender_event[k] >= sender_event[best]:
+                best = k
+            out[k] = best
+
+
+@njit(cache=True, nogil=True)
+def _latest(ptr, arrival, newest, qslot, qtime, window, out_idx, out_wait):  # pragma: no cover
+    """For each query (slot, time): the newest message over the slot (:func:`_newest_so_far`)
+    among those that arrived strictly before the time, if it arrived within ``window``
+    seconds of it (index into ``arrival``, sorted per slot between ptr[s] and ptr[s+1]), or
+    −1; and its wait in seconds."""
     for q in range(qslot.shape[0]):
         s = qslot[q]
         a, b = ptr[s], ptr[s + 1]
         k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
+        if k >= a:
+            k = newest[k]
         if k >= a and qtime[q] - arrival[k] <= window:
             out_idx[q] = k
             out_wait[q] = qtime[q] - arrival[k]
         else:
             out_idx[q] = -1
             out_wait[q] = 0.0
+
+
+def fault_plan(settings: ClockSettings, n: int):
+    """The faults of ``settings`` (``faults``, ``faults_seed``) as the clock's engine applies
+    them (:meth:`sfg.clock.faults.FaultPlan.fates`), or None. Faults of the node's own timeline
+    (crashes, clock drift) are the node's (``sfg swarm --clock virtual``): refused here."""
+    from sfg.clock.faults import Faults
+
+    f = Faults.parse(settings.faults, seed=int(settings.faults_seed))
+    if not f.any:
+        return None
+    if f.crashes or f.crash_at or f.drift:
+        raise SfgError("crashes and clock drift are faults of the node's own timeline; they run "
+                       "on the deployable node: sfg swarm --clock virtual --faults ... (the "
+                       "clock's engine takes the message faults: loss, delay, reorder, dup, "
+                       "corrupt, misroute, partition)")
+    return f.plan(n, period=settings.P, rounds=1)
 
 
 def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
@@ -327,9 +371,31 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     slot = out[first + k]
     tx_end = end[src] + (k + 1) * dt[dev[src]]
     sent = world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
+    # message k over a link is the link's k-th, in the order its sender sends (the identity its
+    # loss and faults are drawn for, as the node's network numbers them: sfg.net.memory)
+    by_slot = np.argsort(slot, kind="stable")
+    nth = np.empty(slot.size, np.int64)
+    starts = np.searchsorted(slot[by_slot], slot[by_slot], side="left")
+    nth[by_slot] = np.arange(slot.size) - starts
+    snd, rcv = rg.send[slot], rg.recv[slot]
     arrival = tx_end + world.latency[slot]
-    rx = world.online.online_at(rg.recv[slot], arrival) & (arrival < world.horizon)
-    dropped = stream(seed, "clock-loss").random(src.size) < world.loss[slot]
+    dropped = np.zeros(src.size, bool)
+    if world.loss.any():
+        dropped = counter_uniform(counter_key(seed, "clock-loss"), snd, rcv, 0, nth) \
+            < world.loss[slot]
+    plan = fault_plan(settings, world.n)
+    bad = np.zeros(src.size, bool)
+    if plan is not None:  # SPEC §12.6: the faults as events of the schedule
+        fcut, flost, extra, bad = plan.fates(snd, rcv, nth, tx_end)
+        ok_sent = sent & ~dropped
+        stats.update(fault_partitioned=float((ok_sent & fcut).sum()),
+                     fault_lost=float((ok_sent & flost).sum()),
+                     fault_delayed=float((ok_sent & ~fcut & ~flost & (extra > 0)).sum()))
+        dropped = dropped | fcut | flost
+        arrival = arrival + extra
+    rx = world.online.online_at(rcv, arrival) & (arrival < world.horizon)
+    if plan is not None:  # a flipped byte: the receiver's digest check refuses the message
+        stats["fault_corrupted"] = float((sent & rx & ~dropped & bad).sum())
     cut = np.zeros(src.size, bool)
     if link_failure > 0:  # SPEC §4.2 per Δ-round: a message sent while its link is down is lost
         from sfg.world.outages.links import link_failures
@@ -340,7 +406,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
         r_of = np.minimum((tx_end // delta).astype(np.int64), T - 1)
         cut = ~live[r_of, rg.edge_id[slot]]
         dropped = dropped | cut
-    ok = sent & rx & ~dropped
+    ok = sent & rx & ~dropped & ~bad
     stats.update(messages_sent=float(sent.sum()), lost_sender=float((~sent).sum()),
                  lost_receiver=float((sent & ~rx).sum()),
                  lost_random=float((sent & rx & dropped & ~cut).sum()),
@@ -352,6 +418,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     m_slot, m_arr, m_src = m_slot[mo], m_arr[mo], m_src[mo]
     mptr = np.zeros(rg.n_slots + 1, np.int64)
     np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
+    newest = np.empty(m_src.size, np.int64)
+    _newest_so_far(mptr, m_src, newest)
     # queries: every local round × the receiver's incoming slots
     nin = np.diff(rg.indptr) - 1
     qn = nin[dev[loc]]
@@ -360,7 +428,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     qslot = rg.indptr[dev[qev]] + 1 + qk
     idx = np.empty(qev.size, np.int64)
     wait = np.empty(qev.size)
-    _latest(mptr, m_arr, qslot, time[qev], float(settings.window) * unit, idx, wait)
+    _latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window) * unit, idx, wait)
     got = idx >= 0
     stats["candidates"] = float(got.sum())
     # candidates per event: the receiver first, then the messages held

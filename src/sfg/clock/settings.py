@@ -15,7 +15,11 @@ gives exactly ``sfg run``'s numbers, tested):
 * ``message_bytes``: the size of one message; None = the model's parameters as float32 plus a
   256-byte header when training, 0 (transfers take no time) in the model-free replay;
 * ``eval_seconds``: how often accuracy is measured in virtual time; None = every
-  ``eval_every`` rounds' worth (eval_every · Δ).
+  ``eval_every`` rounds' worth (eval_every · Δ);
+* ``faults`` ``none``, ``faults_seed`` 0: message faults as events of the schedule
+  (:mod:`sfg.clock.faults`; async and event protocols), drawn per message from the faults
+  seed's own counter-based draws, the same draws the node's network makes under ``sfg swarm
+  --clock virtual`` (SPEC §12.6).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "clock": "rounds", "protocol": "lockstep", "round_seconds": 600.0, "period": None,
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
-    "eval_seconds": None, "target_accuracy": 0.8,
+    "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
 }
 
 
@@ -53,6 +57,8 @@ class ClockSettings:
     loss: str = "const:value=0"
     message_bytes: float | None = None
     eval_seconds: float | None = None
+    faults: str = "none"
+    faults_seed: int = 0
 
     @property
     def P(self) -> float:
@@ -103,10 +109,20 @@ def make_settings(values: dict[str, Any]) -> ClockSettings:
         window=float(_number("window", v["window"], positive=True)),  # type: ignore[arg-type]
         message_bytes=_number("message_bytes", v["message_bytes"], allow_none=True),
         eval_seconds=_number("eval_seconds", v["eval_seconds"], positive=True, allow_none=True),
+        faults=_faults(v["faults"], v["faults_seed"]), faults_seed=int(v["faults_seed"]),
         **{k: str(v[k]) for k in ("compute", "uplink", "latency", "loss")})
     for k in ("compute", "uplink", "latency", "loss"):
         parse_world_component(k, getattr(out, k))
     return out
+
+
+def _faults(text: Any, seed: Any) -> str:
+    """The faults setting checked (:class:`sfg.clock.faults.Faults`), in its canonical text."""
+    from sfg.clock.faults import Faults
+
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise SfgError(f"faults_seed must be an integer >= 0, got {seed!r}")
+    return Faults.parse(None if text is None else str(text), seed=seed).text
 
 
 def settings_keys() -> tuple[str, ...]:

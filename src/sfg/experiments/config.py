@@ -118,6 +118,8 @@ class RunConfig(BaseModel):
     message_bytes: float | None = _CLOCK["message_bytes"]
     eval_seconds: float | None = _CLOCK["eval_seconds"]
     target_accuracy: float = _CLOCK["target_accuracy"]
+    faults: str = _CLOCK["faults"]
+    faults_seed: int = _CLOCK["faults_seed"]
 
     @model_validator(mode="after")
     def _clock(self) -> RunConfig:
@@ -341,7 +343,8 @@ def canonical_json(cfg: RunConfig) -> str:
 
 # settings added after stores were first written: left out of the run's identity at their
 # defaults, so that earlier stores keep their run ids (a resumed grid redoes nothing)
-_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None}
+_OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None,
+                    "faults": "none", "faults_seed": 0}
 
 
 def run_id(cfg: RunConfig) -> str:

@@ -102,7 +102,7 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
                max_violations: int = 20) -> Outcome:
     """Run ``case`` and check the properties of the module docstring; ``reference``: the
     fault-free lockstep run's parameters (lockstep runs that end must equal them)."""
-    from sfg.net.faults import Faults
+    from sfg.clock.faults import Faults
     from sfg.net.swarm import SwarmOptions
     from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world

@@ -12,8 +12,8 @@ own handler says so). The world's quantities (per-slot latency, per-device uplin
 of :func:`sfg.clock.schedule.make_world`, so the node under the virtual clock and the clock's
 own engine see the same network.
 
-Faults (:class:`sfg.net.faults.FaultPlan`) are consulted per message, in the deterministic
-order in which the virtual loop runs the sends: loss, extra delay (reordering), duplication,
+Faults (:class:`sfg.clock.faults.FaultPlan`) are consulted per message, by the message's
+number on its link (:meth:`MemoryNetwork.next_message`), as is the world's per-link loss: loss, extra delay (reordering), duplication,
 partitions between node sets for a window of time (``decide``), and in transit a flipped byte
 or a copy to a non-neighbour (``tamper``); the replies to pulls (``Fetch``) go through the same
 faults, less the misrouting.
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sfg.net.transport import chunks
+from sfg.util.rng import counter_key, counter_uniform
 
 ADDRESS = "mem:{}"
 
@@ -50,8 +51,14 @@ class MemoryNetwork:
     def __init__(self, n: int, *, latency: Callable[[int, int], float] | None = None,
                  uplink: np.ndarray | None = None,
                  online: Callable[[int, float, float], bool] | None = None,
-                 faults: Any = None, message_bytes: float | None = None):
+                 faults: Any = None, message_bytes: float | None = None,
+                 loss: Callable[[int, int], float] | None = None, loss_seed: int = 0):
         self.n = int(n)
+        # the world's per-link loss probability (SPEC §12.1), drawn per message as the clock's
+        # engine draws it (sfg.clock.schedule: key "clock-loss" of the run's seed)
+        self.loss = loss
+        self.loss_key = counter_key(loss_seed, "clock-loss")
+        self._count: dict[tuple[int, int, int], int] = {}
         self.message_bytes = message_bytes
         self.latency = latency or (lambda j, i: 0.0)
         self.uplink = np.full(self.n, np.inf) if uplink is None else np.asarray(uplink, float)
@@ -59,7 +66,7 @@ class MemoryNetwork:
         self.faults = faults
         self.servers: dict[str, MemoryServer] = {}
         self.uplink_free = np.zeros(self.n)
-        self.stats = {"sent": 0, "lost_sender": 0, "dropped": 0, "duplicated": 0,
+        self.stats = {"sent": 0, "lost_sender": 0, "lost_random": 0, "dropped": 0, "duplicated": 0,
                       "delayed": 0, "partitioned": 0, "no_server": 0}
         # every delivery attempt that reached the receiving side, when a list (for checks
         # and logs): dicts of time, src, dst, kind ("push", "copy", "stranger", "fetch"),
@@ -78,6 +85,14 @@ class MemoryNetwork:
 
     def peer(self, i: int, addr: str, *, max_bytes: int, tls=None) -> MemoryPeer:
         return MemoryPeer(self, int(i), addr)
+
+    def next_message(self, channel: int, src: int, dst: int) -> int:
+        """The index of a new message of ``channel`` (0: pushes, 1: replies to pulls) on the
+        link ``src`` → ``dst``, counted from 0 in the order the calls are made: the identity
+        its loss and faults are drawn for (the clock's engine numbers its messages alike)."""
+        c = (channel, src, dst)
+        k = self._count[c] = self._count.get(c, -1) + 1
+        return k
 
     def busy_until(self, i: int) -> float:
         """When device i's uplink is free again (virtual seconds)."""
@@ -113,6 +128,7 @@ class MemoryPeer:
     async def deliver(self, header: bytes, payload, *, timeout: float = 10.0, retries: int = 3,
                       backoff: float = 0.05) -> tuple[bool, str]:
         net, loop = self.net, asyncio.get_running_loop()
+        k = net.next_message(0, self.src, self.dst)
         size = net.message_bytes if net.message_bytes is not None else \
             len(header) + (sum(len(c) for c in payload) if isinstance(payload, tuple)
                            else len(payload))
@@ -129,8 +145,14 @@ class MemoryPeer:
         if net.online is not None and not net.online(self.src, now, end):
             net.stats["lost_sender"] += 1
             return False, "lost"
+        if net.loss is not None:
+            p = net.loss(self.src, self.dst)
+            if p > 0 and counter_uniform(net.loss_key, self.src, self.dst, 0, k) < p:
+                net.stats["lost_random"] += 1
+                await asyncio.sleep(timeout)
+                return False, "DEADLINE_EXCEEDED"
         drop, extra, copies = (False, 0.0, 1) if net.faults is None else \
-            net.faults.decide(self.src, self.dst, end)
+            net.faults.decide(self.src, self.dst, end, k)
         if drop:
             net.stats["dropped"] += 1
             await asyncio.sleep(timeout)
@@ -139,7 +161,7 @@ class MemoryPeer:
             net.stats["delayed"] += 1
         tamper = getattr(net.faults, "tamper", None)
         sent, stranger = (payload, None) if tamper is None else \
-            tamper(self.src, self.dst, end, payload)
+            tamper(self.src, self.dst, end, payload, k=k)
         changed = sent is not payload
         transit = self._transit(header, sent, float(net.latency(self.src, self.dst)) + extra,
                                 copies, stranger, changed)
@@ -194,14 +216,16 @@ class MemoryPeer:
             return None
         h, p = got
         if net.faults is not None:  # the reply travels from the served node back
-            drop, extra, _ = net.faults.decide(self.dst, self.src, loop.time())
+            k = net.next_message(1, self.dst, self.src)
+            drop, extra, _ = net.faults.decide(self.dst, self.src, loop.time(), k, channel=1)
             if drop:
                 net.stats["dropped"] += 1
                 await asyncio.sleep(timeout)
                 return None
             tamper = getattr(net.faults, "tamper", None)
             if tamper is not None:
-                p, _ = tamper(self.dst, self.src, loop.time(), p, misroute=False)
+                p, _ = tamper(self.dst, self.src, loop.time(), p, misroute=False, k=k,
+                              channel=1)
             lat += extra
             if lat > timeout:  # the fetcher gives up first; the late reply is discarded
                 await asyncio.sleep(timeout)

@@ -13,7 +13,7 @@ The world in time is that of the clock's engine (:func:`sfg.clock.schedule.make_
 same graph, trace, per-device compute and uplink, per-link latency. Under the async protocol
 with a period P equal to Δ the node under the virtual clock and ``sfg run --clock virtual
 --protocol async`` therefore run the same protocol on the same schedule and give the same
-models (tested to 1e-5).
+models (tested to 1e-5), with the message faults of :mod:`sfg.clock.faults` too.
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     (:class:`sfg.net.swarm.SwarmOptions`: mode, period, jitter, window, deadline) on the
     virtual clock; returns :func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures.
 
-    faults: None, a component string, a :class:`sfg.net.faults.Faults` (bound here to the
-    run) or a hook object (:class:`sfg.net.faults.FaultPlan`); with crashes every node
+    faults: None, a component string, a :class:`sfg.clock.faults.Faults` (bound here to the
+    run) or a hook object (:class:`sfg.clock.faults.FaultPlan`); with crashes every node
     checkpoints into a temporary folder after each round, a crashed node's task is cancelled
     and its server stopped, and after the downtime a new node restarts from its checkpoint
     files (``NodeConfig(resume=True)``), as a deployed one would. The JSON's ``faults`` holds
@@ -280,9 +280,9 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     import tempfile
     from pathlib import Path
 
+    from sfg.clock.faults import as_plan
     from sfg.clock.schedule import check_period, make_world
     from sfg.clock.settings import HEADER_BYTES, make_settings
-    from sfg.net.faults import as_plan
     from sfg.net.memory import MemoryNetwork, address
     from sfg.net.node import Node, NodeConfig
     from sfg.net.simclock import NodeClock, VirtualLoop
@@ -310,11 +310,15 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     rg = cw.rg
     lat = {(int(j), int(i)): float(v) for j, i, v, s in
            zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
+    loss = {(int(j), int(i)): float(v) for j, i, v, s in
+            zip(rg.send, rg.recv, cw.loss, rg.is_self, strict=True) if not s}
     online_through = _online_through(Intervals.from_rounds(world.available, P))
 
     faults = as_plan(faults, N, period=P, rounds=T, neighbours=world.neighbours)
     net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
-                        online=online_through, faults=faults, message_bytes=cs.message_bytes)
+                        online=online_through, faults=faults, message_bytes=cs.message_bytes,
+                        loss=(lambda j, i: loss[(j, i)]) if cw.loss.any() else None,
+                        loss_seed=world.seed)
     net.log = net_log
     loop = VirtualLoop()
     trainer = BatchTrainer(world, compute=cw.compute, **(trainer_options or {}))

@@ -2,11 +2,15 @@
 
 ``sfg swarm --clock virtual --faults faults:loss=0.1,delay=2.0 --faults-seed 7`` runs the
 deployable node (:class:`sfg.net.node.Node`) on the in-memory network of
-:mod:`sfg.net.memory` with faults that are events of the schedule: each decision is drawn
-from a stream of its own, keyed by the faults seed, the fault kind and the link (or node), in
-the order in which the virtual loop runs the sends, so the same (run seed, settings, faults,
-faults seed) replays the same faults exactly, and a failing seed is a reproducible bug
-report. The faults seed is independent of the run seed: the same run can be replayed under
+:mod:`sfg.net.memory` with faults that are events of the schedule: each decision about a
+message is a counter-based draw (:func:`sfg.util.rng.counter_uniform`) keyed by the faults
+seed and the fault kind, for the message's identity (sender, receiver, channel: push or reply
+to a pull, and its number among the link's messages in the order its sender sends), so the
+same (run seed, settings, faults, faults seed) replays the same faults exactly, a failing seed
+is a reproducible bug report, and the clock's engine (``sfg run --clock virtual --protocol
+async --faults ...``, :func:`sfg.clock.schedule.fault_plan`), which numbers its messages the
+same way, faults the same messages (:meth:`FaultPlan.fates`; crashes and drift, faults of a
+node's own timeline, are the node's only). The faults seed is independent of the run seed: the same run can be replayed under
 many fault draws, and one fault draw under many runs.
 
 Keys of the component string (``faults:key=value,...``; ``none`` = no faults):
@@ -57,7 +61,7 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.util.components import did_you_mean, parse_component
-from sfg.util.rng import stream
+from sfg.util.rng import counter_key, counter_uniform, stream
 
 KEYS = ("loss", "delay", "reorder", "hold", "dup", "copies", "corrupt", "misroute", "partition",
         "crashes", "crash", "downtime", "span", "drift")
@@ -84,6 +88,15 @@ class Window:
     @staticmethod
     def _in(i: int, s: frozenset[int] | None, other: frozenset[int] | None) -> bool:
         return (i not in (other or ())) if s is None else i in s
+
+    def blocks_many(self, i: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`blocks` for arrays of messages (the clock's engine)."""
+        def inside(x, s, other):
+            return ~np.isin(x, list(other or ())) if s is None else np.isin(x, list(s))
+
+        a_b = inside(i, self.a, self.b) & inside(j, self.b, self.a)
+        b_a = inside(i, self.b, self.a) & inside(j, self.a, self.b)
+        return (self.t1 <= t) & (t < self.t2) & (a_b | b_a)
 
 
 def _node_set(text: str, where: str) -> frozenset[int] | None:
@@ -247,15 +260,26 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         self.events: list[dict] = []  # crashes as they happened: node, crashed, restarted
-        self._streams: dict[tuple, np.random.Generator] = {}
+        self._keys: dict[str, int] = {}
+        self._count: dict[tuple[int, int, int], int] = {}  # messages decided per link
         self._strangers: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------------ draws
-    def _draw(self, kind: str, *key: int) -> np.random.Generator:
-        g = self._streams.get((kind, *key))
-        if g is None:
-            g = self._streams[(kind, *key)] = stream(self.faults.seed, "faults", kind, *key)
-        return g
+    def _u(self, kind: str, src, dst, channel, k):
+        """The counter-based draw of fault ``kind`` for message ``k`` of ``channel`` (0: pushes,
+        1: replies to pulls) on the link ``src`` → ``dst``: a pure function of the faults seed
+        and the message's identity (:func:`sfg.util.rng.counter_uniform`), so the network,
+        which decides one message at a time, and the clock's engine, which decides all at
+        once, draw the same value for the same message."""
+        key = self._keys.get(kind)
+        if key is None:
+            key = self._keys[kind] = counter_key(self.faults.seed, "faults", kind)
+        return counter_uniform(key, src, dst, channel, k)
+
+    def _next(self, channel: int, src: int, dst: int) -> int:
+        c = (channel, src, dst)
+        k = self._count[c] = self._count.get(c, -1) + 1
+        return k
 
     @property
     def hold(self) -> float:
@@ -267,15 +291,19 @@ class FaultPlan:
         f = self.faults
         return 1.5 * self.period if f.downtime is None else f.downtime
 
-    def decide(self, src: int, dst: int, t: float) -> tuple[bool, float, int]:
-        """One message from ``src`` to ``dst`` at time ``t``: (dropped, extra delay, copies).
-        Every active kind draws once per message from its own stream of the link, whatever
-        the others decided, so switching one kind on leaves the others' draws unchanged."""
+    def decide(self, src: int, dst: int, t: float, k: int | None = None,
+               channel: int = 0) -> tuple[bool, float, int]:
+        """Message ``k`` (its index among the calls on the link, counted by the caller; None:
+        counted here) of ``channel`` from ``src`` to ``dst``, leaving at time ``t``:
+        (dropped, extra delay, copies). Every kind has its own draw per message, so switching
+        one kind on leaves the others' decisions unchanged."""
         f = self.faults
-        lost = f.loss > 0 and self._draw("loss", src, dst).random() < f.loss
-        extra = float(self._draw("delay", src, dst).uniform(0.0, f.delay)) if f.delay > 0 else 0.0
-        held = f.reorder > 0 and self._draw("reorder", src, dst).random() < f.reorder
-        dup = f.dup > 0 and self._draw("dup", src, dst).random() < f.dup
+        if k is None:
+            k = self._next(channel, src, dst)
+        lost = f.loss > 0 and self._u("loss", src, dst, channel, k) < f.loss
+        extra = self._u("delay", src, dst, channel, k) * f.delay if f.delay > 0 else 0.0
+        held = f.reorder > 0 and self._u("reorder", src, dst, channel, k) < f.reorder
+        dup = f.dup > 0 and self._u("dup", src, dst, channel, k) < f.dup
         cut = any(w.blocks(src, dst, t) for w in f.partitions)
         if cut:
             self.stats["partitioned"] += 1
@@ -292,35 +320,58 @@ class FaultPlan:
         self.stats["duplicated"] += copies - 1
         return False, extra, copies
 
-    def _stranger(self, src: int) -> int | None:
+    def fates(self, src: np.ndarray, dst: np.ndarray, k: np.ndarray,
+              t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`decide` and :meth:`tamper`'s corruption for arrays of pushes (message ``k``
+        on the link ``src`` → ``dst``, leaving at ``t``), as the clock's engine applies them:
+        (partitioned, lost, extra delay, corrupted). Duplicates and misrouted copies change no
+        model (a copy replaces its original at the same instant; a non-neighbour's message is
+        rejected), so they are not part of a fate."""
+        f = self.faults
+        z = np.zeros(src.shape, bool)
+        cut = z.copy()
+        for w in f.partitions:
+            cut |= w.blocks_many(src, dst, t)
+        lost = (self._u("loss", src, dst, 0, k) < f.loss) & ~cut if f.loss > 0 else z
+        gone = cut | lost
+        extra = self._u("delay", src, dst, 0, k) * f.delay if f.delay > 0 else np.zeros(src.shape)
+        if f.reorder > 0:
+            extra = extra + np.where(self._u("reorder", src, dst, 0, k) < f.reorder, self.hold, 0.0)
+        extra = np.where(gone, 0.0, extra)
+        bad = (self._u("corrupt", src, dst, 0, k) < f.corrupt) & ~gone if f.corrupt > 0 else z
+        return cut, lost, extra, bad
+
+    def _stranger(self, src: int, k: int) -> int | None:
         got = self._strangers.get(src)
         if got is None:
             near = set() if self.neighbours is None else {int(j) for j in self.neighbours(src)}
             got = self._strangers[src] = [k for k in range(self.n) if k != src and k not in near]
         if not got:
             return None
-        return got[int(self._draw("misroute-to", src).integers(len(got)))]
+        return got[int(self._u("misroute-to", src, src, 0, k) * len(got))]
 
-    def tamper(self, src: int, dst: int, t: float, payload, *,
-               misroute: bool = True) -> tuple[Any, int | None]:
+    def tamper(self, src: int, dst: int, t: float, payload, *, misroute: bool = True,
+               k: int | None = None, channel: int = 0) -> tuple[Any, int | None]:
         """In transit: maybe flip one byte of the payload's tensor data (``corrupt``), and
         maybe name a non-neighbour of ``src`` that also gets a copy (``misroute``; not for the
-        replies to pulls). Returns (payload, stranger or None)."""
+        replies to pulls). ``k``, ``channel``: the message, as for :meth:`decide` (None: the
+        last one :meth:`decide` counted on the link). Returns (payload, stranger or None)."""
         f = self.faults
-        if f.corrupt > 0:
-            g = self._draw("corrupt", src, dst)
-            if g.random() < f.corrupt:
-                body = bytearray(b"".join(payload) if isinstance(payload, tuple) else payload)
-                (head,) = struct.unpack("<Q", bytes(body[:8]))
-                n_values = (len(body) - 8 - head) // 4
-                if n_values > 0:
-                    k = int(g.integers(n_values))
-                    body[8 + head + 4 * k] ^= 0x01  # the lowest mantissa bit: still finite
-                    payload = bytes(body)
-                    self.stats["corrupted"] += 1
+        if k is None:
+            k = self._count.get((channel, src, dst), 0)
+        if f.corrupt > 0 and self._u("corrupt", src, dst, channel, k) < f.corrupt:
+            body = bytearray(b"".join(payload) if isinstance(payload, tuple) else payload)
+            (head,) = struct.unpack("<Q", bytes(body[:8]))
+            n_values = (len(body) - 8 - head) // 4
+            if n_values > 0:
+                at = int(self._u("corrupt-at", src, dst, channel, k) * n_values)
+                body[8 + head + 4 * at] ^= 0x01  # the lowest mantissa bit: still finite
+                payload = bytes(body)
+                self.stats["corrupted"] += 1
         stranger = None
-        if misroute and f.misroute > 0 and self._draw("misroute", src, dst).random() < f.misroute:
-            stranger = self._stranger(src)
+        if misroute and f.misroute > 0 and \
+                self._u("misroute", src, dst, channel, k) < f.misroute:
+            stranger = self._stranger(src, k)
             if stranger is not None:
                 self.stats["misrouted"] += 1
         return payload, stranger
