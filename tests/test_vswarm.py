@@ -257,6 +257,55 @@ def test_batched_trainer_batches_and_equals_training_one_by_one():
         assert [n["acc"] for n in batched["nodes"]] == [n["acc"] for n in other["nodes"]]
 
 
+def test_deferred_batched_evaluation_equals_evaluating_each_model_at_once(monkeypatch):
+    """The virtual swarm evaluates the nodes' models later, in batches (their accuracies are
+    read only at the end): every curve point and final accuracy equals evaluating each
+    model when it was made, with batches as small as 3 models (a crash and restart too:
+    the restored curve's points are filled in order)."""
+    import sfg.net.virtual as virtual
+    from sfg.clock.faults import Faults
+
+    world = _world(12, "sfg-cut", rounds=16, eval_every=4)
+    opts = SwarmOptions(mode="async", period=P, jitter=0.5)
+    faults = Faults.parse("faults:crash=3@2500;7@5000,downtime=900", seed=1)
+
+    def run(**kw):
+        return run_virtual_swarm(world, opts, clock_settings=WORLD, faults=faults,
+                                 trainer_options=kw)
+
+    now = _bounded(lambda: run(defer_eval=False))
+    monkeypatch.setattr(virtual, "EVAL_BATCH", 3)
+    later = _bounded(lambda: run())
+    assert later["faults"]["restarts"] == 2
+    assert later["curves"] == now["curves"] and len(now["curves"]["round"]) == 4
+    assert not np.isnan(later["curves"]["acc_p10"]).any()
+    assert [nd["acc"] for nd in later["nodes"]] == [nd["acc"] for nd in now["nodes"]]
+    assert later["metrics"]["acc_mean"] == now["metrics"]["acc_mean"]
+
+
+def test_bound_round_refuses_inputs_it_would_have_to_copy():
+    """A bound round runs on the caller's own buffers; an input it would have to convert
+    (and so would not see the caller's later writes) is refused."""
+    from sfg.round import kernel
+    from sfg.round.rules import parse_rule
+    from sfg.round.slots import RoundGraph
+
+    rg = RoundGraph.from_edges(3, np.array([[0, 1], [0, 2]]))
+    n, E = 3, rg.n_slots
+    st, lags, q = np.zeros((4, n), np.int64), np.zeros(n), np.ones(E)
+    w, cand, facts = np.empty((1, E)), np.empty(E, bool), np.empty((1, n, len(kernel.FACTS)))
+    r = parse_rule("sfg-cut")
+    args = (kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lags, q, w, cand, facts)
+    caps = np.ones((4, 1, n), bool)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernel.bound_rounds(r.fn, np.array(r.args, np.float64), 0.0, False, False, 0, 0.0, 0.0, rg,
+                            caps.astype(np.int8), *args)
+    step = kernel.bound_rounds(r.fn, np.array(r.args, np.float64), 0.0, False, False, 0, 0.0, 0.0, rg,
+                               caps, *args)
+    step(0)
+    assert st[0].tolist() == [0, 0, 0] and np.allclose(w.sum(), n)
+
+
 @pytest.mark.parametrize("rule", ["sfg-cut", "sfg-l+guard", "dfedavg", "aoi", "copy-random"])
 def test_star_update_through_the_compiled_round_directly_equals_play_round(rule):
     """A node's staleness update (Star.advance) calls the compiled round with buffers made

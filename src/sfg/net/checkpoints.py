@@ -55,6 +55,7 @@ class Star:
         # one star at a time, and play_round's per-call set-up would dominate (see _direct)
         r = self.rule
         self._direct_ok = not (r.random or r.oracle or r.defence_flags)
+        self._step = None
         if self._direct_ok:
             from sfg.round import kernel
 
@@ -124,9 +125,12 @@ class Star:
         caps[0, 0, 0] = caps[1, 0, 0] = caps[2, 0, 0] = caps[3, 0, 0] = bool(available)
         self._scores[0, :] = 0.0
         self._scores[0, seg] = weights
-        kernel.run_rounds(kernel.given_scores, kernel._EMPTY_F, int(s.t), *self._args, self.rg,
-                          caps, kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lg, q,
-                          self._w, self._cand, self._facts, outside=self._outside, ev=None)
+        if self._step is None:  # the compiled round bound to this star's buffers, once
+            self._step = kernel.bound_rounds(
+                kernel.given_scores, kernel._EMPTY_F, *self._args, self.rg, caps,
+                kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lg, q, self._w, self._cand,
+                self._facts, outside=self._outside, ev=None)
+        self._step(int(s.t))
         return NodeState(t=int(s.t) + 1, age=int(st[0, 0]), lag=float(lg[0]),
                          count=int(st[1, 0]), local_count=int(st[2, 0]),
                          q_hat=q[seg.start + 1:seg.stop].tolist())

@@ -29,6 +29,8 @@ import torch
 
 from sfg.errors import SfgError
 
+EVAL_BATCH = 256  # deferred evaluations run in batches of this many models (memory bound)
+
 
 @dataclass
 class _Request:
@@ -46,7 +48,8 @@ class BatchTrainer:
     interface (``steps``, ``train``, ``train_async``, ``evaluate``)."""
 
     def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto",
-                 max_batch: int | None = None, serial_below: int = 48):
+                 max_batch: int | None = None, serial_below: int = 48,
+                 defer_eval: bool = False):
         from sfg.sim.backends import make_backend
         from sfg.sim.run import _ClientData
 
@@ -71,6 +74,13 @@ class BatchTrainer:
         self._batches: dict[int, Any] = {}
         self.batches_run = 0
         self.requests = 0
+        # deferred evaluation (run_virtual_swarm): a node's accuracy is only read at the end of
+        # the run, so ``evaluate`` keeps a copy of the model and answers NaN, and the models
+        # are evaluated in batches (whenever EVAL_BATCH are waiting, and at the end); the
+        # k-th NaN in a node's curve is its k-th evaluation (resolve)
+        self.defer_eval = bool(defer_eval)
+        self._to_eval: list[tuple[int, np.ndarray]] = []
+        self._accs: dict[int, list[float]] = {}
 
     def for_node(self, i: int) -> _NodeTrainer:
         return _NodeTrainer(self, int(i))
@@ -149,11 +159,43 @@ class BatchTrainer:
         (not a model and backend per node)."""
         from sfg.sim.backends import make_backend
 
+        if self.defer_eval:
+            self._to_eval.append((int(i), np.array(x, np.float32)))
+            if len(self._to_eval) >= EVAL_BATCH:
+                self._evaluate_waiting()
+            return float("nan")
         if self._eval is None:  # the single-client backend of Trainer, one for all nodes
             self._eval = make_backend("loop:workers=2", self.world.model_factory(), device="cpu")
         P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
         d = self.world.data
         return float(self._eval.evaluate(P, [d.test_x[i]], [d.test_y[i]])[0])
+
+    def _evaluate_waiting(self) -> None:
+        """Evaluate the deferred models in one batch with the training backend (each on its
+        own node's test set, as the clock's engine evaluates them: the same accuracies,
+        tested)."""
+        if not self._to_eval:
+            return
+        waiting, self._to_eval = self._to_eval, []
+        d = self.world.data
+        P = torch.from_numpy(np.stack([x for _, x in waiting]))
+        accs = self.backend.evaluate(P, [d.test_x[i] for i, _ in waiting],
+                                   [d.test_y[i] for i, _ in waiting])
+        for (i, _), a in zip(waiting, accs, strict=True):
+            self._accs.setdefault(i, []).append(float(a))
+
+    def resolve(self, results: list[dict], nodes: list) -> None:
+        """Fill the deferred accuracies into the nodes' results and curves (in order)."""
+        if not self.defer_eval:
+            return
+        self._evaluate_waiting()
+        for i, (res, nd) in enumerate(zip(results, nodes, strict=True)):
+            vals = iter(self._accs.get(i, []))
+            curve = [(r, next(vals) if a != a else a) for r, a in nd.stats.curve]
+            nd.stats.curve[:] = curve
+            res["curve"] = [list(c) for c in curve]
+            if res["acc"] != res["acc"]:
+                res["acc"] = curve[-1][1] if curve else next(vals)
 
     def idle(self) -> bool:
         """The loop's idle hook: run the pending batch if a result is due now (requests
@@ -321,7 +363,8 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                         loss_seed=world.seed)
     net.log = net_log
     loop = VirtualLoop()
-    trainer = BatchTrainer(world, compute=cw.compute, **(trainer_options or {}))
+    trainer = BatchTrainer(world, compute=cw.compute,
+                           **{"defer_eval": True, **(trainer_options or {})})
     loop.add_idle_hook(trainer.idle)
     drift = (np.zeros(N) if faults is None else faults.drifts(N))
     crashes = [] if faults is None or not hasattr(faults, "crashes") else faults.crashes()
@@ -420,6 +463,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         loop.close()
         if tmp is not None:
             tmp.cleanup()
+    trainer.resolve(results, nodes)
     wall = time.perf_counter() - wall
     res = summarise(world, results, wall=wall, restarts=restarts[0])
     res["metrics"].update({

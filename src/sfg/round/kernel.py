@@ -710,6 +710,22 @@ def run_rounds(fn: Any, params: Any, t0: int, c_self: float, ipw: bool, rounded:
     ``+guard``). The state (st, lags, q, ev) and outputs (w, cand, facts) are updated in
     place: C-contiguous arrays of the signature's types. Raises :class:`RuleError` if the
     rule raised."""
+    bound_rounds(fn, params, c_self, ipw, rounded, defence, margin, kappa, rg, caps, live, u,
+                 key, st, lags, q, w, cand, facts, outside=outside, ev=ev, copy_ok=True)(t0)
+
+
+def bound_rounds(fn: Any, params: Any, c_self: float, ipw: bool, rounded: bool, defence: int,
+                 margin: float, kappa: float, rg: RoundGraph, caps: np.ndarray,
+                 live: np.ndarray, u: np.ndarray, key: np.ndarray, st: np.ndarray,
+                 lags: np.ndarray, q: np.ndarray, w: np.ndarray, cand: np.ndarray,
+                 facts: np.ndarray, outside: tuple | None = None,
+                 ev: np.ndarray | None = None, copy_ok: bool = False) -> Any:
+    """:func:`run_rounds`' arguments less ``t0``, prepared once: returns ``step(t0)``, which
+    runs the compiled round on these very arrays. For a caller that plays many rounds on the
+    same buffers, rewriting them in place between steps (a node's star,
+    :class:`sfg.net.checkpoints.Star`): the per-call set-up is paid once. The input arrays
+    must already be C-contiguous of the signature's types (``copy_ok`` False: a ValueError
+    otherwise, since a converted copy would not see the caller's later writes)."""
     defended = bool(defence & (GUARD | RELATIVE | CAP))
     rest = (None,) * 5 if outside is None else outside
     if defended:
@@ -719,14 +735,28 @@ def run_rounds(fn: Any, params: Any, t0: int, c_self: float, ipw: bool, rounded:
     else:
         rest = (*rest, None, None)
     kern = _generic(("round", outside is not None, defended))
-    status = kern(scorer(fn), _c(params, np.float64), int(t0), float(c_self), bool(ipw), bool(rounded),
-                  int(defence), float(margin), float(kappa), _c(rg.indptr, np.int64),
-                  _c(rg.send, np.int64), _c(rg.edge_id, np.int64), _c(caps, np.bool_),
-                  _c(live, np.bool_), _c(u, np.float64), _c(key, np.float64), st, lags, q, w,
-                  cand, facts, *rest)
-    if status:
-        _raise_rule_error(fn, status, t0, rg.n)
+    ins = []
+    for a, dt in ((params, np.float64), (rg.indptr, np.int64), (rg.send, np.int64),
+                  (rg.edge_id, np.int64), (caps, np.bool_), (live, np.bool_), (u, np.float64),
+                  (key, np.float64)):
+        got = _c(a, dt)
+        if got is not a and not copy_ok and isinstance(a, np.ndarray) and a is not params:
+            raise ValueError("bound_rounds needs C-contiguous, writeable inputs of the "
+                             "signature's types (a converted copy would not see later writes)")
+        ins.append(got)
+    p, indptr, send, edge_id, caps_c, live_c, u_c, key_c = ins
+    head = (scorer(fn), p)
+    mid = (float(c_self), bool(ipw), bool(rounded), int(defence), float(margin), float(kappa),
+           indptr, send, edge_id, caps_c, live_c, u_c, key_c, st, lags, q, w, cand, facts,
+           *rest)
+    n = rg.n
 
+    def step(t0: int) -> None:
+        status = kern(*head, int(t0), *mid)
+        if status:
+            _raise_rule_error(fn, status, t0, n)
+
+    return step
 
 
 def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarray,
