@@ -56,6 +56,15 @@ class Star:
         r = self.rule
         self._direct_ok = not (r.random or r.oracle or r.defence_flags)
         self._step = None
+        # an offline round's inputs (nothing received, the node's own weight 1): read only
+        k = deg + 1
+        w = np.zeros(k)
+        w[0] = 1.0
+        self.offline = {"cand": np.zeros(k, bool), "weights": w, "ages": np.zeros(k, np.int64),
+                        "lags": np.zeros(k), "counts": np.ones(k, np.int64),
+                        "local_counts": np.ones(k, np.int64)}
+        for a in self.offline.values():
+            a.flags.writeable = False
         if self._direct_ok:
             from sfg.round import kernel
 

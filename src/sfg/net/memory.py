@@ -140,8 +140,9 @@ class MemoryPeer:
         if end > now:
             await asyncio.sleep(end - now)
         net.stats["sent"] += 1
-        net.note(src=self.src, dst=self.dst, kind="send", changed=False, header=header,
-                 ok=True, reason="")
+        if net.log is not None:
+            net.note(src=self.src, dst=self.dst, kind="send", changed=False, header=header,
+                     ok=True, reason="")
         if net.online is not None and not net.online(self.src, now, end):
             net.stats["lost_sender"] += 1
             return False, "lost"
@@ -199,8 +200,9 @@ class MemoryPeer:
         else:
             ok, reason = await srv.deliver(header, _stream(payload), self.src,
                                            address(self.src))
-        self.net.note(src=self.src, dst=dst, kind=kind, changed=changed, header=header,
-                      ok=ok, reason=reason)
+        if self.net.log is not None:
+            self.net.note(src=self.src, dst=dst, kind=kind, changed=changed, header=header,
+                          ok=ok, reason=reason)
         return ok, reason
 
     async def fetch(self, t: int, me: int = -1, *, timeout: float = 10.0):

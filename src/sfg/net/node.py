@@ -349,7 +349,7 @@ class Node:
                 # so only a stream that was really closed short is counted as truncated
                 await asyncio.sleep(0.05)
             msg = check_message(raw_header, b"".join(parts), self.layout, neighbours=self.nbr_set,
-                                max_bytes=self.cfg.max_bytes, identity=identity)
+                                max_bytes=self.cfg.max_bytes, identity=identity, parsed=header)
         except Rejected as e:
             self.rejections.add(e, peer)
             return False, e.reason
@@ -576,13 +576,7 @@ class Node:
         self.state = self.star.advance(self.state, available=True, **full)
 
     def _offline_round(self) -> None:
-        k = self.star.deg + 1
-        w = np.zeros(k)
-        w[0] = 1.0
-        self.state = self.star.advance(self.state, available=False, cand=np.zeros(k, bool),
-                                       weights=w, ages=np.zeros(k, np.int64), lags=np.zeros(k),
-                                       counts=np.ones(k, np.int64),
-                                       local_counts=np.ones(k, np.int64))
+        self.state = self.star.advance(self.state, available=False, **self.star.offline)
 
     def _end_round(self, r: int, available: bool) -> None:
         T = self.world.rounds

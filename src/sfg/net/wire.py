@@ -23,7 +23,7 @@ import logging
 import math
 import struct
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -64,13 +64,17 @@ class Header:
     version: int = VERSION
 
     def pack(self) -> bytes:
-        return msgpack.packb(asdict(self), use_bin_type=True)
+        # the fields in their declared order (what dataclasses.asdict gives, without its
+        # recursive copying: one header per message sent)
+        return msgpack.packb({f: getattr(self, f) for f in _FIELDS}, use_bin_type=True)
 
     def scalars(self) -> dict[str, float]:
         return {"age": self.age, "lag": self.lag, "count": self.count,
                 "local_count": self.local_count}
 
 
+_FIELDS = tuple(Header.__dataclass_fields__)
+_FIELD_SET = frozenset(_FIELDS)
 _INT_FIELDS = ("sender", "round", "age", "count", "local_count", "length", "version")
 
 
@@ -87,11 +91,11 @@ def unpack_header(raw: bytes) -> Header:
         raise Rejected("garbage", "header is not a msgpack map")
     if d.get("version") != VERSION:
         raise Rejected("version", f"format version {d.get('version')!r}, expected {VERSION}")
-    want = set(Header.__dataclass_fields__)
-    if set(d) != want:
-        raise Rejected("header", f"fields {sorted(set(d) ^ want)} missing or unexpected")
+    if d.keys() != _FIELD_SET:
+        raise Rejected("header", f"fields {sorted(set(d) ^ _FIELD_SET)} missing or unexpected")
     for k in _INT_FIELDS:
-        if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 0:
+        v = d[k]
+        if type(v) is not int and (not isinstance(v, int) or isinstance(v, bool)) or v < 0:
             raise Rejected("header", f"{k} must be a non-negative integer")
     if not isinstance(d["lag"], (int, float)) or not math.isfinite(d["lag"]) or d["lag"] < 0:
         raise Rejected("staleness", f"lag {d['lag']!r} must be a finite number >= 0")
@@ -280,9 +284,12 @@ def check_header(header: Header, *, neighbours, max_bytes: int = DEFAULT_MAX_BYT
 
 
 def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbours,
-                  max_bytes: int = DEFAULT_MAX_BYTES, identity: int | None = None) -> Message:
-    """Every check of SPEC §11.3 on a received message; :class:`Rejected` on the first failure."""
-    header = unpack_header(raw_header)
+                  max_bytes: int = DEFAULT_MAX_BYTES, identity: int | None = None,
+                  parsed: Header | None = None) -> Message:
+    """Every check of SPEC §11.3 on a received message; :class:`Rejected` on the first failure.
+    ``parsed``: ``unpack_header(raw_header)`` when the caller already has it (not parsed
+    twice); every check on it is made here all the same."""
+    header = unpack_header(raw_header) if parsed is None else parsed
     check_header(header, neighbours=neighbours, max_bytes=max_bytes, identity=identity)
     if len(payload) > max_bytes:
         raise Rejected("oversize", f"{len(payload)} bytes > limit {max_bytes}")

@@ -923,6 +923,18 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
     return RoundResult(weights=w, candidate=cand, state=nxt, facts=facts)
 
 
+_KEYS: dict[int, np.ndarray] = {}
+
+
+def _default_keys(k: int) -> np.ndarray:
+    """linspace(0, 1, k), a fresh copy of one made once per k (linspace's own set-up costs
+    more than the rest of a small receiver's weights)."""
+    got = _KEYS.get(k)
+    if got is None:
+        got = _KEYS[k] = np.linspace(0, 1, k)
+    return got.copy()
+
+
 def one_receiver(rule: Rule, *, ages: ArrayLike, lags: ArrayLike | None = None,
                  counts: ArrayLike | None = None, local_counts: ArrayLike | None = None,
                  q_hat: ArrayLike | None = None, t: int | None = None, u: float = 0.5,
@@ -937,16 +949,19 @@ def one_receiver(rule: Rule, *, ages: ArrayLike, lags: ArrayLike | None = None,
     if k < 1:
         raise SfgError("a receiver needs at least itself as a candidate (index 0)")
 
-    def arr(v, default, dtype):
-        out = default if v is None else np.asarray(v, dtype).reshape(-1)
-        return np.ascontiguousarray(out.astype(dtype))
+    def arr(v, dtype):  # a fresh, C-contiguous copy (np.array copies lists and arrays)
+        return np.array(v, dtype).reshape(-1)
 
-    raw = arr(lags, age.astype(np.float64), np.float64)
-    count = arr(counts, np.ones(k, np.int64), np.int64)
-    local = arr(local_counts, count, np.int64)
-    q = arr(q_hat, np.ones(k), np.float64).copy()
-    key = arr(keys, np.linspace(0, 1, k), np.float64)
-    deg = arr(degrees, np.concatenate([[k - 1], np.ones(k - 1, np.int64)]), np.int64)
+    raw = age.astype(np.float64) if lags is None else arr(lags, np.float64)
+    count = np.ones(k, np.int64) if counts is None else arr(counts, np.int64)
+    local = count if local_counts is None else arr(local_counts, np.int64)
+    q = np.ones(k) if q_hat is None else arr(q_hat, np.float64)
+    key = _default_keys(k) if keys is None else arr(keys, np.float64)
+    if degrees is None:
+        deg = np.ones(k, np.int64)
+        deg[0] = k - 1
+    else:
+        deg = arr(degrees, np.int64)
     for name, a in (("lags", raw), ("counts", count), ("local_counts", local), ("q_hat", q),
                     ("keys", key), ("degrees", deg)):
         if a.shape[0] != k:
