@@ -334,6 +334,36 @@ def test_star_update_through_the_compiled_round_directly_equals_play_round(rule)
         assert s.t == 300 and s.age > 0
 
 
+@pytest.mark.parametrize("rule", ["sfg-cut", "sfg-l+guard", "dfedavg", "aoi+ipw", "copy-random"])
+def test_owed_offline_rounds_applied_at_once_equal_one_round_at_a_time(rule):
+    """A node applies a run of offline rounds when its state is next read, in one call of the
+    compiled round (blocks of OFFLINE_BLOCK): the state equals m offline rounds applied one
+    by one through play_round, for runs longer and shorter than a block, between online
+    rounds that change q̂, counts and lags."""
+    from sfg.net.checkpoints import OFFLINE_BLOCK, NodeState, Star
+    from sfg.round.rules import parse_rule
+
+    rng = np.random.default_rng(3)
+    for deg in (1, 5):
+        fast, ref = Star(deg, parse_rule(rule)), Star(deg, parse_rule(rule))
+        ref._direct_ok = False
+        k = deg + 1
+        s = r_s = NodeState(q_hat=[1.0] * deg)
+        for m in (1, 2, 7, OFFLINE_BLOCK, OFFLINE_BLOCK + 3, 3 * OFFLINE_BLOCK + 1, 0, 5):
+            cand = rng.random(k) < 0.6
+            cand[0] = True
+            w = rng.random(k) * cand
+            kw = dict(cand=cand, weights=w / w.sum(), ages=rng.integers(0, 6, k),
+                      lags=rng.random(k) * 6, counts=rng.integers(1, 60, k),
+                      local_counts=rng.integers(1, 30, k))
+            s, r_s = fast.advance(s, available=True, **kw), ref.advance(r_s, available=True, **kw)
+            s = fast.advance_offline(s, m)
+            for _ in range(m):
+                r_s = ref.advance(r_s, available=False, **ref.offline)
+            assert s == r_s, (m, s, r_s)
+        assert s.age > 0 and s.t > 4 * OFFLINE_BLOCK
+
+
 # ------------------------------------------------------------------ nothing waits forever
 def test_lockstep_neighbour_that_never_sends_is_the_deadline_error_not_a_hang():
     """Node 0 is cut off from everyone for the whole run (every push and every pull's reply

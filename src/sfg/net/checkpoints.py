@@ -40,6 +40,9 @@ class NodeState:
         return asdict(self)
 
 
+OFFLINE_BLOCK = 32  # offline rounds applied in one call of the compiled round, at most
+
+
 class Star:
     """The node's star graph and the per-round staleness update on it."""
 
@@ -56,6 +59,7 @@ class Star:
         r = self.rule
         self._direct_ok = not (r.random or r.oracle or r.defence_flags)
         self._step = None
+        self._offline_steps: dict[int, tuple] = {}
         # an offline round's inputs (nothing received, the node's own weight 1): read only
         k = deg + 1
         w = np.zeros(k)
@@ -79,6 +83,50 @@ class Star:
             self._facts = np.empty((1, n, len(kernel.FACTS)))
             self._args = (float(r.self_weight), bool(r.ipw), bool(r.rounded),
                           int(r.defence_flags), float(r.margin), float(r.kappa))
+
+    def advance_offline(self, s: NodeState, m: int) -> NodeState:
+        """The state after ``m`` rounds in which the node was offline (nothing received,
+        nothing sent), from round ``s.t``: the compiled round run over the m rounds in one
+        call (equal to m calls of :meth:`advance` with :attr:`offline`'s inputs, tested)."""
+        if not self._direct_ok:
+            for _ in range(int(m)):
+                s = self.advance(s, available=False, **self.offline)
+            return s
+        from sfg.round import kernel
+
+        while m > 0:
+            b = min(int(m), OFFLINE_BLOCK)
+            got = self._offline_steps.get(b)
+            if got is None:  # buffers and a bound round for b offline rounds, made once
+                n, E, seg = self.deg + 1, self.rg.n_slots, self.seg
+                caps = np.zeros((4, b, n), bool)  # nobody trains, sends, aggregates, adopts
+                scores = np.zeros((b, E))
+                scores[:, seg.start] = 1.0  # the node's own weight 1
+                st = np.zeros((4, n), np.int64)
+                lags, q = np.zeros(n), np.ones(E)
+                outside = (scores, kernel._NONE_I, kernel._EMPTY_F, kernel._EMPTY_B,
+                           kernel._NONE_B)
+                step = kernel.bound_rounds(
+                    kernel.given_scores, kernel._EMPTY_F, *self._args, self.rg, caps,
+                    kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lags, q,
+                    np.empty((b, E)), np.empty(E, bool), np.empty((b, n, len(kernel.FACTS))),
+                    outside=outside, ev=None)
+                got = self._offline_steps[b] = (step, st, lags, q)
+            step, st, lags, q = got
+            seg = self.seg
+            st[:] = 0
+            st[1:3] = 1  # counts and local counts of the (absent) neighbours, as offline has
+            st[0, 0], st[1, 0], st[2, 0] = s.age, s.count, s.local_count
+            lags[:] = 0.0
+            lags[0] = s.lag
+            q[:] = 1.0
+            q[seg.start + 1:seg.stop] = s.q_hat
+            step(int(s.t))
+            s = NodeState(t=int(s.t) + b, age=int(st[0, 0]), lag=float(lags[0]),
+                          count=int(st[1, 0]), local_count=int(st[2, 0]),
+                          q_hat=q[seg.start + 1:seg.stop].tolist())
+            m -= b
+        return s
 
     def advance(self, s: NodeState, *, available: bool, cand: np.ndarray, weights: np.ndarray,
                 ages: np.ndarray, lags: np.ndarray, counts: np.ndarray,

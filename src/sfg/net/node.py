@@ -202,7 +202,8 @@ class Node:
         self.trainer = trainer or Trainer(world, self.i)
         self.layout = world.layout
         self.x = world.x0.copy()
-        self.state = NodeState(q_hat=[1.0] * len(self.nbrs))
+        self._owed = 0  # offline rounds not yet applied to the state (see the state property)
+        self._state: NodeState = NodeState(q_hat=[1.0] * len(self.nbrs))
         self.stats = _Stats()
         self.rejections = Rejections(self.i)
         self.headers: list[dict] = []     # accepted headers' scalars (record_headers)
@@ -254,6 +255,26 @@ class Node:
         backend, so that the round clock never waits on first-use set-up); returns the port."""
         self.warm_up()
         return await self.server.start(self.cfg.host, self.cfg.port)
+
+    @property
+    def state(self) -> NodeState:
+        """The node's staleness state (SPEC §2). Offline rounds are owed, not applied one at
+        a time: the first read after a run of them applies them all in one call of the
+        compiled round (:meth:`Star.advance_offline`; the same state as one call per round,
+        tested), since nothing reads the state while a node is offline."""
+        if self._owed:
+            self._state = self.star.advance_offline(self._state, self._owed)
+            self._owed = 0
+        return self._state
+
+    @state.setter
+    def state(self, value: NodeState) -> None:
+        self._state, self._owed = value, 0
+
+    @property
+    def rounds_done(self) -> int:
+        """The state's round index (``state.t``) without applying owed offline rounds."""
+        return self._state.t + self._owed
 
     def warm_up(self) -> None:
         """One throw-away weights call, staleness update and training step."""
@@ -576,7 +597,7 @@ class Node:
         self.state = self.star.advance(self.state, available=True, **full)
 
     def _offline_round(self) -> None:
-        self.state = self.star.advance(self.state, available=False, **self.star.offline)
+        self._owed += 1  # applied when the state is next read (the state property)
 
     def _end_round(self, r: int, available: bool) -> None:
         T = self.world.rounds
@@ -807,8 +828,8 @@ class Node:
             self._log("start", t0=self.t0, restored=self.restored)
             P = self.cfg.period
             jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
-            while self.state.t < T:
-                r = self.round = self.state.t
+            while self.rounds_done < T:
+                r = self.round = self.rounds_done
                 wake = self.t0 + r * P + float(jitter[r])
                 delay = wake - self.clock.time()
                 if self.clock.virtual and (delay < 0 or (
