@@ -46,47 +46,72 @@ def per_device_hour(stats: dict[str, float], n: int, horizon: float) -> dict[str
     return out
 
 
+class EventStaleness:
+    """The staleness of the schedule's events under ``rule``, run in one go
+    (:meth:`run` with no arguments: every event in time order, with the sampled curves) or
+    in batches (``run(order, given)``: the events ``order`` — a dependency level's, see
+    :mod:`sfg.clock.train` — with scores ``given`` [C] computed outside, for the rules that
+    read models). :meth:`result` gives the state, weights, facts, curves and headers."""
+
+    def __init__(self, rule: Rule, world: World, sched: Schedule, *, seed: int,
+                 attack: Attack | None = None):
+        rg, n = world.rg, world.n
+        R, C = sched.n_events, int(sched.cptr[-1])
+        self.rule, self.rg, self.sched = rule, rg, sched
+        self.attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
+        self.forge = 0
+        self.marks = np.zeros((2, n), bool)
+        if attack is not None and self.attackers.any():
+            self.marks[0] = self.attackers
+            if attack.model == "constant":
+                self.marks[1] = self.attackers
+            self.forge = FORGE[attack.claim]
+        self.rnd = (stream(seed, "attack-claims-clock").random((3, R)) if self.forge == 3
+                    else np.zeros((0, 0)))
+        self.u = self.key = np.zeros(0)
+        if rule.random:
+            g = stream(seed, "clock-rule-draws")
+            self.u, self.key = g.random(R), g.random(C)
+        self.st = np.zeros((4, n), np.int64)
+        self.st[1] = 1
+        self.st[2] = 1
+        self.lags = np.zeros(n)
+        self.q = np.ones(rg.n_slots)
+        self.hdr = np.zeros((5, R), np.int64)
+        self.hdr_lag = np.zeros(R)
+        self.w = np.zeros(C)
+        self.facts = np.zeros((R, len(FACTS)))
+        self.curve = np.zeros((2, sched.samples.shape[0]))
+        self.ev = np.full((2, rg.n_slots), -1, np.int64) if rule.defence_flags & GUARD else None
+
+    def run(self, order: np.ndarray | None = None, given: np.ndarray | None = None) -> None:
+        s = self.sched
+        whole = order is None
+        run_events(self.rule, self.rg, times=s.time, kind=s.kind, dev=s.dev, tt=s.t,
+                   amount=s.amount, cptr=s.cptr, cslot=s.cslot, cmsg=s.cmsg, cwait=s.cwait,
+                   u=self.u, key=self.key, st=self.st, lags=self.lags, q=self.q, hdr=self.hdr,
+                   hdr_lag=self.hdr_lag, w=self.w, facts=self.facts, marks=self.marks,
+                   forge=self.forge, rnd=self.rnd,
+                   samples=s.samples if whole else np.zeros(0),
+                   curve=self.curve if whole else np.zeros((2, 0)), ev=self.ev, order=order,
+                   given=given)
+
+    def result(self) -> dict[str, Any]:
+        return {"ages": self.st[0], "counts": self.st[1], "local_counts": self.st[2],
+                "lags": self.lags, "q_hat": self.q, "weights": self.w, "facts": self.facts,
+                "curve": self.curve, "hdr": self.hdr, "hdr_lag": self.hdr_lag,
+                "attackers": self.attackers}
+
+
 def staleness_events(rule: Rule, world: World, sched: Schedule, *, seed: int,
                      attack: Attack | None = None) -> dict[str, Any]:
     """Run the schedule's events with ``rule`` (model-free): the state after them, every
     local round's weights over its candidates ``w`` [C], facts [R, F], the sampled curves
     [2, S] and the headers each local round sent. ``attack``: forged claims on the
     attackers' messages (what an attacker can know: its own candidates)."""
-    rg, n = world.rg, world.n
-    R, C = sched.n_events, int(sched.cptr[-1])
-    attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
-    forge = 0
-    marks = np.zeros((2, n), bool)
-    if attack is not None and attackers.any():
-        marks[0] = attackers
-        if attack.model == "constant":
-            marks[1] = attackers
-        forge = FORGE[attack.claim]
-    rnd = (stream(seed, "attack-claims-clock").random((3, R)) if forge == 3
-           else np.zeros((0, 0)))
-    u = key = np.zeros(0)
-    if rule.random:
-        g = stream(seed, "clock-rule-draws")
-        u, key = g.random(R), g.random(C)
-    st = np.zeros((4, n), np.int64)
-    st[1] = 1
-    st[2] = 1
-    lags = np.zeros(n)
-    q = np.ones(rg.n_slots)
-    hdr = np.zeros((5, R), np.int64)
-    hdr_lag = np.zeros(R)
-    w = np.zeros(C)
-    facts = np.zeros((R, len(FACTS)))
-    curve = np.zeros((2, sched.samples.shape[0]))
-    ev = np.full((2, rg.n_slots), -1, np.int64) if rule.defence_flags & GUARD else None
-    run_events(rule, rg, times=sched.time, kind=sched.kind, dev=sched.dev, tt=sched.t,
-               amount=sched.amount, cptr=sched.cptr, cslot=sched.cslot, cmsg=sched.cmsg,
-               cwait=sched.cwait, u=u, key=key, st=st, lags=lags, q=q, hdr=hdr,
-               hdr_lag=hdr_lag, w=w, facts=facts, marks=marks, forge=forge, rnd=rnd,
-               samples=sched.samples, curve=curve, ev=ev)
-    return {"ages": st[0], "counts": st[1], "local_counts": st[2], "lags": lags, "q_hat": q,
-            "weights": w, "facts": facts, "curve": curve, "hdr": hdr, "hdr_lag": hdr_lag,
-            "attackers": attackers}
+    es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
+    es.run()
+    return es.result()
 
 
 def _event_metrics(rule: Rule, world: World, sched: Schedule, *, seed: int,
@@ -140,6 +165,9 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
         if anatomy != "full":
             raise SfgError(f"anatomy {anatomy!r} runs in rounds (lockstep); the async and event "
                            "protocols model full outages only")
+        if r.oracle:
+            raise SfgError(f"rule {r.name!r} reads global information (the missed-fraction "
+                           "matrix of synchronous rounds); use --protocol lockstep")
         sched = make_schedule(world, settings, local_steps=local_steps, seed=seed,
                               catchup=r.catchup, link_failure=link_failure)
         metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)

@@ -68,6 +68,21 @@ def _levels(kind, dev, cptr, cmsg, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _offline_levels(kind, dev, level, n, end_level):  # pragma: no cover - compiled
+    """The level of every offline span: that of its device's next local round (it must be
+    counted before that round reads the state), or ``end_level`` after its last one."""
+    R = kind.shape[0]
+    out = np.full(R, -1, np.int64)
+    nxt = np.full(n, end_level, np.int64)
+    for r in range(R - 1, -1, -1):
+        if kind[r] == 0:
+            nxt[dev[r]] = level[r]
+        else:
+            out[r] = nxt[dev[r]]
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _last_by(ptr, vals, group, q):  # pragma: no cover - compiled
     """For each query: the index of the last value ≤ q[k] in group[k]'s sorted run
     vals[ptr[g]:ptr[g+1]], or −1."""
@@ -226,11 +241,26 @@ def _clipped(M: torch.Tensor, wt: torch.Tensor, row: np.ndarray, first: np.ndarr
     return out
 
 
+def _as_seen(es, sched: Schedule, cidx: np.ndarray, first: np.ndarray,
+             devs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates' ages and lags as their receivers see them before the local rounds
+    (the receiver's own state; a message's header, waited: age τ + ⌊d⌋, lag ℓ + d)."""
+    from sfg.round.staleness import waited
+
+    mm = np.maximum(sched.cmsg[cidx], 0)
+    # the one definition of waited staleness, on arrays (its Python form: numpy semantics)
+    age, lag = waited.py_func(es.hdr[0, mm], es.hdr_lag[mm], sched.cwait[cidx])
+    age, lag = np.asarray(age, np.int64).copy(), np.asarray(lag, np.float64).copy()
+    age[first] = es.st[0][devs]
+    lag[first] = es.lags[devs]
+    return age, lag
+
+
 def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
                     ) -> dict[str, Any]:
     """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
     config. Returns ``{"metrics", "curves", "meta", "accuracy", "params"}``."""
-    from sfg.clock.replay import per_device_hour, staleness_events
+    from sfg.clock.replay import EventStaleness, per_device_hour, staleness_events
     from sfg.round.attacks import parse_attack
     from sfg.round.rules import parse_rule
     from sfg.sim.backends import make_backend
@@ -254,9 +284,13 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     if memory is not None:  # model memory on the clock: its kernel, every message remembered
         rule = memory
         settings = replace(settings, window=_UNBOUNDED)
-    if rule.reads_models or rule.oracle:
-        raise SfgError(f"rule {str(rule)!r} reads models or global information; the async and "
-                       "event protocols take model-free rules (use --protocol lockstep)")
+    if rule.oracle:
+        raise SfgError(f"rule {str(rule)!r} reads global information (the missed-fraction "
+                       "matrix of synchronous rounds); use --protocol lockstep")
+    if rule.reads_models:
+        from sfg.clock.scored import make_scorer
+
+        make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
     for key, ok in (("backbone", "full"), ("anatomy", "full")):
         if c[key] != ok:
             raise SfgError(f"{key} {c[key]!r} runs in rounds; the async and event protocols "
@@ -280,9 +314,13 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed,
                                     catchup=rule.catchup,
                                     link_failure=float(c["link_failure"]))
-    got = staleness_events(rule, world, sched, seed=seed, attack=attack)
+    if rule.reads_models:  # scores from models: the staleness runs level by level below
+        es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
+        got = es.result()
+    else:
+        got = staleness_events(rule, world, sched, seed=seed, attack=attack)
     weights = got["weights"]
-    own_age = got["facts"][:, 1].astype(np.int64)  # the receiver's age before each event
+    own_age = got["facts"][:, 1]  # the receiver's age before each event (filled as it runs)
     nsteps = sched.nsteps if sched.nsteps is not None else np.full(sched.n_events, K, np.int64)
     attackers = got["attackers"]
     poison = attack.model if (attack is not None and attackers.any()) else "none"
@@ -324,6 +362,16 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
 
     pool = _Pool(X0, N + R)
     n_levels = int(level[loc].max()) if loc.size else 0
+    scorer = None
+    if rule.reads_models:
+        from sfg.clock.scored import make_scorer
+
+        scorer = make_scorer(rule, n=N, n_slots=world.rg.n_slots, X0=X0)
+        off_level = _offline_levels(sched.kind, sched.dev, level, N, n_levels + 1)
+        offline = np.flatnonzero(sched.kind != LOCAL)
+        offline = offline[np.argsort(off_level[offline], kind="stable")]
+        off_bounds = np.searchsorted(off_level[offline], np.arange(1, n_levels + 3))
+        given = np.zeros(int(sched.cptr[-1]))
     by_level = np.argsort(level[loc], kind="stable")
     bounds = np.searchsorted(level[loc][by_level], np.arange(1, n_levels + 2))
     by_last = np.argsort(last_use, kind="stable")
@@ -361,6 +409,12 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 first = np.cumsum(lens) - lens
                 if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
                     M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
+                if scorer is not None:  # the level's staleness, with scores from the models
+                    es.run(order=offline[off_bounds[L - 1]:off_bounds[L]], given=given)
+                    age, lag = _as_seen(es, sched, cidx, first, sched.dev[ev])
+                    given[cidx] = scorer.scores(M, row, first, sched.dev[ev],
+                                                sched.cslot[cidx], age, lag)
+                    es.run(order=ev, given=given)
                 wt = torch.from_numpy(weights[cidx]).to(M.dtype).to(device)
                 if poison != "none":  # attackers that poison keep their own model
                     att_rows = np.flatnonzero(attackers[sched.dev[ev]])
@@ -374,6 +428,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 else:
                     agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
                     agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
+                if scorer is not None:
+                    scorer.adopted(sched.dev[ev], agg)
                 # train on sfg run's minibatches of (client, round = step); +catchup's extra
                 # steps from their own stream, as in sfg run
                 devs, steps, ns = sched.dev[ev], sched.step[ev], nsteps[ev]
@@ -407,6 +463,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             pool.drop(by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]])
             if progress is not None:
                 progress(L, n_levels)
+    if scorer is not None:  # offline spans after each device's last local round
+        es.run(order=offline[off_bounds[n_levels]:off_bounds[n_levels + 1]], given=given)
     for k in range(te.size):
         a = acc_at[k]
         curve_t.append(float(te[k] / 3600.0))

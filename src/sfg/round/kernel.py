@@ -115,11 +115,12 @@ def _types() -> dict[object, object]:
         for defended in (False, True):
             # _events: score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             # send, times, kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags,
-            # q, hdr, hdr_lag, w, facts, marks, forge, rnd, samples, curve, defend, ev
+            # q, hdr, hdr_lag, w, facts, marks, forge, rnd, samples, curve, order, given,
+            # defend, ev
             _TYPES["events", defended] = nt.int64(
                 score, f1, nt.float64, nt.boolean, nt.boolean, nt.int64, nt.float64,
                 nt.float64, i1, i1, f1, i1, i1, i1, f1, i1, i1, i1, f1, f1, f1, i2, f1, f1,
-                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2,
+                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2, i1, f1,
                 *((nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2))
     return _TYPES
 
@@ -416,7 +417,8 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
 
 def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr, send, times,
             kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags, q, hdr, hdr_lag,
-            w, facts, marks, forge, rnd, samples, curve, defend, ev):  # pragma: no cover
+            w, facts, marks, forge, rnd, samples, curve, order, given, defend,
+            ev):  # pragma: no cover
     """The virtual clock's events in order (SPEC §12), one receiver each, through the round's
     own parts: the rule (``score``), :func:`_weights`, the defences, :func:`_settle` (the
     staleness update) and :func:`_update_q`. Returns 0, or 1 + r for the first event r whose
@@ -437,13 +439,20 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     candidates of later rounds). Out: w [C] weights, facts [R, F] (:data:`FACTS`, on the
     state before the event), curve [2, S] the mean age and lag at the times samples [S].
 
+    order [R']: the events to run, in this order (all of them in time order, or — for rules
+    whose scores are computed from models between the calls — one batch of a dependency
+    level: every event only reads state that earlier events of its device and its messages'
+    sending events wrote, so any order that keeps those before it gives the same results;
+    the sampled curves need time order and all events). given [C] or [0]: the candidates'
+    scores computed outside (``score`` is then :func:`given_scores`).
+
     Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
     attackers' claim on what they send (0 honest, 1 fresh: age 0, lag 0, count = the largest
     count among its candidates + 1, 2 stale-others: that + t + 1, 3 random from rnd [3, R]).
     An attacker knows only what it received (its candidates), not its neighbours' state.
     Defences: ``defend`` and ev [2, E] as in :func:`_rounds` (None without them)."""
     n = indptr.shape[0] - 1
-    R = kind.shape[0]
+    use_given = given.shape[0] > 0
     use_u = u.shape[0] > 0
     use_key = key.shape[0] > 0
     kmax = 1
@@ -473,7 +482,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     S = samples.shape[0]
     s = 0
     failed = 0
-    for r in range(R):
+    for o in range(order.shape[0]):
+        r = order[o]
         while s < S and samples[s] <= times[r]:
             curve[0, s] = np.mean(ages)
             curve[1, s] = np.mean(lags)
@@ -532,6 +542,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
             if use_key:
                 b_key[d] = key[c]
+            if use_given:
+                b_given[d] = given[c]
         n_clamped = 0
         if defend is not None:
             if defence != 0:
@@ -765,15 +777,17 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                key: np.ndarray, st: np.ndarray, lags: np.ndarray, q: np.ndarray,
                hdr: np.ndarray, hdr_lag: np.ndarray, w: np.ndarray, facts: np.ndarray,
                marks: np.ndarray, forge: int, rnd: np.ndarray, samples: np.ndarray,
-               curve: np.ndarray, ev: np.ndarray | None = None) -> None:
+               curve: np.ndarray, ev: np.ndarray | None = None,
+               order: np.ndarray | None = None, given: np.ndarray | None = None) -> None:
     """:func:`_events` (the virtual clock's events, compiled once for every rule) with
-    ``rule``'s compiled function, modifiers and defences; arguments as there. The state (st,
-    lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in place. Raises
-    :class:`RuleError` if the rule raised."""
-    if not rule.compiled or rule.oracle or rule.reads_models:
-        raise SfgError(f"rule {rule.name!r} cannot run on the virtual clock's event protocols "
-                       "(they take model-free rules: scores from the candidates' staleness); "
-                       "use --protocol lockstep, or a model-free rule")
+    ``rule``'s compiled function, modifiers and defences; arguments as there (``order``: all
+    events in time order when None; ``given``: scores computed outside, [C], for rules that
+    read models or global information — the rule's modifiers and defences still apply). The
+    state (st, lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in place.
+    Raises :class:`RuleError` if the rule raised."""
+    if given is None and (not rule.compiled or rule.oracle or rule.reads_models):
+        raise SfgError(f"rule {rule.name!r} reads models or global information: its scores "
+                       "are computed outside the events (give them as given=)")
     defence = int(rule.defence_flags)
     defended = bool(defence & (GUARD | RELATIVE | CAP))
     if defended:
@@ -783,7 +797,9 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
     else:
         rest = (None, None)
     kern = _generic(("events", defended))
-    status = kern(scorer(rule.fn), _c(rule.args, np.float64), float(rule.self_weight),
+    fn, params = (rule.fn, rule.args) if given is None else (given_scores, ())
+    order = np.arange(kind.shape[0], dtype=np.int64) if order is None else order
+    status = kern(scorer(fn), _c(params, np.float64), float(rule.self_weight),
                   bool(rule.ipw), bool(rule.rounded), defence, float(rule.margin),
                   float(rule.kappa), _c(rg.indptr, np.int64), _c(rg.send, np.int64),
                   _c(times, np.float64), _c(kind, np.int64), _c(dev, np.int64),
@@ -791,10 +807,11 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                   _c(cslot, np.int64), _c(cmsg, np.int64), _c(cwait, np.float64),
                   _c(u, np.float64), _c(key, np.float64), st, lags, q, hdr, hdr_lag, w, facts,
                   _c(marks, np.bool_), int(forge), _c(rnd, np.float64), _c(samples, np.float64),
-                  curve, *rest)
+                  curve, _c(order, np.int64), _EMPTY_F if given is None else _c(given, np.float64),
+                  *rest)
     if status:
         r = int(status) - 1
-        name = getattr(getattr(rule.fn, "py_func", rule.fn), "__qualname__", str(rule.fn))
+        name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))
         raise RuleError(f"the rule function {name} raised while scoring the local round "
                         f"{r} of the virtual clock (device {int(dev[r])}, round {int(tt[r])})")
 
