@@ -1,7 +1,8 @@
 """Training on the virtual clock (SPEC §12 with the training protocol of §6).
 
 ``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
-participants and deliveries, so every rule, backbone and diagnostic runs there.
+participants and deliveries, so every rule, backbone and diagnostic runs there (the async
+and event protocols take the backbones and the model-reading rules too, below).
 
 ``async`` and ``event`` (:func:`simulate_events`) first fix the schedule (model-free,
 rule-independent), then run the rule's staleness over it (:func:`sfg.clock.replay.staleness_events`:
@@ -270,6 +271,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         _device,
         _quartile_means,
         _single_threaded,
+        backbone_momentum,
         numerics,
     )
     from sfg.world.data import load_federated
@@ -291,10 +293,9 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         from sfg.clock.scored import make_scorer
 
         make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
-    for key, ok in (("backbone", "full"), ("anatomy", "full")):
-        if c[key] != ok:
-            raise SfgError(f"{key} {c[key]!r} runs in rounds; the async and event protocols "
-                           f"train with {key} {ok!r} (use --protocol lockstep)")
+    if c["anatomy"] != "full":
+        raise SfgError(f"anatomy {c['anatomy']!r} runs in rounds; the async and event protocols "
+                       "train with anatomy 'full' (use --protocol lockstep)")
     if c.get("diagnostics"):
         raise SfgError("diagnostics are measured in rounds; use --protocol lockstep for them")
     attack = parse_attack(c.get("attack"))
@@ -332,7 +333,10 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     test_y: Any = [y.to(device) for y in data.test_y]
     if len({int(y.shape[0]) for y in test_y}) == 1:
         test_x, test_y = torch.stack(test_x), torch.stack(test_y)
-    lr, wd, momentum = float(c["lr"]), float(c["weight_decay"]), float(c["momentum"])
+    lr, wd, momentum = float(c["lr"]), float(c["weight_decay"]), backbone_momentum(c)
+    backbone = str(c["backbone"])
+    head = spec.head_mask.to(device)
+    ditto_lam = float(c["ditto_lambda"])
 
     R = sched.n_events
     level, prev = _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, N)
@@ -361,6 +365,9 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
 
     pool = _Pool(X0, N + R)
+    # ditto (SPEC §6 backbones): a personal model per device beside the shared one, trained
+    # from its own previous personal model towards the local round's aggregate; evaluated
+    personal = _Pool(X0, N + R) if backbone == "ditto" else None
     n_levels = int(level[loc].max()) if loc.size else 0
     scorer = None
     if rule.reads_models:
@@ -392,6 +399,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         X = pool.get(eval_ids[k])
         if k == te.size - 1:
             final.append(X)
+        if personal is not None:
+            X = personal.get(eval_ids[k])
         acc_at[k] = backend.evaluate(X, test_x, test_y).detach().cpu().numpy().astype(np.float64)
 
     with _single_threaded():
@@ -428,12 +437,15 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 else:
                     agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
                     agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
+                if backbone == "personal-head":  # the head is never mixed: the own model's
+                    agg[:, head] = M[torch.from_numpy(first).to(device)][:, head]
                 if scorer is not None:
                     scorer.adopted(sched.dev[ev], agg)
                 # train on sfg run's minibatches of (client, round = step); +catchup's extra
                 # steps from their own stream, as in sfg run
                 devs, steps, ns = sched.dev[ev], sched.step[ev], nsteps[ev]
                 out = torch.empty_like(agg)
+                pers = torch.empty_like(agg) if personal is not None else None
                 for n_steps in np.unique(ns):
                     grp = np.flatnonzero(ns == n_steps)
                     xs, ys = _batches(batches, clients, sizes, devs[grp], steps[grp],
@@ -443,6 +455,13 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                     gi = torch.from_numpy(grp)
                     out[gi] = backend.train(agg[gi], xs, ys, lr=lr, weight_decay=wd,
                                             momentum=momentum, momentum_buf=buf)
+                    if personal is not None:
+                        pbuf = torch.zeros_like(buf) if buf is not None else None
+                        p_ids = np.where(prev[ev[grp]] >= 0, N + prev[ev[grp]], devs[grp])
+                        pers[gi] = backend.train(personal.get(p_ids), xs, ys, lr=lr,
+                                                 weight_decay=wd, momentum=momentum,
+                                                 momentum_buf=pbuf, prox_center=agg[gi],
+                                                 prox_lam=ditto_lam)
                 if rule.amplify is not None:  # FedAWE-style: returning devices scale the update
                     tau = own_age[ev]
                     ret = np.flatnonzero(tau >= 1)
@@ -456,11 +475,19 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                                    f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
                                    f"of virtual time; lower --lr (now {lr}) or check the data")
                 pool.put(N + ev, out)
+                if personal is not None:
+                    if not bool(torch.isfinite(pers.sum(dim=1)).all()):
+                        raise SfgError("training diverged (non-finite personal parameters, "
+                                       f"ditto); lower --lr (now {lr}) or --ditto-lambda")
+                    personal.put(N + ev, pers)
                 steps_taken += int(ns.sum())
             while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
                 evaluate(int(eval_order[next_eval]))
                 next_eval += 1
-            pool.drop(by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]])
+            gone = by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]]
+            pool.drop(gone)
+            if personal is not None:  # read where the shared model is (or earlier): freed alike
+                personal.drop(gone)
             if progress is not None:
                 progress(L, n_levels)
     if scorer is not None:  # offline spans after each device's last local round

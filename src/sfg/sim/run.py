@@ -49,6 +49,12 @@ from sfg.world.outages.links import live_links_round
 BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
 
 
+def backbone_momentum(c: dict) -> float:
+    """The local SGD momentum of a run: ``momentum``, or 0.9 for the ``dfedavgm`` backbone
+    when none is given (the clock's engine trains with the same, sfg.clock.train)."""
+    return float(c["momentum"]) or (0.9 if c["backbone"] == "dfedavgm" else 0.0)
+
+
 
 @dataclass
 class SimResult:
@@ -259,7 +265,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         test_x, test_y = torch.stack(test_x), torch.stack(test_y)
 
     backbone = c["backbone"]
-    momentum = float(c["momentum"]) or (0.9 if backbone == "dfedavgm" else 0.0)
+    momentum = backbone_momentum(c)
     lr, wd = float(c["lr"]), float(c["weight_decay"])
     head = spec.head_mask.to(device)
     personal = X.clone() if backbone == "ditto" else None
