@@ -157,7 +157,7 @@ def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - com
     return 0
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _settle(trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr):  # pragma: no cover
     """The staleness update of one receiver that adopts its aggregate (SPEC §2), from its
     candidates' claims as used (``b_age``, ``b_raw`` lags, ``b_count`` [k], index 0 = the
