@@ -585,8 +585,6 @@ BAD = [
     (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "pwg:H=-1"],
      "must be >= 0"),
     (RUN + ["--protocol", "async", "--anatomy", "cannot-communicate"], "--protocol lockstep"),
-    (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "oracle-gls"],
-     "--protocol lockstep"),
     (["run", "--protocol", "async"], "add clock: virtual"),
     (["run", "--compute", "const:value=2"], "add clock: virtual"),
     (["replay", "--protocol", "async"], "add --clock virtual"),

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from sfg.clock.replay import EventStaleness
-from sfg.clock.schedule import LOCAL, make_schedule, make_world
+from sfg.clock.schedule import LOCAL, _levels, _offline_levels, make_schedule, make_world
 from sfg.clock.scored import PrecisionWeightedGossip, RelativeVariance
 from sfg.clock.settings import make_settings
-from sfg.clock.train import _levels, _offline_levels, simulate_events
+from sfg.clock.train import simulate_events
 from sfg.round.attacks import parse_attack
 from sfg.round.rules import parse_rule
 from sfg.sim.run import resolve_config
@@ -119,10 +119,57 @@ def test_pwg_scores_and_per_receiver_estimate_by_hand():
     assert np.allclose(h, [1 / 1.25, 1.0, 1 / 2.25])  # relative lags 0.5, 0, 2.5
 
 
-def test_oracles_are_still_refused_on_async_with_one_line(capsys):
-    from sfg.cli.main import main
+def test_missed_fraction_rows_and_oracle_scores_by_hand():
+    """Device 0 trains at unit 0, device 1 at unit 2 holding 0's message, device 0 again at
+    unit 3 holding 1's: the rows A and oracle-gls's scores (κ = 1) computed by hand."""
+    from dataclasses import dataclass
 
-    code = main(["run", "--clock", "virtual", "--protocol", "async", "-r", "oracle-gls",
-                 "-n", "8", "-T", "4", "--eval-every", "2"])
-    err = capsys.readouterr().err
-    assert code == 2 and "lockstep" in err and len(err.strip().splitlines()) == 1, err
+    from sfg.clock.missed import MissedRows
+
+    @dataclass
+    class Sched:  # the fields MissedRows reads
+        cmsg: np.ndarray
+        time: np.ndarray
+        horizon: float = 4.0
+        unit: float = 1.0
+
+    # candidates: e0 = [self]; e1 = [self, msg e0]; e2 = [self, msg e1]
+    sched = Sched(cmsg=np.array([-1, -1, 0, -1, 1]), time=np.array([0.0, 2.0, 3.0]))
+    rows = MissedRows(parse_rule("oracle-gls:kappa=1"), sched, prev=np.array([-1, -1, 0]), n=2)
+    w = np.array([1.0, 0.5, 0.5, 0.5, 0.5])
+    for ev, cidx in ((np.array([0]), np.array([0])), (np.array([1]), np.array([1, 2])),
+                     (np.array([2]), np.array([3, 4]))):
+        row = np.zeros(cidx.size, np.int64)
+        h = rows.scores(None, row, np.array([0]), None, None, None, None, ev=ev, cidx=cidx)
+        if ev[0] == 1:  # own [1, 1, 0, 0], message [0, 0, 0, 0]: Σ' = diag(3, 1)
+            assert np.allclose(h, [1 / 3, 1.0])
+        rows.adopted(None, None, ev=ev, cidx=cidx, row=row, weights=w)
+    assert rows.rows[0].tolist() == [0, 0, 0, 0]
+    assert rows.rows[1].tolist() == [0.5, 0.5, 0, 0]      # ½·[1, 1, 0, 0] + ½·[0, 0, 0, 0]
+    assert rows.rows[2].tolist() == [0.25, 0.75, 0.5, 0]  # ½·[0, 1, 1, 0] + ½·row 1, col 3 = 0
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+def test_oracles_run_on_the_clock_paired_and_their_two_passes_agree(protocol):
+    """The replay's level pass and its time-order pass with the scores give the same
+    weights; training runs on the shared schedule and the oracle's scores matter."""
+    from sfg.clock.missed import oracle_scores
+    from sfg.clock.replay import staleness_events
+
+    cs = make_settings({"clock": "virtual", "protocol": protocol, "jitter": 0.5,
+                        "compute": "const:value=40", "latency": "const:value=30"})
+    world = make_world(cs, process="bursty:u=0.7", graph="knn:k=4", n=24, rounds=40, seed=3)
+    sched = make_schedule(world, cs, local_steps=5, seed=3)
+    for name in ("oracle-gls", "oracle-qp:kappa=3"):
+        r = parse_rule(name)
+        es = EventStaleness(r, world, sched, seed=3)
+        oracle_scores(es, r, sched, world.n)
+        two = staleness_events(r, world, sched, seed=3)
+        assert np.array_equal(es.w, two["weights"]) and np.array_equal(es.facts, two["facts"])
+        dfed = staleness_events(parse_rule("dfedavg"), world, sched, seed=3)
+        assert np.abs(two["weights"] - dfed["weights"]).max() > 0.05
+    cfg = {**BASE, "protocol": protocol}
+    a = simulate_events(resolve_config({**cfg, "rule": "oracle-gls"}))
+    d = simulate_events(resolve_config({**cfg, "rule": "dfedavg"}))
+    assert a["meta"]["schedule_digest"] == d["meta"]["schedule_digest"]
+    assert (a["params"] - d["params"]).abs().max() > 1e-4

@@ -108,9 +108,17 @@ def staleness_events(rule: Rule, world: World, sched: Schedule, *, seed: int,
     """Run the schedule's events with ``rule`` (model-free): the state after them, every
     local round's weights over its candidates ``w`` [C], facts [R, F], the sampled curves
     [2, S] and the headers each local round sent. ``attack``: forged claims on the
-    attackers' messages (what an attacker can know: its own candidates)."""
+    attackers' messages (what an attacker can know: its own candidates). An oracle's scores
+    come from the missed-fraction rows (:func:`sfg.clock.missed.oracle_scores`, a pass by
+    dependency level), then every event runs once more in time order with them."""
+    given = None
+    if rule.oracle:
+        from sfg.clock.missed import oracle_scores
+
+        given = oracle_scores(EventStaleness(rule, world, sched, seed=seed, attack=attack),
+                              rule, sched, world.n)
     es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
-    es.run()
+    es.run(given=given)
     return es.result()
 
 
@@ -165,9 +173,6 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
         if anatomy != "full":
             raise SfgError(f"anatomy {anatomy!r} runs in rounds (lockstep); the async and event "
                            "protocols model full outages only")
-        if r.oracle:
-            raise SfgError(f"rule {r.name!r} reads global information (the missed-fraction "
-                           "matrix of synchronous rounds); use --protocol lockstep")
         sched = make_schedule(world, settings, local_steps=local_steps, seed=seed,
                               catchup=r.catchup, link_failure=link_failure)
         metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)

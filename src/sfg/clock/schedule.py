@@ -627,6 +627,67 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    stats={"interrupted": float(interrupted), "unfinished": float(unfinished)})
 
 
+@njit(cache=True, nogil=True)
+def _levels(kind, dev, cptr, cmsg, n):  # pragma: no cover - compiled
+    """Level of every local round (1 + the levels of the models it reads: its device's
+    previous local round, or the initial model at level 0, and its messages' senders), and
+    each local round's previous local round on its device (−1: the initial model)."""
+    R = kind.shape[0]
+    level = np.zeros(R, np.int64)
+    prev = np.full(R, -1, np.int64)
+    last = np.full(n, -1, np.int64)
+    for r in range(R):
+        if kind[r] != 0:
+            continue
+        i = dev[r]
+        p = last[i]
+        prev[r] = p
+        lv = level[p] if p >= 0 else 0
+        for c in range(cptr[r] + 1, cptr[r + 1]):
+            m = cmsg[c]
+            if level[m] > lv:
+                lv = level[m]
+        level[r] = lv + 1
+        last[i] = r
+    return level, prev
+
+
+@njit(cache=True, nogil=True)
+def _offline_levels(kind, dev, level, n, end_level):  # pragma: no cover - compiled
+    """The level of every offline span: that of its device's next local round (it must be
+    counted before that round reads the state), or ``end_level`` after its last one."""
+    R = kind.shape[0]
+    out = np.full(R, -1, np.int64)
+    nxt = np.full(n, end_level, np.int64)
+    for r in range(R - 1, -1, -1):
+        if kind[r] == 0:
+            nxt[dev[r]] = level[r]
+        else:
+            out[r] = nxt[dev[r]]
+    return out
+
+
+def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
+    """The schedule's dependency levels (for rules whose scores are computed between the
+    levels, :mod:`sfg.clock.train`, :mod:`sfg.clock.missed`): ``level`` [R] of the local
+    rounds and ``prev`` [R] (each one's previous local round on its device, −1: none),
+    ``n_levels``, and per level L = 1..n_levels+1 the local rounds ``local(L)`` and the
+    offline spans ``offline(L)`` to count before them (those after a device's last local
+    round: level n_levels + 1), each in time order."""
+    level, prev = _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, n)
+    loc = np.flatnonzero(sched.kind == LOCAL)
+    n_levels = int(level[loc].max()) if loc.size else 0
+    by_level = loc[np.argsort(level[loc], kind="stable")]
+    bounds = np.searchsorted(level[by_level], np.arange(1, n_levels + 3))
+    off_level = _offline_levels(sched.kind, sched.dev, level, n, n_levels + 1)
+    offline = np.flatnonzero(sched.kind != LOCAL)
+    offline = offline[np.argsort(off_level[offline], kind="stable")]
+    off_bounds = np.searchsorted(off_level[offline], np.arange(1, n_levels + 3))
+    return {"level": level, "prev": prev, "n_levels": n_levels,
+            "local": lambda L: by_level[bounds[L - 1]:bounds[L]],
+            "offline": lambda L: offline[off_bounds[L - 1]:off_bounds[L]]}
+
+
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                   seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
     """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``: see

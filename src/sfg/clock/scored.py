@@ -46,14 +46,14 @@ class RelativeVariance:
         self.v = np.full(n_slots, np.nan)
         self.prev = X0.clone()
 
-    def scores(self, M, row, first, devs, slots, age, lag) -> np.ndarray:
+    def scores(self, M, row, first, devs, slots, age, lag, **_) -> np.ndarray:
         rec = torch.from_numpy(devs[row]).to(M.device)
         d2 = _sq(M, self.prev[rec])
         old = self.v[slots]
         self.v[slots] = np.where(np.isnan(old), d2, (1 - self.nu) * old + self.nu * d2)
         return 1.0 / np.maximum(self.v[slots], 1e-12)
 
-    def adopted(self, devs: np.ndarray, agg: torch.Tensor) -> None:
+    def adopted(self, devs: np.ndarray, agg: torch.Tensor, **_) -> None:
         self.prev[torch.from_numpy(devs).to(agg.device)] = agg
 
 
@@ -78,7 +78,7 @@ class PrecisionWeightedGossip:
         slope = (n * x * (r - 1)).sum(axis=1) / np.maximum((n * x * x).sum(axis=1), 1e-300)
         return np.where(ok, np.maximum(0.0, 2.0 * slope), 0.0)
 
-    def scores(self, M, row, first, devs, slots, age, lag) -> np.ndarray:
+    def scores(self, M, row, first, devs, slots, age, lag, **_) -> np.ndarray:
         stale = lag if self.on_lags else age.astype(np.float64)
         own = first[row]
         pair = np.flatnonzero(np.arange(row.size) != own)
@@ -98,12 +98,19 @@ class PrecisionWeightedGossip:
         rel = stale - lowest[row]
         return 1.0 / (1.0 + rho[row] * np.maximum(rel, 0.0))
 
-    def adopted(self, devs: np.ndarray, agg: torch.Tensor) -> None:
+    def adopted(self, devs: np.ndarray, agg: torch.Tensor, **_) -> None:
         return None
 
 
-def make_scorer(rule: Rule, *, n: int, n_slots: int, X0: torch.Tensor):
-    """The scores of a model-reading rule on the clock (see the module docstring)."""
+def make_scorer(rule: Rule, *, n: int, n_slots: int, X0: torch.Tensor, sched=None,
+                prev=None):
+    """The scores of a model-reading rule (see the module docstring) or an oracle
+    (:class:`sfg.clock.missed.MissedRows`, which needs the schedule and its levels' ``prev``)
+    on the clock."""
+    if rule.oracle:
+        from sfg.clock.missed import MissedRows
+
+        return None if sched is None else MissedRows(rule, sched, prev, n)
     if rule.name == "relative-variance":
         return RelativeVariance(rule, n_slots, X0)
     if rule.name in ("pwg", "pwg-l"):

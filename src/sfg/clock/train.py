@@ -38,49 +38,16 @@ import numpy as np
 import torch
 from numba import njit
 
-from sfg.clock.schedule import LOCAL, Schedule, make_schedule, make_world
+from sfg.clock.schedule import (
+    LOCAL,
+    Schedule,
+    _levels,
+    level_plan,
+    make_schedule,
+    make_world,
+)
 from sfg.clock.settings import HEADER_BYTES, make_settings
 from sfg.errors import SfgError
-
-
-@njit(cache=True, nogil=True)
-def _levels(kind, dev, cptr, cmsg, n):  # pragma: no cover - compiled
-    """Level of every local round (1 + the levels of the models it reads: its device's
-    previous local round, or the initial model at level 0, and its messages' senders), and
-    each local round's previous local round on its device (−1: the initial model)."""
-    R = kind.shape[0]
-    level = np.zeros(R, np.int64)
-    prev = np.full(R, -1, np.int64)
-    last = np.full(n, -1, np.int64)
-    for r in range(R):
-        if kind[r] != 0:
-            continue
-        i = dev[r]
-        p = last[i]
-        prev[r] = p
-        lv = level[p] if p >= 0 else 0
-        for c in range(cptr[r] + 1, cptr[r + 1]):
-            m = cmsg[c]
-            if level[m] > lv:
-                lv = level[m]
-        level[r] = lv + 1
-        last[i] = r
-    return level, prev
-
-
-@njit(cache=True, nogil=True)
-def _offline_levels(kind, dev, level, n, end_level):  # pragma: no cover - compiled
-    """The level of every offline span: that of its device's next local round (it must be
-    counted before that round reads the state), or ``end_level`` after its last one."""
-    R = kind.shape[0]
-    out = np.full(R, -1, np.int64)
-    nxt = np.full(n, end_level, np.int64)
-    for r in range(R - 1, -1, -1):
-        if kind[r] == 0:
-            nxt[dev[r]] = level[r]
-        else:
-            out[r] = nxt[dev[r]]
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -286,9 +253,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     if memory is not None:  # model memory on the clock: its kernel, every message remembered
         rule = memory
         settings = replace(settings, window=_UNBOUNDED)
-    if rule.oracle:
-        raise SfgError(f"rule {str(rule)!r} reads global information (the missed-fraction "
-                       "matrix of synchronous rounds); use --protocol lockstep")
+    scored = rule.reads_models or rule.oracle  # scores computed between dependency levels
     if rule.reads_models:
         from sfg.clock.scored import make_scorer
 
@@ -315,7 +280,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed,
                                     catchup=rule.catchup,
                                     link_failure=float(c["link_failure"]))
-    if rule.reads_models:  # scores from models: the staleness runs level by level below
+    if scored:  # scores from models (or A's rows): the staleness runs level by level below
         es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
         got = es.result()
     else:
@@ -370,14 +335,12 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     personal = _Pool(X0, N + R) if backbone == "ditto" else None
     n_levels = int(level[loc].max()) if loc.size else 0
     scorer = None
-    if rule.reads_models:
+    if scored:
         from sfg.clock.scored import make_scorer
 
-        scorer = make_scorer(rule, n=N, n_slots=world.rg.n_slots, X0=X0)
-        off_level = _offline_levels(sched.kind, sched.dev, level, N, n_levels + 1)
-        offline = np.flatnonzero(sched.kind != LOCAL)
-        offline = offline[np.argsort(off_level[offline], kind="stable")]
-        off_bounds = np.searchsorted(off_level[offline], np.arange(1, n_levels + 3))
+        plan = level_plan(sched, N)
+        scorer = make_scorer(rule, n=N, n_slots=world.rg.n_slots, X0=X0, sched=sched,
+                             prev=plan["prev"])
         given = np.zeros(int(sched.cptr[-1]))
     by_level = np.argsort(level[loc], kind="stable")
     bounds = np.searchsorted(level[loc][by_level], np.arange(1, n_levels + 2))
@@ -419,10 +382,10 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
                     M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
                 if scorer is not None:  # the level's staleness, with scores from the models
-                    es.run(order=offline[off_bounds[L - 1]:off_bounds[L]], given=given)
+                    es.run(order=plan["offline"](L), given=given)
                     age, lag = _as_seen(es, sched, cidx, first, sched.dev[ev])
                     given[cidx] = scorer.scores(M, row, first, sched.dev[ev],
-                                                sched.cslot[cidx], age, lag)
+                                                sched.cslot[cidx], age, lag, ev=ev, cidx=cidx)
                     es.run(order=ev, given=given)
                 wt = torch.from_numpy(weights[cidx]).to(M.dtype).to(device)
                 if poison != "none":  # attackers that poison keep their own model
@@ -440,7 +403,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 if backbone == "personal-head":  # the head is never mixed: the own model's
                     agg[:, head] = M[torch.from_numpy(first).to(device)][:, head]
                 if scorer is not None:
-                    scorer.adopted(sched.dev[ev], agg)
+                    scorer.adopted(sched.dev[ev], agg, ev=ev, cidx=cidx, row=row,
+                                   weights=es.w)
                 # train on sfg run's minibatches of (client, round = step); +catchup's extra
                 # steps from their own stream, as in sfg run
                 devs, steps, ns = sched.dev[ev], sched.step[ev], nsteps[ev]
@@ -488,10 +452,12 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             pool.drop(gone)
             if personal is not None:  # read where the shared model is (or earlier): freed alike
                 personal.drop(gone)
+            if scorer is not None and hasattr(scorer, "drop"):  # the oracles' rows, alike
+                scorer.drop(gone[gone >= N] - N)
             if progress is not None:
                 progress(L, n_levels)
     if scorer is not None:  # offline spans after each device's last local round
-        es.run(order=offline[off_bounds[n_levels]:off_bounds[n_levels + 1]], given=given)
+        es.run(order=plan["offline"](n_levels + 1), given=given)
     for k in range(te.size):
         a = acc_at[k]
         curve_t.append(float(te[k] / 3600.0))
