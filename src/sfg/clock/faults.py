@@ -118,12 +118,14 @@ def _node_set(text: str, where: str) -> frozenset[int] | None:
     return frozenset(out)
 
 
+def _items(text: str) -> list[str]:
+    """The non-empty items of a ``;``-joined list."""
+    return [p.strip() for p in str(text).split(";") if p.strip()]
+
+
 def _partitions(text: str) -> tuple[Window, ...]:
     out = []
-    for part in str(text).split(";"):
-        part = part.strip()
-        if not part:
-            continue
+    for part in _items(text):
         try:
             sets, times = part.split("@")
             sa, sb = sets.split("|")
@@ -144,10 +146,7 @@ def _partitions(text: str) -> tuple[Window, ...]:
 
 def _crash_list(text: str) -> tuple[tuple[int, float], ...]:
     out = []
-    for part in str(text).split(";"):
-        part = part.strip()
-        if not part:
-            continue
+    for part in _items(text):
         try:
             node, at = part.split("@")
             i, t = int(node), float(at)
