@@ -31,7 +31,7 @@ import torch
 
 from sfg.errors import SfgError
 from sfg.round.rules import Rule
-from sfg.sim.model_rules import PWG_MAX_X
+from sfg.sim.model_rules import PWG_MAX_X, pwg_rate, pwg_scores, rv_scores, rv_update
 
 
 def _sq(A: torch.Tensor, B: torch.Tensor) -> np.ndarray:
@@ -49,9 +49,8 @@ class RelativeVariance:
     def scores(self, M, row, first, devs, slots, age, lag, **_) -> np.ndarray:
         rec = torch.from_numpy(devs[row]).to(M.device)
         d2 = _sq(M, self.prev[rec])
-        old = self.v[slots]
-        self.v[slots] = np.where(np.isnan(old), d2, (1 - self.nu) * old + self.nu * d2)
-        return 1.0 / np.maximum(self.v[slots], 1e-12)
+        self.v[slots] = rv_update(self.v[slots], d2, self.nu)
+        return rv_scores(self.v[slots])
 
     def adopted(self, devs: np.ndarray, agg: torch.Tensor, **_) -> None:
         self.prev[torch.from_numpy(devs).to(agg.device)] = agg
@@ -68,15 +67,9 @@ class PrecisionWeightedGossip:
         self.counts = np.zeros((n, PWG_MAX_X + 1))
 
     def estimate(self, devs: np.ndarray) -> np.ndarray:
-        """ρ̂ of each receiver in ``devs`` from its own running means (as in rounds)."""
-        s, c = self.sums[devs], self.counts[devs]
-        m0 = np.divide(s[:, 0], np.maximum(c[:, 0], 1))
-        x = np.arange(1, PWG_MAX_X + 1, dtype=np.float64)
-        n = c[:, 1:]
-        ok = (c[:, 0] > 0) & (s[:, 0] > 0) & (n.sum(axis=1) > 0)
-        r = np.divide(s[:, 1:], np.maximum(n, 1)) / np.where(ok, m0, 1.0)[:, None]
-        slope = (n * x * (r - 1)).sum(axis=1) / np.maximum((n * x * x).sum(axis=1), 1e-300)
-        return np.where(ok, np.maximum(0.0, 2.0 * slope), 0.0)
+        """ρ̂ of each receiver in ``devs`` from its own running means (the rounds' estimator,
+        :func:`sfg.sim.model_rules.pwg_rate`, one per receiver)."""
+        return pwg_rate(self.sums[devs], self.counts[devs])
 
     def scores(self, M, row, first, devs, slots, age, lag, **_) -> np.ndarray:
         stale = lag if self.on_lags else age.astype(np.float64)
@@ -95,8 +88,7 @@ class PrecisionWeightedGossip:
             self.H * self.estimate(devs)
         lowest = np.full(devs.size, np.inf)
         np.minimum.at(lowest, row, stale)
-        rel = stale - lowest[row]
-        return 1.0 / (1.0 + rho[row] * np.maximum(rel, 0.0))
+        return pwg_scores(stale - lowest[row], rho[row])
 
     def adopted(self, devs: np.ndarray, agg: torch.Tensor, **_) -> None:
         return None

@@ -37,6 +37,38 @@ from sfg.sim.gossip import gossip
 PWG_MAX_X = 20
 
 
+# ----------------------------------------------------------------------------- the estimators
+# written once, for the rounds (below) and the virtual clock (sfg.clock.scored)
+def rv_update(old: np.ndarray, d2: np.ndarray, nu: float) -> np.ndarray:
+    """relative-variance's v after observing d² (v starts at the first observation)."""
+    return np.where(np.isnan(old), d2, (1 - nu) * old + nu * d2)
+
+
+def rv_scores(v: np.ndarray) -> np.ndarray:
+    """h = 1/v (1 where nothing was observed yet)."""
+    return 1.0 / np.maximum(np.nan_to_num(v, nan=1.0), 1e-12)
+
+
+def pwg_rate(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """ρ̂ from the running sums and counts of d² by staleness difference x = 0..PWG_MAX_X
+    (last axis; any leading axes, e.g. one estimator per receiver): m(x)/m(0) = 1 + (ρ/2)·x
+    fitted through the origin, weighted by counts; max(0, 2·slope), 0 until both x = 0 and
+    x ≥ 1 pairs have been seen."""
+    s, c = np.asarray(sums, np.float64), np.asarray(counts, np.float64)
+    m0 = np.divide(s[..., 0], np.maximum(c[..., 0], 1))
+    x = np.arange(1, PWG_MAX_X + 1, dtype=np.float64)
+    n = c[..., 1:]
+    ok = (c[..., 0] > 0) & (s[..., 0] > 0) & (n.sum(axis=-1) > 0)
+    r = np.divide(s[..., 1:], np.maximum(n, 1)) / np.where(ok, m0, 1.0)[..., None]
+    slope = (n * x * (r - 1)).sum(axis=-1) / np.maximum((n * x * x).sum(axis=-1), 1e-300)
+    return np.where(ok, np.maximum(0.0, 2.0 * slope), 0.0)
+
+
+def pwg_scores(rel: np.ndarray, rho) -> np.ndarray:
+    """h = 1/(1 + ρ·Δ), Δ the staleness relative to the freshest candidate (≥ 0)."""
+    return 1.0 / (1.0 + rho * np.maximum(rel, 0))
+
+
 def _sq_dist(A: torch.Tensor, ia: np.ndarray, B: torch.Tensor, ib: np.ndarray,
              chunk: int = 256) -> np.ndarray:
     """‖A[ia] − B[ib]‖² row by row, in chunks (memory O(chunk·D))."""
@@ -95,9 +127,8 @@ class RelativeVariance:
         cand = candidate_mask(rg, caps, live)
         sl = np.flatnonzero(cand)
         d2 = _sq_dist(X, rg.send[sl], self.prev, rg.recv[sl])
-        old = self.v[sl]
-        self.v[sl] = np.where(np.isnan(old), d2, (1 - self.nu) * old + self.nu * d2)
-        h = 1.0 / np.maximum(np.nan_to_num(self.v, nan=1.0), 1e-12)
+        self.v[sl] = rv_update(self.v[sl], d2, self.nu)
+        h = rv_scores(self.v)
         rr = play_round(self.rule, rg, state, caps, seed=seed, live=live, scores=h)
         X_agg = gossip(X, rg, rr.weights, caps.adopt)
         rows = torch.from_numpy(np.flatnonzero(caps.adopt)).to(X.device)
@@ -119,16 +150,7 @@ class PrecisionWeightedGossip:
 
     def estimate(self) -> float:
         """ρ̂ from the running means (see the module docstring)."""
-        if self.counts[0] == 0 or self.sums[0] <= 0:
-            return 0.0
-        m0 = self.sums[0] / self.counts[0]
-        x = np.arange(1, PWG_MAX_X + 1, dtype=np.float64)
-        n = self.counts[1:]
-        if n.sum() == 0:
-            return 0.0
-        r = np.divide(self.sums[1:], np.maximum(n, 1)) / m0
-        slope = float(np.sum(n * x * (r - 1)) / np.sum(n * x * x))
-        return max(0.0, 2.0 * slope)
+        return float(pwg_rate(self.sums, self.counts))
 
     def aggregate(self, X, rg, state, caps, *, live, seed):
         cand = candidate_mask(rg, caps, live)
@@ -148,8 +170,7 @@ class PrecisionWeightedGossip:
         # staleness relative to the freshest candidate of each receiver
         s = stale[rg.send]
         lowest = np.minimum.reduceat(np.where(cand, s, np.inf), rg.indptr[:-1])
-        rel = s - lowest[rg.recv]
-        h = 1.0 / (1.0 + rho * np.maximum(rel, 0))
+        h = pwg_scores(s - lowest[rg.recv], rho)
         rr = play_round(self.rule, rg, state, caps, seed=seed, live=live, scores=h)
         return gossip(X, rg, rr.weights, caps.adopt), rr
 
