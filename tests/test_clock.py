@@ -375,7 +375,7 @@ def _check_lockstep(rule_name: str, world, s, K: int, T: int, seed: int) -> int:
     lk = lockstep_rounds(world, s, local_steps=K, rounds=T, seed=seed)
     rg = directed(world.rg) if lk.live is not None else world.rg
     caps_all = capabilities(lk.available, "full")
-    state = init_state(rg, rounds=T)
+    state = init_state(rg, rounds=T, track_missed=rule.oracle)
     n_msgs = 0
     eps = 1e-9
     for t in range(T):
@@ -404,7 +404,8 @@ def _check_lockstep(rule_name: str, world, s, K: int, T: int, seed: int) -> int:
 
 GRAPHS = ["ring:k=1", "knn:k=2", "knn:k=3"]
 RULES = ["dfedavg", "sfg", "sfg-l", "sfg-cut", "sfg-counts", "aoi+ipw", "limited-merging:L=2",
-         "copy-random", "dfl-aa", "sfg-l+rounded", "metropolis-hastings", "two-random", "local"]
+         "copy-random", "dfl-aa", "sfg-l+rounded", "metropolis-hastings", "two-random", "local",
+         "oracle-gls"]
 
 
 @st.composite
