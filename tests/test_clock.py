@@ -436,9 +436,13 @@ def clock_worlds(draw, protocol: str):
                                          "lognormal:median=60,sigma=1.5"])),
         "loss": f"const:value={draw(st.sampled_from([0.0, 0.1, 0.5]))}",
     }
+    anatomy = "full"
     if protocol == "async":
         clock["period"] = draw(st.sampled_from([None, 300.0, 900.0]))
+        anatomy = draw(st.sampled_from(["full", "full", "cannot-communicate",
+                                        "cannot-train-shares", "cannot-train-adopts"]))
     return dict(n=n, graph=graph, process=process, rounds=rounds, K=K, clock=clock,
+                anatomy=anatomy,
                 seed=draw(st.integers(0, 10_000)), rule=draw(st.sampled_from(RULES)),
                 attack=draw(st.sampled_from([None, "forge:frac=0.2,claim=fresh"])))
 
@@ -467,7 +471,8 @@ def test_invariants_on_the_clock(protocol):
     def check(w):
         s, world = _world_or_reject(w)
         try:
-            sched = make_schedule(world, s, local_steps=w["K"], seed=w["seed"])
+            sched = make_schedule(world, s, local_steps=w["K"], seed=w["seed"],
+                                  anatomy=w["anatomy"])
         except SfgError as e:  # async: every device slower than the period
             assume("is not longer than the fastest" not in str(e))
             raise
@@ -585,7 +590,8 @@ BAD = [
     (RUN + ["--protocol", "async", "--rule", "relative-variance:nu=0"], "nu=0.0 must lie"),
     (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "pwg:H=-1"],
      "must be >= 0"),
-    (RUN + ["--protocol", "async", "--anatomy", "cannot-communicate"], "--protocol lockstep"),
+    (RUN + ["--protocol", "event", "--compute", "const:value=1", "--anatomy",
+            "cannot-communicate"], "needs a timer"),
     (["run", "--protocol", "async"], "add clock: virtual"),
     (["run", "--compute", "const:value=2"], "add clock: virtual"),
     (["replay", "--protocol", "async"], "add --clock virtual"),

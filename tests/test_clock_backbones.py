@@ -1,4 +1,4 @@
-"""Backbones (SPEC §6) on the async and event protocols (sfg.clock.train): personal-head,
+"""Backbones (SPEC §6) and anatomy modes (SPEC §4.1) on the async (and event) protocols (sfg.clock.train): personal-head,
 dfedavgm and ditto train there as in rounds. Each check can fail: a head that mixed, a
 momentum that differs from the explicit one, a ditto that changed the shared models or
 evaluated them instead of the personal ones."""
@@ -75,3 +75,23 @@ def test_ditto_keeps_the_shared_models_and_evaluates_the_personal_ones(protocol)
     assert ditto["meta"]["schedule_digest"] == full["meta"]["schedule_digest"]
     again = _run(protocol=protocol, backbone="ditto")
     assert again["accuracy"].tolist() == ditto["accuracy"].tolist()
+
+
+@pytest.mark.parametrize("mode", ["cannot-communicate", "cannot-train-shares",
+                                  "cannot-train-adopts"])
+def test_anatomy_modes_train_on_async_paired_and_deterministic(mode):
+    """Every rule of a seed shares the mode's schedule (its own digest, not full's); the same
+    seed gives the same models; cannot-communicate trains every wake (more client-steps),
+    the cannot-train modes exactly as many as full."""
+    a = _run(protocol="async", anatomy=mode, rule="sfg-cut")
+    b = _run(protocol="async", anatomy=mode, rule="sfg-cut")
+    d = _run(protocol="async", anatomy=mode)
+    full = _run(protocol="async", rule="sfg-cut")
+    assert torch.equal(a["params"], b["params"])
+    assert a["meta"]["schedule_digest"] == d["meta"]["schedule_digest"]
+    assert a["meta"]["schedule_digest"] != full["meta"]["schedule_digest"]
+    assert (a["params"] - full["params"]).abs().max() > 1e-4
+    if mode == "cannot-communicate":
+        assert a["meta"]["client_steps"] > full["meta"]["client_steps"]
+    else:
+        assert a["meta"]["client_steps"] == full["meta"]["client_steps"]

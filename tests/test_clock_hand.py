@@ -234,3 +234,86 @@ def test_returns_heard_by_hand():
         acc.add(staleness_events(parse_rule("dfedavg"), w, sc, seed=1)["facts"][None])
         got, _ = acc.summary(RunEnd(np.zeros((1, 1), bool), np.zeros(0), False, np.zeros(3)))
         assert got["returns"] == 1.0 and got["returns_heard"] == want
+
+
+# ----------------------------------------------------------------------------- anatomy modes
+# The path 0 – 1 – 2, P = Δ = 10 s, W = 2 periods, K = 1 step of 2 s on every device, latency
+# 1 s, horizon 40. Device 1 is offline in [12, 25); 0 and 2 always online. Every device wakes
+# at 0, 10, 20, 30. Online rounds: wake w trains to w + 2 and sends, arriving at w + 3.
+# Device 1's wake 20 is offline; what it still does (SPEC §4.1):
+#   full:                 an offline span (+1 age and lag); messages to it at 23 are lost
+#   cannot-communicate:   trains alone 20 → 22 (age 0, count + 1), sends nothing; messages to
+#                         it while offline are lost
+#   cannot-train-shares:  sends its model as it is at 20 (arrives 21), age + 1; it keeps
+#                         communicating, so 0's and 2's messages of wake 20 (at 23) reach it
+#   cannot-train-adopts:  aggregates what it holds (0's and 2's messages of wake 10, arrived
+#                         13: waited 0.7), untrained, and sends the aggregate at 20
+ANATOMY = dict(compute=[2.0, 2.0, 2.0], online={0: [(0, 40)], 1: [(0, 12), (25, 40)],
+                                               2: [(0, 40)]}, horizon=40.0)
+
+
+def anatomy_sched(mode):
+    s = make_settings({"clock": "virtual", "protocol": "async", "round_seconds": 10.0,
+                       "window": 2.0})
+    return async_schedule(world(**ANATOMY), s, local_steps=1, seed=1, anatomy=mode)
+
+
+def _event(sc, t, d):
+    return int(np.flatnonzero((sc.time == t) & (sc.dev == d))[0])
+
+
+@pytest.mark.parametrize("mode", ["full", "cannot-communicate", "cannot-train-shares",
+                                  "cannot-train-adopts"])
+def test_anatomy_modes_on_async_by_hand(mode):
+    from sfg.round.kernel import FACTS
+
+    sc = anatomy_sched(mode)
+    e = _event(sc, 20.0, 1)
+    e0_10, e2_10, e0_20 = _event(sc, 10.0, 0), _event(sc, 10.0, 2), _event(sc, 20.0, 0)
+    e1_30, e0_30 = _event(sc, 30.0, 1), _event(sc, 30.0, 0)
+    kind = {"full": OFFLINE}.get(mode, LOCAL)
+    assert sc.kind[e] == kind
+    got = staleness_events(parse_rule("dfedavg"), world(**ANATOMY), sc, seed=1)
+    age, lag = FACTS.index("age"), FACTS.index("lag")
+    before = got["facts"][e1_30]  # device 1's state after its wake 20
+    # after wake 10 device 1 has age 0 and lag L10: it averaged itself (0) and the messages of
+    # 0 and 2 of wake 0 (arrived 3, waited 0.7: lag 0.7); 0 and 2 at wake 10 averaged
+    # themselves and 1's message of wake 0: lag 0.35, which waits 0.7 more by 1's wake 20
+    L10 = (0.0 + 0.7 + 0.7) / 3
+    if mode == "full":
+        assert sc.caps is None
+        assert before[age] == 1 and abs(before[lag] - (L10 + 1)) < 1e-12
+        assert candidates(sc, e1_30) == [(1, -1, 0.0)]                # 0's and 2's at 23 lost
+    elif mode == "cannot-communicate":
+        assert candidates(sc, e) == [(1, -1, 0.0)] and sc.nsteps[e] == 1
+        assert before[age] == 0 and abs(before[lag] - L10) < 1e-12  # it trained alone
+        assert candidates(sc, e1_30) == [(1, -1, 0.0)]                # still cut off
+        assert e not in {int(m) for m in sc.cmsg[sc.cptr[e0_30]:sc.cptr[e0_30 + 1]]}
+    elif mode == "cannot-train-shares":
+        assert candidates(sc, e) == [(1, -1, 0.0)] and sc.nsteps[e] == 0
+        assert before[age] == 1 and abs(before[lag] - (L10 + 1)) < 1e-12  # frozen: + 1
+        # its model reaches 0 (sent 20, arrived 21: waited 0.9 at 30), and 0's of wake 20
+        # (arrived 23) reached it while offline (waited 0.7 at 30)
+        assert (1, e, 0.9) in candidates(sc, e0_30)
+        assert (0, e0_20, 0.7) in candidates(sc, e1_30)
+    else:  # cannot-train-adopts
+        assert candidates(sc, e) == [(1, -1, 0.0), (0, e0_10, 0.7), (2, e2_10, 0.7)]
+        assert sc.nsteps[e] == 0
+        # untrained aggregate: age = youngest (0 + ⌊0.7⌋ = 0) + 1; lag = the mean (dfedavg:
+        # thirds) of L10 and the two messages' 0.35 + 0.7, + 1
+        assert before[age] == 1
+        assert abs(before[lag] - ((L10 + 2 * (0.35 + 0.7)) / 3 + 1.0)) < 1e-12
+        w = got["weights"][sc.cptr[e]:sc.cptr[e + 1]]
+        assert np.allclose(w, 1 / 3)
+        assert (1, e, 0.9) in candidates(sc, e0_30)
+
+
+def test_anatomy_modes_that_keep_something_need_the_async_timer():
+    from sfg.clock.schedule import make_schedule
+    from sfg.errors import SfgError
+
+    s = make_settings({"clock": "virtual", "protocol": "event", "round_seconds": 10.0,
+                       "compute": "const:value=2"})
+    for mode in ("cannot-communicate", "cannot-train-shares", "cannot-train-adopts"):
+        with pytest.raises(SfgError, match="needs a timer"):
+            make_schedule(world(**ANATOMY), s, local_steps=1, seed=1, anatomy=mode)

@@ -94,7 +94,7 @@ class EventStaleness:
                    forge=self.forge, rnd=self.rnd,
                    samples=s.samples if whole else np.zeros(0),
                    curve=self.curve if whole else np.zeros((2, 0)), ev=self.ev, order=order,
-                   given=given)
+                   given=given, caps=s.caps)
 
     def result(self) -> dict[str, Any]:
         return {"ages": self.st[0], "counts": self.st[1], "local_counts": self.st[2],
@@ -170,11 +170,8 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
         curves["hours"] = [float(x) * settings.round_seconds / 3600.0 for x in curves["round"]]
         stats, digest = lk.stats, lk.digest
     else:
-        if anatomy != "full":
-            raise SfgError(f"anatomy {anatomy!r} runs in rounds (lockstep); the async and event "
-                           "protocols model full outages only")
         sched = make_schedule(world, settings, local_steps=local_steps, seed=seed,
-                              catchup=r.catchup, link_failure=link_failure)
+                              catchup=r.catchup, link_failure=link_failure, anatomy=anatomy)
         metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)
         stats, digest = sched.stats, sched.digest()
     metrics.update(per_device_hour(stats, world.n, world.horizon))

@@ -21,7 +21,8 @@ before any rule is consulted:
   its age and lag; a wake while it is still busy is skipped; otherwise it starts a local
   round: aggregate at the wake, train K·c_i seconds, then send to every neighbour (in the
   order of their ids, back to back). Busy lasts until the last transfer ends (or the device
-  goes offline).
+  goes offline). Under an anatomy mode (SPEC §4.1) an offline wake is a local round of what
+  the mode keeps (``Schedule.caps``; see :func:`async_schedule`).
 * ``event`` (:func:`event_schedule`): no timer; an online, idle device starts a local round at
   once and starts the next one as soon as its sends are done. Offline time adds
   (offline seconds)/Δ to its lag and ⌊offline seconds/Δ⌋ to its age when it comes back.
@@ -52,6 +53,7 @@ from numba import njit
 
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
+from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND, EV_TRAIN
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import wake_jitter
 from sfg.util.rng import counter_key, counter_uniform
@@ -274,6 +276,7 @@ class Schedule:
     samples: np.ndarray
     stats: dict[str, float] = field(default_factory=dict)
     nsteps: np.ndarray | None = None  # [R] local steps of each local round (K unless +catchup)
+    caps: np.ndarray | None = None  # [R] capabilities (anatomy modes; None: every local round all)
 
     @property
     def n_events(self) -> int:
@@ -289,6 +292,9 @@ class Schedule:
         if self.nsteps is not None:  # +catchup: the schedule of its own compute (SPEC §12.4)
             h.update(b"catchup")
             h.update(np.ascontiguousarray(self.nsteps).tobytes())
+        if self.caps is not None:  # an anatomy mode's capabilities
+            h.update(b"caps")
+            h.update(np.ascontiguousarray(self.caps).tobytes())
         return h.hexdigest()
 
 
@@ -349,7 +355,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
               time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
               end: np.ndarray, step: np.ndarray, t: np.ndarray,
               stats: dict[str, float], nsteps: np.ndarray | None = None,
-              link_failure: float = 0.0) -> Schedule:
+              link_failure: float = 0.0, caps: np.ndarray | None = None,
+              offline_talks: bool = False) -> Schedule:
     """Order the events, make every committed local round's messages and each local
     round's candidates (see the module docstring)."""
     rg = world.rg
@@ -359,18 +366,22 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                                                                   step, t))
     if nsteps is not None:
         nsteps = nsteps[order]
+    if caps is not None:
+        caps = caps[order]
     R = time.shape[0]
     dt = _transfer(world, float(settings.message_bytes or 0.0))
     ptr, out, _ = _out_slots(rg)
     deg = np.diff(ptr)
-    loc = np.flatnonzero(kind == LOCAL)
+    loc_all = np.flatnonzero(kind == LOCAL)
+    loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
     # messages: every committed local round to each neighbour, back to back
     src = np.repeat(loc, deg[dev[loc]])
     first = np.repeat(ptr[dev[loc]], deg[dev[loc]])
     k = np.arange(src.size) - np.repeat(np.cumsum(deg[dev[loc]]) - deg[dev[loc]], deg[dev[loc]])
     slot = out[first + k]
     tx_end = end[src] + (k + 1) * dt[dev[src]]
-    sent = world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
+    sent = (tx_end <= world.horizon) if offline_talks else \
+        world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
     # message k over a link is the link's k-th, in the order its sender sends (the identity its
     # loss and faults are drawn for, as the node's network numbers them: sfg.net.memory)
     by_slot = np.argsort(slot, kind="stable")
@@ -393,7 +404,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                      fault_delayed=float((ok_sent & ~fcut & ~flost & (extra > 0)).sum()))
         dropped = dropped | fcut | flost
         arrival = arrival + extra
-    rx = world.online.online_at(rcv, arrival) & (arrival < world.horizon)
+    rx = (arrival < world.horizon) if offline_talks else \
+        world.online.online_at(rcv, arrival) & (arrival < world.horizon)
     if plan is not None:  # a flipped byte: the receiver's digest check refuses the message
         stats["fault_corrupted"] = float((sent & rx & ~dropped & bad).sum())
     cut = np.zeros(src.size, bool)
@@ -420,7 +432,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
     newest = np.empty(m_src.size, np.int64)
     _newest_so_far(mptr, m_src, newest)
-    # queries: every local round × the receiver's incoming slots
+    # queries: every local round that aggregates × the receiver's incoming slots
+    loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_AGGREGATE) != 0]
     nin = np.diff(rg.indptr) - 1
     qn = nin[dev[loc]]
     qev = np.repeat(loc, qn)
@@ -433,14 +446,15 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     stats["candidates"] = float(got.sum())
     # candidates per event: the receiver first, then the messages held
     per = np.zeros(R, np.int64)
-    per[loc] = 1 + np.bincount(qev[got], minlength=R)[loc]
+    per[loc_all] = 1
+    per[loc] += np.bincount(qev[got], minlength=R)[loc]
     cptr = np.zeros(R + 1, np.int64)
     np.cumsum(per, out=cptr[1:])
     C = int(cptr[-1])
     cslot = np.empty(C, np.int64)
     cmsg = np.full(C, -1, np.int64)
     cwait = np.zeros(C)
-    cslot[cptr[loc]] = rg.indptr[dev[loc]]
+    cslot[cptr[loc_all]] = rg.indptr[dev[loc_all]]
     gq = np.flatnonzero(got)
     if gq.size:
         ge = qev[gq]
@@ -455,12 +469,13 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     return Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
                     dev=dev, kind=kind, t=t, amount=amount, end=end, step=step, cptr=cptr,
                     cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats,
-                    nsteps=nsteps)
+                    nsteps=nsteps, caps=caps)
 
 
 def _finish(world: World, settings: ClockSettings, protocol: str,
             parts: list[tuple[np.ndarray, ...]], steps_of: list[np.ndarray], *, seed: int,
-            catchup: bool, link_failure: float, stats: dict[str, float]) -> Schedule:
+            catchup: bool, link_failure: float, stats: dict[str, float],
+            caps_of: list[np.ndarray] | None = None, offline_talks: bool = False) -> Schedule:
     """A protocol's events, gathered in the order they were made (parts of (time, dev, kind,
     amount, end, step, t) and each event's local steps), counted (local rounds,
     compute-seconds, after the protocol's own ``stats``) and assembled (:func:`_assemble`)."""
@@ -474,7 +489,10 @@ def _finish(world: World, settings: ClockSettings, protocol: str,
     return _assemble(world, settings, protocol, seed=seed, time=time.astype(np.float64),
                      dev=dev, kind=kind.astype(np.int64), amount=amount, end=end,
                      step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
-                     nsteps=nsteps if catchup else None, link_failure=link_failure)
+                     nsteps=nsteps if (catchup or caps_of is not None) else None,
+                     link_failure=link_failure,
+                     caps=None if caps_of is None else np.concatenate(caps_of).astype(np.int64),
+                     offline_talks=offline_talks)
 
 
 def _check_budget(n_events: float, what: str) -> None:
@@ -502,13 +520,31 @@ def check_period(train: np.ndarray, P: float) -> None:
                        "busy at its next wake and skip it; raise --period or lower --compute")
 
 
+def _offline_keeps(anatomy: str) -> int:
+    """The capabilities (EV_* bits) an offline device keeps under an anatomy mode (SPEC §4.1,
+    :mod:`sfg.world.outages.anatomy`): 0 under ``full``."""
+    from sfg.world.outages.anatomy import capabilities
+
+    c = capabilities(np.array([False]), anatomy)
+    return ((EV_TRAIN if c.train[0] else 0) | (EV_SEND if c.send[0] else 0)
+            | (EV_AGGREGATE if c.aggregate[0] else 0))
+
+
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
-                   seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
+                   seed: int, catchup: bool = False, link_failure: float = 0.0,
+                   anatomy: str = "full") -> Schedule:
     """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
     of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
     which says so: SPEC §12.4); ``link_failure``: SPEC §4.2's per-round link failures, per
-    Δ-round of virtual time."""
+    Δ-round of virtual time. ``anatomy`` (SPEC §4.1): what an offline wake still does —
+    ``cannot-communicate`` trains K steps alone (no candidates, nothing sent),
+    ``cannot-train-shares`` sends its model as it is, ``cannot-train-adopts`` aggregates what
+    it holds, adopts it untrained and sends it; under the last two a device keeps
+    communicating while offline (its messages leave and arrive whatever its availability). A
+    wake while still busy is skipped, as online."""
     n, P = world.n, settings.P
+    keeps = _offline_keeps(anatomy)
+    talks = bool(keeps & EV_SEND)
     train = local_steps * world.compute
     check_period(train, P)
     wakes = int(np.ceil(world.horizon / P))
@@ -521,6 +557,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     tau = np.zeros(n, np.int64)  # the device's own age (rule-independent): for +catchup
     parts: list[tuple[np.ndarray, ...]] = []
     steps_of: list[np.ndarray] = []
+    caps_of: list[np.ndarray] | None = [] if keeps else None
     skipped = interrupted = offline_wakes = unfinished = 0
     for r in range(wakes):
         w = r * P + jit[r]
@@ -528,6 +565,22 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         on = world.online.online_at(ids, w) & inside
         off = np.flatnonzero(~on & inside)
         offline_wakes += off.size
+        kept = np.zeros(0, np.int64)
+        if keeps:  # offline wakes that still act (anatomy): a local round of what is kept
+            free = w[off] >= busy[off]
+            skipped += int(np.count_nonzero(~free))
+            act = off[free]
+            if keeps & EV_TRAIN:
+                fe_k = w[act] + local_steps * world.compute[act]
+                ok_k = fe_k <= world.horizon
+                unfinished += int(np.count_nonzero(~ok_k))
+                act, fe_k = act[ok_k], fe_k[ok_k]
+                busy[act] = fe_k
+            else:
+                fe_k = w[act].copy()
+                busy[act] = fe_k + deg[act] * dt[act]
+            kept = act
+            off = np.zeros(0, np.int64)  # no offline span: the kept local round settles it
         start = on & (w >= busy)
         skipped += int(np.count_nonzero(on & (w < busy)))
         d = np.flatnonzero(start)
@@ -551,8 +604,21 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                       np.concatenate([np.ones(off.size), np.zeros(done.size)]),
                       np.concatenate([w[off], fe]), np.full(m, r, np.int64),
                       np.full(m, r, np.int64)))
+        if caps_of is not None:
+            caps_of.append(np.concatenate([np.zeros(off.size, np.int64),
+                                           np.full(done.size, EV_ALL, np.int64)]))
+            k = kept.size
+            parts.append((w[kept], kept, np.full(k, LOCAL), np.zeros(k), fe_k,
+                          np.full(k, r, np.int64), np.full(k, r, np.int64)))
+            trains_k = bool(keeps & EV_TRAIN)
+            steps_of.append(np.full(k, local_steps if trains_k else 0, np.int64))
+            caps_of.append(np.full(k, keeps, np.int64))
+            if trains_k:
+                tau[kept] = 0
+            else:
+                tau[kept] += 1
     return _finish(world, settings, "async", parts, steps_of, seed=seed, catchup=catchup,
-                   link_failure=link_failure,
+                   link_failure=link_failure, caps_of=caps_of, offline_talks=talks,
                    stats={"wakes": float(n * wakes), "skipped": float(skipped),
                           "interrupted": float(interrupted), "unfinished": float(unfinished),
                           "offline_wakes": float(offline_wakes)})
@@ -689,13 +755,18 @@ def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
 
 
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
-                  seed: int, catchup: bool = False, link_failure: float = 0.0) -> Schedule:
-    """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``: see
-    :func:`async_schedule`)."""
+                  seed: int, catchup: bool = False, link_failure: float = 0.0,
+                  anatomy: str = "full") -> Schedule:
+    """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``,
+    ``anatomy``: see :func:`async_schedule`; the event protocol models full outages only)."""
     kw = {"local_steps": local_steps, "seed": seed, "catchup": catchup,
           "link_failure": link_failure}
     if settings.protocol == "async":
-        return async_schedule(world, settings, **kw)  # type: ignore[arg-type]
+        return async_schedule(world, settings, anatomy=anatomy, **kw)  # type: ignore[arg-type]
+    if anatomy != "full" and _offline_keeps(anatomy):
+        raise SfgError(f"anatomy {anatomy!r} needs a timer: under the event protocol nothing "
+                       "paces what an offline device still does (it has no wake-ups); use "
+                       "--protocol async or lockstep")
     if settings.protocol == "event":
         return event_schedule(world, settings, **kw)  # type: ignore[arg-type]
     raise SfgError(f"protocol {settings.protocol!r} has no event schedule (lockstep runs in rounds)")

@@ -258,9 +258,6 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         from sfg.clock.scored import make_scorer
 
         make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
-    if c["anatomy"] != "full":
-        raise SfgError(f"anatomy {c['anatomy']!r} runs in rounds; the async and event protocols "
-                       "train with anatomy 'full' (use --protocol lockstep)")
     if c.get("diagnostics"):
         raise SfgError("diagnostics are measured in rounds; use --protocol lockstep for them")
     attack = parse_attack(c.get("attack"))
@@ -279,7 +276,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                        seed=seed)
     sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed,
                                     catchup=rule.catchup,
-                                    link_failure=float(c["link_failure"]))
+                                    link_failure=float(c["link_failure"]),
+                                    anatomy=str(c["anatomy"]))
     if scored:  # scores from models (or A's rows): the staleness runs level by level below
         es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
         got = es.result()
@@ -412,6 +410,13 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 pers = torch.empty_like(agg) if personal is not None else None
                 for n_steps in np.unique(ns):
                     grp = np.flatnonzero(ns == n_steps)
+                    if n_steps == 0:  # an offline local round that cannot train (anatomy)
+                        gz = torch.from_numpy(grp)
+                        out[gz] = agg[gz]
+                        if personal is not None:
+                            p_ids = np.where(prev[ev[grp]] >= 0, N + prev[ev[grp]], devs[grp])
+                            pers[gz] = personal.get(p_ids)
+                        continue
                     xs, ys = _batches(batches, clients, sizes, devs[grp], steps[grp],
                                       int(n_steps), K, B, N, seed)
                     buf = torch.zeros((grp.size, agg.shape[1]), dtype=agg.dtype) \

@@ -65,6 +65,10 @@ FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age",
  F_SELF_W, F_ATT_W, F_HONEST, F_CLAMPED) = range(len(FACTS))
 
 _EMPTY_F = np.zeros(0)
+_EMPTY_I = np.zeros(0, np.int64)
+# a local round's capabilities on the clock (anatomy modes, SPEC §4.1; sfg.clock.schedule)
+EV_TRAIN, EV_SEND, EV_AGGREGATE = 1, 2, 4
+EV_ALL = EV_TRAIN | EV_SEND | EV_AGGREGATE
 _EMPTY_B = np.zeros(0, bool)
 _NONE_F = np.zeros((0, 0))
 _NONE_I = np.zeros((0, 0), np.int64)
@@ -116,11 +120,11 @@ def _types() -> dict[object, object]:
             # _events: score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             # send, times, kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags,
             # q, hdr, hdr_lag, w, facts, marks, forge, rnd, samples, curve, order, given,
-            # defend, ev
+            # caps, defend, ev
             _TYPES["events", defended] = nt.int64(
                 score, f1, nt.float64, nt.boolean, nt.boolean, nt.int64, nt.float64,
                 nt.float64, i1, i1, f1, i1, i1, i1, f1, i1, i1, i1, f1, f1, f1, i2, f1, f1,
-                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2, i1, f1,
+                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2, i1, f1, i1,
                 *((nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2))
     return _TYPES
 
@@ -417,7 +421,7 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
 
 def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr, send, times,
             kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags, q, hdr, hdr_lag,
-            w, facts, marks, forge, rnd, samples, curve, order, given, defend,
+            w, facts, marks, forge, rnd, samples, curve, order, given, caps, defend,
             ev):  # pragma: no cover
     """The virtual clock's events in order (SPEC §12), one receiver each, through the round's
     own parts: the rule (``score``), :func:`_weights`, the defences, :func:`_settle` (the
@@ -444,7 +448,11 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     level: every event only reads state that earlier events of its device and its messages'
     sending events wrote, so any order that keeps those before it gives the same results;
     the sampled curves need time order and all events). given [C] or [0]: the candidates'
-    scores computed outside (``score`` is then :func:`given_scores`).
+    scores computed outside (``score`` is then :func:`given_scores`). caps [R] or [0] (all
+    capabilities): a local round's capabilities under an anatomy mode (SPEC §4.1; bits
+    :data:`EV_TRAIN`, :data:`EV_SEND`, :data:`EV_AGGREGATE`): one that does not aggregate has
+    only itself as candidate and keeps its model (weight 1, q̂ unchanged), one that does not
+    train settles as untrained (age + 1, lag + 1 when alone).
 
     Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
     attackers' claim on what they send (0 honest, 1 fresh: age 0, lag 0, count = the largest
@@ -453,6 +461,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     Defences: ``defend`` and ev [2, E] as in :func:`_rounds` (None without them)."""
     n = indptr.shape[0] - 1
     use_given = given.shape[0] > 0
+    use_caps = caps.shape[0] > 0
     use_u = u.shape[0] > 0
     use_key = key.shape[0] > 0
     kmax = 1
@@ -554,7 +563,10 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
         x = Candidates(t, u[r] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                        b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
         wk = b_w[:k]
-        if failed == 0 and _weights(score, x, params, c_self, ipw, True, wk) != 0:
+        mk = caps[r] if use_caps else EV_ALL
+        trains = (mk & EV_TRAIN) != 0
+        adopts = (mk & EV_AGGREGATE) != 0
+        if failed == 0 and _weights(score, x, params, c_self, ipw, adopts, wk) != 0:
             failed = 1 + r
         if defend is not None:
             if (defence & CAP) != 0:
@@ -564,17 +576,19 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             w[p0 + d] = wk[d]
             if b_count[d] > heard:
                 heard = b_count[d]
-        na, nl, nc = _settle(True, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr)
-        _update_q(q, a, b, cand)
-        fr[F_ADOPT] = 1.0
-        fr[F_NB] = k - 1
-        fr[F_SELF_W] = wk[0]
+        na, nl, nc = _settle(trains, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr)
+        if adopts:
+            _update_q(q, a, b, cand)
+            fr[F_ADOPT] = 1.0
+            fr[F_NB] = k - 1
+            fr[F_SELF_W] = wk[0]
         fr[F_CLAMPED] = n_clamped
         ages[i] = na
         lags[i] = nl
         counts[i] = nc
-        local_counts[i] += 1
-        if not marks[1, i]:
+        if trains:
+            local_counts[i] += 1
+        if not marks[1, i] and (trains or wk[0] < 1.0):
             versions[i] += 1
         hdr[0, r] = na
         hdr[1, r] = nc
@@ -778,7 +792,8 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                hdr: np.ndarray, hdr_lag: np.ndarray, w: np.ndarray, facts: np.ndarray,
                marks: np.ndarray, forge: int, rnd: np.ndarray, samples: np.ndarray,
                curve: np.ndarray, ev: np.ndarray | None = None,
-               order: np.ndarray | None = None, given: np.ndarray | None = None) -> None:
+               order: np.ndarray | None = None, given: np.ndarray | None = None,
+               caps: np.ndarray | None = None) -> None:
     """:func:`_events` (the virtual clock's events, compiled once for every rule) with
     ``rule``'s compiled function, modifiers and defences; arguments as there (``order``: all
     events in time order when None; ``given``: scores computed outside, [C], for rules that
@@ -808,7 +823,7 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                   _c(u, np.float64), _c(key, np.float64), st, lags, q, hdr, hdr_lag, w, facts,
                   _c(marks, np.bool_), int(forge), _c(rnd, np.float64), _c(samples, np.float64),
                   curve, _c(order, np.int64), _EMPTY_F if given is None else _c(given, np.float64),
-                  *rest)
+                  _EMPTY_I if caps is None else _c(caps, np.int64), *rest)
     if status:
         r = int(status) - 1
         name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))
