@@ -185,8 +185,11 @@ def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.
 
 def _clipped(M: torch.Tensor, wt: torch.Tensor, row: np.ndarray, first: np.ndarray,
              n: int) -> torch.Tensor:
-    """``+clip`` (sfg.sim.attack_train.clipped_gossip) per local round: x̃ = x + Σ_{j≠i}
-    w_j · clip(x_j − x, r), r the lower median distance to the round's neighbour candidates."""
+    """``+clip`` per local round: x̃ = x + Σ_{j≠i} w_j · clip(x_j − x, r), r the lower median
+    distance to the round's neighbour candidates (:func:`sfg.sim.attack_train.clipped_steps`,
+    the rounds' own definition)."""
+    from sfg.sim.attack_train import clipped_steps
+
     own = M[torch.from_numpy(first)]
     out = own.clone()
     nb = np.ones(row.size, bool)
@@ -196,18 +199,8 @@ def _clipped(M: torch.Tensor, wt: torch.Tensor, row: np.ndarray, first: np.ndarr
         return out
     r_of = row[sl]
     diff = M[torch.from_numpy(sl)] - own[torch.from_numpy(r_of)]
-    dist = torch.linalg.vector_norm(diff, dim=1).detach().numpy()
-    order = np.lexsort((dist, r_of))
-    bounds = np.searchsorted(r_of[order], np.arange(n + 1))
-    radius = np.zeros(n)
-    for i in np.flatnonzero(bounds[1:] > bounds[:-1]):
-        seg = order[bounds[i]:bounds[i + 1]]
-        radius[i] = dist[seg[(seg.size - 1) // 2]]
-    scale = np.minimum(radius[r_of] / np.maximum(dist, 1e-12), 1.0)
-    contrib = diff * (torch.from_numpy(scale).to(M.dtype) * wt[torch.from_numpy(sl)])[:, None]
-    out.index_add_(0, torch.from_numpy(r_of), contrib)
+    out.index_add_(0, torch.from_numpy(r_of), clipped_steps(diff, r_of, wt[torch.from_numpy(sl)], n))
     return out
-
 
 def _as_seen(es, sched: Schedule, cidx: np.ndarray, first: np.ndarray,
              devs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -33,6 +33,26 @@ def sent_models(X: torch.Tensor, X0: torch.Tensor, attackers: np.ndarray, attack
     return out
 
 
+def clipped_steps(diff: torch.Tensor, row: np.ndarray, w: torch.Tensor, n_rows: int
+                  ) -> torch.Tensor:
+    """``+clip``'s neighbour terms, written once (the rounds below, the virtual clock's
+    :func:`sfg.clock.train._clipped`): for each neighbour candidate, w_j · clip(x_j − x_i, r_i)
+    with ``diff`` [S, D] = x_j − x_i, ``row`` [S] its receiver (0..n_rows−1), ``w`` [S] its
+    weight; clip(z, r) = z · min(1, r/‖z‖), r_i the lower median distance over receiver i's
+    neighbour candidates."""
+    dist = torch.linalg.vector_norm(diff, dim=1)
+    d_np = dist.detach().cpu().numpy()
+    radius = np.zeros(n_rows)
+    order = np.lexsort((d_np, row))
+    bounds = np.searchsorted(row[order], np.arange(n_rows + 1))
+    for i in np.flatnonzero(bounds[1:] > bounds[:-1]):  # one median per receiver
+        seg = order[bounds[i]:bounds[i + 1]]
+        radius[i] = d_np[seg[(seg.size - 1) // 2]]
+    r = torch.from_numpy(radius[row]).to(diff.device, diff.dtype)
+    scale = torch.clamp(r / torch.clamp(dist, min=1e-12), max=1.0)
+    return diff * (scale * w.to(diff.device, diff.dtype))[:, None]
+
+
 def clipped_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.ndarray,
                    candidate: np.ndarray, rows: np.ndarray) -> torch.Tensor:
     """``+clip``: x̃_i = x_i + Σ_{j≠i} w_ij · clip(x_j − x_i, r_i) for the receivers ``rows``,
@@ -47,20 +67,8 @@ def clipped_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.nd
     dev = X.device
     recv = torch.from_numpy(rg.recv[slots]).to(dev)
     diff = sent[torch.from_numpy(rg.send[slots]).to(dev)] - X[recv]
-    dist = torch.linalg.vector_norm(diff, dim=1)
-    # the median neighbour distance per receiver (lower median, over its candidate slots)
-    d_np = dist.detach().cpu().numpy()
-    radius = np.zeros(rg.n)
-    r_of = rg.recv[slots]
-    order = np.lexsort((d_np, r_of))
-    bounds = np.searchsorted(r_of[order], np.arange(rg.n + 1))
-    for i in np.flatnonzero(bounds[1:] > bounds[:-1]):  # one median per receiver
-        seg = order[bounds[i]:bounds[i + 1]]
-        radius[i] = d_np[seg[(seg.size - 1) // 2]]
-    r = torch.from_numpy(radius[r_of]).to(dev, X.dtype)
-    scale = torch.clamp(r / torch.clamp(dist, min=1e-12), max=1.0)
-    contrib = diff * (scale * torch.from_numpy(w[slots]).to(dev, X.dtype))[:, None]
-    out.index_add_(0, recv, contrib)
+    out.index_add_(0, recv, clipped_steps(diff, rg.recv[slots], torch.from_numpy(w[slots]),
+                                          rg.n))
     return out
 
 
