@@ -78,6 +78,33 @@ def test_async_node_on_the_virtual_clock_equals_the_clocks_engine(n, rule):
     assert m["virtual_seconds"] > 2 ** 14
 
 
+def test_async_node_clips_as_the_clocks_engine_does():
+    """+clip runs in the node (the rounds' own clipped steps): the same models as the engine's
+    sfg-cut+clip, and not those of plain sfg-cut (the clipping happened)."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    opts = SwarmOptions(mode="async", period=P, jitter=0.5, window=1.0)
+    res = _bounded(lambda: run_virtual_swarm(_world(8, "sfg-cut+clip"), opts,
+                                             clock_settings=WORLD))
+    plain = _bounded(lambda: run_virtual_swarm(_world(8, "sfg-cut"), opts, clock_settings=WORLD))
+    eng = simulate_events(resolve_config({**BASE, "n_clients": 8, "rule": "sfg-cut+clip",
+                                          **WORLD, "clock": "virtual", "protocol": "async",
+                                          "period": P, "jitter": 0.5}))
+    assert np.abs(res["params"] - eng["params"].numpy()).max() <= 1e-5
+    assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
+    assert np.abs(res["params"] - plain["params"]).max() > 1e-4
+    # lockstep: the rounds' clipped gossip of sfg run
+    from sfg.sim.run import simulate
+
+    lock = _bounded(lambda: run_virtual_swarm(
+        _world(8, "sfg-cut+clip"), SwarmOptions(mode="lockstep", period=P, deadline=DEADLINE),
+        clock_settings={"compute": "const:value=30"}))
+    ref = simulate({**BASE, "n_clients": 8, "rule": "sfg-cut+clip"}, backend="loop")
+    assert np.abs(lock["params"] - ref.params.numpy()).max() <= 1e-5
+    assert [nd["acc"] for nd in lock["nodes"]] == ref.accuracy.tolist()
+
+
 def test_async_equality_holds_with_a_finite_uplink_and_lognormal_devices():
     """Transfers take size ÷ uplink back to back (the world's message size, as the engine
     charges it), and devices' compute times differ: still the engine's models."""

@@ -567,7 +567,17 @@ class Node:
                                  "content": [hashlib.sha256(bytes(encode_params(
                                      m.params, self.layout))).digest() for m in msgs]})
         X = np.stack([self.x] + [m.params for m in msgs])
-        agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
+        if rule.clip and msgs:  # +clip: x + Σ_j w_j · clip(x_j − x, r), the rounds' own steps
+            from sfg.sim.attack_train import clipped_steps
+
+            Xt = torch.from_numpy(X)
+            row = np.zeros(len(msgs), np.int64)
+            out = Xt[:1].clone()
+            out.index_add_(0, torch.from_numpy(row), clipped_steps(
+                Xt[1:] - Xt[0], row, torch.from_numpy(w[1:].astype(np.float32)), 1))
+            agg = out[0].numpy()
+        else:
+            agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
         k = self.star.deg + 1
         full = {"cand": np.zeros(k, bool), "weights": np.zeros(k), "ages": np.zeros(k, np.int64),
                 "lags": np.zeros(k), "counts": np.ones(k, np.int64),
