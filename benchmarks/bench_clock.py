@@ -59,17 +59,13 @@ import sys
 import time
 from typing import Any
 
-from machine import banner
+from machine import load, start
 
 PROCESS, GRAPH, RULE, K = "bursty:u=0.8", "knn:k=6", "sfg-cut", 10
 ASYNC = {"clock": "virtual", "protocol": "async", "jitter": 0.5}
 EVENT = {"clock": "virtual", "protocol": "event", "compute": "const:value=30"}
 TRAIN = {"dataset": "digits", "model": "mlp", "local_steps": K, "process": PROCESS,
          "rule": RULE, "graph": GRAPH, "seed": 1}
-
-
-def _load() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
 def _rss_mib() -> float:
@@ -265,7 +261,7 @@ def print_replay(r: dict) -> None:
     print(f"   {'rounds: build_scenario + replay_trace, no H':<48} {sm['rounds_noH_ms']:8.1f} "
           f"{sm['ratio_vs_rounds_noH']:10.2f}×")
     print(f"   (unavailability: clock {sm['unavailability_clock']:.4f}, rounds "
-          f"{sm['unavailability_rounds']:.4f}; load {_load()})")
+          f"{sm['unavailability_rounds']:.4f}; load {load()})")
 
 
 # ----------------------------------------------------------------------------------- 2
@@ -322,27 +318,23 @@ def print_train(r: dict) -> None:
           f"{sm['warmup_s']:.1f} s, not counted)")
     print(f"   {'run':<40} {'wall s':>7} {'sim s':>7} {'steps':>9} {'µs/step':>8} "
           f"{'async/sync':>10} {'acc':>6} {'levels':>6} {'peak mdl':>8} {'peak MiB':>9}")
-    lab = f"N=100, {sm['periods']} periods, median of {sm['repeats']}"
-    for name in ("sync", "async"):
-        x = sm[name]
-        print(f"   {lab + ', ' + name:<40} {x['wall_s']:7.2f} {x['sim_s']:7.2f} "
-              f"{x['client_steps']:9,} {x['us_per_step']:8.1f} "
-              f"{(format(sm['ratio_per_step'], '9.2f') + '×' if name == 'async' else ''):>10} "
-              f"{x['acc_mean']:6.3f} {str(x.get('levels', '')):>6} "
-              f"{str(x.get('peak_models', '')):>8} {'':>9}")
-    lab = f"N={big['n']:,}, {big['periods']} periods, classes:k=1"
-    for name in ("sync", "async"):
-        x = big[name]
-        print(f"   {lab + ', ' + name:<40} {x['wall_s']:7.2f} {x['sim_s']:7.2f} "
-              f"{x['client_steps']:9,} {x['us_per_step']:8.1f} "
-              f"{(format(big['ratio_per_step'], '9.2f') + '×' if name == 'async' else ''):>10} "
-              f"{x['acc_mean']:6.3f} {str(x.get('levels') or ''):>6} "
-              f"{str(x.get('peak_models') or ''):>8} {x['peak_rss_mib']:9.0f}")
+    def rows(lab: str, block: dict, rss: bool) -> None:
+        for name in ("sync", "async"):
+            x = block[name]
+            ratio = format(block["ratio_per_step"], "9.2f") + "×" if name == "async" else ""
+            mib = f"{x['peak_rss_mib']:9.0f}" if rss else f"{'':>9}"
+            print(f"   {lab + ', ' + name:<40} {x['wall_s']:7.2f} {x['sim_s']:7.2f} "
+                  f"{x['client_steps']:9,} {x['us_per_step']:8.1f} {ratio:>10} "
+                  f"{x['acc_mean']:6.3f} {str(x.get('levels') or ''):>6} "
+                  f"{str(x.get('peak_models') or ''):>8} {mib}")
+
+    rows(f"N=100, {sm['periods']} periods, median of {sm['repeats']}", sm, False)
+    rows(f"N={big['n']:,}, {big['periods']} periods, classes:k=1", big, True)
     print(f"   async/sync: time per useful client-step (target <= 2×), N=100 the median of "
           f"per-repeat ratios {[round(x, 2) for x in sm['ratios']]}; N={big['n']:,}: one run "
           f"each in its own process, back to back (baseline RSS after warm-up: async "
           f"{big['async']['baseline_rss_mib']:.0f} MiB, sync {big['sync']['baseline_rss_mib']:.0f} "
-          f"MiB); load {_load()}")
+          f"MiB); load {load()}")
 
 
 # ----------------------------------------------------------------------------------- 3
@@ -426,7 +418,7 @@ def print_swarm(r: dict) -> None:
           f"({r['swarm_wall_s'] / r['clock_wall_s']:.0f}× faster); final mean accuracy clock − "
           f"swarm (mean of {r['repeats']}) = {r['acc_diff_clock_minus_swarm']:+.4f}; swarm memory "
           f"{statistics.fmean(s['rss_mb_per_node'] for s in r['swarm']):.0f} MB per node; "
-          f"load {_load()}")
+          f"load {load()}")
     if ctl:
         print(f"   control (jitter 0): clock − swarm accuracy {ctl['acc_diff_clock_minus_swarm']:+.4f}, "
               f"aggregated messages swarm {ctl['swarm']['aggregated']:.0f}, clock "
@@ -465,9 +457,7 @@ def main() -> None:
     def pick(v, full, quick):
         return v if v is not None else (quick if q else full)
 
-    machine = banner()
-    print(machine, flush=True)
-    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)" + (" — quick" if q else ""))
+    machine = start(q)
     which = a.only or [1, 2, 3]
     out: dict[str, Any] = {"machine": machine, "quick": q, "peak_memory": "ru_maxrss"}
     if 1 in which:
@@ -487,7 +477,7 @@ def main() -> None:
                        not a.no_control)
         print_swarm(r)
         out["swarm"] = r
-    print(f"\nload average at end: {_load()}")
+    print(f"\nload average at end: {load()}")
     print(json.dumps(out, default=float))
 
 

@@ -45,17 +45,13 @@ import tempfile
 import time
 from typing import Any
 
-from machine import banner
+from machine import load, start
 
 P = 600.0
 TRAIN = {"dataset": "digits", "model": "mlp", "local_steps": 10, "process": "bursty:u=0.8",
          "rule": "sfg-cut", "graph": "knn:k=6", "seed": 1}
 ASYNC = {"jitter": 0.5, "compute": "const:value=30", "latency": "const:value=1"}
 NO_BATCH = {"jitter": 0.5, "compute": "const:value=0", "latency": "const:value=0"}
-
-
-def _load() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
 def _rss_mib() -> float:
@@ -195,7 +191,7 @@ def print_small(r: dict) -> None:
           f"{'met' if r['ratio'] <= 3 else 'not met'}); virtual swarm vs the clock's engine: "
           f"max |Δ parameters| = {r['max_param_diff_vs_engine']:.3g}, accuracy "
           f"{v['acc_mean']:.4f} vs {e['acc_mean']:.4f}; {v0['virtual_s']:,.0f} virtual seconds; "
-          f"load {_load()}")
+          f"load {load()}")
 
 
 # ----------------------------------------------------------------------------------- 2
@@ -220,7 +216,7 @@ def print_big(r: dict) -> None:
           f"{s['baseline_rss_mib']:9.0f} {s['acc_mean']:7.4f}")
     print(f"   completes in <= 15 min: {r['within_15_min']} ({v['wall_s'] / 60:.1f} min); "
           f"virtual swarm / sfg run: {r['ratio']:.2f}×; {v['virtual_s']:,.0f} virtual seconds; "
-          f"load {_load()}")
+          f"load {load()}")
 
 
 def main() -> None:
@@ -243,9 +239,7 @@ def main() -> None:
     def pick(v, full, quick):
         return v if v is not None else (quick if q else full)
 
-    machine = banner()
-    print(machine, flush=True)
-    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)" + (" — quick" if q else ""))
+    machine = start(q)
     which = a.only or [1, 2]
     periods = pick(a.periods, 300, 30)
     out: dict[str, Any] = {"machine": machine, "quick": q, "peak_memory": "ru_maxrss",
@@ -259,7 +253,7 @@ def main() -> None:
         r = part_big(pick(a.big_n, 1_000, 200), periods)
         print_big(r)
         out["big"] = r
-    print(f"\nload average at end: {_load()}")
+    print(f"\nload average at end: {load()}")
     print(json.dumps(out, default=float))
 
 

@@ -89,3 +89,17 @@ def banner() -> str:
 
 if __name__ == "__main__":
     print(banner())
+
+
+def load() -> str:
+    """The load average (1, 5, 15 min) as printed by the benchmarks."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def start(quick: bool = False) -> str:
+    """Print the machine line and the load average at the start of a benchmark; returns the
+    machine line (for the JSON)."""
+    machine = banner()
+    print(machine, flush=True)
+    print(f"load average at start: {load()} ({os.cpu_count()} CPUs)" + (" — quick" if quick else ""))
+    return machine
