@@ -2,7 +2,8 @@
 
 ``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
 participants and deliveries, so every rule, backbone and diagnostic runs there (the async
-and event protocols take the backbones and the model-reading rules too, below).
+and event protocols take the backbones, the model-reading rules and the oracles too, and async
+the anatomy modes: below).
 
 ``async`` and ``event`` (:func:`simulate_events`) first fix the schedule (model-free,
 rule-independent), then run the rule's staleness over it (:func:`sfg.clock.replay.staleness_events`:
@@ -201,6 +202,7 @@ def _clipped(M: torch.Tensor, wt: torch.Tensor, row: np.ndarray, first: np.ndarr
     diff = M[torch.from_numpy(sl)] - own[torch.from_numpy(r_of)]
     out.index_add_(0, torch.from_numpy(r_of), clipped_steps(diff, r_of, wt[torch.from_numpy(sl)], n))
     return out
+
 
 def _as_seen(es, sched: Schedule, cidx: np.ndarray, first: np.ndarray,
              devs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
