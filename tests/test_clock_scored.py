@@ -132,6 +132,7 @@ def test_missed_fraction_rows_and_oracle_scores_by_hand():
         time: np.ndarray
         horizon: float = 4.0
         unit: float = 1.0
+        caps: np.ndarray | None = None
 
     # candidates: e0 = [self]; e1 = [self, msg e0]; e2 = [self, msg e1]
     sched = Sched(cmsg=np.array([-1, -1, 0, -1, 1]), time=np.array([0.0, 2.0, 3.0]))
@@ -147,6 +148,16 @@ def test_missed_fraction_rows_and_oracle_scores_by_hand():
     assert rows.rows[0].tolist() == [0, 0, 0, 0]
     assert rows.rows[1].tolist() == [0.5, 0.5, 0, 0]      # ½·[1, 1, 0, 0] + ½·[0, 0, 0, 0]
     assert rows.rows[2].tolist() == [0.25, 0.75, 0.5, 0]  # ½·[0, 1, 1, 0] + ½·row 1, col 3 = 0
+    # an anatomy mode's offline local round that cannot train (cannot-train-adopts: send and
+    # aggregate only) misses its own unit: column 3 = 1
+    from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND
+
+    sched.caps = np.array([EV_ALL, EV_ALL, EV_SEND | EV_AGGREGATE])
+    rows.rows.pop(2)
+    ev, cidx, row = np.array([2]), np.array([3, 4]), np.zeros(2, np.int64)
+    rows.scores(None, row, np.array([0]), None, None, None, None, ev=ev, cidx=cidx)
+    rows.adopted(None, None, ev=ev, cidx=cidx, row=row, weights=w)
+    assert rows.rows[2].tolist() == [0.25, 0.75, 0.5, 1.0]
 
 
 @pytest.mark.parametrize("protocol", ["async", "event"])

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sfg.clock.schedule import Schedule, level_plan
+from sfg.clock.schedule import EV_TRAIN, Schedule, level_candidates, level_plan
 from sfg.round.rules import Rule
 
 
@@ -65,11 +65,14 @@ class MissedRows:
 
     def adopted(self, devs: np.ndarray, agg: Any, *, ev: np.ndarray, cidx: np.ndarray,
                 row: np.ndarray, weights: np.ndarray) -> None:
-        """The level's new rows: Σ_c w_c A_c, then the local round's own unit trained."""
+        """The level's new rows: Σ_c w_c A_c, then the local round's own unit: 0 if it
+        trained, 1 if it could not (an anatomy mode's offline local round, SPEC §4.1)."""
         assert self._stacked is not None
         new = np.zeros((ev.size, self.T))
         np.add.at(new, row, weights[cidx][:, None] * self._stacked)
-        new[np.arange(ev.size), self.unit_of[ev]] = 0.0
+        trained = np.ones(ev.size, bool) if self.sched.caps is None else \
+            (self.sched.caps[ev] & EV_TRAIN) != 0
+        new[np.arange(ev.size), self.unit_of[ev]] = np.where(trained, 0.0, 1.0)
         for k, e in enumerate(ev):
             self.rows[int(e)] = new[k]
         self._stacked = None
@@ -77,15 +80,6 @@ class MissedRows:
     def drop(self, events: np.ndarray) -> None:
         for e in events:
             self.rows.pop(int(e), None)
-
-
-def _level_candidates(sched: Schedule, ev: np.ndarray):
-    lens = sched.cptr[ev + 1] - sched.cptr[ev]
-    cidx = np.concatenate([np.arange(sched.cptr[r], sched.cptr[r + 1]) for r in ev]) \
-        if ev.size else np.zeros(0, np.int64)
-    row = np.repeat(np.arange(ev.size), lens)
-    first = np.cumsum(lens) - lens
-    return cidx, row, first
 
 
 def oracle_scores(es, rule: Rule, sched: Schedule, n: int) -> np.ndarray:
@@ -110,7 +104,7 @@ def oracle_scores(es, rule: Rule, sched: Schedule, n: int) -> np.ndarray:
     for L in range(1, plan["n_levels"] + 1):
         es.run(order=plan["offline"](L), given=given)
         ev = plan["local"](L)
-        cidx, row, first = _level_candidates(sched, ev)
+        cidx, row, first = level_candidates(sched, ev)
         given[cidx] = rows.scores(None, row, first, sched.dev[ev], sched.cslot[cidx], None,
                                   None, ev=ev, cidx=cidx)
         es.run(order=ev, given=given)

@@ -733,6 +733,17 @@ def _offline_levels(kind, dev, level, n, end_level):  # pragma: no cover - compi
     return out
 
 
+def level_candidates(sched: Schedule, ev: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidates of the local rounds ``ev``: their indices ``cidx`` into the schedule's
+    candidate arrays, ``row`` [C] the local round (0..len(ev)−1) each belongs to, and
+    ``first`` [len(ev)] the position of each local round's own entry."""
+    lens = sched.cptr[ev + 1] - sched.cptr[ev]
+    cidx = np.concatenate([np.arange(sched.cptr[r], sched.cptr[r + 1]) for r in ev]) \
+        if ev.size else np.zeros(0, np.int64)
+    return cidx, np.repeat(np.arange(ev.size), lens), np.cumsum(lens) - lens
+
+
 def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
     """The schedule's dependency levels (for rules whose scores are computed between the
     levels, :mod:`sfg.clock.train`, :mod:`sfg.clock.missed`): ``level`` [R] of the local

@@ -43,6 +43,7 @@ from sfg.clock.schedule import (
     LOCAL,
     Schedule,
     _levels,
+    level_candidates,
     level_plan,
     make_schedule,
     make_world,
@@ -364,14 +365,10 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             if L >= 1:
                 ev = loc[by_level[bounds[L - 1]: bounds[L]]]
                 # aggregate: Σ_c w_c · model(c), the receiver's own (previous) model first
-                lens = sched.cptr[ev + 1] - sched.cptr[ev]
-                cidx = np.concatenate([np.arange(sched.cptr[r], sched.cptr[r + 1]) for r in ev])
-                row = np.repeat(np.arange(ev.size), lens)
+                cidx, row, first = level_candidates(sched, ev)
                 ids = np.where(sched.cmsg[cidx] >= 0, N + sched.cmsg[cidx], -1)
-                own = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
-                ids[np.cumsum(lens) - lens] = own
+                ids[first] = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
                 M = pool.get(ids)
-                first = np.cumsum(lens) - lens
                 if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
                     M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
                 if scorer is not None:  # the level's staleness, with scores from the models
