@@ -436,11 +436,10 @@ def clock_worlds(draw, protocol: str):
                                          "lognormal:median=60,sigma=1.5"])),
         "loss": f"const:value={draw(st.sampled_from([0.0, 0.1, 0.5]))}",
     }
-    anatomy = "full"
     if protocol == "async":
         clock["period"] = draw(st.sampled_from([None, 300.0, 900.0]))
-        anatomy = draw(st.sampled_from(["full", "full", "cannot-communicate",
-                                        "cannot-train-shares", "cannot-train-adopts"]))
+    anatomy = draw(st.sampled_from(["full", "full", "cannot-communicate",
+                                    "cannot-train-shares", "cannot-train-adopts"]))
     return dict(n=n, graph=graph, process=process, rounds=rounds, K=K, clock=clock,
                 anatomy=anatomy,
                 seed=draw(st.integers(0, 10_000)), rule=draw(st.sampled_from(RULES)),
@@ -590,8 +589,8 @@ BAD = [
     (RUN + ["--protocol", "async", "--rule", "relative-variance:nu=0"], "nu=0.0 must lie"),
     (RUN + ["--protocol", "event", "--compute", "const:value=1", "--rule", "pwg:H=-1"],
      "must be >= 0"),
-    (RUN + ["--protocol", "event", "--compute", "const:value=1", "--anatomy",
-            "cannot-communicate"], "needs a timer"),
+    (RUN + ["--protocol", "event", "--uplink", "const:value=1e6", "--anatomy",
+            "cannot-communicate"], "trains alone, one local round after the other"),
     (["run", "--protocol", "async"], "add clock: virtual"),
     (["run", "--compute", "const:value=2"], "add clock: virtual"),
     (["replay", "--protocol", "async"], "add --clock virtual"),

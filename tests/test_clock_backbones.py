@@ -77,16 +77,18 @@ def test_ditto_keeps_the_shared_models_and_evaluates_the_personal_ones(protocol)
     assert again["accuracy"].tolist() == ditto["accuracy"].tolist()
 
 
+@pytest.mark.parametrize("protocol", ["async", "event"])
 @pytest.mark.parametrize("mode", ["cannot-communicate", "cannot-train-shares",
                                   "cannot-train-adopts"])
-def test_anatomy_modes_train_on_async_paired_and_deterministic(mode):
+def test_anatomy_modes_train_on_the_clock_paired_and_deterministic(mode, protocol):
     """Every rule of a seed shares the mode's schedule (its own digest, not full's); the same
-    seed gives the same models; cannot-communicate trains every wake (more client-steps),
-    the cannot-train modes exactly as many as full."""
-    a = _run(protocol="async", anatomy=mode, rule="sfg-cut")
-    b = _run(protocol="async", anatomy=mode, rule="sfg-cut")
-    d = _run(protocol="async", anatomy=mode)
-    full = _run(protocol="async", rule="sfg-cut")
+    seed gives the same models; cannot-communicate trains while offline (more client-steps),
+    the cannot-train modes exactly as many as full (instant uplinks: an offline tick's sends
+    never delay the next online round)."""
+    a = _run(protocol=protocol, anatomy=mode, rule="sfg-cut")
+    b = _run(protocol=protocol, anatomy=mode, rule="sfg-cut")
+    d = _run(protocol=protocol, anatomy=mode)
+    full = _run(protocol=protocol, rule="sfg-cut")
     assert torch.equal(a["params"], b["params"])
     assert a["meta"]["schedule_digest"] == d["meta"]["schedule_digest"]
     assert a["meta"]["schedule_digest"] != full["meta"]["schedule_digest"]

@@ -262,6 +262,10 @@ def _event(sc, t, d):
     return int(np.flatnonzero((sc.time == t) & (sc.dev == d))[0])
 
 
+def _local(sc, t, d):
+    return int(np.flatnonzero((sc.time == t) & (sc.dev == d) & (sc.kind == LOCAL))[0])
+
+
 @pytest.mark.parametrize("mode", ["full", "cannot-communicate", "cannot-train-shares",
                                   "cannot-train-adopts"])
 def test_anatomy_modes_on_async_by_hand(mode):
@@ -308,12 +312,126 @@ def test_anatomy_modes_on_async_by_hand(mode):
         assert (1, e, 0.9) in candidates(sc, e0_30)
 
 
-def test_anatomy_modes_that_keep_something_need_the_async_timer():
-    from sfg.clock.schedule import make_schedule
+# The event protocol under the anatomy modes: the path 0 – 1 – 2, Δ = 10 s, W = 2 units,
+# K = 1 step; compute 10, 4, 10 s; latency 1 s, instant uplinks, horizon 40. 0 and 2 always
+# online: rounds at 0, 10, 20, 30, messages arriving at 11, 21, 31 (41: after the run).
+# Device 1 online in [0, 13) and [25, 40): rounds 0 → 4, 4 → 8, 8 → 12 (arriving 5, 9, 13),
+# alone each time (nothing has arrived yet), so age 0, lag 0 and count 1 + 3; 12 → 16
+# interrupted at 13.
+# Offline 13 → 25, what it still does (SPEC §4.1; no timer, so it keeps the pace of what
+# it does, sfg.clock.schedule.event_schedule):
+#   full:                 back at 25: an offline span of 1.2 units (age 1, lag 1.2); the
+#                         messages at 21 are lost
+#   cannot-communicate:   trains alone back to back 13 → 17, 17 → 21, 21 → 25 (age 0, lag 0,
+#                         count 4 + 3); sends nothing, still loses the messages at 21
+#   cannot-train-shares:  one tick at 23 (13 + Δ): sends its model as it is (arrives 24),
+#                         age 1, lag 1; back at 25 a span of 0.2: age 1, lag 1.2; it hears
+#                         the messages at 21
+#   cannot-train-adopts:  at the tick 23 it aggregates itself and 0's and 2's messages of
+#                         their rounds at 10 (arrived 21, waited 0.2: age 0, lag 0.05 + 0.2),
+#                         adopts untrained (age 1, lag (0 + 2·0.25)/3 + 1) and sends it;
+#                         back at 25 + 0.2
+# At 0's round at 30 it holds 1's newest message: the tick's (arrived 24, waited 0.6) or,
+# without one, its round at 8 (arrived 13, waited 1.7); 1's round at 25 arrives at 30 exactly,
+# not yet held.
+EVENT_ANATOMY = dict(compute=[10.0, 4.0, 10.0],
+                     online={0: [(0, 40)], 1: [(0, 13), (25, 40)], 2: [(0, 40)]},
+                     horizon=40.0)
+
+
+def event_anatomy_sched(mode, **kw):
+    s = make_settings({"clock": "virtual", "protocol": "event", "round_seconds": 10.0,
+                       "window": 2.0, **kw.pop("settings", {})})
+    return event_schedule(world(**{**EVENT_ANATOMY, **kw}), s, local_steps=1, seed=1,
+                          anatomy=mode)
+
+
+@pytest.mark.parametrize("mode", ["full", "cannot-communicate", "cannot-train-shares",
+                                  "cannot-train-adopts"])
+def test_anatomy_modes_on_event_by_hand(mode):
+    from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND, EV_TRAIN, FACTS
+
+    sc = event_anatomy_sched(mode)
+    one = [(float(t), int(k)) for t, k, d in zip(sc.time, sc.kind, sc.dev, strict=True)
+           if d == 1]
+    e1_25, e1_8 = _local(sc, 25.0, 1), _event(sc, 8.0, 1)
+    e0_0, e0_10, e2_0, e2_10 = (_event(sc, 0.0, 0), _event(sc, 10.0, 0), _event(sc, 0.0, 2),
+                                _event(sc, 10.0, 2))
+    e0_30 = _event(sc, 30.0, 0)
+    got = staleness_events(parse_rule("dfedavg"), world(**EVENT_ANATOMY), sc, seed=1)
+    age, lag = FACTS.index("age"), FACTS.index("lag")
+    before = got["facts"][e1_25]  # device 1's state as it comes back
+    head = [(0.0, LOCAL), (4.0, LOCAL), (8.0, LOCAL)]
+    tail = [(25.0, LOCAL), (29.0, LOCAL), (33.0, LOCAL)]  # 37 -> 41: unfinished
+    held_0 = [(1, -1, 0.0), (0, e0_0, 1.4), (2, e2_0, 1.4)]     # the messages at 11
+    held_10 = [(1, -1, 0.0), (0, e0_10, 0.4), (2, e2_10, 0.4)]  # the messages at 21
+    if mode == "full":
+        assert sc.caps is None and one == head + [(25.0, OFFLINE)] + tail
+        assert sc.amount[_event(sc, 25.0, 1)] == pytest.approx(1.2)  # the span comes first
+        assert before[age] == 1 and before[lag] == pytest.approx(1.2, abs=1e-12)
+        assert candidates(sc, e1_25) == held_0
+        assert (1, e1_8, 1.7) in candidates(sc, e0_30)
+        return
+    if mode == "cannot-communicate":
+        assert one == head + [(13.0, LOCAL), (17.0, LOCAL), (21.0, LOCAL)] + tail
+        kept = [_event(sc, t, 1) for t in (13.0, 17.0, 21.0)]
+        assert sc.end[kept].tolist() == [17.0, 21.0, 25.0]
+        assert all(candidates(sc, e) == [(1, -1, 0.0)] for e in kept)
+        assert sc.caps[kept].tolist() == [EV_TRAIN] * 3 and sc.nsteps[kept].tolist() == [1] * 3
+        assert sc.step[kept + [e1_25]].tolist() == [3, 4, 5, 6]  # minibatch keys go on
+        assert before[age] == 0 and before[lag] == 0.0 and got["hdr"][1, kept[-1]] == 7
+        assert candidates(sc, e1_25) == held_0
+        assert (1, e1_8, 1.7) in candidates(sc, e0_30)
+        assert sc.caps[e1_25] == EV_ALL
+        return
+    e = _event(sc, 23.0, 1)
+    assert one == head + [(23.0, LOCAL), (25.0, OFFLINE)] + tail
+    assert sc.amount[e + 1] == pytest.approx(0.2) and sc.nsteps[e] == 0
+    assert candidates(sc, e1_25) == held_10
+    assert (1, e, 0.6) in candidates(sc, e0_30)
+    if mode == "cannot-train-shares":
+        assert sc.caps[e] == EV_SEND and candidates(sc, e) == [(1, -1, 0.0)]
+        assert (got["hdr"][0, e], got["hdr_lag"][e], got["hdr"][1, e]) == (1, 1.0, 4)
+        assert before[age] == 1 and before[lag] == pytest.approx(1.2, abs=1e-12)
+    else:
+        assert sc.caps[e] == EV_SEND | EV_AGGREGATE
+        assert candidates(sc, e) == [(1, -1, 0.0), (0, e0_10, 0.2), (2, e2_10, 0.2)]
+        assert np.allclose(got["weights"][sc.cptr[e]:sc.cptr[e + 1]], 1 / 3)
+        want = (0.0 + 2 * (0.05 + 0.2)) / 3 + 1.0
+        assert got["hdr"][0, e] == 1 and got["hdr_lag"][e] == pytest.approx(want, abs=1e-12)
+        assert before[age] == 1 and before[lag] == pytest.approx(want + 0.2, abs=1e-12)
+
+
+def test_event_offline_ticks_while_the_uplink_is_busy():
+    """cannot-train-shares with device 1's broadcast taking 12 s (two 6 s transfers) > Δ:
+    online 0 → 13 and from 60; its round 0 → 4 sends until 16 (it goes on sending offline);
+    ticks at 23, 33, 43, 53: 23 acts (free since 16), 33 is busy (sends until 35): a span of
+    one unit, 43 acts, 53 a span; back at 60 a span of 0.7 — 4.7 units in all, the 47 s
+    offline, as under ``full``."""
+    from dataclasses import replace
+
+    w = world(compute=[10.0, 4.0, 10.0], online={0: [(0, 70)], 1: [(0, 13), (60, 70)],
+                                                  2: [(0, 70)]}, horizon=70.0)
+    w = replace(w, uplink=np.array([np.inf, 10.0, np.inf]))
+    s = make_settings({"clock": "virtual", "protocol": "event", "round_seconds": 10.0,
+                       "window": 2.0, "message_bytes": 60.0})
+    sc = event_schedule(w, s, local_steps=1, seed=1, anatomy="cannot-train-shares")
+    one = [(float(t), int(k), float(a)) for t, k, a, d
+           in zip(sc.time, sc.kind, sc.amount, sc.dev, strict=True) if d == 1]
+    assert one[:6] == [(0.0, LOCAL, 0.0), (23.0, LOCAL, 0.0), (33.0, OFFLINE, 1.0),
+                       (43.0, LOCAL, 0.0), (53.0, OFFLINE, 1.0), (60.0, OFFLINE, 0.7)]
+    assert one[6][:2] == (60.0, LOCAL) and sc.stats["skipped"] == 2
+    got = staleness_events(parse_rule("dfedavg"), w, sc, seed=1)
+    from sfg.round.kernel import FACTS
+
+    f = got["facts"][_local(sc, 60.0, 1)]
+    assert f[FACTS.index("lag")] == pytest.approx(4.7, abs=1e-12)
+    assert f[FACTS.index("age")] == 4
+
+
+def test_event_offline_training_needs_compute_time():
     from sfg.errors import SfgError
 
-    s = make_settings({"clock": "virtual", "protocol": "event", "round_seconds": 10.0,
-                       "compute": "const:value=2"})
-    for mode in ("cannot-communicate", "cannot-train-shares", "cannot-train-adopts"):
-        with pytest.raises(SfgError, match="needs a timer"):
-            make_schedule(world(**ANATOMY), s, local_steps=1, seed=1, anatomy=mode)
+    with pytest.raises(SfgError, match="never stop"):
+        event_anatomy_sched("cannot-communicate", compute=[10.0, 0.0, 10.0],
+                            settings={"message_bytes": 1.0, "uplink": "const:value=1"})

@@ -2,8 +2,8 @@
 
 ``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
 participants and deliveries, so every rule, backbone and diagnostic runs there (the async
-and event protocols take the backbones, the model-reading rules and the oracles too, and async
-the anatomy modes: below).
+and event protocols take the backbones, the model-reading rules, the oracles and the anatomy
+modes too: below).
 
 ``async`` and ``event`` (:func:`simulate_events`) first fix the schedule (model-free,
 rule-independent), then run the rule's staleness over it (:func:`sfg.clock.replay.staleness_events`:
@@ -223,7 +223,8 @@ def _as_seen(es, sched: Schedule, cidx: np.ndarray, first: np.ndarray,
 def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
                     ) -> dict[str, Any]:
     """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
-    config. Returns ``{"metrics", "curves", "meta", "accuracy", "params"}``."""
+    config. Returns ``{"metrics", "curves", "meta", "accuracy", "params", "diagnostics"}``
+    (``diagnostics``: SPEC §10's on the clock, :mod:`sfg.clock.diagnostics`, or None)."""
     from sfg.clock.replay import EventStaleness, per_device_hour, staleness_events
     from sfg.round.attacks import parse_attack
     from sfg.round.rules import parse_rule
@@ -235,6 +236,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         _quartile_means,
         _single_threaded,
         backbone_momentum,
+        diagnostic_tools,
         numerics,
     )
     from sfg.world.data import load_federated
@@ -254,8 +256,6 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
         from sfg.clock.scored import make_scorer
 
         make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
-    if c.get("diagnostics"):
-        raise SfgError("diagnostics are measured in rounds; use --protocol lockstep for them")
     attack = parse_attack(c.get("attack"))
     device = _device(str(c["device"]))
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
@@ -322,6 +322,19 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     np.maximum.at(last_use, N + sched.cmsg[nb], level[owner[nb]])
     np.maximum.at(last_use, eval_ids.ravel(), np.repeat(eval_level, N))
     last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
+    # SPEC §10's diagnostics on the clock (sfg.clock.diagnostics): read the models, never
+    # change them; the fine-tuning's models are kept until their unit's last level
+    tools = diagnostic_tools(c, seed=seed, model=model, spec=spec, data=data, clients=clients,
+                             backend=backend, device=device, K=K, B=B, lr=lr, wd=wd,
+                             momentum=momentum)
+    diag = None
+    if tools is not None:
+        from sfg.clock.diagnostics import EventDiagnostics
+
+        diag = EventDiagnostics(tools.pop("kinds"), sched=sched, level=level, prev=prev,
+                                facts=got["facts"], hdr=got["hdr"], hdr_lag=got["hdr_lag"],
+                                weights=weights, seed=seed, **tools)
+        diag.hold(last_use)
 
     pool = _Pool(X0, N + R)
     # ditto (SPEC §6 backbones): a personal model per device beside the shared one, trained
@@ -369,6 +382,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 ids = np.where(sched.cmsg[cidx] >= 0, N + sched.cmsg[cidx], -1)
                 ids[first] = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
                 M = pool.get(ids)
+                sent = M  # the candidates' models as trained (what the diagnostics read)
                 if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
                     M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
                 if scorer is not None:  # the level's staleness, with scores from the models
@@ -435,6 +449,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                     raise SfgError(f"training diverged (non-finite parameters) on device "
                                    f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
                                    f"of virtual time; lower --lr (now {lr}) or check the data")
+                if diag is not None:  # SPEC §10 on the clock: reads, never writes
+                    diag.batch(ev, cidx, row, first, sent, agg, out)
                 pool.put(N + ev, out)
                 if personal is not None:
                     if not bool(torch.isfinite(pers.sum(dim=1)).all()):
@@ -445,6 +461,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
                 evaluate(int(eval_order[next_eval]))
                 next_eval += 1
+            if diag is not None:  # before this level's models are freed
+                diag.level_done(L, pool.get)
             gone = by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]]
             pool.drop(gone)
             if personal is not None:  # read where the shared model is (or earlier): freed alike
@@ -488,4 +506,4 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             "levels": n_levels, "peak_models": pool.peak, "target_accuracy": target,
             "message_bytes": settings.message_bytes, "numerics": numerics()}
     return {"metrics": metrics, "curves": curves, "meta": meta, "accuracy": acc,
-            "params": final[0]}
+            "params": final[0], "diagnostics": diag.result() if diag is not None else None}
