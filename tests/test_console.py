@@ -363,10 +363,39 @@ def test_replay_imports_no_torch_matplotlib_or_scipy(tmp_path):
             "20", "--json"]
     loaded = imports_of(tiny)
     assert "numpy" in loaded  # the probe sees what was imported
-    # (numba itself imports scipy and scipy.linalg's BLAS: a fixed cost, not ours)
+    # numba's BLAS probe would load scipy.linalg (0.13 s): sfg answers it (sfg.util.numba_start)
     assert not loaded & {"torch", "matplotlib", "scipy.sparse", "scipy.spatial", "scipy.stats",
-                         "scipy.special", "sklearn", "PIL"}, loaded
+                         "scipy.special", "scipy.linalg", "sklearn", "PIL"}, loaded
     assert "matplotlib" in imports_of([*tiny, "--plot", str(tmp_path / "s.png")])
+
+
+BLAS_AFTER_SFG = """
+import json, sys
+import numpy as np
+from sfg.round.kernel import run_rounds  # noqa: F401 - numba as sfg starts it
+from sfg.util.numba_start import njit
+import numba.np.arraymath as am, numba.np.linalg as nl
+
+@njit
+def dot(a, b):
+    return np.dot(a, b), np.linalg.det(a)
+
+a = np.array([[2.0, 1.0], [0.0, 3.0]])
+d, det = dot(a, a)
+print(json.dumps({"blas": am._HAVE_BLAS, "dot": d.tolist(), "det": det,
+                  "restored": nl.ensure_blas.__name__, "scipy.linalg": "scipy.linalg" in sys.modules}))
+"""
+
+
+def test_compiled_blas_still_works_after_sfg_answered_the_probe():
+    """sfg answers numba's import-time BLAS probe without loading scipy.linalg; a compiled
+    np.dot and np.linalg in the same process still work (numba's real check runs then)."""
+    res = run(code=BLAS_AFTER_SFG)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["blas"] is True and got["restored"] == "ensure_blas"
+    assert got["dot"] == [[4.0, 5.0], [0.0, 9.0]] and abs(got["det"] - 6.0) < 1e-12
+    assert got["scipy.linalg"] is True  # loaded when a compiled call needed it
 
 
 def test_help_and_listings_import_no_library():

@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND, EV_TRAIN
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import wake_jitter
+from sfg.util.numba_start import njit
 from sfg.util.rng import counter_key, counter_uniform
 
 LOCAL, OFFLINE = 0, 1

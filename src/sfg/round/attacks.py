@@ -39,10 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from sfg.errors import SfgError
 from sfg.util.components import did_you_mean, parse_component
+from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 
 CLAIMS = ("fresh", "stale-others", "random", "honest")

@@ -50,7 +50,7 @@ class Kernel:
                     if self._helper is not None:  # it compiles the kernel into the cache
                         self._helper.wait()
                         self._helper = None
-                    from numba import njit
+                    from sfg.util.numba_start import njit
 
                     self._dispatcher = njit(self.signature(), cache=True, nogil=True)(
                         self.py_func)

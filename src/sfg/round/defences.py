@@ -36,7 +36,8 @@ lag is the weighted mean of the clamped lags, its count the max of the clamped c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from sfg.util.numba_start import njit
 
 GUARD = 1
 RELATIVE = 2

@@ -26,6 +26,8 @@ class LazyJit:
         if self._dispatcher is None:
             import numba
 
+            import sfg.util.numba_start  # noqa: F401 - numba as sfg starts it
+
             self._dispatcher = numba.njit(**self.options)(self.py_func)
             g = self.py_func.__globals__
             if g.get(self.py_func.__name__) is self:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit
 from numpy.typing import ArrayLike
 
 from sfg.errors import SfgError
@@ -42,6 +41,7 @@ from sfg.round.compiled import first_class
 from sfg.round.defences import CAP, GUARD, RELATIVE, cap_weights, clamp_claims
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState, waited
+from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 from sfg.world.outages.anatomy import Capabilities
 

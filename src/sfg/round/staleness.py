@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from sfg.round.slots import RoundGraph
+from sfg.util.numba_start import njit
 
 Q_HAT_BETA = 0.1
 Q_HAT_FLOOR = 0.05
