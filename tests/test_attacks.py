@@ -62,6 +62,7 @@ def test_parse_attack_values_and_defaults():
     b = parse_attack("forge")
     assert (b.frac, b.claim, b.model, b.placement, b.always_on) == (0.1, "fresh", "none",
                                                                     "random", False)
+    assert (b.knowledge, b.gap) == ("observed", 1.01)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -69,6 +70,8 @@ def test_parse_attack_values_and_defaults():
     ("forge:claim=fresher", "claim='fresher' is not valid; did you mean 'fresh'"), ("forge:fraction=0.1", "unknown attack parameter"),
     ("forge:always_on=3", "always_on=3 must be true or false"), ("forge+x", "takes no '+' modifiers"),
     ("forge:model=flip", "did you mean 'sign-flip'"),
+    ("forge:knowledge=omniscient", "knowledge='omniscient' is not valid"),
+    ("forge:claim=undercut,gap=-1", "gap=-1 must be a number >= 0"),
 ])
 def test_bad_attacks(text, fragment):
     with pytest.raises(SfgError) as e:
@@ -168,6 +171,66 @@ def test_fresh_claim_takes_all_weight_under_sfg_cut_and_guard_stops_it():
     assert w[3] == pytest.approx(8 / 29)
 
 
+def test_observed_knowledge_is_what_the_liar_received_and_rushing_sees_this_round():
+    """knowledge=observed: the liar's largest count is its own or the last one a neighbour
+    claimed to it in a round it aggregated (Heard); knowledge=rushing: this round's counts."""
+    from sfg.round.attacks import Heard
+
+    rg, state, _ = _four_clients()
+    att = np.array([0, 0, 0, 1], bool)
+    s = (rg.send == 3) & ~rg.is_self  # the liar's slot to client 0
+    into = (rg.recv == 3) & ~rg.is_self  # what client 0 sends the liar
+    heard = Heard(rg)
+    fresh = parse_attack("forge:claim=fresh")
+    assert claims(fresh, rg, state, att, seed=0, heard=heard)[2][s].tolist() == [8]  # own 7 + 1
+    delivered = (np.zeros(rg.n_slots, np.int64), np.full(rg.n_slots, 2.5),
+                 np.where(into, 20, 7).astype(np.int64))
+    heard.note(rg, ~into, delivered)  # a round the liar slept through: it heard nothing
+    assert claims(fresh, rg, state, att, seed=0, heard=heard)[2][s].tolist() == [8]
+    heard.note(rg, np.ones(rg.n_slots, bool), delivered)  # it heard client 0 claim 20
+    assert heard.count[into].tolist() == [20] and heard.lag[into].tolist() == [2.5]
+    assert claims(fresh, rg, state, att, seed=0, heard=heard)[2][s].tolist() == [21]
+    rushing = parse_attack("forge:claim=fresh,knowledge=rushing")  # this round: all count 7
+    assert claims(rushing, rg, state, att, seed=0, heard=heard)[2][s].tolist() == [8]
+
+
+def test_undercut_claims_just_beyond_the_cut_and_takes_the_row_under_sfg_cut():
+    """By hand (t = 10, everyone lag 4, age 1, count 7; liar 3 → receiver 0): rushing, the
+    freshest lag among 0's honest candidates is 4, so the claim is lag 4 − 1.01 = 2.99, age
+    min(1, ⌊2.99⌋) = 1, count max(7, ⌈1 + 10 − 2.99⌉) = 9 ≤ 11. Under sfg-cut (L = 1) every
+    honest lag 4 is 1.01 beyond the liar's: all cut, the receiver too — the liar takes the
+    whole row, and +guard's bounds accept the claim (lag ≥ age, ≥ 1 + t − count = 2). +relative
+    (margin 1) raises it to 3: then the honest ones stay (h = 7, 7, 7 and 8)."""
+    rg, state, caps = _four_clients()
+    att = np.array([0, 0, 0, 1], bool)
+    s = (rg.send == 3) & ~rg.is_self
+    under = "forge:frac=0.25,claim=undercut,knowledge=rushing"
+    age, lag, count = claims(parse_attack(under), rg, state, att, seed=0)
+    assert (age[s].tolist(), count[s].tolist()) == ([1], [9])
+    assert lag[s][0] == pytest.approx(2.99, abs=1e-12)
+    assert _row0("sfg-cut", under)[0] == {0: 0.0, 1: 0.0, 2: 0.0, 3: 1.0}
+    w, rr = _row0("sfg-cut+guard", under)
+    assert w[3] == 1.0 and rr.facts[0, -1] == 0.0  # nothing clamped
+    assert _row0("sfg-cut+relative", under)[0][3] == pytest.approx(8 / 29)
+    # observed, before hearing anything: the freshest it knows of is lag 0 (initial claims)
+    age, lag, count = claims(parse_attack("forge:claim=undercut"), rg, state, att, seed=0)
+    assert (lag[s].tolist(), age[s].tolist(), count[s].tolist()) == ([0.0], [0], [11])
+    # gap: how far below; another gap, another claim
+    lag2 = claims(parse_attack("forge:claim=undercut,knowledge=rushing,gap=0.5"), rg, state,
+                  att, seed=0)[1]
+    assert lag2[s][0] == pytest.approx(3.5, abs=1e-12)
+
+
+def test_rounds_only_adversaries_are_refused_on_the_clock_and_in_nodes():
+    from sfg.round.attacks import check_rounds_only
+
+    for text, needle in (("forge:knowledge=rushing", "knowledge=rushing"),
+                         ("forge:claim=undercut", "claim=undercut")):
+        with pytest.raises(SfgError, match=needle):
+            check_rounds_only(parse_attack(text), "the virtual clock")
+    check_rounds_only(parse_attack("forge:claim=fresh"), "the virtual clock")  # fine
+
+
 def test_stale_others_inflates_counts_that_spread():
     rg, state, caps = _four_clients()
     att = np.array([0, 0, 0, 1], bool)
@@ -225,14 +288,48 @@ def test_attack_keeps_the_honest_world_and_changes_weights():
 # ----------------------------------------------------------------------------- no-op defences
 @pytest.mark.parametrize("anatomy", ANATOMY_MODES)
 def test_guard_changes_nothing_on_honest_replays(anatomy):
-    """Honest claims are consistent: +guard gives the same weights, bit for bit, for every
-    model-free rule of the registry, in every anatomy mode (its evidence sees content that
-    stays unchanged while a client cannot train)."""
+    """Honest claims are consistent: +guard and +refute give the same weights, bit for bit,
+    for every model-free rule of the registry, in every anatomy mode (the evidence sees
+    content that stays unchanged while a client cannot train)."""
     for rule in DEFENDABLE:
         a, w0, _, _ = _lane(rule, anatomy=anatomy, rounds=25)
-        b, w1, _, _ = _lane(f"{rule}+guard", anatomy=anatomy, rounds=25)
-        assert np.array_equal(w0, w1), rule
-        assert b.metrics["clamped"] == 0, rule
+        for defence in ("guard", "refute"):
+            b, w1, _, _ = _lane(f"{rule}+{defence}", anatomy=anatomy, rounds=25)
+            assert np.array_equal(w0, w1), (rule, defence)
+            assert b.metrics["clamped"] == 0, (rule, defence)
+
+
+def test_refute_excludes_what_the_guard_would_clamp_by_hand():
+    """The hand case: the fresh claim (lag 0, count 8 at t = 10) is refuted by the bound
+    lag ≥ 1 + t − count = 3; +guard keeps the liar with lag 3 (8/29), +refute drops it and
+    the honest three share the row (lag 4 each: 1/3); the receiver inherits no forged count.
+    With +cap (κ = 2: 1/2 each at most) nothing more changes; without a lie nothing changes."""
+    w, rr = _row0("sfg-cut+refute")
+    assert w[3] == 0.0 and [w[j] for j in range(3)] == pytest.approx([1 / 3] * 3, abs=1e-15)
+    assert rr.facts[0, -1] == 1.0 and rr.state.counts[0] == 7 + 1
+    w_guard, rg_guard = _row0("sfg-cut+guard")
+    assert w_guard[3] == pytest.approx(8 / 29) and rg_guard.state.counts[0] == 8 + 1
+    assert _row0("sfg-cut+refute+cap")[0] == w
+    honest = "forge:frac=0.25,claim=honest"
+    assert _row0("sfg-cut+refute", honest)[0] == _row0("sfg-cut", honest)[0]
+
+
+def test_the_guards_ratchet_and_refute_without_it():
+    """Replay, bursty u = 0.8, N = 100, 10 % sleeping liars claiming fresh with this round's
+    counts (knowledge=rushing): +guard *raises* their share under sfg-cut (the clamped liar's
+    count spreads and its admitted lag 1 + t − count keeps falling: sfg.round.defences),
+    +refute lowers it below no defence; with observed knowledge the guard helps."""
+    rows = replay(["bursty:u=0.8"], ["sfg-cut", "sfg-cut+guard", "sfg-cut+refute"], [1],
+                  n=100, T=300, horizon=0,
+                  attacks=["forge:frac=0.1,claim=fresh,knowledge=rushing",
+                           "forge:frac=0.1,claim=fresh"])
+    share = {(r["attack"], r["rule"]): r["attack_weight"] for r in rows}
+    rushing, observed = ("forge:frac=0.1,claim=fresh,knowledge=rushing",
+                         "forge:frac=0.1,claim=fresh")
+    none = share[(rushing, "sfg-cut")]
+    assert share[(rushing, "sfg-cut+guard")] > none + 0.005  # the ratchet
+    assert share[(rushing, "sfg-cut+refute")] < 0.2 * none
+    assert share[(observed, "sfg-cut+guard")] < share[(observed, "sfg-cut")]
 
 
 def test_cap_and_relative_change_nothing_when_not_binding():

@@ -405,7 +405,7 @@ def _check_lockstep(rule_name: str, world, s, K: int, T: int, seed: int) -> int:
 GRAPHS = ["ring:k=1", "knn:k=2", "knn:k=3"]
 RULES = ["dfedavg", "sfg", "sfg-l", "sfg-cut", "sfg-counts", "aoi+ipw", "limited-merging:L=2",
          "copy-random", "dfl-aa", "sfg-l+rounded", "metropolis-hastings", "two-random", "local",
-         "oracle-gls"]
+         "oracle-gls", "sfg-cut+refute"]
 
 
 @st.composite

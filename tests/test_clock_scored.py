@@ -27,7 +27,8 @@ BASE = dict(dataset="digits", model="mlp", n_clients=16, rounds=16, local_steps=
 @pytest.mark.parametrize("protocol", ["async", "event"])
 @pytest.mark.parametrize("rule,attack", [("sfg-cut", None), ("sfg-l+guard", None),
                                          ("aoi+ipw", None), ("copy-random", None),
-                                         ("sfg-cut", "forge:frac=0.25,claim=fresh")])
+                                         ("sfg-cut", "forge:frac=0.25,claim=fresh"),
+                                         ("sfg-cut+refute", "forge:frac=0.25,claim=fresh")])
 def test_running_the_events_by_dependency_level_equals_time_order(protocol, rule, attack):
     """Every event reads only state written by its device's earlier events and its
     messages' sending events, so the levels (offline spans first, then the local rounds)
@@ -51,6 +52,39 @@ def test_running_the_events_by_dependency_level_equals_time_order(protocol, rule
     a, b = whole.result(), by.result()
     for k in ("weights", "facts", "hdr", "hdr_lag", "ages", "lags", "counts", "q_hat"):
         assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+@pytest.mark.parametrize("anatomy", ["full", "cannot-train-shares", "cannot-train-adopts"])
+def test_guard_and_refute_on_the_clock_never_touch_an_honest_claim(protocol, anatomy):
+    """On the clock the claim defences keep only the bounds that hold in time (τ ≤ ℓ, ℓ ≥ 0,
+    counts ≥ 1; sfg.round.defences.TIMED): with jitter, lognormal devices, the anatomy modes
+    and the event protocol's many local rounds per unit, no honest claim is clamped and the
+    weights are sfg-cut's bit for bit (with the rounds' count and evidence bounds, thousands
+    were). A claim that breaks τ ≤ ℓ (claim=random) is refuted and its sender dropped."""
+    from sfg.round.kernel import FACTS
+
+    cs = make_settings({"clock": "virtual", "protocol": protocol, "jitter": 0.95,
+                        "compute": "lognormal:median=40,sigma=1",
+                        "latency": "lognormal:median=30,sigma=1", "window": 2.0})
+    world = make_world(cs, process="bursty:u=0.7", graph="knn:k=4", n=24, rounds=40, seed=1)
+    sched = make_schedule(world, cs, local_steps=5, seed=1, anatomy=anatomy)
+
+    def run(rule, attack=None):
+        es = EventStaleness(parse_rule(rule), world, sched, seed=1, attack=parse_attack(attack))
+        es.run()
+        return es.result()
+
+    plain = run("sfg-cut")
+    for rule in ("sfg-cut+guard", "sfg-cut+refute"):
+        got = run(rule)
+        assert np.array_equal(plain["weights"], got["weights"]), rule
+        assert got["facts"][:, FACTS.index("clamped")].sum() == 0, rule
+    att_w, clamped = FACTS.index("attacker_weight"), FACTS.index("clamped")
+    lie = "forge:frac=0.25,claim=random"
+    liar, refuted = run("sfg-cut", lie)["facts"], run("sfg-cut+refute", lie)["facts"]
+    assert refuted[:, clamped].sum() > 0
+    assert refuted[:, att_w].sum() < liar[:, att_w].sum()
 
 
 @pytest.mark.parametrize("protocol", ["async", "event"])

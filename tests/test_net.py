@@ -412,6 +412,55 @@ def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state
     assert full["ages"][1] == 1 and full["lags"][1] == 10.0  # changed content: untouched
 
 
+@pytest.mark.parametrize("rule", ["sfg-cut+refute", "sfg-cut:kappa=1.2+refute+cap"])
+def test_node_refutes_as_the_round_does(rule):
+    """+refute on a real Node (the hand case above): the forged fresh claim is refuted and its
+    sender dropped, then +cap — the compiled round's weights and next state."""
+    import hashlib
+
+    from sfg.net.checkpoints import NodeState
+    from sfg.net.node import Message
+    from sfg.net.wire import Header
+    from sfg.round.attacks import claims, parse_attack
+    from sfg.round.kernel import play_round
+    from sfg.round.rules import parse_rule
+    from sfg.round.slots import RoundGraph
+    from sfg.round.staleness import StalenessState
+    from sfg.world.outages.anatomy import Capabilities
+
+    edges = np.array([[0, 1], [0, 2], [0, 3]])
+    world = build_world(dict(n_clients=4, rounds=20, process="none", rule=rule,
+                             eval_every=20), edges=edges)
+    node = Node(world, 0, NodeConfig(mode="lockstep", record_headers=True))
+    t = 10
+    node.state = NodeState(t=t, age=1, lag=4.0, count=7, local_count=7, q_hat=[1.0] * 3)
+
+    def msg(j, age, lag, count, content):
+        x = world.x0 + content
+        head = Header(sender=j, round=t, age=age, lag=lag, count=count, local_count=7,
+                      length=0, sha256=hashlib.sha256(x.tobytes()).digest())
+        return Message(head, x)
+
+    msgs = [msg(1, 1, 4.0, 7, 1.0), msg(2, 1, 4.0, 7, 2.0), msg(3, 0, 0.0, 8, 3.0)]
+    _, full = node._aggregate(t, [1, 2, 3], msgs, [1, 1, 0], [4.0, 4.0, 0.0])
+    rg = RoundGraph.from_edges(4, edges)
+    st = StalenessState(t=t, ages=np.ones(4, np.int64), lags=np.full(4, 4.0),
+                        counts=np.full(4, 7, np.int64), local_counts=np.full(4, 7, np.int64),
+                        q_hat=np.ones(rg.n_slots))
+    on = np.ones(4, bool)
+    rr = play_round(parse_rule(rule), rg, st, Capabilities(on, on, on, on), seed=0,
+                    slot_staleness=claims(parse_attack("forge:claim=fresh"), rg, st,
+                                          np.array([0, 0, 0, 1], bool), seed=0))
+    sl = slice(rg.indptr[0], rg.indptr[1])
+    want = dict(zip(rg.send[sl].tolist(), rr.weights[sl].tolist(), strict=True))
+    assert full["weights"].tolist() == pytest.approx([want[j] for j in range(4)], abs=1e-12)
+    assert full["weights"][3] == 0.0 and node.weights[-1]["clamped"] == 1
+    if "cap" in rule:  # κ/k = 0.3 per neighbour: the excess stays with the receiver
+        assert full["weights"].tolist() == pytest.approx([0.4, 0.3, 0.3, 0.0], abs=1e-12)
+    nxt = node.star.advance(node.state, available=True, **full)
+    assert nxt.count == rr.state.counts[0] == 8 and nxt.lag == pytest.approx(rr.state.lags[0])
+
+
 def test_swarm_cli_rejects_a_poisoned_model_attack(capsys):
     code, _, err = _cli(["swarm", "-n", "10", "-T", "10", "--attack",
                          "forge:frac=0.2,claim=fresh,model=sign-flip"], capsys)

@@ -212,6 +212,27 @@ def test_lockstep_node_on_the_virtual_clock_equals_sfg_run(n, compute, rule):
     assert res["metrics"]["messages"] == plain.metrics["messages"] > 0
 
 
+@pytest.mark.parametrize("attack", ["forge:frac=0.25,claim=fresh",
+                                    "forge:frac=0.25,claim=stale-others"])
+def test_lockstep_liars_know_what_sfg_run_says_they_observed(attack):
+    """A forging node knows only the claims it received (sfg.net.node: each neighbour's last
+    count); sfg run's default liar (knowledge=observed, sfg.round.attacks.Heard) knows the
+    same, so the models are equal under a count-reading rule — and the omniscient
+    knowledge=rushing liar of the rounds is another adversary (its models differ)."""
+    from sfg.sim.run import simulate
+
+    cfg = {**BASE, "n_clients": 8, "rule": "sfg-counts", "attack": attack}
+    world = _world(8, "sfg-counts", attack=attack)
+    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
+                                                                    deadline=DEADLINE),
+                                             clock_settings={"compute": "const:value=30"}))
+    plain = simulate(cfg, backend="loop")
+    assert np.abs(res["params"] - plain.params.numpy()).max() <= 1e-5
+    assert [nd["acc"] for nd in res["nodes"]] == plain.accuracy.tolist()
+    rushing = simulate({**cfg, "attack": attack + ",knowledge=rushing"}, backend="loop")
+    assert np.abs(res["params"] - rushing.params.numpy()).max() > 1e-3
+
+
 @pytest.mark.parametrize("n", [8, 32])
 def test_lockstep_node_under_every_fault_still_equals_sfg_run(n):
     """Lockstep rounds follow the messages (SPEC §11.1): a lost, delayed, duplicated,

@@ -25,7 +25,7 @@ import numpy as np
 from sfg.clock.schedule import LOCAL, Schedule, World, lockstep_rounds, make_schedule, make_world
 from sfg.clock.settings import ClockSettings, make_settings
 from sfg.errors import SfgError
-from sfg.round.attacks import Attack, parse_attack, place
+from sfg.round.attacks import Attack, check_rounds_only, parse_attack, place
 from sfg.round.defences import GUARD
 from sfg.round.kernel import FACTS, run_events
 from sfg.round.rules import Rule, parse_rule
@@ -58,6 +58,7 @@ class EventStaleness:
         rg, n = world.rg, world.n
         R, C = sched.n_events, int(sched.cptr[-1])
         self.rule, self.rg, self.sched = rule, rg, sched
+        check_rounds_only(attack, "the virtual clock's async and event protocols")
         self.attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
         self.forge = 0
         self.marks = np.zeros((2, n), bool)

@@ -79,7 +79,7 @@ from sfg.net.wire import (
     unpack_header,
 )
 from sfg.net.world import Trainer, World
-from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one
+from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one, weights_after
 from sfg.round.kernel import rule_draws
 from sfg.round.staleness import waited as _waited
 from sfg.round.staleness import wake_jitter
@@ -544,10 +544,12 @@ class Node:
         counts = [s.count] + [m.header.count for m in msgs]
         local = [s.local_count] + [m.header.local_count for m in msgs]
         ages, lags, changed = [s.age, *ages], [s.lag, *lags], 0
+        marks = None
         if rule.defence_flags & (GUARD | RELATIVE):
             min_ages = [0, *self._evidence(r, senders, msgs)] if rule.defence_flags & GUARD \
                 else None
-            a, lg, c, changed = clamp_one(rule, r, ages, lags, counts, min_ages)
+            a, lg, c, changed, marks = clamp_one(rule, r, ages, lags, counts, min_ages,
+                                                 timed=self.cfg.mode != "lockstep")
             ages, lags, counts = a.tolist(), lg.tolist(), c.tolist()
         q = [1.0] + [s.q_hat[self.pos[j] - 1] for j in senders]
         u, keys = 0.5, None
@@ -558,6 +560,8 @@ class Node:
         w = self._scorer.weights_one(ages=ages, lags=lags, counts=counts, local_counts=local,
                                      q_hat=q, t=r, u=u, keys=keys,
                                      degrees=self._degrees(r, [self.i, *senders]))
+        if marks is not None:  # +refute: the refuted dropped, then +cap, as the round does
+            w = weights_after(rule, w, marks)
         if self.cfg.record_headers:
             self.weights.append({"round": r, "receiver": self.i, "candidates": [self.i, *senders],
                                  "weights": [float(v) for v in w], "clamped": changed,

@@ -82,7 +82,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     ``available`` overrides the trace the outage process would give; ``edges`` ([M, 2] node
     ids, e.g. from peers.yaml) override the generated graph's edges.
     """
-    from sfg.round.attacks import availability, parse_attack, place
+    from sfg.round.attacks import availability, check_rounds_only, parse_attack, place
     from sfg.sim.params import ParamSpec, init_params
     from sfg.world.data import load_federated
     from sfg.world.models import make_model
@@ -110,6 +110,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
           f"availability trace has shape {available.shape}, need (rounds, nodes) = {(T, N)}")
     # forged staleness (sfg.round.attacks), placed and made always-on exactly as `sfg run` does
     attack = parse_attack(c.get("attack"))
+    check_rounds_only(attack, "the networked nodes (sfg swarm / sfg node)")
     attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
     attack = attack if attackers.any() else None
     check(attack is None or attack.model in ("none", "constant"),

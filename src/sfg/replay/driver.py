@@ -11,7 +11,7 @@ import numpy as np
 
 from sfg.replay.horizon import HorizonPart, default_threads, pair_list
 from sfg.replay.metrics import Accumulator, RunEnd
-from sfg.round.attacks import Attack, Reach, availability, claims, place
+from sfg.round.attacks import Attack, Heard, Reach, availability, claims, place
 from sfg.round.defences import GUARD
 from sfg.round.kernel import FACTS, caps_at, play_round, rule_draws, run_rounds
 from sfg.round.rules import Rule
@@ -102,6 +102,7 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     # on its own thread, a stretch of rounds behind the round itself (sub-blocks of a block)
     behind = _Behind(parts, rg, caps.adopt, tile) if (h and n_threads > 1) else None
     block_loop = ln.rule.compiled and attack is None  # the round's rounds in compiled code
+    heard = Heard(rg) if attack is not None else None  # what attackers observed
     try:
         for t0 in range(0, T, R):
             t1 = min(T, t0 + R)
@@ -118,13 +119,16 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
             else:
                 for t in range(t0, t1):
                     forged = None if attack is None else claims(attack, rg, state, attackers,
-                                                                seed=ln.seed)
-                    state = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
-                                       live=None if live is None else live[t],
-                                       weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
-                                       slot_staleness=forged,
-                                       attackers=None if attack is None else attackers,
-                                       frozen=frozen).state
+                                                                seed=ln.seed, heard=heard)
+                    rr = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
+                                    live=None if live is None else live[t],
+                                    weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
+                                    slot_staleness=forged,
+                                    attackers=None if attack is None else attackers,
+                                    frozen=frozen)
+                    state = rr.state
+                    if heard is not None and forged is not None:
+                        heard.note(rg, rr.candidate, forged)
             acc.add(fbuf[: t1 - t0])
             if attack is not None:
                 reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])

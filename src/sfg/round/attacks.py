@@ -9,11 +9,20 @@ max-inherited count n; SPEC §2). An attack is a component string::
 * ``frac`` — fraction of clients that attack (round(frac·N) of them); ``frac=0`` is exactly
   the no-attack run (bit for bit, tested).
 * ``claim`` — what an attacker reports on every message:
-  ``fresh``: age 0, lag 0, count = the largest count it hears (its own and its neighbours')
-  + 1; ``stale-others`` (timestomping): fresh on send with the count inflated by t + 1 on top,
+  ``fresh``: age 0, lag 0, count = the largest count it knows of (its own and its
+  neighbours', see ``knowledge``) + 1; ``stale-others`` (timestomping): fresh on send with the count inflated by t + 1 on top,
   which max-inherited counts then carry to clients that never hear the attacker; ``random``
   (honest-but-buggy clocks): age ~ U{0..t}, lag ~ U[0, t], count ~ U{1..t+1} each round;
-  ``honest``: the true scalars (only the model is poisoned).
+  ``honest``: the true scalars (only the model is poisoned); ``undercut`` (knows the rule):
+  per receiver, a lag just ``gap`` (default 1.01: beyond ``sfg-cut``'s default L = 1) below
+  the freshest lag it expects among that receiver's candidates, so that a cut drops every
+  other candidate, the receiver included, with an age (≤ the lag) and a count (1 + t − lag at
+  least, at most t + 1) that ``+guard``'s bounds accept.
+* ``knowledge`` — what an attacker knows when it forges. ``observed`` (default): only what
+  it received — per neighbour, the claim of the last message it got in a round it aggregated
+  (:class:`Heard`), so an attacker that slept knows nothing newer; its own state. ``rushing``:
+  the omniscient variant, a stronger option — every neighbour's state of this very round,
+  offline ones included (for ``undercut``: the receiver's and its honest neighbours' lags).
 * ``model`` (training) — what an attacker's messages carry: ``none`` (its honest model),
   ``sign-flip`` (−x), ``noise`` (x + N(0, σ²), ``sigma`` default 1), ``constant`` (its
   initial model, never changing: the +guard evidence sees unchanged content).
@@ -45,11 +54,12 @@ from sfg.util.components import did_you_mean, parse_component
 from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 
-CLAIMS = ("fresh", "stale-others", "random", "honest")
+CLAIMS = ("fresh", "stale-others", "random", "honest", "undercut")
 MODELS = ("none", "sign-flip", "noise", "constant")
 PLACEMENTS = ("random", "degree")
+KNOWLEDGE = ("observed", "rushing")
 REACH_LEVEL = 0.1
-_KEYS = {"frac", "claim", "model", "placement", "always_on", "sigma"}
+_KEYS = {"frac", "claim", "model", "placement", "always_on", "sigma", "knowledge", "gap"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,8 @@ class Attack:
     placement: str = "random"
     always_on: bool = False
     sigma: float = 1.0
+    knowledge: str = "observed"
+    gap: float = 1.01
     text: str = ""
 
     def __str__(self) -> str:
@@ -89,7 +101,8 @@ def parse_attack(text: str | None) -> Attack | None:
     frac = p.get("frac", 0.1)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
         raise SfgError(f"attack frac={frac!r} must be a number in [0, 1], e.g. frac=0.1")
-    choices = {"claim": CLAIMS, "model": MODELS, "placement": PLACEMENTS}
+    choices = {"claim": CLAIMS, "model": MODELS, "placement": PLACEMENTS,
+               "knowledge": KNOWLEDGE}
     vals = {}
     for key, allowed in choices.items():
         v = str(p.get(key, Attack.__dataclass_fields__[key].default)).lower()
@@ -102,7 +115,29 @@ def parse_attack(text: str | None) -> Attack | None:
     sigma = p.get("sigma", 1.0)
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0:
         raise SfgError(f"attack sigma={sigma!r} must be a number >= 0")
-    return Attack(frac=float(frac), always_on=always, sigma=float(sigma), text=comp.text, **vals)
+    gap = p.get("gap", 1.01)
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap < 1e9:
+        raise SfgError(f"attack gap={gap!r} must be a number >= 0 (the undercut below the "
+                       "freshest lag), e.g. gap=1.01")
+    return Attack(frac=float(frac), always_on=always, sigma=float(sigma), gap=float(gap),
+                  text=comp.text, **vals)
+
+
+def check_rounds_only(attack: Attack | None, where: str) -> None:
+    """The adversaries that run in rounds only (``sfg replay``, ``sfg run``): ``rushing``
+    knowledge (this round's states of every neighbour: no message carries them in time) and
+    ``claim=undercut`` (a claim per receiver) are refused in ``where`` with one line."""
+    if attack is None:
+        return
+    if attack.knowledge == "rushing":
+        raise SfgError(f"attack knowledge=rushing (every neighbour's state of the same round) "
+                       f"is an omniscient adversary of the round-based runs; {where} runs "
+                       "knowledge=observed (what the attacker received): drop knowledge=rushing "
+                       "or use sfg replay / sfg run without --clock")
+    if attack.claim == "undercut":
+        raise SfgError(f"attack claim=undercut forges a claim per receiver; it runs in the "
+                       f"round-based sfg replay and sfg run, not in {where}: use claim=fresh, "
+                       "stale-others, random or honest there")
 
 
 def place(attack: Attack | None, n: int, degree: np.ndarray, *, seed: int) -> np.ndarray:
@@ -130,11 +165,31 @@ def availability(available: np.ndarray, attack: Attack | None, attackers: np.nda
     return out
 
 
+class Heard:
+    """What each client has observed (``knowledge=observed``): per slot, the claim (count,
+    lag) its last message delivered in a round the receiver aggregated with it as a
+    candidate — what the receiver got while online. Before any: count 1 and lag 0, the
+    initial models' claims. :meth:`note` after every round."""
+
+    def __init__(self, rg):
+        self.count = np.ones(rg.n_slots, np.int64)
+        self.lag = np.zeros(rg.n_slots)
+
+    def note(self, rg, candidate: np.ndarray, delivered: tuple[np.ndarray, ...]) -> None:
+        """Round done: ``candidate`` [E] its candidate slots, ``delivered`` the (ages, lags,
+        counts) [E] its slots delivered (:func:`claims`)."""
+        m = np.asarray(candidate, bool) & ~rg.is_self
+        self.lag[m] = delivered[1][m]
+        self.count[m] = delivered[2][m]
+
+
 def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
-           ids: np.ndarray | None = None, n_all: int | None = None):
+           ids: np.ndarray | None = None, n_all: int | None = None,
+           heard: Heard | None = None):
     """(ages, lags, counts) [E] that each slot delivers in round ``state.t``: the sender's true
     state, except on slots from an attacker to someone else, which carry the forged claim.
 
+    ``heard``: what the clients observed so far (``knowledge=observed``; None: nothing yet).
     ``ids`` [rg.n] and ``n_all``: when ``rg`` is part of a larger graph (a networked node's
     star, :mod:`sfg.net.node`), the clients' ids in it and its size, so that random claims are
     the draws of the same clients in the whole graph."""
@@ -145,8 +200,15 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
     forged = attackers[rg.send] & ~rg.is_self
     if not forged.any() or not attack.forges:
         return age, lag, count
-    heard = np.maximum.reduceat(count, rg.indptr[:-1])  # own and neighbours' counts [N]
+    rows = rg.indptr[:-1]
+    if attack.knowledge == "rushing":  # own and every neighbour's count of this round [N]
+        heard_count = np.maximum.reduceat(count, rows)
+    else:  # own, and each neighbour's last count received
+        h_count = np.ones(rg.n_slots, np.int64) if heard is None else heard.count
+        heard_count = np.maximum.reduceat(np.where(rg.is_self, count, h_count), rows)
     src = rg.send[forged]
+    if attack.claim == "undercut":
+        return _undercut(attack, rg, state, attackers, forged, age, lag, count, heard)
     if attack.claim == "random":
         g = stream(seed, "attack-claims", t)
         n = rg.n if n_all is None else int(n_all)
@@ -156,8 +218,46 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
         return age, lag, count
     age[forged] = 0
     lag[forged] = 0.0
-    count[forged] = heard[src] + 1 + ((t + 1) if attack.claim == "stale-others" else 0)
+    count[forged] = heard_count[src] + 1 + ((t + 1) if attack.claim == "stale-others" else 0)
     return age, lag, count
+
+
+def _undercut(attack: Attack, rg, state, attackers: np.ndarray, forged: np.ndarray,
+              age: np.ndarray, lag: np.ndarray, count: np.ndarray, heard: Heard | None):
+    """``claim=undercut`` on the slots ``forged`` (attacker j → receiver i): lag =
+    max(0, ℓ̂_i − gap), ℓ̂_i the freshest lag j expects among i's candidates — ``rushing``:
+    the smallest true lag of i and its honest neighbours this round; ``observed``: the
+    smallest of the last lag i claimed to j and the lags j itself holds (its own and its
+    neighbours' last claims), j's stand-in for i's other neighbours. Age min(τ_j, ⌊lag⌋),
+    count clip(max(n_j, ⌈1 + t − lag⌉), 1, t + 1): what +guard's bounds accept."""
+    t = state.t
+    e = np.flatnonzero(forged)
+    j, i = rg.send[e], rg.recv[e]
+    rows = rg.indptr[:-1]
+    if attack.knowledge == "rushing":
+        honest_lag = np.where(attackers[rg.send], np.inf, lag)
+        expect = np.minimum.reduceat(honest_lag, rows)[i]
+    else:
+        h_lag = np.zeros(rg.n_slots) if heard is None else heard.lag
+        held = np.where(rg.is_self, lag, h_lag)  # per receiver row: own lag, last claims
+        own_view = np.minimum.reduceat(held, rows)[j]
+        # the slot i → j: the last lag i claimed to j
+        expect = np.minimum(own_view, held[_slot(rg, j, i)])
+    out_lag = np.maximum(expect - attack.gap, 0.0)
+    true_age, true_count = state.ages[j].astype(np.int64), state.counts[j].astype(np.int64)
+    lag[e] = out_lag
+    age[e] = np.minimum(true_age, np.floor(out_lag).astype(np.int64))
+    need = np.ceil(1.0 + t - out_lag - 1e-9).astype(np.int64)
+    count[e] = np.clip(np.maximum(true_count, need), 1, t + 1)
+    return age, lag, count
+
+
+def _slot(rg, recv: np.ndarray, send: np.ndarray) -> np.ndarray:
+    """The slot over which ``send`` delivers to ``recv`` (each pair must be an edge)."""
+    key = rg.recv.astype(np.int64) * rg.n + rg.send
+    order = np.argsort(key, kind="stable")
+    pos = np.searchsorted(key[order], np.asarray(recv, np.int64) * rg.n + send)
+    return order[pos]
 
 
 @njit(cache=True, nogil=True)

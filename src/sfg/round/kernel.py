@@ -38,7 +38,7 @@ from numpy.typing import ArrayLike
 
 from sfg.errors import SfgError
 from sfg.round.compiled import first_class
-from sfg.round.defences import CAP, GUARD, RELATIVE, cap_weights, clamp_claims
+from sfg.round.defences import CAP, GUARD, REFUTE, RELATIVE, cap_weights, clamp_claims
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import Q_HAT_BETA, Q_HAT_FLOOR, StalenessState, waited
 from sfg.util.numba_start import njit
@@ -378,7 +378,7 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
             if failed == 0 and _weights(score, x, params, c_self, ipw, adopts[i], wk) != 0:
                 failed = 1 + r * n + i
             if defend is not None:
-                if (defence & CAP) != 0 and adopts[i]:
+                if (defence & (CAP | REFUTE)) != 0 and adopts[i]:
                     defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age,
                            wk)
             for d in range(k):
@@ -569,7 +569,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
         if failed == 0 and _weights(score, x, params, c_self, ipw, adopts, wk) != 0:
             failed = 1 + r
         if defend is not None:
-            if (defence & CAP) != 0:
+            if (defence & (CAP | REFUTE)) != 0:
                 defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age, wk)
         heard = 0
         for d in range(k):
@@ -806,8 +806,9 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
     defence = int(rule.defence_flags)
     defended = bool(defence & (GUARD | RELATIVE | CAP))
     if defended:
-        from sfg.round.defences import defend
+        from sfg.round.defences import TIMED, defend
 
+        defence |= TIMED  # on the clock, counts grow by local rounds, not by rounds
         rest: tuple = (defend(), _NONE_I if ev is None else ev)
     else:
         rest = (None, None)

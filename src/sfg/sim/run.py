@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from sfg.errors import SfgError, check
-from sfg.round.attacks import availability, claims, parse_attack, place
+from sfg.round.attacks import Heard, availability, claims, parse_attack, place
 from sfg.round.kernel import RoundResult, caps_at, play_round
 from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
 from sfg.round.slots import RoundGraph
@@ -285,6 +285,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                        "model-free rules (use claim=honest to poison models only)")
     X0 = X.clone() if (attack is not None and attack.model == "constant") else X
     frozen = attackers if (attack is not None and attack.model == "constant") else None
+    heard = Heard(rg) if attack is not None else None  # what attackers observed
     mixes = (attack is not None and attack.model != "none") or rule.clip
     sizes = clients.sizes
     with_replacement = int((sizes < B).sum())
@@ -326,11 +327,13 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
                 forged = None if attack is None else claims(attack, rg, state, attackers,
-                                                            seed=seed)
+                                                            seed=seed, heard=heard)
                 rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live,
                                              slot_staleness=forged,
                                              attackers=None if attack is None else attackers,
                                              frozen=frozen)
+                if heard is not None and forged is not None:
+                    heard.note(rg, rw.candidate, forged)
                 if mixes:  # an attacker's poisoned model, or +clip (sfg.sim.attack_train)
                     X_mix = mix(X, X0, rg, rw.weights, rw.candidate, caps.adopt, attackers,
                                 attack, clip=rule.clip, seed=seed, t=t)

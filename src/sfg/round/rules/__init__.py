@@ -47,7 +47,7 @@ from numpy.typing import ArrayLike
 from sfg.errors import SfgError
 from sfg.util.components import Component, Entry, Registry, did_you_mean, parse_component
 
-MODIFIERS = ("ipw", "rounded", "catchup", "guard", "relative", "cap", "clip")
+MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "relative", "cap", "clip")
 CATCHUP_CAP = 3
 
 
@@ -252,7 +252,10 @@ class Rule:
         """Bit flags of the model-free defences in the round (:mod:`sfg.round.defences`)."""
         from sfg.round.defences import CLIP, DEFENCES
 
-        return sum(DEFENCES[m] for m in self.modifiers if m in DEFENCES) & ~CLIP
+        flags = 0
+        for m in self.modifiers:
+            flags |= DEFENCES.get(m, 0)
+        return flags & ~CLIP
 
     @property
     def clip(self) -> bool:
@@ -333,7 +336,7 @@ def parse_rule(text: str | Component) -> Rule:
     for key, value in params.items():
         if key in ranges:
             ranges[key].check(name, key, value)
-    defences = [f"+{m}" for m in modifiers if m in ("guard", "relative", "cap", "clip")]
+    defences = [f"+{m}" for m in modifiers if m in ("guard", "refute", "relative", "cap", "clip")]
     if defences and "oracle" in RULES.entry(name).tags:
         raise SfgError(f"rule {name!r} is an oracle (global information); the defences "
                        f"{', '.join(defences)} do not apply to it")
