@@ -35,7 +35,7 @@ lag is the weighted mean of the clamped lags, its count the max of the clamped c
   fast as the counts it spread grow: the *ratchet*, under which ``+guard`` raised the liars'
   share above no defence (``sfg-cut`` 0.104 → 0.114, bursty u = 0.8, N = 100, 10 % liars,
   seeds 1–5). Excluded, the liar passes on no count, and nothing ratchets
-  (``docs/howto/attacks.md`` has the figures).
+  (``docs/findings/attacks.md`` has the figures).
 * ``+cap`` — per-neighbour weight cap: no neighbour gets more than κ/|S_i| (``kappa``,
   default 2); the excess stays with the receiver's own model.
 * ``+clip`` (training only, reads models; :mod:`sfg.sim.run`) — ClippedGossip-style
