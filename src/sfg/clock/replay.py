@@ -26,6 +26,7 @@ from sfg.clock.schedule import LOCAL, Schedule, World, lockstep_rounds, make_sch
 from sfg.clock.settings import ClockSettings, make_settings
 from sfg.errors import SfgError
 from sfg.round.attacks import Attack, check_rounds_only, parse_attack, place
+from sfg.round.certified import check_rounds_only as certified_in_rounds
 from sfg.round.defences import GUARD
 from sfg.round.kernel import FACTS, run_events
 from sfg.round.rules import Rule, parse_rule
@@ -59,6 +60,7 @@ class EventStaleness:
         R, C = sched.n_events, int(sched.cptr[-1])
         self.rule, self.rg, self.sched = rule, rg, sched
         check_rounds_only(attack, "the virtual clock's async and event protocols")
+        certified_in_rounds(rule, "the virtual clock's async and event protocols")
         self.attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
         self.forge = 0
         self.marks = np.zeros((2, n), bool)

@@ -11,9 +11,9 @@ import numpy as np
 
 from sfg.replay.horizon import HorizonPart, default_threads, pair_list
 from sfg.replay.metrics import Accumulator, RunEnd
-from sfg.round.attacks import Attack, Heard, Reach, availability, claims, place
+from sfg.round.attacks import Attack, Heard, Reach, availability, claims, place, true_claims
 from sfg.round.defences import GUARD
-from sfg.round.kernel import FACTS, caps_at, play_round, rule_draws, run_rounds
+from sfg.round.kernel import FACTS, candidate_mask, caps_at, play_round, rule_draws, run_rounds
 from sfg.round.rules import Rule
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import init_state
@@ -69,10 +69,17 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     reach = Reach(T, n, horizon, attackers)
     caps = capabilities(available, anatomy)
     live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
-    if ln.live is not None:  # deliveries per direction: one link id per slot
+    certified = "certified" in ln.rule.modifiers  # the certified protocol (sfg.round.certified)
+    evidence = None
+    if certified or (attack is not None and attack.claim == "certified"):
+        from sfg.round.certified import Evidence
+
+        evidence = Evidence(rg, anatomy=anatomy)
+    if ln.live is not None or certified:  # deliveries per direction: one link id per slot
         from sfg.clock.schedule import directed, per_slot_live
 
-        live = per_slot_live(rg, ln.live, live)
+        sent = ln.live if ln.live is not None else np.ones((T, E), bool)
+        live = per_slot_live(rg, sent, live)
         rg = directed(rg)
     ts, flat, sampled = pair_list(caps.adopt, horizon, seed=ln.seed, exact_pairs=exact_pairs,
                                   sample=sample_pairs)
@@ -101,7 +108,8 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     # H in the background: with several threads, each part of the pairs follows the rounds
     # on its own thread, a stretch of rounds behind the round itself (sub-blocks of a block)
     behind = _Behind(parts, rg, caps.adopt, tile) if (h and n_threads > 1) else None
-    block_loop = ln.rule.compiled and attack is None  # the round's rounds in compiled code
+    # the round's rounds in compiled code (forged claims and certified evidence: round by round)
+    block_loop = ln.rule.compiled and attack is None and evidence is None
     heard = Heard(rg) if attack is not None else None  # what attackers observed
     try:
         for t0 in range(0, T, R):
@@ -118,10 +126,18 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
                 state = replace(state, t=t1)
             else:
                 for t in range(t0, t1):
+                    cap_t = caps_at(caps, t)
+                    live_t = None if live is None else live[t]
+                    cand = None if evidence is None else candidate_mask(rg, cap_t, live_t)
                     forged = None if attack is None else claims(attack, rg, state, attackers,
-                                                                seed=ln.seed, heard=heard)
-                    rr = play_round(ln.rule, rg, state, caps_at(caps, t), seed=ln.seed,
-                                    live=None if live is None else live[t],
+                                                                seed=ln.seed, heard=heard,
+                                                                evidence=evidence,
+                                                                cand_now=cand)
+                    if evidence is not None:
+                        told = forged if forged is not None else true_claims(rg, state)
+                        if certified:  # refused claims: excluded, as lost messages
+                            live_t = live[t] & ~evidence.refuted(told, cand)
+                    rr = play_round(ln.rule, rg, state, cap_t, seed=ln.seed, live=live_t,
                                     weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
                                     slot_staleness=forged,
                                     attackers=None if attack is None else attackers,
@@ -129,6 +145,8 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
                     state = rr.state
                     if heard is not None and forged is not None:
                         heard.note(rg, rr.candidate, forged)
+                    if evidence is not None:  # the heard-sets: what was received
+                        evidence.note(cand, told)
             acc.add(fbuf[: t1 - t0])
             if attack is not None:
                 reach.run(t0, t1, rg, w_blk, caps.adopt[t0:t1])
@@ -150,6 +168,8 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     metrics, curves = acc.summary(RunEnd(available, hk, bool(sampled), state.lags,
                                          reach=reach.value), attack=ln.attack is not None,
                                   defence=bool(ln.rule.defence_flags))
+    if certified and evidence is not None:
+        metrics["refused"] = evidence.refused_share
     return ReplayResult(metrics=metrics, curves=curves)
 
 

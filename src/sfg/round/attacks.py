@@ -17,7 +17,10 @@ max-inherited count n; SPEC §2). An attack is a component string::
   per receiver, a lag just ``gap`` (default 1.01: beyond ``sfg-cut``'s default L = 1) below
   the freshest lag it expects among that receiver's candidates, so that a cut drops every
   other candidate, the receiver included, with an age (≤ the lag) and a count (1 + t − lag at
-  least, at most t + 1) that ``+guard``'s bounds accept.
+  least, at most t + 1) that ``+guard``'s bounds accept; ``certified`` (knows the certified
+  protocol, :mod:`sfg.round.certified`): the most damaging claim it can back with signed
+  provenance — trained, with its sources' smallest lag and largest count, or "trained
+  alone" after sleeping, which only an absence witness refutes.
 * ``knowledge`` — what an attacker knows when it forges. ``observed`` (default): only what
   it received — per neighbour, the claim of the last message it got in a round it aggregated
   (:class:`Heard`), so an attacker that slept knows nothing newer; its own state. ``rushing``:
@@ -25,7 +28,14 @@ max-inherited count n; SPEC §2). An attack is a component string::
   offline ones included (for ``undercut``: the receiver's and its honest neighbours' lags).
 * ``model`` (training) — what an attacker's messages carry: ``none`` (its honest model),
   ``sign-flip`` (−x), ``noise`` (x + N(0, σ²), ``sigma`` default 1), ``constant`` (its
-  initial model, never changing: the +guard evidence sees unchanged content).
+  initial model, never changing: the +guard evidence sees unchanged content); from its honest
+  neighbours' models of the round (:mod:`sfg.sim.attack_train`): ``alie`` ("A little is
+  enough", Baruch et al. 2019: μ − z·σ, coordinate-wise mean and standard deviation, ``z``
+  default the paper's z_max of N and the number of attackers), ``ipm`` (inner-product
+  manipulation, Xie et al. 2020: −ε·μ, ``epsilon`` default 0.1); ``dissensus`` (He et al.
+  2022, per receiver i: x_i − ε·Σ_{k honest} w_ik (x_k − x_i) / (the attackers' weight at
+  i), ``epsilon`` default 1.5, the authors' setting). These three run in ``sfg run``'s
+  rounds only (:func:`check_rounds_only`).
 * ``placement`` — ``random`` (drawn from the attack's own stream keyed by the seed) or
   ``degree`` (the highest-degree clients, ties by index).
 * ``always_on`` — attackers never go offline (their availability row is set to 1).
@@ -54,12 +64,16 @@ from sfg.util.components import did_you_mean, parse_component
 from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 
-CLAIMS = ("fresh", "stale-others", "random", "honest", "undercut")
-MODELS = ("none", "sign-flip", "noise", "constant")
+CLAIMS = ("fresh", "stale-others", "random", "honest", "undercut", "certified")
+MODELS = ("none", "sign-flip", "noise", "constant", "alie", "ipm", "dissensus")
+# attack models read in the round from the honest neighbours' models (sfg.sim.attack_train)
+ROUND_MODELS = ("alie", "ipm", "dissensus")
+EPSILON = {"ipm": 0.1, "dissensus": 1.5}  # the default ε of the models that take one
 PLACEMENTS = ("random", "degree")
 KNOWLEDGE = ("observed", "rushing")
 REACH_LEVEL = 0.1
-_KEYS = {"frac", "claim", "model", "placement", "always_on", "sigma", "knowledge", "gap"}
+_KEYS = {"frac", "claim", "model", "placement", "always_on", "sigma", "knowledge", "gap", "z",
+         "epsilon"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,8 @@ class Attack:
     sigma: float = 1.0
     knowledge: str = "observed"
     gap: float = 1.01
+    z: float | None = None  # model=alie: None = the paper's z_max
+    epsilon: float | None = None  # model=ipm / dissensus: None = EPSILON[model]
     text: str = ""
 
     def __str__(self) -> str:
@@ -82,6 +98,11 @@ class Attack:
     @property
     def forges(self) -> bool:
         return self.claim != "honest"
+
+    @property
+    def eps(self) -> float:
+        """ε of ``model=ipm``/``dissensus`` (given, or :data:`EPSILON`)."""
+        return float(self.epsilon) if self.epsilon is not None else EPSILON.get(self.model, 0.0)
 
 
 def parse_attack(text: str | None) -> Attack | None:
@@ -119,14 +140,31 @@ def parse_attack(text: str | None) -> Attack | None:
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap < 1e9:
         raise SfgError(f"attack gap={gap!r} must be a number >= 0 (the undercut below the "
                        "freshest lag), e.g. gap=1.01")
+    z = p.get("z")
+    if z is not None:
+        if vals["model"] != "alie":
+            raise SfgError(f"attack z={z!r} is a parameter of model=alie; add model=alie or "
+                           "drop z")
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1e9:
+            raise SfgError(f"attack z={z!r} must be a number >= 0 (ALIE's deviation in "
+                           "standard deviations), e.g. z=1")
+    eps = p.get("epsilon")
+    if eps is not None:
+        if vals["model"] not in EPSILON:
+            raise SfgError(f"attack epsilon={eps!r} is a parameter of model=ipm or "
+                           "model=dissensus; add one or drop epsilon")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1e9:
+            raise SfgError(f"attack epsilon={eps!r} must be a number >= 0, e.g. epsilon=0.1")
     return Attack(frac=float(frac), always_on=always, sigma=float(sigma), gap=float(gap),
+                  z=None if z is None else float(z), epsilon=None if eps is None else float(eps),
                   text=comp.text, **vals)
 
 
 def check_rounds_only(attack: Attack | None, where: str) -> None:
     """The adversaries that run in rounds only (``sfg replay``, ``sfg run``): ``rushing``
-    knowledge (this round's states of every neighbour: no message carries them in time) and
-    ``claim=undercut`` (a claim per receiver) are refused in ``where`` with one line."""
+    knowledge (this round's states of every neighbour: no message carries them in time),
+    ``claim=undercut`` (a claim per receiver) and the round-computed models
+    (:data:`ROUND_MODELS`) are refused in ``where`` with one line."""
     if attack is None:
         return
     if attack.knowledge == "rushing":
@@ -134,10 +172,19 @@ def check_rounds_only(attack: Attack | None, where: str) -> None:
                        f"is an omniscient adversary of the round-based runs; {where} runs "
                        "knowledge=observed (what the attacker received): drop knowledge=rushing "
                        "or use sfg replay / sfg run without --clock")
+    if attack.claim == "certified":
+        raise SfgError(f"attack claim=certified answers the certified protocol, which is "
+                       f"modelled in the round-based sfg replay and sfg run (+certified); not "
+                       f"in {where}")
     if attack.claim == "undercut":
         raise SfgError(f"attack claim=undercut forges a claim per receiver; it runs in the "
                        f"round-based sfg replay and sfg run, not in {where}: use claim=fresh, "
                        "stale-others, random or honest there")
+    if attack.model in ROUND_MODELS:
+        raise SfgError(f"attack model={attack.model} is computed in the round from the honest "
+                       f"neighbours' models (and, for dissensus, each receiver's weights); it "
+                       f"runs in sfg run (rounds or the lockstep clock), not in {where}: use "
+                       "model=none, sign-flip, noise or constant there")
 
 
 def place(attack: Attack | None, n: int, degree: np.ndarray, *, seed: int) -> np.ndarray:
@@ -183,20 +230,26 @@ class Heard:
         self.count[m] = delivered[2][m]
 
 
+def true_claims(rg, state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ages, lags, counts) [E] that each slot delivers in an honest round: its sender's state."""
+    return (state.ages[rg.send].astype(np.int64), state.lags[rg.send].astype(np.float64),
+            state.counts[rg.send].astype(np.int64))
+
+
 def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
            ids: np.ndarray | None = None, n_all: int | None = None,
-           heard: Heard | None = None):
+           heard: Heard | None = None, evidence=None, cand_now: np.ndarray | None = None):
     """(ages, lags, counts) [E] that each slot delivers in round ``state.t``: the sender's true
     state, except on slots from an attacker to someone else, which carry the forged claim.
 
     ``heard``: what the clients observed so far (``knowledge=observed``; None: nothing yet).
+    ``evidence`` and ``cand_now``: the certified protocol's evidence and this round's
+    candidate slots, for ``claim=certified`` (:func:`sfg.round.certified.best_claims`).
     ``ids`` [rg.n] and ``n_all``: when ``rg`` is part of a larger graph (a networked node's
     star, :mod:`sfg.net.node`), the clients' ids in it and its size, so that random claims are
     the draws of the same clients in the whole graph."""
     t = state.t
-    age = state.ages[rg.send].astype(np.int64)
-    lag = state.lags[rg.send].astype(np.float64)
-    count = state.counts[rg.send].astype(np.int64)
+    age, lag, count = true_claims(rg, state)
     forged = attackers[rg.send] & ~rg.is_self
     if not forged.any() or not attack.forges:
         return age, lag, count
@@ -209,6 +262,10 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
     src = rg.send[forged]
     if attack.claim == "undercut":
         return _undercut(attack, rg, state, attackers, forged, age, lag, count, heard)
+    if attack.claim == "certified":
+        from sfg.round.certified import best_claims
+
+        return best_claims(attack, rg, state, attackers, evidence, cand_now, age, lag, count)
     if attack.claim == "random":
         g = stream(seed, "attack-claims", t)
         n = rg.n if n_all is None else int(n_all)

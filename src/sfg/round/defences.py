@@ -60,8 +60,9 @@ REFUTE = 16  # with GUARD: a claim the guard's bounds refute excludes its candid
 # count bound (≤ t + 1), the lag bound (≥ 1 + t − count) and the evidence bound (rounds since
 # the content changed) clamp honest claims there; they are left out (tested)
 TIMED = 32
+CERTIFIED = 64  # the certified protocol's evidence, checked outside the round (sfg.round.certified)
 DEFENCES = {"guard": GUARD, "relative": RELATIVE, "cap": CAP, "clip": CLIP,
-            "refute": GUARD | REFUTE}
+            "refute": GUARD | REFUTE, "certified": CERTIFIED}
 # parameters a defence brings, with defaults and the defence that owns them
 DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap")}
 TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.rules.library.TIE_TOL)

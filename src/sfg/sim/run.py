@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from sfg.errors import SfgError, check
-from sfg.round.attacks import Heard, availability, claims, parse_attack, place
-from sfg.round.kernel import RoundResult, caps_at, play_round
+from sfg.round.attacks import Heard, availability, claims, parse_attack, place, true_claims
+from sfg.round.kernel import RoundResult, candidate_mask, caps_at, play_round
 from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import StalenessState, init_state
@@ -275,7 +275,13 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     rg = RoundGraph.from_graph(graph)
     undirected_id = rg.edge_id
-    if clock_live is not None:  # deliveries per direction: one link id per slot
+    certified = "certified" in rule.modifiers  # the certified protocol (sfg.round.certified)
+    evidence = None
+    if certified or (attack is not None and attack.claim == "certified"):
+        from sfg.round.certified import Evidence
+
+        evidence = Evidence(rg, anatomy=str(c["anatomy"]))
+    if clock_live is not None or certified:  # deliveries per direction: one link id per slot
         from sfg.clock.schedule import directed
 
         rg = directed(rg)
@@ -316,8 +322,9 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
             caps = caps_at(caps_all, t)
             live = live_links_round(graph.edges.shape[0], t, p=float(c["link_failure"]), seed=seed) \
                 if float(c["link_failure"]) > 0 else None
-            if clock_live is not None:
-                delivered = clock_live[t].copy()
+            if clock_live is not None or certified:
+                delivered = clock_live[t].copy() if clock_live is not None \
+                    else np.ones(rg.n_slots, bool)
                 if live is not None:
                     nbs = undirected_id >= 0
                     delivered[nbs] &= live[undirected_id[nbs]]
@@ -326,14 +333,22 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
             # ---- aggregation (reads the models as they were at the start of round t)
             if model_rule is None:
+                cand = None if evidence is None else candidate_mask(rg, caps, live)
                 forged = None if attack is None else claims(attack, rg, state, attackers,
-                                                            seed=seed, heard=heard)
+                                                            seed=seed, heard=heard,
+                                                            evidence=evidence, cand_now=cand)
+                if evidence is not None:
+                    told = forged if forged is not None else true_claims(rg, state)
+                    if certified:  # refused claims: excluded, as lost messages
+                        live = live & ~evidence.refuted(told, cand)
                 rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live,
                                              slot_staleness=forged,
                                              attackers=None if attack is None else attackers,
                                              frozen=frozen)
                 if heard is not None and forged is not None:
                     heard.note(rg, rw.candidate, forged)
+                if evidence is not None:  # the heard-sets: what was received
+                    evidence.note(cand, told)
                 if mixes:  # an attacker's poisoned model, or +clip (sfg.sim.attack_train)
                     X_mix = mix(X, X0, rg, rw.weights, rw.candidate, caps.adopt, attackers,
                                 attack, clip=rule.clip, seed=seed, t=t)
@@ -440,6 +455,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     if c.get("attack") is not None:  # honest clients only (sfg.round.attacks; all clients at frac=0)
         metrics["acc_honest_mean"] = float(acc[~attackers].mean())
         metrics["acc_honest_p10"] = float(np.percentile(acc[~attackers], 10))
+    if certified and evidence is not None:  # the share of neighbour claims refused
+        metrics["refused"] = evidence.refused_share
     # an availability quartile with no client (N < 4) is reported empty (NaN), not an error
     if not all(math.isfinite(v) for k, v in metrics.items()
                if k.startswith("acc") and not k.startswith("acc_q")):

@@ -47,7 +47,8 @@ from numpy.typing import ArrayLike
 from sfg.errors import SfgError
 from sfg.util.components import Component, Entry, Registry, did_you_mean, parse_component
 
-MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "relative", "cap", "clip")
+MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "certified", "relative", "cap",
+             "clip")
 CATCHUP_CAP = 3
 
 
@@ -336,7 +337,13 @@ def parse_rule(text: str | Component) -> Rule:
     for key, value in params.items():
         if key in ranges:
             ranges[key].check(name, key, value)
-    defences = [f"+{m}" for m in modifiers if m in ("guard", "refute", "relative", "cap", "clip")]
+    defences = [f"+{m}" for m in modifiers
+                if m in ("guard", "refute", "certified", "relative", "cap", "clip")]
+    clamps = [f"+{m}" for m in modifiers if m in ("guard", "refute", "relative")]
+    if "certified" in modifiers and clamps:
+        raise SfgError(f"rule {comp.text!r}: +certified checks claims against their signed "
+                       f"provenance, which {', '.join(clamps)} would change first; give "
+                       "+certified alone (with +cap if wanted)")
     if defences and "oracle" in RULES.entry(name).tags:
         raise SfgError(f"rule {name!r} is an oracle (global information); the defences "
                        f"{', '.join(defences)} do not apply to it")
