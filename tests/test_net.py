@@ -511,3 +511,23 @@ def test_restarted_lockstep_node_still_serves_its_unfetched_older_messages(tmp_p
     back._checkpoint()
     again = Node(world, 2, NodeConfig(**cfg, resume=True))
     assert again.outbox == {} and not list(tmp_path.glob("node-2-out-*"))
+
+
+def test_rejections_warn_once_per_reason_then_at_powers_of_ten(caplog):
+    """Under message faults a node rejects thousands of messages: the first of each reason
+    and the 10th, 100th, ... are warnings (with the count), the rest debug lines; every one
+    is counted."""
+    import logging
+
+    from sfg.net.wire import Rejected, Rejections
+
+    r = Rejections(3)
+    with caplog.at_level(logging.DEBUG, logger="sfg.net"):
+        for _ in range(250):
+            r.add(Rejected("digest", "SHA-256 of the payload does not match the header"))
+        r.add(Rejected("garbage"))
+    warn = [m.getMessage() for m in caplog.records if m.levelno == logging.WARNING]
+    assert len(warn) == 4 and "(100 rejected for digest so far)" in warn[2]
+    assert warn[0].startswith("node 3 rejected a message: digest") and "garbage" in warn[3]
+    assert sum(m.levelno == logging.DEBUG for m in caplog.records) == 247
+    assert r.as_dict() == {"digest": 250, "garbage": 1} and r.total == 251

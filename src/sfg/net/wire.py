@@ -303,7 +303,10 @@ def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbou
 
 
 class Rejections:
-    """Counts of rejected messages by reason, with logging (one line per rejection)."""
+    """Counts of rejected messages by reason, with logging: a warning for a node's first
+    rejection of each reason and then at every power of ten of that reason's count (10th,
+    100th, ...), with the count so far; the others at debug level (a run under message
+    faults rejects thousands, and the counts are in the node's results anyway)."""
 
     def __init__(self, node: int):
         self.node = node
@@ -311,8 +314,12 @@ class Rejections:
 
     def add(self, err: Rejected, peer: str = "") -> None:
         self.counts[err.reason] += 1
-        log.warning("node %d rejected a message%s: %s", self.node,
-                    f" from {peer}" if peer else "", err)
+        n = self.counts[err.reason]
+        loud = n == 1 or (n % 10 == 0 and math.log10(n).is_integer())
+        log.log(logging.WARNING if loud else logging.DEBUG,
+                "node %d rejected a message%s: %s%s", self.node,
+                f" from {peer}" if peer else "", err,
+                "" if n == 1 else f" ({n} rejected for {err.reason} so far)")
 
     @property
     def total(self) -> int:
