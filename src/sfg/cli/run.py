@@ -161,8 +161,11 @@ def _run_events(cfg, settings: dict[str, Any], as_json: bool) -> None:
                           enabled=not as_json) as update:
         got = simulate_events(resolve_config(settings), progress=update)
     if as_json:
-        console.print_json({"config": settings, "run_id": run_id(cfg), "metrics": got["metrics"],
-                            "curves": got["curves"], "meta": got["meta"]})
+        out = {"config": settings, "run_id": run_id(cfg), "metrics": got["metrics"],
+               "curves": got["curves"], "meta": got["meta"]}
+        if got.get("diagnostics") is not None:  # SPEC §10 on the clock (sfg.clock.diagnostics)
+            out["diagnostics"] = got["diagnostics"]
+        console.print_json(out)
         return
     m = got["metrics"]
     tta = m["time_to_accuracy_h"]
@@ -182,7 +185,7 @@ def _run_events(cfg, settings: dict[str, Any], as_json: bool) -> None:
             ("seconds", f"{got['meta']['seconds']:.1f}")]
     t = console.table(f"sfg run --clock virtual --protocol {cfg.protocol}: {cfg.rule} under "
                       f"{cfg.process}", ["metric", ("value", "right")])
-    for name, v in rows:
+    for name, v in [*rows, *_rate_rows(got.get("diagnostics"))]:
         t.add_row(name, v)
     console.show(t)
     console.caption(f"{got['meta']['levels']} batches of local rounds, backend "

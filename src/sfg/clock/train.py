@@ -2,8 +2,10 @@
 
 ``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
 participants and deliveries, so every rule, backbone and diagnostic runs there (the async
-and event protocols take the backbones, the model-reading rules, the oracles and the anatomy
-modes too: below).
+and event protocols take the backbones, the model-reading rules, the oracles, the anatomy
+modes and the training diagnostics too: below; the diagnostics, SPEC §10 with one staleness
+unit for a round, in :mod:`sfg.clock.diagnostics`, read every batch's models as they are
+computed and change nothing).
 
 ``async`` and ``event`` (:func:`simulate_events`) first fix the schedule (model-free,
 rule-independent), then run the rule's staleness over it (:func:`sfg.clock.replay.staleness_events`:
@@ -308,8 +310,14 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     by_dev = loc[np.lexsort((sched.end[loc], sched.dev[loc]))]
     dptr = np.zeros(N + 1, np.int64)
     np.cumsum(np.bincount(sched.dev[loc], minlength=N), out=dptr[1:])
-    k = _last_by(dptr, sched.end[by_dev], np.tile(np.arange(N), te.size), np.repeat(te, N))
-    eval_ids = np.where(k >= 0, N + by_dev[np.maximum(k, 0)],
+
+    def finished_by(devs: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Each device's last local round whose K steps are done by time q (−1: none)."""
+        k = _last_by(dptr, sched.end[by_dev], devs, q)
+        return np.where(k >= 0, by_dev[np.maximum(k, 0)], -1) if by_dev.size else k
+
+    k = finished_by(np.tile(np.arange(N), te.size), np.repeat(te, N))
+    eval_ids = np.where(k >= 0, N + k,
                         np.tile(np.arange(N), te.size)).reshape(te.size, N)
     lvl_of = np.concatenate([np.zeros(N, np.int64), level])  # by model id
     eval_level = lvl_of[eval_ids].max(axis=1)
@@ -323,7 +331,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     np.maximum.at(last_use, eval_ids.ravel(), np.repeat(eval_level, N))
     last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
     # SPEC §10's diagnostics on the clock (sfg.clock.diagnostics): read the models, never
-    # change them; the fine-tuning's models are kept until their unit's last level
+    # change them
     tools = diagnostic_tools(c, seed=seed, model=model, spec=spec, data=data, clients=clients,
                              backend=backend, device=device, K=K, B=B, lr=lr, wd=wd,
                              momentum=momentum)
@@ -331,10 +339,9 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     if tools is not None:
         from sfg.clock.diagnostics import EventDiagnostics
 
-        diag = EventDiagnostics(tools.pop("kinds"), sched=sched, level=level, prev=prev,
+        diag = EventDiagnostics(tools.pop("kinds"), sched=sched, level=level,
                                 facts=got["facts"], hdr=got["hdr"], hdr_lag=got["hdr_lag"],
-                                weights=weights, seed=seed, **tools)
-        diag.hold(last_use)
+                                weights=weights, finished_by=finished_by, seed=seed, **tools)
 
     pool = _Pool(X0, N + R)
     # ditto (SPEC §6 backbones): a personal model per device beside the shared one, trained
@@ -461,8 +468,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
             while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
                 evaluate(int(eval_order[next_eval]))
                 next_eval += 1
-            if diag is not None:  # before this level's models are freed
-                diag.level_done(L, pool.get)
+            if diag is not None:  # the units this level completed
+                diag.level_done(L)
             gone = by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]]
             pool.drop(gone)
             if personal is not None:  # read where the shared model is (or earlier): freed alike

@@ -62,6 +62,8 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
 
             got = simulate_events(resolve_config(cfg.model_dump()), progress=progress)
             out = {"metrics": got["metrics"], "curves": got["curves"]}
+            if got.get("diagnostics") is not None:  # SPEC §10 on the clock
+                out["diagnostics"] = got["diagnostics"]
         else:
             out = simulate_config(cfg.model_dump(), progress=progress)
     else:  # pragma: no cover - RunConfig's Literal rules this out

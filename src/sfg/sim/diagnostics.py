@@ -30,19 +30,24 @@ the staleness state at the start of the round. It records
 
 Distances are squared Euclidean distances between full parameter vectors. Everything is
 stored as per-bin sums and counts (:class:`Binned`), so runs of several seeds pool by
-addition. Diagnostics only read the models and draw from their own streams: training with
-them is bit-identical to training without them (SPEC §10).
+addition. What is computed from the measured pairs and models — the normalisations
+(:func:`normalised`), the bins, the fine-tuning, the returning clients' losses — is
+:class:`Recorder`'s, shared with the virtual clock's async and event protocols
+(:mod:`sfg.clock.diagnostics`, where a round is one staleness unit). Diagnostics only read
+the models and draw from their own streams: training with them is bit-identical to training
+without them (SPEC §10).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where models are read, so reports start fast
     import torch
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from sfg.errors import SfgError, check
 from sfg.util.components import did_you_mean
@@ -223,20 +228,45 @@ class ValidationLoss:
 
 
 # ----------------------------------------------------------------------------- the recorder
-class Diagnostics:
-    """Records the diagnostics ``kinds`` of one run; call :meth:`observe` every round.
+def normalised(d: ArrayLike, group: ArrayLike, base: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """``(ok, ratio)``: each ``d`` divided by the mean of ``d`` over the ``base`` entries of its
+    group (``group`` [P] non-negative ints); ``ok`` where the group has such entries and
+    their mean is positive (``ratio`` NaN elsewhere). The one normalisation of SPEC §10: the
+    raw law per receiver over its fresh neighbours, the lag law per snapshot over the pairs
+    with no difference, the fine-tuned distances per receiver over its fresh neighbours."""
+    d = np.asarray(d, np.float64).reshape(-1)
+    group = np.asarray(group, np.int64).reshape(-1)
+    base = np.asarray(base, bool).reshape(-1)
+    n = int(group.max()) + 1 if group.size else 0
+    s = np.bincount(group, weights=np.where(base, d, 0.0), minlength=n)
+    c = np.bincount(group, weights=base.astype(np.float64), minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = s / c
+    ok = (c[group] > 0) & (mean[group] > 0)
+    ratio = np.full(d.size, np.nan)
+    ratio[ok] = d[ok] / mean[group][ok]
+    return ok, ratio
 
-    ``rg``: the run's RoundGraph; ``available``: bool [T, N] availability; ``seed``: the run's
-    seed (the diagnostics' own streams hang off it). ``finetune`` and ``returning`` also need
-    ``val`` (a :class:`ValidationLoss`); ``finetune`` needs ``train_batches(i, t)`` ->
-    (xs [K, B, ...], ys [K, B]) of client i and ``train(P, xs, ys)`` -> trained P (the run's
-    local training).
+
+class Recorder:
+    """The accumulators of SPEC §10's diagnostics and how each is recorded, for the rounds
+    (:class:`Diagnostics`) and the virtual clock's async and event protocols
+    (:class:`sfg.clock.diagnostics.EventDiagnostics`): the two say which pairs, models and
+    ages are measured, these methods what is computed from them, once.
+
+    ``seed``: the run's seed (the diagnostics' own streams hang off it). ``finetune`` and
+    ``returning`` also need ``val`` (a :class:`ValidationLoss`); ``finetune`` needs
+    ``train_batches(i, t)`` -> (xs [K, B, ...], ys [K, B]) of client i and
+    ``train(P, xs, ys)`` -> trained P (the run's local training).
     """
 
-    def __init__(self, kinds: Iterable[str], *, rg, available: np.ndarray, seed: int,
-                 val: ValidationLoss | None = None, train_batches=None, train=None):
+    def __init__(self, kinds: Iterable[str], *, seed: int, val: ValidationLoss | None = None,
+                 train_batches: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+                 | None = None,
+                 train: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+                 | None = None):
         self.kinds = parse_diagnostics(list(kinds))
-        self.rg, self.available, self.seed = rg, np.asarray(available, bool), int(seed)
+        self.seed = int(seed)
         self.val, self.train_batches, self.train = val, train_batches, train
         needs_val = {"finetune", "returning"} & set(self.kinds)
         check(not needs_val or val is not None,
@@ -250,8 +280,148 @@ class Diagnostics:
         self.ft_own = {"loss": [0.0, 0], "acc": [0.0, 0]}
         self.ft_receivers = 0
         self.ret = Binned(RETURN_COLUMNS)
-        self.pending: dict[int, list[tuple[int, int]]] = {}  # round -> [(client, D)]
         self.returns = 0
+
+    # -- what is recorded from the measured pairs and models
+    def record_raw(self, d: ArrayLike, receiver: ArrayLike, age: ArrayLike) -> None:
+        """The raw law: squared distances ``d`` [P] from receivers (``receiver`` [P], one id
+        per aggregating receiver of age 0) to their live neighbours of age ``age`` [P], each
+        divided by the mean over its receiver's age-0 neighbours (receivers without any, or
+        whose mean is 0, skipped), binned by the neighbour's age."""
+        age = np.asarray(age, np.int64)
+        ok, ratio = normalised(d, receiver, age == 0)
+        self.raw.add("ratio", age[ok], ratio[ok])
+
+    def record_lag(self, d: ArrayLike, ages: tuple[ArrayLike, ArrayLike],
+                   lags: tuple[ArrayLike, ArrayLike], snapshot: ArrayLike) -> None:
+        """The lag law: squared distances ``d`` [P] of live pairs with the two ends' ages
+        ``ages = (τ_a, τ_b)`` and lags ``lags = (ℓ_a, ℓ_b)`` [P] each, binned by |τ_a − τ_b| and
+        by round(|ℓ_a − ℓ_b|), each divided by the mean over its ``snapshot``'s [P] pairs with
+        difference 0; a snapshot that normalised anything counts in ``snapshots``."""
+        snapshot = np.asarray(snapshot, np.int64)
+        _, group = np.unique(snapshot, return_inverse=True)
+        diffs = {"age": np.abs(np.asarray(ages[0], np.int64) - np.asarray(ages[1], np.int64)),
+                 "lag": np.rint(np.abs(np.asarray(lags[0], np.float64)
+                                       - np.asarray(lags[1], np.float64))).astype(np.int64)}
+        used = np.zeros(int(group.max()) + 1 if group.size else 0, bool)
+        for by, x in diffs.items():
+            ok, ratio = normalised(d, group, x == 0)
+            self.lag[by].add("ratio", x[ok], ratio[ok])
+            used[group[ok]] = True
+        self.lag_snapshots += int(used.sum())
+
+    def record_finetune(self, P0: torch.Tensor, sizes: ArrayLike, receivers: ArrayLike, t: int,
+                        age: ArrayLike) -> None:
+        """Fine-tuned geometry: ``P0`` [m, D] holds per receiver (``receivers`` [k] client ids,
+        ``sizes`` [k] rows each) its own model first, then its live neighbours' models
+        (``age`` [m − k]: their ages, in that order). Every row trains the receiver's K local
+        steps on one common minibatch sequence (``train_batches(i, t)``); recorded by
+        neighbour age: the distance to the receiver's own model before and after, each
+        divided by the mean over its age-0 neighbours, and the fine-tuned neighbour models'
+        validation loss and accuracy on the receiver's split; the receiver's own separately."""
+        import torch
+
+        sizes = np.asarray(sizes, np.int64)
+        receivers = np.asarray(receivers, np.int64)
+        age = np.asarray(age, np.int64)
+        if receivers.size == 0:
+            return
+        assert self.val is not None and self.train is not None and self.train_batches is not None
+        xs, ys = [], []
+        for i, m in zip(receivers, sizes, strict=True):  # at most 16: one training call below
+            bx, by = self.train_batches(int(i), int(t))
+            xs.append(bx.unsqueeze(0).expand(int(m), *bx.shape))
+            ys.append(by.unsqueeze(0).expand(int(m), *by.shape))
+        owner = np.repeat(receivers, sizes)
+        P1 = self.train(P0, torch.cat(xs), torch.cat(ys))
+        loss, acc = self.val.losses(P1, owner)
+        own = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        is_nb = np.ones(owner.size, bool)
+        is_nb[own] = False
+        nb = np.flatnonzero(is_nb)
+        group = np.repeat(np.arange(receivers.size), sizes - 1)
+        fresh = age == 0
+        for col, P in (("before", P0), ("after", P1)):
+            ok, ratio = normalised(sq_dist(P, nb, own[group]), group, fresh)
+            self.ft.add(col, age[ok], ratio[ok])
+        self.ft.add("loss", age, loss[nb])
+        self.ft.add("acc", age, acc[nb])
+        for col, v in (("loss", loss[own]), ("acc", acc[own])):
+            v = v[np.isfinite(v)]
+            self.ft_own[col][0] += float(v.sum())
+            self.ft_own[col][1] += int(v.size)
+        self.ft_receivers += int(receivers.size)
+
+    def record_returning(self, D: ArrayLike, owner: ArrayLike, stale: torch.Tensor,
+                         agg: torch.Tensor, trained: torch.Tensor, self_weight: ArrayLike,
+                         neighbours: torch.Tensor, of: ArrayLike) -> None:
+        """Returning clients (``owner`` [m] client ids, ``D`` [m] their ages at return): the
+        validation loss and accuracy on the owner's split of its ``stale``, post-aggregation
+        (``agg``) and ``trained`` models [m, D] each; the mean over its live neighbours'
+        models (``neighbours`` [p, D], ``of`` [p] the position 0..m−1 of the returning client
+        each belongs to); its rule's ``self_weight`` [m]."""
+        import torch
+
+        D = np.asarray(D, np.int64)
+        owner = np.asarray(owner, np.int64)
+        of = np.asarray(of, np.int64)
+        m = D.size
+        if m == 0:
+            return
+        assert self.val is not None
+        loss, acc = self.val.losses(torch.cat([stale, agg, trained]), np.tile(owner, 3))
+        for k, name in enumerate(("stale", "agg", "trained")):
+            self.ret.add(f"loss_{name}", D, loss[k * m:(k + 1) * m])
+            self.ret.add(f"acc_{name}", D, acc[k * m:(k + 1) * m])
+        self.ret.add("self_weight", D, self_weight)
+        if of.size:
+            nl, na = self.val.losses(neighbours, owner[of])
+            for col, v in (("loss_neighbours", nl), ("acc_neighbours", na)):
+                ok = np.isfinite(v)
+                s = np.bincount(of[ok], weights=v[ok], minlength=m)
+                c = np.bincount(of[ok], minlength=m)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    self.ret.add(col, D, s / c)
+        self.returns += m
+
+    def record_later(self, D: ArrayLike, owner: ArrayLike, later: torch.Tensor) -> None:
+        """Returning clients' models :data:`LATER` rounds after their return (``later``
+        [m, D], ``owner`` [m], ``D`` [m] as at the return): validation loss and accuracy."""
+        assert self.val is not None
+        loss, acc = self.val.losses(later, np.asarray(owner, np.int64))
+        self.ret.add("loss_later", D, loss)
+        self.ret.add("acc_later", D, acc)
+
+    # -- the result
+    def result(self) -> dict[str, Any]:
+        """JSON-ready per-bin sums and counts of every recorded diagnostic (plus ρ fits)."""
+        out: dict[str, Any] = {"kinds": list(self.kinds)}
+        if "raw" in self.kinds:
+            out["raw"] = self.raw.to_json()
+        if "lag" in self.kinds:
+            block = {by: b.to_json() for by, b in self.lag.items()}
+            out["lag"] = {**block, "snapshots": self.lag_snapshots, **law_rates(block)}
+        if "finetune" in self.kinds:
+            out["finetune"] = {**self.ft.to_json(), "receivers": self.ft_receivers,
+                               "own_loss": self.ft_own["loss"], "own_acc": self.ft_own["acc"]}
+        if "returning" in self.kinds:
+            out["returning"] = {**self.ret.to_json(), "returns": self.returns}
+        return out
+
+
+class Diagnostics(Recorder):
+    """Records the diagnostics ``kinds`` of one round-based run; call :meth:`observe` every
+    round.
+
+    ``rg``: the run's RoundGraph; ``available``: bool [T, N] availability; ``seed``, ``val``,
+    ``train_batches``, ``train``: as :class:`Recorder`.
+    """
+
+    def __init__(self, kinds: Iterable[str], *, rg, available: np.ndarray, seed: int,
+                 val: ValidationLoss | None = None, train_batches=None, train=None):
+        super().__init__(kinds, seed=seed, val=val, train_batches=train_batches, train=train)
+        self.rg, self.available = rg, np.asarray(available, bool)
+        self.pending: dict[int, list[tuple[int, int]]] = {}  # round -> [(client, D)]
 
     # -- the hook
     def observe(self, r: Mapping[str, Any]) -> None:
@@ -279,14 +449,7 @@ class Diagnostics:
         if slots.size == 0:
             return
         d = sq_dist(r["X"], rg.recv[slots], rg.send[slots])
-        recv, fresh = rg.recv[slots], ages[rg.send[slots]] == 0
-        n = rg.n
-        fsum = np.bincount(recv, weights=np.where(fresh, d, 0.0), minlength=n)
-        fcnt = np.bincount(recv, weights=fresh.astype(np.float64), minlength=n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = fsum / fcnt
-        ok = (fcnt[recv] > 0) & (mean[recv] > 0)
-        self.raw.add("ratio", ages[rg.send[slots]][ok], d[ok] / mean[recv][ok])
+        self.record_raw(d, rg.recv[slots], ages[rg.send[slots]])
 
     def _lag(self, r) -> None:
         rg, st = self.rg, r["state"]
@@ -296,19 +459,8 @@ class Diagnostics:
             return
         a, b = rg.recv[slots], rg.send[slots]
         d = sq_dist(r["X"], a, b)
-        diffs = {"age": np.abs(st.ages[a] - st.ages[b]).astype(np.int64),
-                 "lag": np.rint(np.abs(st.lags[a] - st.lags[b])).astype(np.int64)}
-        used = False
-        for by, x in diffs.items():
-            zero = x == 0
-            if not zero.any():
-                continue
-            d0 = float(d[zero].mean())
-            if d0 <= 0:
-                continue
-            self.lag[by].add("ratio", x, d / d0)
-            used = True
-        self.lag_snapshots += int(used)
+        self.record_lag(d, (st.ages[a], st.ages[b]), (st.lags[a], st.lags[b]),
+                        np.zeros(a.size, np.int64))
 
     def _finetune(self, r) -> None:
         import torch
@@ -328,41 +480,14 @@ class Diagnostics:
         g = stream(self.seed, "diagnostics", "finetune", t)
         chosen = np.sort(g.choice(eligible, size=min(FINETUNE_RECEIVERS, eligible.size),
                                   replace=False))
+        # per receiver: its own row first, then its neighbours (slots are grouped by receiver)
+        nbs = [send[recv == i] for i in chosen]
+        rows = np.concatenate([np.concatenate([[i], nb]) for i, nb in zip(chosen, nbs,
+                                                                          strict=True)])
         X = r["X"]
-        owners, starts, xs, ys = [], [], [], []
-        for i in chosen:  # at most 16 receivers: one batched training call below
-            nb = send[recv == i]
-            rows = np.concatenate([[i], nb])
-            bx, by = self.train_batches(int(i), t)
-            owners.append(np.full(rows.size, i))
-            starts.append(rows)
-            xs.append(bx.unsqueeze(0).expand(rows.size, *bx.shape))
-            ys.append(by.unsqueeze(0).expand(rows.size, *by.shape))
-        owner = np.concatenate(owners)
-        start_rows = np.concatenate(starts)
-        P0 = X[torch.as_tensor(start_rows, device=X.device)]
-        P1 = self.train(P0, torch.cat(xs), torch.cat(ys))
-        loss, acc = self.val.losses(P1, owner)
-        # per receiver: its own row first, then its neighbours
-        offsets = np.concatenate([[0], np.cumsum([s.size for s in starts])])
-        for k in range(chosen.size):
-            lo, hi = int(offsets[k]), int(offsets[k + 1])
-            nb = start_rows[lo + 1:hi]
-            own0, own1 = P0[lo:lo + 1], P1[lo:lo + 1]
-            before = ((P0[lo + 1:hi] - own0).double() ** 2).sum(1).cpu().numpy()
-            after = ((P1[lo + 1:hi] - own1).double() ** 2).sum(1).cpu().numpy()
-            fresh = ages[nb] == 0
-            for col, dist in (("before", before), ("after", after)):
-                base = dist[fresh].mean()
-                if base > 0:
-                    self.ft.add(col, ages[nb], dist / base)
-            self.ft.add("loss", ages[nb], loss[lo + 1:hi])
-            self.ft.add("acc", ages[nb], acc[lo + 1:hi])
-            for col, v in (("loss", loss[lo]), ("acc", acc[lo])):
-                if np.isfinite(v):
-                    self.ft_own[col][0] += float(v)
-                    self.ft_own[col][1] += 1
-        self.ft_receivers += int(chosen.size)
+        P0 = X[torch.as_tensor(rows, device=X.device)]
+        self.record_finetune(P0, [nb.size + 1 for nb in nbs], chosen, t,
+                             ages[np.concatenate(nbs)])
 
     def _returning(self, r) -> None:
         import torch
@@ -373,56 +498,23 @@ class Diagnostics:
         due = self.pending.pop(t, [])
         if due:
             who = np.array([c for c, _ in due])
-            loss, acc = self.val.losses(X_next[torch.as_tensor(who, device=X.device)], who)
-            D = np.array([d for _, d in due])
-            self.ret.add("loss_later", D, loss)
-            self.ret.add("acc_later", D, acc)
+            self.record_later(np.array([d for _, d in due]), who,
+                              X_next[torch.as_tensor(who, device=X.device)])
         if t == 0:
             return
         back = np.flatnonzero(self.available[t] & ~self.available[t - 1])
         if back.size == 0:
             return
         D = np.asarray(r["state"].ages)[back].astype(np.int64)
-        self.returns += int(back.size)
         idx = torch.as_tensor(back, device=X.device)
-        P = torch.cat([X[idx], X_agg[idx], X_next[idx]])
-        loss, acc = self.val.losses(P, np.tile(back, 3))
-        m = back.size
-        for k, name in enumerate(("stale", "agg", "trained")):
-            self.ret.add(f"loss_{name}", D, loss[k * m:(k + 1) * m])
-            self.ret.add(f"acc_{name}", D, acc[k * m:(k + 1) * m])
-        weights = np.asarray(r["weights"], np.float64)
-        self.ret.add("self_weight", D, weights[rg.indptr[back]])
         slots = self._neighbour_slots(r)
-        is_back = np.zeros(rg.n, bool)
-        is_back[back] = True
-        slots = slots[is_back[rg.recv[slots]]]
-        if slots.size:
-            nl, na = self.val.losses(X[torch.as_tensor(rg.send[slots], device=X.device)],
-                                     rg.recv[slots])
-            for col, v in (("loss_neighbours", nl), ("acc_neighbours", na)):
-                ok = np.isfinite(v)
-                s = np.bincount(rg.recv[slots][ok], weights=v[ok], minlength=rg.n)
-                c = np.bincount(rg.recv[slots][ok], minlength=rg.n)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    mean = s / c
-                self.ret.add(col, D, mean[back])
+        pos = np.full(rg.n, -1, np.int64)
+        pos[back] = np.arange(back.size)
+        slots = slots[pos[rg.recv[slots]] >= 0]
+        weights = np.asarray(r["weights"], np.float64)
+        self.record_returning(D, back, X[idx], X_agg[idx], X_next[idx], weights[rg.indptr[back]],
+                              X[torch.as_tensor(rg.send[slots], device=X.device)],
+                              pos[rg.recv[slots]])
         if t + LATER < T:
             self.pending.setdefault(t + LATER, []).extend(
                 (int(c), int(d)) for c, d in zip(back, D, strict=True))
-
-    # -- the result
-    def result(self) -> dict[str, Any]:
-        """JSON-ready per-bin sums and counts of every recorded diagnostic (plus ρ fits)."""
-        out: dict[str, Any] = {"kinds": list(self.kinds)}
-        if "raw" in self.kinds:
-            out["raw"] = self.raw.to_json()
-        if "lag" in self.kinds:
-            block = {by: b.to_json() for by, b in self.lag.items()}
-            out["lag"] = {**block, "snapshots": self.lag_snapshots, **law_rates(block)}
-        if "finetune" in self.kinds:
-            out["finetune"] = {**self.ft.to_json(), "receivers": self.ft_receivers,
-                               "own_loss": self.ft_own["loss"], "own_acc": self.ft_own["acc"]}
-        if "returning" in self.kinds:
-            out["returning"] = {**self.ret.to_json(), "returns": self.returns}
-        return out

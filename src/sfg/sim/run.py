@@ -493,7 +493,26 @@ def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None]
 def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, clients, backend,
                  device, K, B, lr, wd, momentum):
     """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
-    from sfg.sim.diagnostics import Diagnostics, ValidationLoss, parse_diagnostics
+    from sfg.sim.diagnostics import Diagnostics
+
+    tools = diagnostic_tools(c, seed=seed, model=model, spec=spec, data=data, clients=clients,
+                             backend=backend, device=device, K=K, B=B, lr=lr, wd=wd,
+                             momentum=momentum)
+    if tools is None:
+        return None
+    return Diagnostics(tools.pop("kinds"), rg=rg, available=available, seed=seed, **tools)
+
+
+def diagnostic_tools(c: dict[str, Any], *, seed, model, spec, data, clients, backend, device,
+                     K, B, lr, wd, momentum) -> dict[str, Any] | None:
+    """What a run's diagnostics (SPEC §10) read besides its models, for the rounds and the
+    virtual clock alike: ``kinds``; ``val``, the clients' validation splits
+    (:class:`~sfg.sim.diagnostics.ValidationLoss`, for ``finetune`` and ``returning``);
+    ``train_batches(i, t)``, client i's K minibatches of the fine-tuning at t (streams
+    ``diagnostics-finetune-<i>`` and ``diagnostics-finetune-augment-<i>`` keyed by t, never
+    the training's); ``train(P, xs, ys)``, the run's local training (lr, weight decay,
+    momentum from a zero buffer). None when no diagnostic is asked for."""
+    from sfg.sim.diagnostics import ValidationLoss, parse_diagnostics
 
     kinds = parse_diagnostics(c.get("diagnostics") or "")
     if not kinds:
@@ -515,5 +534,4 @@ def _diagnostics(c: dict[str, Any], *, rg, available, seed, model, spec, data, c
         return backend.train(P, xs, ys, lr=lr, weight_decay=wd, momentum=momentum,
                              momentum_buf=buf)
 
-    return Diagnostics(kinds, rg=rg, available=available, seed=seed, val=val,
-                       train_batches=train_batches, train=train)
+    return {"kinds": kinds, "val": val, "train_batches": train_batches, "train": train}
