@@ -354,68 +354,11 @@ def test_swarm_fresh_claiming_node_takes_all_weight_and_guard_stops_it():
     assert sum(a for a, _, _ in w_guard) < sum(a for a, _, _ in w_plain)
 
 
-def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state():
-    """The hand-built 4-client case of issue 13 on a real Node: receiver 0, honest neighbours 1
-    and 2, attacker 3. The node's weights and its next staleness state equal the compiled
-    round's (play_round with +guard: forged lag 0 clamped to 1 + t − count = 3); with the same
-    content seen again 6 rounds later, the evidence bound clamps the attacker's age to 6."""
-    import hashlib
-
-    from sfg.net.checkpoints import NodeState
-    from sfg.net.node import Message
-    from sfg.net.wire import Header
-    from sfg.round.attacks import claims, parse_attack
-    from sfg.round.kernel import play_round
-    from sfg.round.rules import parse_rule
-    from sfg.round.slots import RoundGraph
-    from sfg.round.staleness import StalenessState
-    from sfg.world.outages.anatomy import Capabilities
-
-    edges = np.array([[0, 1], [0, 2], [0, 3]])
-    world = build_world(dict(n_clients=4, rounds=20, process="none", rule="sfg-cut+guard",
-                             eval_every=20), edges=edges)
-    node = Node(world, 0, NodeConfig(mode="lockstep", record_headers=True))
-    t = 10
-    node.state = NodeState(t=t, age=1, lag=4.0, count=7, local_count=7, q_hat=[1.0] * 3)
-
-    def msg(j, age, lag, count, content):
-        x = world.x0 + content
-        head = Header(sender=j, round=t, age=age, lag=lag, count=count, local_count=7,
-                      length=0, sha256=hashlib.sha256(x.tobytes()).digest())
-        return Message(head, x)
-
-    msgs = [msg(1, 1, 4.0, 7, 1.0), msg(2, 1, 4.0, 7, 2.0), msg(3, 0, 0.0, 8, 3.0)]
-    _, full = node._aggregate(t, [1, 2, 3], msgs, [1, 1, 0], [4.0, 4.0, 0.0])
-    # the compiled round on the same case (tests/test_attacks.py's hand case)
-    rg = RoundGraph.from_edges(4, edges)
-    st = StalenessState(t=t, ages=np.ones(4, np.int64), lags=np.full(4, 4.0),
-                        counts=np.full(4, 7, np.int64), local_counts=np.full(4, 7, np.int64),
-                        q_hat=np.ones(rg.n_slots))
-    att = np.array([0, 0, 0, 1], bool)
-    on = np.ones(4, bool)
-    rr = play_round(parse_rule("sfg-cut+guard"), rg, st, Capabilities(on, on, on, on), seed=0,
-                    slot_staleness=claims(parse_attack("forge:claim=fresh"), rg, st, att, seed=0))
-    sl = slice(rg.indptr[0], rg.indptr[1])
-    want = dict(zip(rg.send[sl].tolist(), rr.weights[sl].tolist(), strict=True))
-    assert full["weights"].tolist() == pytest.approx([want[j] for j in range(4)], abs=1e-12)
-    assert full["weights"][3] == pytest.approx(8 / 29)
-    assert full["lags"].tolist() == [4.0, 4.0, 4.0, 3.0]  # the forged lag as clamped
-    nxt = node.star.advance(node.state, available=True, **full)
-    assert nxt.lag == pytest.approx(rr.state.lags[0], abs=1e-12)
-    assert nxt.count == rr.state.counts[0] and nxt.age == rr.state.ages[0]
-    assert node.weights[-1]["clamped"] == 1
-    # evidence: the attacker's content unchanged 6 rounds later -> age >= 6, lag >= 6
-    _, full = node._aggregate(t + 6, [1, 2, 3], [msg(1, 1, 10.0, 7, 4.0), msg(2, 1, 10.0, 7, 5.0),
-                                                 msg(3, 0, 0.0, 8, 3.0)],
-                              [1, 1, 0], [10.0, 10.0, 0.0])
-    assert full["ages"][3] == 6 and full["lags"][3] >= 6.0
-    assert full["ages"][1] == 1 and full["lags"][1] == 10.0  # changed content: untouched
-
-
-@pytest.mark.parametrize("rule", ["sfg-cut+refute", "sfg-cut:kappa=1.2+refute+cap"])
-def test_node_refutes_as_the_round_does(rule):
-    """+refute on a real Node (the hand case above): the forged fresh claim is refuted and its
-    sender dropped, then +cap — the compiled round's weights and next state."""
+def _hand_node_and_round(rule: str):
+    """The hand-built 4-client case of issue 13 on a real Node under ``rule``: receiver 0
+    (age 1, lag 4, count 7 at t = 10), honest neighbours 1 and 2 (the same claims) and the
+    fresh-claiming attacker 3; and the compiled round on the same case. Returns (node, msg
+    (a message factory), the node's aggregation, the round's result, its graph, t)."""
     import hashlib
 
     from sfg.net.checkpoints import NodeState
@@ -451,6 +394,37 @@ def test_node_refutes_as_the_round_does(rule):
     rr = play_round(parse_rule(rule), rg, st, Capabilities(on, on, on, on), seed=0,
                     slot_staleness=claims(parse_attack("forge:claim=fresh"), rg, st,
                                           np.array([0, 0, 0, 1], bool), seed=0))
+    return node, msg, full, rr, rg, t
+
+
+def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state():
+    """The hand-built 4-client case of issue 13 on a real Node: receiver 0, honest neighbours 1
+    and 2, attacker 3. The node's weights and its next staleness state equal the compiled
+    round's (play_round with +guard: forged lag 0 clamped to 1 + t − count = 3); with the same
+    content seen again 6 rounds later, the evidence bound clamps the attacker's age to 6."""
+    node, msg, full, rr, rg, t = _hand_node_and_round("sfg-cut+guard")
+    sl = slice(rg.indptr[0], rg.indptr[1])
+    want = dict(zip(rg.send[sl].tolist(), rr.weights[sl].tolist(), strict=True))
+    assert full["weights"].tolist() == pytest.approx([want[j] for j in range(4)], abs=1e-12)
+    assert full["weights"][3] == pytest.approx(8 / 29)
+    assert full["lags"].tolist() == [4.0, 4.0, 4.0, 3.0]  # the forged lag as clamped
+    nxt = node.star.advance(node.state, available=True, **full)
+    assert nxt.lag == pytest.approx(rr.state.lags[0], abs=1e-12)
+    assert nxt.count == rr.state.counts[0] and nxt.age == rr.state.ages[0]
+    assert node.weights[-1]["clamped"] == 1
+    # evidence: the attacker's content unchanged 6 rounds later -> age >= 6, lag >= 6
+    _, full = node._aggregate(t + 6, [1, 2, 3], [msg(1, 1, 10.0, 7, 4.0), msg(2, 1, 10.0, 7, 5.0),
+                                                 msg(3, 0, 0.0, 8, 3.0)],
+                              [1, 1, 0], [10.0, 10.0, 0.0])
+    assert full["ages"][3] == 6 and full["lags"][3] >= 6.0
+    assert full["ages"][1] == 1 and full["lags"][1] == 10.0  # changed content: untouched
+
+
+@pytest.mark.parametrize("rule", ["sfg-cut+refute", "sfg-cut:kappa=1.2+refute+cap"])
+def test_node_refutes_as_the_round_does(rule):
+    """+refute on a real Node (the hand case above): the forged fresh claim is refuted and its
+    sender dropped, then +cap — the compiled round's weights and next state."""
+    node, _, full, rr, rg, _ = _hand_node_and_round(rule)
     sl = slice(rg.indptr[0], rg.indptr[1])
     want = dict(zip(rg.send[sl].tolist(), rr.weights[sl].tolist(), strict=True))
     assert full["weights"].tolist() == pytest.approx([want[j] for j in range(4)], abs=1e-12)
