@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
 
 from sfg.clock.schedule import (
     LOCAL,
@@ -52,6 +51,7 @@ from sfg.clock.schedule import (
 )
 from sfg.clock.settings import HEADER_BYTES, make_settings
 from sfg.errors import SfgError
+from sfg.util.numba_start import njit
 
 
 @njit(cache=True, nogil=True)
