@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_attacks import DEFENDABLE, _lane
 
 from sfg.errors import SfgError
 from sfg.round.certified import Evidence
 from sfg.round.rules import parse_rule
 from sfg.round.slots import RoundGraph
-from tests.test_attacks import DEFENDABLE, _lane
 
 # the triangle 0 – 1 – 2 plus 3 hanging off 1: receiver 0, sender 1, witness 2
 EDGES = np.array([[0, 1], [0, 2], [1, 2], [1, 3]])
@@ -127,8 +127,9 @@ def test_certified_never_refuses_an_honest_claim(anatomy):
 def test_failed_links_make_honest_senders_look_absent():
     """The limit, measured: with link failures an online neighbour may not hear an honest
     sender, which then looks asleep to the witness — honest claims get refused."""
+    from test_attacks import _scenario
+
     from sfg.replay.driver import Lane, run_lane
-    from tests.test_attacks import _scenario
 
     g, avail = _scenario(n=30, rounds=40)
     res = run_lane(Lane(avail, g, parse_rule("sfg+certified"), 1, None), anatomy="full",
@@ -173,8 +174,7 @@ def test_certified_in_training_changes_nothing_honest_and_refuses_fresh_liars():
     """sfg run: +certified without an attack trains the rule's models bit for bit (nothing
     refused); under fresh liars it refuses their claims (the honest accuracy is measured)."""
     import torch
-
-    from tests.test_attacks import _train
+    from test_attacks import _train
 
     plain = _train(rule="sfg-cut")
     cert = _train(rule="sfg-cut+certified")
