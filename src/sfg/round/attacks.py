@@ -169,9 +169,9 @@ def check_rounds_only(attack: Attack | None, where: str) -> None:
         return
     if attack.knowledge == "rushing":
         raise SfgError(f"attack knowledge=rushing (every neighbour's state of the same round) "
-                       f"is an omniscient adversary of the round-based runs; {where} runs "
-                       "knowledge=observed (what the attacker received): drop knowledge=rushing "
-                       "or use sfg replay / sfg run without --clock")
+                       f"is an omniscient adversary of the round-based runs, not of {where}, "
+                       "where a liar knows what it received (knowledge=observed): drop "
+                       "knowledge=rushing there, or run in rounds (sfg replay, sfg run)")
     if attack.claim == "certified":
         raise SfgError(f"attack claim=certified answers the certified protocol, which is "
                        f"modelled in the round-based sfg replay and sfg run (+certified); not "

@@ -150,9 +150,9 @@ def check_rounds_only(rule, where: str) -> None:
     """``+certified`` is modelled in rounds (the replay, ``sfg run``); refused in ``where``
     with one line."""
     if "certified" in getattr(rule, "modifiers", ()):
-        raise SfgError(f"+certified models the certified protocol in rounds (sfg replay, sfg "
-                       f"run without --clock); {where} does not run it yet: drop +certified "
-                       "(+refute keeps the guard's sound bounds there)")
+        raise SfgError(f"+certified models the certified protocol in rounds (sfg replay and sfg "
+                       f"run, the clock's lockstep included); not yet in {where}: drop "
+                       "+certified there (+refute keeps the guard's sound bounds)")
 
 
 def _witness_pairs(rg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
