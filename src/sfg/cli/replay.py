@@ -167,6 +167,10 @@ def replay(
                           enabled=not as_json) as update:
         if clock_settings is not None:
             from sfg.clock.replay import replay_clock_rows
+            from sfg.round.rules import check_model_defences, parse_rule
+
+            for r in rule:  # the clock's model-free replay: no robust aggregator either
+                check_model_defences(parse_rule(r), "the model-free replay")
 
             rows = replay_clock_rows(process, rule, seed_list, settings=clock_settings,
                                      n=clients, rounds=rounds, graph=graph,
@@ -211,7 +215,8 @@ def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON"))
         console.print_json(rows)
         return
     t = console.table("Aggregation rules (modifiers: +ipw, +rounded, +catchup; defences: +guard, "
-                      "+relative, +cap, +clip; universal c)",
+                      "+refute, +relative, +cap; training only: +clip, +median, +trim, "
+                      "+scclip, +balance; universal c)",
                       ["rule", "kind", "parameters", "description"])
     for r in rows:
         t.add_row(r["rule"], ",".join(r["tags"]),

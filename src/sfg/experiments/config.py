@@ -139,6 +139,25 @@ class RunConfig(BaseModel):
             raise ValueError(f"target_accuracy must lie in (0, 1], got {self.target_accuracy}")
         return self
 
+    @model_validator(mode="after")
+    def _robust(self) -> RunConfig:
+        # the robust aggregators read models in sfg run's rounds (and the lockstep clock);
+        # the model-free replay and the clock's async/event training have no such step
+        from sfg.round.rules import robust_modifiers
+
+        try:
+            got = robust_modifiers(self.rule)
+        except SfgError:
+            return self  # the rule field reports its own error
+        where = ("a model-free replay (kind: replay)" if self.kind == "replay" else
+                 f"the virtual clock's {self.protocol} protocol"
+                 if self.clock == "virtual" and self.protocol != "lockstep" else None)
+        if got and where is not None:
+            raise ValueError(f"rule {self.rule!r}: +{got[0]} reads model parameters (training "
+                             f"only: sfg run in rounds or on the lockstep clock); {where} "
+                             f"cannot run it — drop +{got[0]} there")
+        return self
+
     @field_validator("attack")
     @classmethod
     def _attack(cls, v: str | None) -> str | None:

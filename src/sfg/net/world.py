@@ -17,7 +17,7 @@ import torch
 
 from sfg.errors import SfgError, check
 from sfg.net.wire import Layout
-from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
+from sfg.round.rules import CATCHUP_CAP, Rule, check_model_defences, parse_rule
 from sfg.round.slots import RoundGraph
 from sfg.sim.run import minibatch_indices, resolve_config
 from sfg.util.rng import stream
@@ -96,6 +96,8 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     check(not rule.reads_models and not rule.oracle,
           f"rule {rule.name!r} reads other clients' models or global state; a networked node "
           "can run only rules on staleness scalars")
+    if rule.robust:  # +clip runs in the nodes; the robust aggregators do not
+        check_model_defences(rule, "the networked nodes (sfg swarm / sfg node)")
     N, T, seed = int(c["n_clients"]), int(c["rounds"]), int(c["seed"])
     data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
                           alpha=float(c["alpha"]), partition=c["partition"])

@@ -21,7 +21,7 @@ from sfg.replay.driver import Lane, ReplayResult, run_lane
 from sfg.replay.horizon import EXACT_PAIRS, default_threads
 from sfg.replay.horizon import KERNEL as HORIZON_KERNEL
 from sfg.round.attacks import Attack, parse_attack
-from sfg.round.rules import Rule, parse_rule
+from sfg.round.rules import Rule, check_model_defences, parse_rule
 from sfg.world.graphs import Graph, make_graph
 from sfg.world.outages import make_process
 
@@ -60,6 +60,7 @@ def replay_batch(lanes: Sequence[Lane], *, anatomy: str = "full", link_failure: 
         if ln.rule.clip:
             raise SfgError(f"rule {str(ln.rule)!r}: +clip reads model parameters (training "
                            "only); drop it from the replay or run it with `sfg run`")
+        check_model_defences(ln.rule, "the model-free replay")
         check(ln.available.shape[1] == ln.graph.n,
               f"trace has {ln.available.shape[1]} clients but the graph has {ln.graph.n}")
     _check_engine(engine)

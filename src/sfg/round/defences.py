@@ -64,7 +64,9 @@ CERTIFIED = 64  # the certified protocol's evidence, checked outside the round (
 DEFENCES = {"guard": GUARD, "relative": RELATIVE, "cap": CAP, "clip": CLIP,
             "refute": GUARD | REFUTE, "certified": CERTIFIED}
 # parameters a defence brings, with defaults and the defence that owns them
-DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap")}
+DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap"), "beta": (0.2, "trim"),
+                  "delta": (0.1, "scclip"), "balance_gamma": (0.5, "balance"),
+                  "balance_kappa": (1.0, "balance"), "balance_alpha": (0.5, "balance")}
 TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.rules.library.TIE_TOL)
 
 

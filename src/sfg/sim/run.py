@@ -292,7 +292,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     X0 = X.clone() if (attack is not None and attack.model == "constant") else X
     frozen = attackers if (attack is not None and attack.model == "constant") else None
     heard = Heard(rg) if attack is not None else None  # what attackers observed
-    mixes = (attack is not None and attack.model != "none") or rule.clip
+    mixes = (attack is not None and attack.model != "none") or rule.clip or bool(rule.robust)
     sizes = clients.sizes
     with_replacement = int((sizes < B).sum())
 
@@ -349,9 +349,9 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                     heard.note(rg, rw.candidate, forged)
                 if evidence is not None:  # the heard-sets: what was received
                     evidence.note(cand, told)
-                if mixes:  # an attacker's poisoned model, or +clip (sfg.sim.attack_train)
+                if mixes:  # a poisoned model, +clip or a robust aggregator (sfg.sim.attack_train)
                     X_mix = mix(X, X0, rg, rw.weights, rw.candidate, caps.adopt, attackers,
-                                attack, clip=rule.clip, seed=seed, t=t)
+                                attack, clip=rule.clip, seed=seed, t=t, rule=rule, rounds=T)
                     if backbone == "personal-head":
                         X_mix[:, head] = X[:, head]
                     X = X_mix

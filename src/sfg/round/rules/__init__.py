@@ -30,6 +30,13 @@ Defences against forged staleness claims (:mod:`sfg.round.defences`; compose wit
 ``+guard`` (receiver-side evidence), ``+relative`` (robust relative claims, parameter
 ``margin``), ``+cap`` (per-neighbour weight cap κ/|S_i|, parameter ``kappa``), ``+clip``
 (model-reading clipping, training only), e.g. ``sfg-cut:L=2,kappa=3+guard+cap``.
+
+Robust aggregators (model-reading, training only; :mod:`sfg.sim.robust`): the rule picks the
+candidates and their weights, the defence replaces the weighted mean — ``+median``
+(coordinate-wise weighted median), ``+trim`` (coordinate-wise weighted trimmed mean, ``beta``),
+``+scclip`` (self-centred clipping with the adaptive radius, ``delta``), ``+balance``
+(BALANCE's distance filter, ``balance_gamma``, ``balance_kappa``, ``balance_alpha``). At most
+one model-reading defence (``+clip`` or one of these) per rule.
 """
 
 from __future__ import annotations
@@ -47,9 +54,22 @@ from numpy.typing import ArrayLike
 from sfg.errors import SfgError
 from sfg.util.components import Component, Entry, Registry, did_you_mean, parse_component
 
-MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "certified", "relative", "cap",
-             "clip")
+MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "certified", "relative", "cap", "clip",
+             "median", "trim", "scclip", "balance")
 CATCHUP_CAP = 3
+# the robust aggregators (sfg.sim.robust): model-reading, they replace the weighted mean
+ROBUST = ("median", "trim", "scclip", "balance")
+MODEL_DEFENCES = ("clip",) + ROBUST  # read the models: training only, at most one per rule
+# a defence parameter's valid range: (low, high, high included, what it is)
+_DEFENCE_RANGES = {
+    "margin": (0.0, math.inf, True, "the +relative defence"),
+    "kappa": (1.0, math.inf, True, "the +cap defence"),
+    "beta": (0.0, 0.5, False, "the +trim defence: the weight share trimmed from each tail"),
+    "delta": (0.0, 0.5, False, "the +scclip defence: the assumed attackers' weight share"),
+    "balance_gamma": (0.0, math.inf, True, "the +balance defence: the acceptance radius"),
+    "balance_kappa": (0.0, math.inf, True, "the +balance defence: the radius's decay"),
+    "balance_alpha": (0.0, 1.0, True, "the +balance defence: the receiver's own share"),
+}
 
 
 @dataclass(frozen=True)
@@ -264,6 +284,19 @@ class Rule:
         return "clip" in self.modifiers
 
     @property
+    def robust(self) -> str | None:
+        """The robust aggregator replacing the weighted mean (:data:`ROBUST`,
+        :mod:`sfg.sim.robust`; training only), or None."""
+        got = [m for m in self.modifiers if m in ROBUST]
+        return got[0] if got else None
+
+    def defence_param(self, key: str) -> float:
+        """A defence parameter's value (:data:`sfg.round.defences.DEFENCE_PARAMS` default)."""
+        from sfg.round.defences import DEFENCE_PARAMS
+
+        return float(self.params.get(key, DEFENCE_PARAMS[key][0]))
+
+    @property
     def margin(self) -> float:
         return float(self.params.get("margin", 1.0))
 
@@ -329,16 +362,20 @@ def parse_rule(text: str | Component) -> Rule:
             if owner not in modifiers:
                 raise SfgError(f"rule {comp.text!r}: {key} is a parameter of the +{owner} "
                                f"defence; add +{owner} or drop {key}")
-            lo = 1.0 if key == "kappa" else 0.0
-            Range(lo, why=f"the +{owner} defence").check(name, key, value)
+            _check_defence_param(name, key, value)
             defence_params[key] = float(value)
     params = {**RULES.check_params(name, rule_params), **defence_params}
     ranges = _entry(name).ranges
     for key, value in params.items():
         if key in ranges:
             ranges[key].check(name, key, value)
+    reading = [f"+{m}" for m in modifiers if m in MODEL_DEFENCES]
+    if len(reading) > 1:
+        raise SfgError(f"rule {comp.text!r}: {' and '.join(reading)} both replace the weighted "
+                       "mean; give at most one model-reading defence (+clip, +median, +trim, "
+                       "+scclip or +balance)")
     defences = [f"+{m}" for m in modifiers
-                if m in ("guard", "refute", "certified", "relative", "cap", "clip")]
+                if m in ("guard", "refute", "certified", "relative", "cap") + MODEL_DEFENCES]
     clamps = [f"+{m}" for m in modifiers if m in ("guard", "refute", "relative")]
     if "certified" in modifiers and clamps:
         raise SfgError(f"rule {comp.text!r}: +certified checks claims against their signed "
@@ -357,6 +394,35 @@ def parse_rule(text: str | Component) -> Rule:
     return Rule(name=name, params=params, modifiers=tuple(modifiers), text=comp.text or name)
 
 
+def _check_defence_param(rule: str, key: str, value: Any) -> None:
+    """A defence parameter's value against :data:`_DEFENCE_RANGES` (one error line)."""
+    lo, hi, closed, what = _DEFENCE_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SfgError(f"rule {rule!r}: {key} must be a number, got {value!r}")
+    if closed:
+        Range(lo, hi, what).check(rule, key, value)
+    elif not lo <= value < hi:  # NaN fails too
+        raise SfgError(f"rule {rule!r}: {key}={value} must lie in [{lo:g}, {hi:g}) ({what})")
+
+
+def check_model_defences(rule: Rule, where: str) -> None:
+    """Refuse, with one line, a rule whose model-reading defence (``+clip``, ``+median``,
+    ``+trim``, ``+scclip``, ``+balance``) does not run in ``where`` (a model-free replay, the
+    virtual clock's async and event protocols, the networked nodes)."""
+    got = [f"+{m}" for m in rule.modifiers if m in MODEL_DEFENCES]
+    if got:
+        raise SfgError(f"rule {str(rule)!r}: {got[0]} reads model parameters (training only: "
+                       f"sfg run in rounds or on the lockstep clock); {where} cannot run it — "
+                       f"drop {got[0]} there")
+
+
+def robust_modifiers(text: str) -> list[str]:
+    """The robust aggregators (:data:`ROBUST`) named in a rule string, read without loading
+    the rule library (for the run schema's checks)."""
+    comp = parse_component(text, kind="rule")
+    return [m for m in comp.modifiers if m in ROBUST]
+
+
 def rule_names(tag: str | None = None) -> list[str]:
     _load_library()
     return RULES.names(tag)
@@ -366,5 +432,6 @@ def _load_library() -> None:
     from sfg.round.rules import library, oracles  # noqa: F401  (registers the rules on first use)
 
 
-__all__ = ["RULES", "Range", "Rule", "Unit", "Discount", "NonNegative", "parse_rule", "rule",
-           "register_rule", "rule_names"]
+__all__ = ["RULES", "ROBUST", "MODEL_DEFENCES", "Range", "Rule", "Unit", "Discount",
+           "NonNegative", "parse_rule", "rule", "register_rule", "rule_names",
+           "check_model_defences", "robust_modifiers"]
