@@ -380,3 +380,27 @@ def test_cli_run_and_bad_parameter():
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "beta=0.7" in lines[0], \
         res.stderr
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+def test_the_clocks_events_refuse_the_robust_aggregators_even_called_directly(protocol):
+    """Called from Python (no CLI, no run schema), the clock's async/event training and its
+    event staleness refuse +median & co. with one line instead of ignoring them."""
+    from sfg.clock.replay import EventStaleness
+    from sfg.clock.schedule import make_schedule, make_world
+    from sfg.clock.settings import make_settings
+    from sfg.clock.train import simulate_events
+    from sfg.errors import SfgError
+    from sfg.round.rules import parse_rule
+    from sfg.sim.run import resolve_config
+
+    cfg = dict(dataset="digits", model="mlp", n_clients=8, rounds=4, local_steps=1,
+               process="bursty:u=0.5", graph="knn:k=3", seed=1, eval_every=4, clock="virtual",
+               protocol=protocol, compute="const:value=30", rule="dfedavg+median")
+    with pytest.raises(SfgError, match=r"\+median reads model parameters"):
+        simulate_events(resolve_config(cfg))
+    cs = make_settings({"clock": "virtual", "protocol": protocol, "compute": "const:value=30"})
+    world = make_world(cs, process="bursty:u=0.5", graph="knn:k=3", n=8, rounds=4, seed=1)
+    sched = make_schedule(world, cs, local_steps=1, seed=1)
+    with pytest.raises(SfgError, match=r"\+trim reads model parameters"):
+        EventStaleness(parse_rule("sfg-cut+trim"), world, sched, seed=1)

@@ -61,6 +61,10 @@ class EventStaleness:
         self.rule, self.rg, self.sched = rule, rg, sched
         check_rounds_only(attack, "the virtual clock's async and event protocols")
         certified_in_rounds(rule, "the virtual clock's async and event protocols")
+        if rule.robust:  # model-reading aggregators: training in rounds only
+            from sfg.round.rules import check_model_defences
+
+            check_model_defences(rule, "the virtual clock's async and event protocols")
         self.attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
         self.forge = 0
         self.marks = np.zeros((2, n), bool)

@@ -249,6 +249,10 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     seed = int(c["seed"])
     N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
     rule = parse_rule(c["rule"])
+    if rule.robust:  # +clip runs here (below); the robust aggregators only in rounds
+        from sfg.round.rules import check_model_defences
+
+        check_model_defences(rule, f"the virtual clock's {c.get('protocol')} protocol")
     memory = _memory_kernel(rule)
     if memory is not None:  # model memory on the clock: its kernel, every message remembered
         rule = memory
