@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 # instruction set, as on a machine without AVX2: they must pass on any CPU of this project.
 LOWERED_ISA := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 	ONEDNN_MAX_CPU_ISA=SSE41 NUMBA_CPU_NAME=generic
-FLOAT_TESTS := tests/test_sim_baseline.py tests/test_backends.py tests/test_baseline.py
+FLOAT_TESTS := tests/test_sim_baseline.py tests/test_backends.py tests/test_baseline.py \
+	tests/test_backends_device.py tests/test_precision.py
 
 .PHONY: demo test test-lowered venv bench clean docs
 

@@ -55,6 +55,12 @@ def best_time(fn, repeats: int, device: torch.device, warmup=None) -> float:
     return best
 
 
+def step_flops(macs: int, batch: int) -> int:
+    """FLOPs of one client's local step: forward + backward ≈ 3 × 2 × forward MACs per
+    example, times the batch."""
+    return 3 * 2 * macs * batch
+
+
 def matmul_peak(device: torch.device, size: int, repeats: int) -> float:
     """fp32 GFLOP/s of a large square ``torch.mm``."""
     a = torch.randn(size, size, device=device)
@@ -162,7 +168,7 @@ def main() -> None:
             else:
                 print(f"    {bname:<24} {rate:10.1f} steps/s   {ratio:6.2f}×")
         if name == "cnn":
-            flops = 3 * 2 * res["macs"] * res["B"]
+            flops = step_flops(res["macs"], res["B"])
             best = max(r[1] for r in res["rows"] if r[1] is not None)
             print(f"    local step = {flops / 1e9:.2f} GFLOP; best backend achieves "
                   f"{best * flops / 1e9:.1f} GFLOP/s = {100 * best * flops / 1e9 / peak:.0f} % "

@@ -40,8 +40,8 @@ def test_run_id_is_sha256_of_sorted_canonical_json():
         '"weight_decay"')
     # settings added later are left out of the identity at their defaults, so that the run
     # ids of earlier stores stay valid
-    assert (fields.pop("partition"), fields.pop("diagnostics"), fields.pop("backbone_from")) \
-        == ("dirichlet", "", None)
+    assert (fields.pop("partition"), fields.pop("diagnostics"), fields.pop("backbone_from"),
+            fields.pop("precision")) == ("dirichlet", "", None, "fp32")
     identity = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert run_id(c) == hashlib.sha256(identity.encode()).hexdigest()[:16]
     assert run_id(make_config(kind="selftest", seed=3, partition="classes:k=2")) != run_id(c)

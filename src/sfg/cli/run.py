@@ -80,6 +80,7 @@ def run(
     eval_every: int | None = typer.Option(None),
     backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
     device: str | None = typer.Option(None, help="cpu, cuda, auto"),
+    precision: str | None = typer.Option(None, help="Local training's arithmetic: fp32 (default), tf32 (CUDA only; a no-op on CPU), bf16 (autocast; parameters stay fp32)"),
     attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
     clock: str | None = clockflags.CLOCK,
@@ -112,7 +113,7 @@ def run(
         "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
         "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
         "link_failure": link_failure, "eval_every": eval_every, "backend": backend,
-        "device": device, "partition": partition, "backbone_from": backbone_from,
+        "device": device, "precision": precision, "partition": partition, "backbone_from": backbone_from,
         "diagnostics": diagnostics, "attack": attack, **on_clock})
     from sfg.experiments.config import run_id
     from sfg.sim.run import simulate

@@ -31,6 +31,7 @@ from pydantic import (
 
 from sfg.clock.settings import DEFAULTS as _CLOCK
 from sfg.errors import SfgError
+from sfg.sim.precision import Precision
 from sfg.util.components import format_component, parse_component
 
 Kind = Literal["train", "replay", "selftest"]
@@ -93,6 +94,8 @@ class RunConfig(BaseModel):
     eval_every: int = 10
     backend: str = "auto"
     device: str = "cpu"
+    # arithmetic of the local training (sfg.sim.precision); left out of the run id at fp32
+    precision: Precision = "fp32"
     horizon: int = 50
     partition: str = "dirichlet"
     diagnostics: str = ""
@@ -156,6 +159,17 @@ class RunConfig(BaseModel):
             raise ValueError(f"rule {self.rule!r}: +{got[0]} reads model parameters (training "
                              f"only: sfg run in rounds or on the lockstep clock); {where} "
                              f"cannot run it — drop +{got[0]} there")
+        return self
+
+    @model_validator(mode="after")
+    def _precision(self) -> RunConfig:
+        # only the rounds' and the lockstep clock's training take it (sfg.sim.run)
+        where = ("a model-free replay (kind: replay) trains nothing" if self.kind == "replay"
+                 else f"the virtual clock's {self.protocol} protocol trains in fp32"
+                 if self.clock == "virtual" and self.protocol != "lockstep" else None)
+        if self.precision != "fp32" and where is not None:
+            raise ValueError(f"precision {self.precision!r} applies to sfg run in rounds or "
+                             f"on the lockstep clock; {where} — drop precision there")
         return self
 
     @field_validator("attack")
@@ -363,7 +377,7 @@ def canonical_json(cfg: RunConfig) -> str:
 # settings added after stores were first written: left out of the run's identity at their
 # defaults, so that earlier stores keep their run ids (a resumed grid redoes nothing)
 _OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None,
-                    "faults": "none", "faults_seed": 0}
+                    "faults": "none", "faults_seed": 0, "precision": "fp32"}
 
 
 def run_id(cfg: RunConfig) -> str:

@@ -22,6 +22,10 @@ per-client optimiser to float tolerance; each is bit-for-bit deterministic on CP
 * ``auto`` -- a fixed rule derived from measurements (:func:`auto_choice`), so the choice never
   depends on timing noise and results stay reproducible.
 
+Every backend takes a ``precision`` (:mod:`sfg.sim.precision`): ``fp32`` (default), ``tf32``
+(CUDA's TF32 matrix products and convolutions; a no-op on CPU) or ``bf16`` (the local
+training's forward and backward under bf16 autocast; parameters and SGD steps float32).
+
 On CPU the clients are split into ``workers`` contiguous chunks (default: torch's intra-op
 thread count) trained concurrently by threads that each use one intra-op thread. Per-client
 kernels are too small to scale across cores while independent clients do, and a single
@@ -39,6 +43,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +54,7 @@ from torch.func import functional_call, grad, vmap
 
 from sfg.errors import SfgError, check
 from sfg.sim.params import ParamSpec
+from sfg.sim.precision import autocast_scope, check_precision, device_precision
 from sfg.util.alloc import tune_cpu_allocator
 from sfg.util.components import Component, Registry, parse_component
 
@@ -390,14 +396,24 @@ def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(parts) if bounds[i + 1] > bounds[i]]
 
 
-def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None]) -> None:
+def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
+                scope: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
     """Call ``fn(slot, lo, hi)`` over a fixed split of ``range(n)`` into at most ``workers``
-    chunks (``slot`` numbers the chunk); concurrently when there are several.
+    chunks (``slot`` numbers the chunk); concurrently when there are several. ``scope()``:
+    a context every call runs in, entered by the thread that makes it (autocast is
+    thread-local).
 
     With ``workers > 1`` every chunk runs with one intra-op thread, even when n = 1, so a
     client's arithmetic never depends on how many others share the call; the split depends
     only on (n, workers), so results are deterministic.
     """
+    if scope is not None:
+        inner = fn
+
+        def fn(slot: int, lo: int, hi: int) -> None:
+            with scope():
+                inner(slot, lo, hi)
+
     parts = _chunks(n, workers)
     if workers <= 1 or not parts:
         for lo, hi in parts:
@@ -479,6 +495,7 @@ class _BackendBase:
         check(isinstance(workers, int) and not isinstance(workers, bool) and workers >= 0,
               f"workers must be a non-negative int (0 = automatic), got {workers!r}")
         self.workers = workers or _default_workers(self.device)
+        self.precision = "fp32"  # sfg.sim.precision; set by make_backend
         if self.device.type == "cpu":
             tune_cpu_allocator()
         self.model = model
@@ -516,7 +533,7 @@ class _BackendBase:
     def _check_labels(self, ys: Tensor, what: str) -> None:
         check(ys.dtype == torch.int64, f"{what} must be int64 class labels, got {ys.dtype}")
         if ys.numel() and self.num_classes is not None:
-            lo, hi = int(ys.min()), int(ys.max())
+            lo, hi = torch.stack(torch.aminmax(ys)).tolist()  # one copy to the host
             check(lo >= 0 and hi < self.num_classes,
                   f"{what} has labels in [{lo}, {hi}], model has {self.num_classes} classes")
 
@@ -585,9 +602,14 @@ class _BackendBase:
         out = params.detach().to(self.device, torch.float32, copy=True)
         if a["K"] == 0 or a["n"] == 0:
             return out
-        with torch.enable_grad():
+        with torch.enable_grad(), device_precision(self.precision, self.device):
             self._train(out, a)
         return out
+
+    def _scope(self) -> AbstractContextManager[Any]:
+        """The context of the local training's forward and backward passes (bf16 autocast
+        under ``precision="bf16"``, :mod:`sfg.sim.precision`); entered by each worker."""
+        return autocast_scope(self.precision, self.device)
 
     def evaluate(self, params: Tensor, xs: Sequence[Tensor] | Tensor,
                  ys: Sequence[Tensor] | Tensor, *, batch_size: int = 1024) -> Tensor:
@@ -621,7 +643,7 @@ class _BackendBase:
             self._eval_cache = (key, data)
         correct = torch.zeros(n, dtype=torch.float64)
         P = params.detach().to(self.device, torch.float32)
-        with torch.inference_mode():
+        with torch.inference_mode(), device_precision(self.precision, self.device):
             self._evaluate(P, data, batch_size, correct)
         return (correct / data.counts.to(torch.float64)).to(torch.float32)
 
@@ -771,23 +793,25 @@ class LoopBackend(_BackendBase):
                               prox_lam=a["prox_lam"], mask=a["mask"])
                 out[i].copy_(p)
 
-        _run_chunks(a["n"], self.workers, run)
+        _run_chunks(a["n"], self.workers, run, self._scope)
 
     def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
         spec, n = self.spec, P.shape[0]
+
+        with torch.inference_mode(False):  # worker threads run outside inference mode
+            hits = torch.zeros(n, dtype=torch.int64, device=self.device)  # on the device
 
         def run(slot: int, lo: int, hi: int) -> None:
             for i in range(lo, hi):
                 w = spec.unflatten(P[i])
                 xi, yi = data.client(i)
-                hits = 0
                 for s in range(0, xi.shape[0], batch_size):
                     x = xi[s:s + batch_size].to(self.device, torch.float32)
                     pred = self._forward(slot, w, x).argmax(-1)
-                    hits += int((pred == yi[s:s + batch_size].to(self.device)).sum())
-                correct[i] = hits
+                    hits[i] += (pred == yi[s:s + batch_size].to(self.device)).sum()
 
         _run_chunks(n, self.workers, run)
+        correct += hits.cpu().to(torch.float64)  # one copy to the host per call
 
 
 # ----------------------------------------------------------------------------------------------
@@ -847,11 +871,14 @@ class _StackedBackend(_BackendBase):
                 if threaded:
                     out[c0:c1] = p
 
-        _run_chunks(a["n"], self.workers, run)
+        _run_chunks(a["n"], self.workers, run, self._scope)
 
     def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
         spec, n = self.spec, P.shape[0]
         longest = int(data.counts.max())
+
+        with torch.inference_mode(False):  # worker threads run outside inference mode
+            hits = torch.zeros(n, dtype=torch.int64, device=self.device)  # on the device
 
         def run(slot: int, lo: int, hi: int) -> None:
             logits_of = self._logits_fn(slot)
@@ -861,9 +888,10 @@ class _StackedBackend(_BackendBase):
                 for s in range(0, longest, step):
                     x, y, valid = data.batch(c0, c1, s, min(step, longest - s), self.device)
                     hit = (logits_of(w, x).argmax(-1) == y) & valid
-                    correct[c0:c1] += hit.sum(1).cpu().to(torch.float64)
+                    hits[c0:c1] += hit.sum(1)
 
         _run_chunks(n, self.workers, run)
+        correct += hits.cpu().to(torch.float64)  # one copy to the host per call
 
 
 class VmapBackend(_StackedBackend):
@@ -912,12 +940,14 @@ class BatchedBackend(_StackedBackend):
         if not is_linear_chain(self.plan):
             super()._train(out, a)
             return
-        # an MLP: the backward pass written out. Plain SGD (no momentum, proximal term or
-        # mask) runs on contiguous per-parameter copies of the chunk's rows, updated in place
+        # an MLP: the backward pass written out. Plain float32 SGD (no momentum, proximal
+        # term or mask) runs on contiguous per-parameter copies of the chunk's rows, updated in place
         # by chain_sgd_step_ and copied back once; otherwise chain_grads' gradients are
         # copied into a flat buffer for the shared sgd_step_.
         spec, xs, ys, K = self.spec, a["xs"], a["ys"], a["K"]
         plain = a["buf"] is None and a["center"] is None and a["mask"] is None
+        # bf16: chain_sgd_step_'s in-place float32 products cannot take autocast's operands
+        plain = plain and self.precision != "bf16"
 
         def run(slot: int, lo: int, hi: int) -> None:
             for c0, c1 in self._parts(lo, hi):
@@ -946,7 +976,7 @@ class BatchedBackend(_StackedBackend):
                               momentum=a["momentum"], buf=buf, center=center,
                               prox_lam=a["prox_lam"], mask=a["mask"])
 
-        _run_chunks(a["n"], self.workers, run)
+        _run_chunks(a["n"], self.workers, run, self._scope)
 
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         spec = self.spec
@@ -1035,7 +1065,7 @@ BACKENDS.register("auto", lambda **p: None, params={"workers": 0},
 
 
 def make_backend(name: str | Component, model: nn.Module, *,
-                 device: str | torch.device = "cpu") -> Backend:
+                 device: str | torch.device = "cpu", precision: str = "fp32") -> Backend:
     """Build a backend by name (``"loop"``, ``"vmap"``, ``"batched"``, ``"auto"``; options as
     ``"vmap:chunk=25"``, ``"loop:workers=1"``). ``model`` fixes the architecture; its own
     parameter values are never used (training reads the flat rows it is given). ``"auto"``
@@ -1043,13 +1073,17 @@ def make_backend(name: str | Component, model: nn.Module, *,
 
     Options: ``workers`` (CPU threads over client chunks; 0 = torch's thread count on CPU,
     1 on CUDA), ``chunk`` (vmap/batched: at most this many clients per pass, bounds memory;
-    0 = all), ``channels_last`` (loop/batched convolutions; default on)."""
+    0 = all), ``channels_last`` (loop/batched convolutions; default on). ``precision``:
+    ``fp32``, ``tf32`` or ``bf16`` (:mod:`sfg.sim.precision`)."""
+    check_precision(precision)
     comp = name if isinstance(name, Component) else parse_component(name, kind="backend")
     check(not comp.modifiers, f"backend {comp.text!r} takes no '+' modifiers")
     params = BACKENDS.check_params(comp.name, comp.params)
     check(isinstance(model, nn.Module),
           f"make_backend needs an nn.Module, got {type(model).__name__}")
     if comp.name == "auto":
-        chosen = auto_choice(model, device)
-        return _CLASSES[chosen](model, device=device, **params)
-    return BACKENDS.entry(comp.name).factory(**params)(model, device)
+        backend = _CLASSES[auto_choice(model, device)](model, device=device, **params)
+    else:
+        backend = BACKENDS.entry(comp.name).factory(**params)(model, device)
+    backend.precision = precision
+    return backend

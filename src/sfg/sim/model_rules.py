@@ -71,13 +71,14 @@ def pwg_scores(rel: np.ndarray, rho) -> np.ndarray:
 
 def _sq_dist(A: torch.Tensor, ia: np.ndarray, B: torch.Tensor, ib: np.ndarray,
              chunk: int = 256) -> np.ndarray:
-    """‖A[ia] − B[ib]‖² row by row, in chunks (memory O(chunk·D))."""
-    out = np.empty(ia.shape[0], np.float64)
+    """‖A[ia] − B[ib]‖² row by row, in chunks (memory O(chunk·D)); computed on the models'
+    device, copied to the host once (the rules' scores are numpy)."""
+    out = torch.empty(ia.shape[0], dtype=torch.float64, device=A.device)
     for s in range(0, ia.shape[0], chunk):
         a = torch.from_numpy(ia[s:s + chunk]).to(A.device)
         b = torch.from_numpy(ib[s:s + chunk]).to(B.device)
-        out[s:s + chunk] = (A[a] - B[b]).double().pow(2).sum(1).cpu().numpy()
-    return out
+        out[s:s + chunk] = (A[a] - B[b]).double().pow(2).sum(1)
+    return out.cpu().numpy()
 
 
 class ModelMemory:

@@ -189,9 +189,13 @@ def _quartile_means(acc: np.ndarray, availability: np.ndarray) -> dict[str, floa
 # ----------------------------------------------------------------------------- the loop
 def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int], None] | None = None,
              record_weights: bool = False, observer: Callable[[dict[str, Any]], None] | None = None,
-             **overrides: Any) -> SimResult:
+             validated: bool = False, **overrides: Any) -> SimResult:
     """Run one training simulation (SPEC §1, §6). ``cfg``: the fields of
     :class:`sfg.experiments.config.RunConfig` (missing ones take their defaults).
+
+    ``validated``: ``cfg`` is already :func:`resolve_config`'s output (every field), taken as
+    it is without the schema, so the run needs no pydantic (``benchmarks/bench_gpu.py`` on a
+    device machine); no overrides then.
 
     ``record_weights`` keeps every round's slot weights in ``SimResult.weights_log``;
     ``observer`` is called once per round with the round's tensors (``t``, ``X`` at the start
@@ -206,7 +210,12 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
     from sfg.world.data import load_federated
     from sfg.world.models import make_model
 
-    c = resolve_config(cfg, **overrides)
+    if validated:
+        check(cfg is not None and not overrides,
+              "simulate(validated=True) takes one resolved config and no overrides")
+        c = dict(cfg)
+    else:
+        c = resolve_config(cfg, **overrides)
     t0 = time.perf_counter()
     seed = int(c["seed"])
     N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
@@ -255,7 +264,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         clock_meta = {"clock": "virtual", "protocol": "lockstep", "schedule_digest": lk.digest,
                       "message_bytes": cs.message_bytes,
                       "_stats": per_device_hour(lk.stats, N, world.horizon)}
-    backend = make_backend(str(c["backend"]), model, device=str(device))
+    backend = make_backend(str(c["backend"]), model, device=str(device),
+                           precision=str(c["precision"]))
     clients = _ClientData(data, device)
     test_x: list[torch.Tensor] | torch.Tensor = [x.to(device) for x in data.test_x]
     test_y: list[torch.Tensor] | torch.Tensor = [y.to(device) for y in data.test_y]
