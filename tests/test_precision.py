@@ -98,9 +98,27 @@ def test_bad_precision_is_refused():
         make_config(precision="fp16")
     with pytest.raises(SfgError, match="model-free replay"):
         make_config(kind="replay", precision="bf16")
-    with pytest.raises(SfgError, match="async protocol trains in fp32"):
-        make_config(clock="virtual", protocol="async", precision="tf32")
-    assert make_config(clock="virtual", protocol="lockstep", precision="bf16").precision == "bf16"
+    for protocol in ("lockstep", "async", "event"):
+        assert make_config(clock="virtual", protocol=protocol, precision="bf16").precision \
+            == "bf16"
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+def test_the_clocks_training_takes_precision(protocol):
+    """The async and event protocols train through the same backend: bf16 changes the models
+    (and learns as well), fp32 is the default run bit for bit."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    cfg = dict(dataset="digits", model="mlp", n_clients=8, rounds=6, local_steps=2,
+               process="bursty:u=0.5", graph="knn:k=3", seed=2, eval_every=3, clock="virtual",
+               protocol=protocol, compute="const:value=30", rule="sfg-cut")
+    plain = simulate_events(resolve_config(cfg))
+    fp32 = simulate_events(resolve_config({**cfg, "precision": "fp32"}))
+    bf16 = simulate_events(resolve_config({**cfg, "precision": "bf16"}))
+    assert torch.equal(plain["params"], fp32["params"])
+    assert not torch.equal(plain["params"], bf16["params"])
+    assert abs(bf16["metrics"]["acc_mean"] - plain["metrics"]["acc_mean"]) < 0.1
 
 
 def make_model_cheap():

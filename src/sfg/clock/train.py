@@ -292,7 +292,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     poison = attack.model if (attack is not None and attackers.any()) else "none"
 
     X0 = init_params(factory, N, seed=seed).to(device)
-    backend = make_backend(str(c["backend"]), model, device=str(device))
+    backend = make_backend(str(c["backend"]), model, device=str(device),
+                           precision=str(c.get("precision", "fp32")))
     clients = _ClientData(data, device)
     test_x: Any = [x.to(device) for x in data.test_x]
     test_y: Any = [y.to(device) for y in data.test_y]

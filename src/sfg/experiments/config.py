@@ -163,13 +163,10 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _precision(self) -> RunConfig:
-        # only the rounds' and the lockstep clock's training take it (sfg.sim.run)
-        where = ("a model-free replay (kind: replay) trains nothing" if self.kind == "replay"
-                 else f"the virtual clock's {self.protocol} protocol trains in fp32"
-                 if self.clock == "virtual" and self.protocol != "lockstep" else None)
-        if self.precision != "fp32" and where is not None:
-            raise ValueError(f"precision {self.precision!r} applies to sfg run in rounds or "
-                             f"on the lockstep clock; {where} — drop precision there")
+        # every training takes it (sfg.sim.run, sfg.clock.train); a replay trains nothing
+        if self.precision != "fp32" and self.kind == "replay":
+            raise ValueError(f"precision {self.precision!r} applies to training; a model-free "
+                             "replay (kind: replay) trains nothing — drop precision there")
         return self
 
     @field_validator("attack")
