@@ -12,6 +12,7 @@ import numpy as np
 from sfg.replay.horizon import HorizonPart, default_threads, pair_list
 from sfg.replay.metrics import Accumulator, RunEnd
 from sfg.round.attacks import Attack, Heard, Reach, availability, claims, place, true_claims
+from sfg.round.certified import evidence_for
 from sfg.round.defences import GUARD
 from sfg.round.kernel import FACTS, candidate_mask, caps_at, play_round, rule_draws, run_rounds
 from sfg.round.rules import Rule
@@ -69,12 +70,8 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
     reach = Reach(T, n, horizon, attackers)
     caps = capabilities(available, anatomy)
     live = link_failures(ln.graph.edges, T, p=link_failure, seed=ln.seed) if link_failure > 0 else None
-    certified = "certified" in ln.rule.modifiers  # the certified protocol (sfg.round.certified)
-    evidence = None
-    if certified or (attack is not None and attack.claim == "certified"):
-        from sfg.round.certified import Evidence
-
-        evidence = Evidence(rg, anatomy=anatomy)
+    certified = ln.rule.certified  # the certified protocol (sfg.round.certified)
+    evidence = evidence_for(ln.rule, attack, rg, anatomy=anatomy)
     if ln.live is not None or certified:  # deliveries per direction: one link id per slot
         from sfg.clock.schedule import directed, per_slot_live
 
@@ -136,7 +133,7 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
                     if evidence is not None:
                         told = forged if forged is not None else true_claims(rg, state)
                         if certified:  # refused claims: excluded, as lost messages
-                            live_t = live[t] & ~evidence.refuted(told, cand)
+                            live_t = evidence.screen(told, cand, live[t])
                     rr = play_round(ln.rule, rg, state, cap_t, seed=ln.seed, live=live_t,
                                     weights_out=w_blk[t - t0], facts_out=fbuf[t - t0],
                                     slot_staleness=forged,

@@ -121,6 +121,12 @@ class Evidence:
         self.candidates += int(np.count_nonzero(nb))
         return out
 
+    def screen(self, delivered: tuple[np.ndarray, np.ndarray, np.ndarray],
+               cand_now: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """The per-slot deliveries ``live`` [E] of this round without the refused claims
+        (:meth:`refuted`): a refused message counts as lost."""
+        return live & ~self.refuted(delivered, cand_now)
+
     def absent(self, cand_now: np.ndarray) -> np.ndarray:
         """bool [E]: slots j → i for which i itself, or a candidate k of i this round that
         is a neighbour of j, aggregated in the previous round without hearing j."""
@@ -146,10 +152,19 @@ class Evidence:
         return self.refused / self.candidates if self.candidates else 0.0
 
 
+def evidence_for(rule, attack, rg, *, anatomy: str) -> Evidence | None:
+    """The certified evidence a round-based run keeps (the replay's and ``sfg run``'s one
+    definition): when the rule is ``+certified`` or the attack answers it
+    (``claim=certified``); else None."""
+    if rule.certified or (attack is not None and attack.claim == "certified"):
+        return Evidence(rg, anatomy=anatomy)
+    return None
+
+
 def check_rounds_only(rule, where: str) -> None:
     """``+certified`` is modelled in rounds (the replay, ``sfg run``); refused in ``where``
     with one line."""
-    if "certified" in getattr(rule, "modifiers", ()):
+    if rule.certified:
         raise SfgError(f"+certified models the certified protocol in rounds (sfg replay and sfg "
                        f"run, the clock's lockstep included); not yet in {where}: drop "
                        "+certified there (+refute keeps the guard's sound bounds)")

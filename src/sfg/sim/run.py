@@ -34,6 +34,7 @@ import torch
 
 from sfg.errors import SfgError, check
 from sfg.round.attacks import Heard, availability, claims, parse_attack, place, true_claims
+from sfg.round.certified import evidence_for
 from sfg.round.kernel import RoundResult, candidate_mask, caps_at, play_round
 from sfg.round.rules import CATCHUP_CAP, Rule, parse_rule
 from sfg.round.slots import RoundGraph
@@ -285,12 +286,8 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 
     rg = RoundGraph.from_graph(graph)
     undirected_id = rg.edge_id
-    certified = "certified" in rule.modifiers  # the certified protocol (sfg.round.certified)
-    evidence = None
-    if certified or (attack is not None and attack.claim == "certified"):
-        from sfg.round.certified import Evidence
-
-        evidence = Evidence(rg, anatomy=str(c["anatomy"]))
+    certified = rule.certified  # the certified protocol (sfg.round.certified)
+    evidence = evidence_for(rule, attack, rg, anatomy=str(c["anatomy"]))
     if clock_live is not None or certified:  # deliveries per direction: one link id per slot
         from sfg.clock.schedule import directed
 
@@ -350,7 +347,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
                 if evidence is not None:
                     told = forged if forged is not None else true_claims(rg, state)
                     if certified:  # refused claims: excluded, as lost messages
-                        live = live & ~evidence.refuted(told, cand)
+                        live = evidence.screen(told, cand, live)
                 rw: RoundResult = play_round(rule, rg, state, caps, seed=seed, live=live,
                                              slot_staleness=forged,
                                              attackers=None if attack is None else attackers,

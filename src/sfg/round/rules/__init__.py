@@ -284,6 +284,11 @@ class Rule:
         return "clip" in self.modifiers
 
     @property
+    def certified(self) -> bool:
+        """``+certified``: the certified protocol's checks (:mod:`sfg.round.certified`)."""
+        return "certified" in self.modifiers
+
+    @property
     def robust(self) -> str | None:
         """The robust aggregator replacing the weighted mean (:data:`ROBUST`,
         :mod:`sfg.sim.robust`; training only), or None."""
