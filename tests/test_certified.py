@@ -181,3 +181,24 @@ def test_certified_in_training_changes_nothing_honest_and_refuses_fresh_liars():
     assert torch.equal(plain.params, cert.params) and cert.metrics["refused"] == 0.0
     lied = _train(rule="sfg-cut+certified", attack="forge:frac=0.25,claim=fresh")
     assert lied.metrics["refused"] > 0 and np.isfinite(lied.metrics["acc_honest_mean"])
+
+
+def test_a_senders_prior_is_what_the_receiver_heard_from_it_not_its_true_state():
+    """Receiver 0 accepted client 1's claim of the previous round (lag 0.5, count 9, a lie:
+    its self slot says lag 2, count 5); receiver 2 got the truth. Client 1 now claims to have
+    trained from that lie (age 0, lag 0.5, count 10): 0 knows no better — the claim follows
+    from what 1 told it — while 2, whose prior of 1 is the truth, refuses it. Had 0 refused
+    the lie, its prior of 1 would be the prior 1 cites (its true state), and 0 refuses too."""
+    rg, ev = _evidence(asleep_1=False, witness_online=True)
+    s10, s12 = _slot(rg, 1, 0), _slot(rg, 1, 2)
+    ev.lag[s10], ev.count[s10] = 0.5, 9
+    p_age, p_lag, p_count = ev.prior()
+    assert (p_lag[s10], p_count[s10]) == (0.5, 9) and (p_lag[s12], p_count[s12]) == (2.0, 5)
+    cand = np.ones(rg.n_slots, bool)
+    got = ev.refuted(_told(rg, (0, 0.5, 10)), cand)
+    assert not got[s10] and got[s12]
+    ev._refused_last[:] = False
+    ev._refused_last[s10] = True  # 0 refused the lie in the previous round
+    assert ev.refuted(_told(rg, (0, 0.5, 10)), cand)[s10]
+    # the sender's own view (knows_refusals=False) still builds on what it delivered
+    assert ev.prior(knows_refusals=False)[1][s10] == 0.5

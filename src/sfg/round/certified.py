@@ -7,8 +7,10 @@ and every message carries the sender's signed *heard-set* of the previous round 
 neighbours whose messages it aggregated), an absence witness. A receiver refuses (excludes
 from its aggregation, as a lost message) a claim that its evidence refutes:
 
-* **provenance**: the claim must be SPEC §2's update of the sender's sources — its own state
-  of the previous round and, if it aggregated then, the claims its candidates delivered —
+* **provenance**: the claim must be SPEC §2's update of the sender's sources — its *prior*
+  (its state at the start of the previous round: the claim it delivered to this receiver
+  then, if the receiver got it and did not refuse it; else the prior it cites, which only
+  it signs) and, if it aggregated then, the claims its candidates delivered —
   trained (age 0, lag within the sources' lags, count one more than a source's count) or
   not (age one more than a source's, lag one more than within their lags, count a source's).
   The model checks the hull (lags between the sources' smallest and largest, counts between
@@ -30,9 +32,16 @@ response below) is not refuted by provenance, only by witnesses when it slept.
 
 The adversary ``claim=certified`` (:func:`best_claims`) makes the most damaging claim it can
 back: awake in the previous round, a trained claim with the smallest lag and the largest
-count of its sources (+1); asleep, "trained alone" from its own state — which only a witness
-refutes; with ``knowledge=rushing`` it knows each receiver's witnesses and claims the truth
-where it would be refuted.
+count of its sources (+1); asleep, "trained alone" from its prior — which only a witness
+refutes. Its prior per receiver is what it told that receiver (so accepted lies compound
+inside the hull's slack); it cannot tell which of its claims were refused, so a refused lie
+can get its next claim refused too. With ``knowledge=rushing`` it knows the refusals and
+each receiver's witnesses, and claims the truth where it would be refuted.
+
+A sender asleep in the previous round delivered nothing then, so its cited prior is
+self-signed: it is refuted only through the chain of claims (a receiver that heard it before
+knows what it said). Sfg's liars cite their true prior; one that cites an invented prior
+after sleeping is not modelled.
 """
 
 from __future__ import annotations
@@ -60,6 +69,9 @@ class Evidence:
         self.lag = np.zeros(E)
         self.count = np.ones(E, np.int64)
         self.first = True  # before round 0: the initial models (age 0, lag 0, count 1)
+        # the slots refused in the latest checked round (set by refuted, read by the next
+        # round's priors: a refused claim is not what its receiver knows of the sender)
+        self._refused_last = np.zeros(E, bool)
         self.refused = 0
         self.candidates = 0
         # pairs (slot e = j → i, slot f = k → i, slot g = j → k) over triangles i, j, k: k is a
@@ -69,29 +81,42 @@ class Evidence:
     # ---------------------------------------------------------------- sources
     def own(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each client's (age, lag, count) [N] at the start of the previous round (what its
-        self slot delivered then)."""
+        self slot delivered then): the prior a sender cites, signed by itself alone."""
         s = self.rg.indptr[:-1]
         return self.age[s], self.lag[s], self.count[s]
 
-    def _hull(self):
-        """Per client: (min age, max age, min lag, max lag, min count, max count) over its
-        sources — its own state of the previous round and, if it aggregated then, the claims
-        its candidates delivered."""
+    def prior(self, *, knows_refusals: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per slot e = j → i [E]: the sender's state at the start of the previous round as
+        receiver i knows it — the claim j delivered to i then, if i received it and did not
+        refuse it; otherwise the prior j cites (:meth:`own`). ``knows_refusals=False``: what
+        the sender itself can tell (the claims it delivered, refused or not)."""
         rg = self.rg
-        own_age, own_lag, own_count = self.own()
+        heard = self.cand & ~rg.is_self
+        if knows_refusals:
+            heard &= ~self._refused_last
+        o_age, o_lag, o_count = (x[rg.send] for x in self.own())
+        return (np.where(heard, self.age, o_age), np.where(heard, self.lag, o_lag),
+                np.where(heard, self.count, o_count))
+
+    def _hull(self, *, knows_refusals: bool = True):
+        """Per slot e = j → i [E]: (min age, max age, min lag, max lag, min count, max count)
+        over the sources of j's claim — its prior as i knows it (:meth:`prior`) and, if j
+        aggregated in the previous round, the claims its candidates delivered to it then."""
+        rg = self.rg
         take = self.cand & self.aggregated[rg.recv] & ~rg.is_self
         rows = rg.indptr[:-1]
         big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        p_age, p_lag, p_count = self.prior(knows_refusals=knows_refusals)
 
-        def red(op, vals, fill, own):
+        def red(op, vals, fill, prior):
             v = np.where(take, vals, fill)
-            return op(op.reduceat(v, rows), own)
+            return op(op.reduceat(v, rows)[rg.send], prior)
 
-        return (red(np.minimum, self.age, big, own_age), red(np.maximum, self.age, small, own_age),
-                red(np.minimum, self.lag, np.inf, own_lag),
-                red(np.maximum, self.lag, -np.inf, own_lag),
-                red(np.minimum, self.count, big, own_count),
-                red(np.maximum, self.count, small, own_count))
+        return (red(np.minimum, self.age, big, p_age), red(np.maximum, self.age, small, p_age),
+                red(np.minimum, self.lag, np.inf, p_lag),
+                red(np.maximum, self.lag, -np.inf, p_lag),
+                red(np.minimum, self.count, big, p_count),
+                red(np.maximum, self.count, small, p_count))
 
     # ---------------------------------------------------------------- checks
     def refuted(self, delivered: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -105,10 +130,11 @@ class Evidence:
         nb = ~rg.is_self & cand_now
         if self.first:
             out = nb & ~((a == 0) & (lg == 0.0) & (c == 1))
+            self._refused_last = out
             self.refused += int(np.count_nonzero(out))
             self.candidates += int(np.count_nonzero(nb))
             return out
-        amin, amax, lmin, lmax, cmin, cmax = (x[rg.send] for x in self._hull())
+        amin, amax, lmin, lmax, cmin, cmax = self._hull()
         trained = ((a == 0) & (c - 1 >= cmin) & (c - 1 <= cmax)
                    & (lg >= lmin - _TOL) & (lg <= lmax + _TOL))
         untrained = ((a - 1 >= amin) & (a - 1 <= amax) & (c >= cmin) & (c <= cmax)
@@ -117,6 +143,7 @@ class Evidence:
         if self.witness:
             only = nb & trained & ~untrained
             out |= only & self.absent(cand_now)
+        self._refused_last = out
         self.refused += int(np.count_nonzero(out))
         self.candidates += int(np.count_nonzero(nb))
         return out
@@ -208,11 +235,13 @@ def best_claims(attack, rg, state, attackers: np.ndarray, evidence: Evidence | N
     if evidence.first:  # round 0: nothing to cite but the initial model
         age[e], lag[e], count[e] = 0, 0.0, 1
         return age, lag, count
-    amin, amax, lmin, lmax, cmin, cmax = evidence._hull()
+    # the liar knows the claims it delivered; with the round's knowledge also what was refused
+    rushing = attack.knowledge == "rushing"
+    amin, amax, lmin, lmax, cmin, cmax = (x[e] for x in evidence._hull(knows_refusals=rushing))
+    p_age, p_lag, p_count = (x[e] for x in evidence.prior(knows_refusals=rushing))
     awake = evidence.aggregated[j]
-    o_age, o_lag, o_count = evidence.own()
-    lag[e] = np.where(awake, lmin[j], o_lag[j])
-    count[e] = np.where(awake, cmax[j], o_count[j]) + 1
+    lag[e] = np.where(awake, lmin, p_lag)
+    count[e] = np.where(awake, cmax, p_count) + 1
     age[e] = 0
     if attack.knowledge == "rushing" and cand_now is not None and evidence.witness:
         caught = evidence.absent(cand_now)[e] & ~awake
