@@ -395,6 +395,7 @@ def register(app: typer.Typer) -> None:
         require("sfg node", *NET_MODULES, extra="net")
         import asyncio
 
+        from sfg.net.certify import keys_for
         from sfg.net.node import Node, NodeConfig
         from sfg.net.transport import TlsFiles
         from sfg.net.world import build_world
@@ -418,7 +419,8 @@ def register(app: typer.Typer) -> None:
         nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
                         window=window, deadline=deadline, tls=tls,
                         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
-                        resume=resume, events=_node_log(record_log, mode))
+                        resume=resume, events=_node_log(record_log, mode),
+                        keys=keys_for(world, tls_dir, id))
 
         async def main() -> dict:
             n = Node(world, id, nc)

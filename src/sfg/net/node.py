@@ -74,8 +74,9 @@ from sfg.net.wire import (
     Rejections,
     check_header,
     check_message,
-    encode,
     encode_params,
+    make_header,
+    payload_digest,
     unpack_header,
 )
 from sfg.net.world import Trainer, World
@@ -84,8 +85,31 @@ from sfg.round.kernel import rule_draws
 from sfg.round.staleness import waited as _waited
 from sfg.round.staleness import wake_jitter
 
-# an own message: (header, payload), the payload in the transport's chunks or as bytes
-Outgoing = tuple[bytes, bytes | Chunked]
+# an own message: (header, payload), the payload in the transport's chunks or as bytes; the
+# header one for all, or one per neighbour (a liar's per-receiver claims, claim=certified)
+Outgoing = tuple[bytes | dict[int, bytes], bytes | Chunked]
+
+
+def header_for(msg: Outgoing, j: int) -> bytes | None:
+    """The header of own message ``msg`` meant for neighbour ``j`` (None: none for j)."""
+    h = msg[0]
+    return h.get(int(j)) if isinstance(h, dict) else h
+
+
+@dataclass
+class _Prev:
+    """What a node keeps of its previous lockstep round for +certified and claim=certified
+    (:mod:`sfg.net.certify`): whether it aggregated, its state at the start of that round,
+    its heard-set, the claims (and stamps) it received and the claims it told each
+    neighbour, and the received stamps it accepted without refusing them."""
+
+    aggregated: bool
+    own: tuple[int, float, int]
+    heard: frozenset[int] | None = None
+    got: dict[int, tuple[int, float, int]] = field(default_factory=dict)
+    stamps: dict[int, bytes] = field(default_factory=dict)
+    told: dict[int, tuple[int, float, int]] = field(default_factory=dict)
+    known: dict[int, Any] = field(default_factory=dict)
 
 log = logging.getLogger("sfg.net")
 MODES = ("lockstep", "async")
@@ -154,6 +178,7 @@ class NodeConfig:
     linger: float | None = None  # async: keep answering this long after the last round
     on_round: Any = None         # callback(node_id, round, available, acc or None)
     events: Any = None           # event log (sfg.net.eventlog.EventLog): record(node, ev, fields)
+    keys: Any = None             # +certified: sfg.net.certify.Keys (from the sfg tls-ca folder)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -178,6 +203,10 @@ class _Stats:
     steps: int = 0
     trains: int = 0
     available_rounds: int = 0
+    checked: int = 0             # +certified: neighbour claims checked against their evidence
+    refuted: int = 0             # +certified: of those, refuted (left out, as lost messages)
+    header_bytes: int = 0        # bytes of the headers of own messages handed to the transport
+    headers: int = 0             # own messages handed to the transport (one per neighbour)
     interrupted: int = 0         # async: local rounds discarded (offline before K steps)
     skipped: int = 0             # async, virtual clock: wakes while still busy
     curve: list[tuple[int, float]] = field(default_factory=list)
@@ -234,6 +263,29 @@ class Node:
         self._saved_out: set[int] = set()                          # outbox rounds on disk
         self._sends: dict[int, asyncio.Task] = {}
         self._backlog: list[asyncio.Task] = []
+        # +certified (sfg.net.certify) and the liar that answers it (claim=certified)
+        self.certified = bool(world.rule.certified)
+        att = world.attack
+        self._liar = att is not None and att.claim == "certified" and self._attacker
+        if self.certified or (att is not None and att.claim == "certified"):
+            what = "+certified" if self.certified else "attack claim=certified"
+            if self.cfg.mode != "lockstep":
+                raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
+                               "round's); drop --mode async, or the certification")
+            if self.cfg.resume:
+                raise SfgError(f"{what}: a node keeps the previous round's evidence in memory "
+                               "and cannot resume from a checkpoint yet; drop --kill / "
+                               "--resume with it")
+        if self.certified and self.cfg.keys is None:
+            raise SfgError("+certified signs every header with the node's key from `sfg "
+                           "tls-ca`; give --tls-dir (make one with `sfg tls-ca --dir DIR "
+                           "--nodes N`)")
+        self._prev: _Prev | None = None                        # the previous round (_Prev)
+        self._told: dict[int, tuple[int, float, int]] = {}     # claims sent this round
+        self._prior_stamp: tuple[int, bytes] | None = None
+        self._certs: dict[tuple[int, int], Any] = {}          # (sender, round) -> Cert
+        self._accepted: dict[tuple[int, int], bytes] = {}     # -> SHA-256 of its header
+        self._nbr_cache: dict[int, frozenset[int]] = {}
         if self.cfg.resume:
             self._restore()
         self._log("open", resume=bool(self.cfg.resume),
@@ -371,11 +423,43 @@ class Node:
                 await asyncio.sleep(0.05)
             msg = check_message(raw_header, b"".join(parts), self.layout, neighbours=self.nbr_set,
                                 max_bytes=self.cfg.max_bytes, identity=identity, parsed=header)
+            if self.certified and not self._admit(msg, raw_header):
+                return True, ""  # the same message again (a retried push): nothing changes
         except Rejected as e:
             self.rejections.add(e, peer)
             return False, e.reason
         self._accept(msg, len(raw_header) + msg.header.length, t_in)
         return True, ""
+
+    def _neighbours_of(self, j: int) -> frozenset[int]:
+        got = self._nbr_cache.get(j)
+        if got is None:
+            got = self._nbr_cache[j] = frozenset(int(k) for k in self.world.neighbours(j))
+        return got
+
+    def _admit(self, msg: Message, raw_header: bytes) -> bool:
+        """+certified checks on arrival (:func:`sfg.net.certify.read_cert`, and replays:
+        a header of an earlier round this node never accepted, or a second, different header
+        for a (sender, round) it accepted); :class:`Rejected` on failure. False: the very
+        header it accepted already (a retry, or a push that arrives after a pull)."""
+        from sfg.net.certify import read_cert
+
+        h = msg.header
+        key = (h.sender, h.round)
+        digest = hashlib.sha256(raw_header).digest()
+        have = self._accepted.get(key)
+        if have is not None:
+            if have == digest:
+                return False
+            raise Rejected("replayed", f"a second, different header for node {h.sender}'s "
+                                       f"round {h.round}")
+        if h.round < self.round:
+            raise Rejected("replayed", f"node {h.sender}'s header of round {h.round}, a round "
+                                       f"past here (now {self.round}) and never accepted")
+        cert = read_cert(h, self.cfg.keys, self._neighbours_of)
+        self._certs[key] = cert
+        self._accepted[key] = digest
+        return True
 
     def _check_ahead(self, sender: int, r: int) -> None:
         """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
@@ -429,21 +513,83 @@ class Node:
         return all(self.heard.get(j, -1) > r or (j, r) in self._delivered
                    for r in self.outbox for j in self._expected.get(r, ()))
 
-    def _on_fetch(self, t: int, who: int) -> Outgoing | None:
+    def _on_fetch(self, t: int, who: int) -> tuple[bytes, bytes | Chunked] | None:
         msg = self.outbox.get(t)
-        if msg is not None and who in self.nbr_set:
+        if msg is None:
+            return None
+        header = header_for(msg, who)
+        if header is None:
+            return None
+        if who in self.nbr_set:
             self._delivered.add((who, t))
-        return msg
+        return header, msg[1]
 
     # ------------------------------------------------------------------ sending
-    def _message(self) -> Outgoing:
+    def _message(self, targets: Iterable[int] | None = None) -> Outgoing:
+        """This round's own message for ``targets`` (default every neighbour): one header
+        for all, or one per target for a liar's per-receiver claims (claim=certified); with
+        +certified each header carries its evidence, signed (:meth:`_cert`)."""
         s = self.state
-        age, lag, count = self._claims()
         att = self.world.attack
         x = self.world.x0 if (att is not None and att.model == "constant"
                               and self._attacker) else self.x
-        return encode(x, self.layout, sender=self.i, round=self.round, age=age,
-                      lag=lag, count=count, local_count=s.local_count, chunk=CHUNK)
+        payload = encode_params(x, self.layout, chunk=CHUNK)
+        digest = payload_digest(payload)
+        targets = [int(j) for j in (self.nbrs if targets is None else targets)]
+
+        def head(claim: tuple[int, float, int]) -> bytes:
+            cert = self._cert(claim) if self.certified else b""
+            return make_header(digest, sender=self.i, round=self.round, age=claim[0],
+                               lag=claim[1], count=claim[2], local_count=s.local_count,
+                               cert=cert, sign=self.cfg.keys.sign if cert else None)
+
+        header: bytes | dict[int, bytes]
+        if self._liar:
+            self._told = {j: self._best_claim(j) for j in targets}
+            header = {j: head(c) for j, c in self._told.items()}
+        else:
+            claim = self._claims()
+            self._told = dict.fromkeys(targets, claim)
+            header = head(claim)
+        return header, payload
+
+    def _cert(self, claim: tuple[int, float, int]) -> bytes:
+        """+certified: the evidence of this round's claim (:func:`sfg.net.certify.make_cert`):
+        its stamp, the prior (this node's state at the start of the previous round), the
+        previous round's heard-set and the stamps received then."""
+        from sfg.net.certify import make_cert, make_stamp
+
+        keys, r, prev = self.cfg.keys, self.round, self._prev
+        stamp = make_stamp(keys, r, *claim)
+        if r == 0:
+            return make_cert(stamp, None, None, [])
+        if prev is None:
+            raise SfgError(f"node {self.i}: +certified has no evidence of round {r - 1}")
+        if self._prior_stamp is None or self._prior_stamp[0] != r:
+            self._prior_stamp = (r, make_stamp(keys, r - 1, *prev.own))
+        heard = prev.heard if prev.aggregated else None
+        return make_cert(stamp, self._prior_stamp[1], heard,
+                         [prev.stamps[j] for j in sorted(heard or ())])
+
+    def _best_claim(self, j: int) -> tuple[int, float, int]:
+        """claim=certified toward neighbour ``j``: the best claim this liar can back
+        (:func:`sfg.round.certified.best_claims`, played with what it knows): trained,
+        from its prior as j knows it (what it told j in the previous round, else its own
+        state then) and, if it aggregated then, the claims it received — the smallest lag,
+        the largest count + 1; round 0: the initial model's."""
+        prev = self._prev
+        if prev is None:
+            return 0, 0.0, 1
+        p = prev.told.get(int(j), prev.own)
+        lags, counts = [p[1]], [p[2]]
+        if prev.aggregated:
+            lags += [g[1] for g in prev.got.values()]
+            counts += [g[2] for g in prev.got.values()]
+        return 0, float(min(lags)), int(max(counts)) + 1
+
+    def _own(self) -> tuple[int, float, int]:
+        s = self.state
+        return int(s.age), float(s.lag), int(s.count)
 
     def _claims(self) -> tuple[int, float, int]:
         """The (age, lag, count) this node claims in its headers: its true state, or, for an
@@ -489,7 +635,12 @@ class Node:
                     prev.cancel()  # only the latest model matters: never pile up sends
                 else:
                     self._backlog.append(prev)  # lockstep needs every round's message
-            self._sends[j] = asyncio.ensure_future(self._send(j, self.round, *msg))
+            header = header_for(msg, j)
+            if header is None:
+                continue
+            self.stats.header_bytes += len(header)
+            self.stats.headers += 1
+            self._sends[j] = asyncio.ensure_future(self._send(j, self.round, header, msg[1]))
         self._backlog = [t for t in self._backlog if not t.done()]
 
     # ------------------------------------------------------------------ the round
@@ -648,6 +799,8 @@ class Node:
                                             max_bytes=self.cfg.max_bytes)
                         if msg.header.sender != j or msg.header.round != r:
                             raise Rejected("header", "fetched message of another node or round")
+                        if self.certified and not self._admit(msg, m[0]):
+                            continue
                     except Rejected as e:
                         self.rejections.add(e, f"fetch from {j}")
                         continue
@@ -659,13 +812,21 @@ class Node:
             except asyncio.TimeoutError:
                 pass
 
+    @property
+    def _keeps_prev(self) -> bool:
+        """Whether the node keeps its previous round (:class:`_Prev`)."""
+        return self.certified or self._liar
+
     async def _lockstep_round(self, r: int) -> None:
         A = self.world.available
         if not A[r, self.i]:
+            if self._keeps_prev:
+                self._prev = _Prev(aggregated=False, own=self._own())
             self._offline_round()
             return
         expected = [int(j) for j in self.nbrs if A[r, j] and not self._blocked(int(j), r)]
-        msg = self._message()
+        own = self._own() if self._keeps_prev else None
+        msg = self._message(expected)
         self.outbox[r] = msg
         self._expected[r] = expected
         self._prune_outbox()
@@ -674,10 +835,43 @@ class Node:
         msgs = [self.inbox.pop((j, r)) for j in expected]
         for key in [k for k in self.inbox if k[1] < r]:
             del self.inbox[key]
-        agg, full = self._aggregate(r, expected, msgs, [m.header.age for m in msgs],
+        senders = expected
+        if self._keeps_prev:
+            assert own is not None
+            prev = _Prev(aggregated=True, own=own, heard=frozenset(expected),
+                         got={j: (m.header.age, m.header.lag, m.header.count)
+                              for j, m in zip(expected, msgs, strict=True)},
+                         told=self._told)
+            if self.certified:
+                senders, msgs = self._screen(r, expected, msgs, prev)
+            self._prev = prev
+        agg, full = self._aggregate(r, senders, msgs, [m.header.age for m in msgs],
                                     [m.header.lag for m in msgs])
         x, n_steps = await self._train(r, agg)
         self._commit(x, n_steps, full)
+
+    def _screen(self, r: int, expected: list[int], msgs: list[Message],
+                prev: _Prev) -> tuple[list[int], list[Message]]:
+        """+certified: the round's candidates without the claims their evidence refutes
+        (:func:`sfg.net.certify.refuted`, with this node's previous round); ``prev`` (this
+        round, for the next) takes the stamps received and the ones accepted."""
+        from sfg.net.certify import refuted
+
+        certs = {j: self._certs.pop((j, r)) for j in expected}
+        for key in [k for k in self._certs if k[1] < r]:
+            del self._certs[key]
+        for key in [k for k in self._accepted if k[1] < r - 1]:
+            del self._accepted[key]
+        last = self._prev
+        bad = refuted(r == 0, certs, known={} if last is None else last.known,
+                      me_heard=None if last is None or not last.aggregated else last.heard,
+                      neighbours=self._neighbours_of)
+        self.stats.checked += len(expected)
+        self.stats.refuted += int(sum(bad.values()))
+        prev.stamps = {j: c.stamp.raw for j, c in certs.items()}
+        prev.known = {j: c.stamp for j, c in certs.items() if not bad[j]}
+        keep = [k for k, j in enumerate(expected) if not bad[j]]
+        return [expected[k] for k in keep], [msgs[k] for k in keep]
 
     async def _async_round(self, r: int) -> None:
         P = self.cfg.period
@@ -881,4 +1075,8 @@ class Node:
                 "refused": s.refused, "steps": s.steps,
                 "trains": s.trains, "available_rounds": s.available_rounds,
                 "rejected": self.rejections.as_dict(), "state": self.state.as_dict(),
-                "restored": self.restored}
+                "restored": self.restored, "header_bytes": s.header_bytes, "headers": s.headers,
+                "certified": None if not self.certified else {
+                    "checked": s.checked, "refuted": s.refuted,
+                    "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,
+                    "sign_s": self.cfg.keys.sign_s, "verify_s": self.cfg.keys.verify_s}}

@@ -117,6 +117,19 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         "send_failed": float(sum(r["send_failed"] for r in res)),
         "restarts": float(restarts),
     }
+    sent = sum(r.get("headers", 0) for r in res)
+    if sent:
+        metrics["header_bytes"] = float(sum(r.get("header_bytes", 0) for r in res) / sent)
+    cert = [r["certified"] for r in res if r.get("certified")]
+    if cert:  # +certified (sfg.net.certify): refusals and the signatures' cost
+        checked = sum(c["checked"] for c in cert)
+        metrics["claims_refused"] = float(sum(c["refuted"] for c in cert) / checked) \
+            if checked else 0.0
+        metrics["signatures"] = float(sum(c["signed"] for c in cert))
+        metrics["verifications"] = float(sum(c["verified"] for c in cert))
+        per_round = max(1, len(res) * world.rounds)
+        metrics["sign_ms_per_node_round"] = 1e3 * sum(c["sign_s"] for c in cert) / per_round
+        metrics["verify_ms_per_node_round"] = 1e3 * sum(c["verify_s"] for c in cert) / per_round
     nodes = [{"node": r["node"], "acc": r["acc"], "attacker": bool(r.get("attacker", False)),
               **{k: r["state"][k] for k in
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
@@ -210,6 +223,18 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
         bad = sorted(x for x in part.a | part.b if x >= N)
         if bad:
             raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
+    att = world.attack
+    if world.rule.certified or (att is not None and att.claim == "certified"):
+        what = "+certified" if world.rule.certified else "attack claim=certified"
+        if opts.mode != "lockstep":
+            raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
+                           "round's); drop --mode async, or the certification")
+        if opts.kills:
+            raise SfgError(f"{what}: a node keeps the previous round's evidence in memory and "
+                           "cannot resume from a checkpoint yet; drop --kill with it")
+    if world.rule.certified and opts.tls_dir is None:
+        raise SfgError("+certified signs every header with the nodes' keys from `sfg tls-ca`; "
+                       "give --tls-dir (make one with `sfg tls-ca --dir DIR --nodes N`)")
 
 
 async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:

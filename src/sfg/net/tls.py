@@ -5,6 +5,10 @@ Writes into a folder: ``ca.pem`` (the swarm CA), and for every node ``node-<id>.
 the identity a receiver checks against the message header (SPEC §11.3). Certificates name
 ``localhost``, ``127.0.0.1`` and any extra hosts (``--host``) so that they are valid for those
 addresses. For tests and trials: keys are written unencrypted (mode 0600).
+
+Every node also gets a header-signing key, ``node-<id>.sign`` (Ed25519, for ``+certified``,
+:mod:`sfg.net.certify`): its public half is an extension of the node's certificate
+(:data:`SIGNING_KEY_OID`), so the CA's signature binds it to the TLS identity ``node-<id>``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import os
 from pathlib import Path
 
 from sfg.errors import SfgError
+
+# the certificate extension holding a node's raw 32-byte Ed25519 header-signing public key
+# (an OID of the UUID arc 2.25, ITU-T X.667: needs no registration)
+SIGNING_KEY_OID = "2.25.71850958979037019768775695860008259139"
 
 
 def _name(cn: str):
@@ -43,7 +51,7 @@ def make_test_ca(directory: str | Path, nodes, *, hosts=(), days: int = 30,
     """Create ``ca.pem`` and a certificate + key for every node id in ``nodes``; returns the folder."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
     ids = [int(i) for i in nodes]
     if not ids or min(ids) < 0:
@@ -66,8 +74,12 @@ def make_test_ca(directory: str | Path, nodes, *, hosts=(), days: int = 30,
             alt.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             alt.append(x509.DNSName(h))
+    oid = x509.ObjectIdentifier(SIGNING_KEY_OID)
     for i in ids:
         key = ec.generate_private_key(ec.SECP256R1())
+        signing = ed25519.Ed25519PrivateKey.generate()
+        raw_public = signing.public_key().public_bytes(serialization.Encoding.Raw,
+                                                       serialization.PublicFormat.Raw)
         cert = (x509.CertificateBuilder().subject_name(_name(f"node-{i}"))
                 .issuer_name(ca_cert.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
@@ -77,7 +89,9 @@ def make_test_ca(directory: str | Path, nodes, *, hosts=(), days: int = 30,
                 .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
                                                       x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]),
                                critical=False)
+                .add_extension(x509.UnrecognizedExtension(oid, raw_public), critical=False)
                 .sign(ca_key, hashes.SHA256()))
         _write(d / f"node-{i}.pem", cert.public_bytes(serialization.Encoding.PEM))
         _write(d / f"node-{i}.key", _pem_key(key), private=True)
+        _write(d / f"node-{i}.sign", _pem_key(signing), private=True)
     return d

@@ -23,7 +23,7 @@ import logging
 import math
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgpack
 import numpy as np
@@ -31,12 +31,13 @@ import numpy as np
 VERSION = 1
 DEFAULT_MAX_BYTES = 64 << 20   # 64 MiB: above any model sfg ships (ResNet-18-GN is ~45 MB)
 HEADER_MAX_BYTES = 4096
+CERT_MAX_BYTES = 64 << 10   # +certified: the evidence a header carries (sfg.net.certify)
 
 log = logging.getLogger("sfg.net")
 
 REASONS = ("garbage", "truncated", "version", "header", "non-neighbour", "identity",
            "oversize", "digest", "names", "shape", "dtype", "non-finite", "staleness",
-           "ahead")
+           "ahead", "signature", "replayed", "provenance", "uncertified")
 
 
 class Rejected(Exception):
@@ -62,11 +63,24 @@ class Header:
     length: int
     sha256: bytes
     version: int = VERSION
+    # +certified (sfg.net.certify): the evidence (msgpack bytes) and the sender's Ed25519
+    # signature over every other field (:meth:`signed_part`); empty in plain headers, which
+    # then pack without them
+    cert: bytes = b""
+    sig: bytes = b""
 
     def pack(self) -> bytes:
         # the fields in their declared order (what dataclasses.asdict gives, without its
         # recursive copying: one header per message sent)
-        return msgpack.packb({f: getattr(self, f) for f in _FIELDS}, use_bin_type=True)
+        d = {f: getattr(self, f) for f in _FIELDS}
+        if not self.cert:
+            del d["cert"], d["sig"]
+        return msgpack.packb(d, use_bin_type=True)
+
+    def signed_part(self) -> bytes:
+        """The bytes the sender signs: every field but the signature, in a fixed order."""
+        return msgpack.packb([getattr(self, f) for f in _FIELDS if f != "sig"],
+                             use_bin_type=True)
 
     def scalars(self) -> dict[str, float]:
         return {"age": self.age, "lag": self.lag, "count": self.count,
@@ -74,16 +88,18 @@ class Header:
 
 
 _FIELDS = tuple(Header.__dataclass_fields__)
-_FIELD_SET = frozenset(_FIELDS)
+_FIELD_SET = frozenset(_FIELDS) - {"cert", "sig"}
+_CERT_FIELDS = frozenset(("cert", "sig"))
 _INT_FIELDS = ("sender", "round", "age", "count", "local_count", "length", "version")
 
 
 def unpack_header(raw: bytes) -> Header:
     """Parse and type-check a header; :class:`Rejected` ("garbage", "header", "version")."""
-    if len(raw) > HEADER_MAX_BYTES:
-        raise Rejected("header", f"header of {len(raw)} bytes exceeds {HEADER_MAX_BYTES}")
+    if len(raw) > HEADER_MAX_BYTES + CERT_MAX_BYTES:
+        raise Rejected("header", f"header of {len(raw)} bytes exceeds "
+                                 f"{HEADER_MAX_BYTES + CERT_MAX_BYTES}")
     try:
-        d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=64,
+        d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=CERT_MAX_BYTES,
                             max_str_len=64, max_array_len=16, max_map_len=16)
     except Exception as e:  # noqa: BLE001 - any decoding failure is garbage
         raise Rejected("garbage", f"header is not msgpack ({type(e).__name__})") from None
@@ -91,8 +107,15 @@ def unpack_header(raw: bytes) -> Header:
         raise Rejected("garbage", "header is not a msgpack map")
     if d.get("version") != VERSION:
         raise Rejected("version", f"format version {d.get('version')!r}, expected {VERSION}")
-    if d.keys() != _FIELD_SET:
+    extra = d.keys() - _FIELD_SET
+    if not _FIELD_SET <= d.keys() or (extra and extra != _CERT_FIELDS):
         raise Rejected("header", f"fields {sorted(set(d) ^ _FIELD_SET)} missing or unexpected")
+    if extra:
+        if not (isinstance(d["cert"], bytes) and d["cert"] and isinstance(d["sig"], bytes)
+                and len(d["sig"]) == 64):
+            raise Rejected("header", "cert must be non-empty bytes and sig 64 bytes")
+    elif len(raw) > HEADER_MAX_BYTES:
+        raise Rejected("header", f"header of {len(raw)} bytes exceeds {HEADER_MAX_BYTES}")
     for k in _INT_FIELDS:
         v = d[k]
         if type(v) is not int and (not isinstance(v, int) or isinstance(v, bool)) or v < 0:
@@ -181,17 +204,32 @@ def encode(flat: np.ndarray, layout: Layout, *, sender: int, round: int, age: in
     """A message: ``(header bytes, payload)``; the payload as bytes, or with ``chunk`` as a
     :class:`Chunked` ready for the transport (same bytes, same digest)."""
     payload = encode_params(flat, layout, chunk=chunk)
+    header = make_header(payload_digest(payload), sender=sender, round=round, age=age, lag=lag,
+                         count=count, local_count=local_count)
+    return header, payload
+
+
+def payload_digest(payload: bytes | Chunked) -> tuple[bytes, int]:
+    """(SHA-256, length) of a payload, as its header announces them."""
     if isinstance(payload, Chunked):
         h = hashlib.sha256()
         for c in payload:
             h.update(c)
-        digest, length = h.digest(), payload.nbytes
-    else:
-        digest, length = hashlib.sha256(payload).digest(), len(payload)
+        return h.digest(), payload.nbytes
+    return hashlib.sha256(payload).digest(), len(payload)
+
+
+def make_header(digest: tuple[bytes, int], *, sender: int, round: int, age: int, lag: float,
+                count: int, local_count: int, cert: bytes = b"", sign=None) -> bytes:
+    """A packed header for a payload of ``digest`` = (SHA-256, length) (:func:`payload_digest`);
+    with ``cert`` (``+certified``'s evidence) signed by ``sign(bytes) -> 64 bytes`` over
+    :meth:`Header.signed_part`."""
     header = Header(sender=int(sender), round=int(round), age=int(age), lag=float(lag),
-                    count=int(count), local_count=int(local_count), length=length,
-                    sha256=digest)
-    return header.pack(), payload
+                    count=int(count), local_count=int(local_count), length=int(digest[1]),
+                    sha256=digest[0], cert=cert)
+    if cert:
+        header = replace(header, sig=sign(header.signed_part()))
+    return header.pack()
 
 
 def _safetensors_index(payload: bytes) -> dict:

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from sfg.errors import SfgError
+    from sfg.net.certify import keys_for
     from sfg.net.eventlog import EventLog
     from sfg.net.node import NodeConfig, Partition
     from sfg.net.swarm import run_nodes
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                               deadline=spec["deadline"], checkpoint_dir=Path(spec["checkpoint_dir"]),
                               resume=a.resume, tls=tls, partitions=parts,
                               on_round=on_round,
+                              keys=keys_for(world, spec.get("tls_dir"), i),
                               events=EventLog(Path(spec["events_dir"]) / f"node-{i}.jsonl")
                               if spec.get("events_dir") else None)
 

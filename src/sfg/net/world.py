@@ -112,10 +112,9 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
           f"availability trace has shape {available.shape}, need (rounds, nodes) = {(T, N)}")
     # forged staleness (sfg.round.attacks), placed and made always-on exactly as `sfg run` does
     attack = parse_attack(c.get("attack"))
-    check_rounds_only(attack, "the networked nodes (sfg swarm / sfg node)")
-    from sfg.round.certified import check_rounds_only as certified_in_rounds
-
-    certified_in_rounds(parse_rule(c["rule"]), "the networked nodes (sfg swarm / sfg node)")
+    # +certified and claim=certified run in lockstep nodes (sfg.net.certify; a Node refuses
+    # them in async mode)
+    check_rounds_only(attack, "the networked nodes (sfg swarm / sfg node)", certified_ok=True)
     attackers = place(attack, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
     attack = attack if attackers.any() else None
     check(attack is None or attack.model in ("none", "constant"),

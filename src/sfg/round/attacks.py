@@ -160,11 +160,12 @@ def parse_attack(text: str | None) -> Attack | None:
                   text=comp.text, **vals)
 
 
-def check_rounds_only(attack: Attack | None, where: str) -> None:
+def check_rounds_only(attack: Attack | None, where: str, *, certified_ok: bool = False) -> None:
     """The adversaries that run in rounds only (``sfg replay``, ``sfg run``): ``rushing``
     knowledge (this round's states of every neighbour: no message carries them in time),
     ``claim=undercut`` (a claim per receiver) and the round-computed models
-    (:data:`ROUND_MODELS`) are refused in ``where`` with one line."""
+    (:data:`ROUND_MODELS`) are refused in ``where`` with one line; ``claim=certified`` too
+    unless ``certified_ok`` (the networked lockstep nodes play it, :mod:`sfg.net.certify`)."""
     if attack is None:
         return
     if attack.knowledge == "rushing":
@@ -172,7 +173,7 @@ def check_rounds_only(attack: Attack | None, where: str) -> None:
                        f"is an omniscient adversary of the round-based runs, not of {where}, "
                        "where a liar knows what it received (knowledge=observed): drop "
                        "knowledge=rushing there, or run in rounds (sfg replay, sfg run)")
-    if attack.claim == "certified":
+    if attack.claim == "certified" and not certified_ok:
         raise SfgError(f"attack claim=certified answers the certified protocol, which is "
                        f"modelled in the round-based sfg replay and sfg run (+certified); not "
                        f"in {where}")

@@ -134,15 +134,9 @@ class Evidence:
             self.refused += int(np.count_nonzero(out))
             self.candidates += int(np.count_nonzero(nb))
             return out
-        amin, amax, lmin, lmax, cmin, cmax = self._hull()
-        trained = ((a == 0) & (c - 1 >= cmin) & (c - 1 <= cmax)
-                   & (lg >= lmin - _TOL) & (lg <= lmax + _TOL))
-        untrained = ((a - 1 >= amin) & (a - 1 <= amax) & (c >= cmin) & (c <= cmax)
-                     & (lg - 1 >= lmin - _TOL) & (lg - 1 <= lmax + _TOL))
-        out = nb & ~trained & ~untrained
-        if self.witness:
-            only = nb & trained & ~untrained
-            out |= only & self.absent(cand_now)
+        out = nb & verdict(a, lg, c, *self._hull(),
+                           absent=self.absent(cand_now) if self.witness else None,
+                           witness=self.witness)
         self._refused_last = out
         self.refused += int(np.count_nonzero(out))
         self.candidates += int(np.count_nonzero(nb))
@@ -177,6 +171,25 @@ class Evidence:
     def refused_share(self) -> float:
         """The share of neighbour candidates refused so far."""
         return self.refused / self.candidates if self.candidates else 0.0
+
+
+def verdict(a, lg, c, amin, amax, lmin, lmax, cmin, cmax, *, absent, witness: bool):
+    """Whether claims (ages ``a``, lags ``lg``, counts ``c``, arrays) are refuted by their
+    sources' hull (min/max of the sources' ages, lags and counts, per claim) and, with
+    ``witness``, the absence witnesses ``absent`` (bool per claim): a claim must be SPEC §2's
+    update of a source — trained (age 0, lag within the sources' lags, count one more than a
+    source's) or not (age one more than a source's, lag one more than within their lags, count
+    a source's) — and a claim that can only be a trained one is refuted where the sender was
+    absent. The one definition, for the rounds model and the networked nodes
+    (:mod:`sfg.net.certify`)."""
+    trained = ((a == 0) & (c - 1 >= cmin) & (c - 1 <= cmax)
+               & (lg >= lmin - _TOL) & (lg <= lmax + _TOL))
+    untrained = ((a - 1 >= amin) & (a - 1 <= amax) & (c >= cmin) & (c <= cmax)
+                 & (lg - 1 >= lmin - _TOL) & (lg - 1 <= lmax + _TOL))
+    out = ~trained & ~untrained
+    if witness:
+        out |= trained & ~untrained & absent
+    return out
 
 
 def evidence_for(rule, attack, rg, *, anatomy: str) -> Evidence | None:
