@@ -206,7 +206,8 @@ def check_rounds_only(rule, where: str) -> None:
     with one line."""
     if rule.certified:
         raise SfgError(f"+certified models the certified protocol in rounds (sfg replay and sfg "
-                       f"run, the clock's lockstep included); not yet in {where}: drop "
+                       f"run, the clock's lockstep included) and runs it in the networked "
+                       f"lockstep nodes (sfg swarm/node --tls-dir); not yet in {where}: drop "
                        "+certified there (+refute keeps the guard's sound bounds)")
 
 
