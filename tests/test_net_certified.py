@@ -283,7 +283,6 @@ def _cli(args, capsys):
 @pytest.mark.parametrize("extra,needle", [
     ([], "give --tls-dir"),
     (["--mode", "async", "--tls-dir", "CA"], "runs in lockstep mode"),
-    (["--kill", "1@2", "--tls-dir", "CA"], "cannot resume from a checkpoint"),
 ])
 def test_swarm_cli_refuses_what_certified_cannot_do_in_one_line(ca, extra, needle, capsys):
     extra = [str(ca) if a == "CA" else a for a in extra]
@@ -337,3 +336,44 @@ def test_node_cli_runs_certified_nodes_from_a_peers_file_over_tls(ca, tmp_path):
     assert [r["certified"]["checked"] for r in res] == [4, 4]
     assert [r["certified"]["refuted"] for r in res] == [0, 0]
     assert all(r["certified"]["signed"] == 3 * 4 - 1 for r in res)  # no prior in round 0
+
+
+@pytest.mark.parametrize("attack", [None, "forge:frac=0.25,claim=certified"])
+def test_a_certified_node_killed_mid_run_resumes_with_its_evidence(ca, tmp_path, attack):
+    """SIGKILL a node of a +certified swarm (the liars answering it, or none): it resumes
+    from its checkpoint with its previous round's evidence and the headers it accepted, and
+    the swarm still refuses what sfg run refuses and reaches its accuracies."""
+    from sfg.net.swarm import SwarmOptions, run_swarm
+    from sfg.sim.run import simulate
+
+    cfg = dict(n_clients=8, rounds=10, process="iid:u=0.25", rule="sfg-cut+certified", seed=1,
+               eval_every=5, graph="ring:k=2", local_steps=2, attack=attack)
+    sim = simulate(cfg, backend="loop")
+    out = run_swarm(build_world(cfg), SwarmOptions(mode="lockstep", procs=2, kills=[(2, 4)],
+                                                   deadline=180, workdir=str(tmp_path),
+                                                   tls_dir=str(ca)))
+    assert out["metrics"]["restarts"] == 1 and out["metrics"]["rejected"] == 0
+    node2 = next(n for n in out["nodes"] if n["node"] == 2)
+    assert node2["restored"] is not None
+    assert [n["acc"] for n in out["nodes"]] == sim.accuracy.tolist()
+    assert out["metrics"]["claims_refused"] == pytest.approx(sim.metrics["refused"], abs=1e-12)
+
+
+def test_the_evidence_a_checkpoint_holds_comes_back_as_it_was(ca):
+    """The previous round and the accepted headers survive _evidence_record →
+    _restore_evidence field for field (the known stamps verified again)."""
+    world = _hand_world()
+    a, b = _nodes(ca, world)[1], _nodes(ca, world)[1]
+    k0 = _keys(ca, 0)
+    known = read_stamp(make_stamp(k0, 4, 0, 0.5, 9), a.cfg.keys)
+    a._prev = _Prev(aggregated=True, own=(1, 2.5, 5), heard=frozenset({0, 3}),
+                    got={0: (0, 0.5, 9), 3: (2, 3.0, 5)}, stamps={0: known.raw},
+                    told={0: (0, 0.25, 10), 2: (0, 0.5, 10)}, known={0: known})
+    a._accepted = {(0, 4): b"\1" * 32, (3, 4): b"\2" * 32}
+    a.state = a.state.__class__(t=5, age=0, lag=0.0, count=1, local_count=1, q_hat=[1.0] * 3)
+    b._restore_evidence(json.loads(json.dumps(a._evidence_record())))
+    assert b._prev == a._prev and b._accepted == a._accepted
+    forged = {**a._evidence_record()}
+    forged["prev"]["known"] = [[0, (known.raw[:-1] + bytes([known.raw[-1] ^ 1])).hex()]]
+    with pytest.raises(SfgError, match="does not verify"):
+        b._restore_evidence(forged)

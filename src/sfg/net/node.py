@@ -272,10 +272,6 @@ class Node:
             if self.cfg.mode != "lockstep":
                 raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
                                "round's); drop --mode async, or the certification")
-            if self.cfg.resume:
-                raise SfgError(f"{what}: a node keeps the previous round's evidence in memory "
-                               "and cannot resume from a checkpoint yet; drop --kill / "
-                               "--resume with it")
         if self.certified and self.cfg.keys is None:
             raise SfgError("+certified signs every header with the node's key from `sfg "
                            "tls-ca`; give --tls-dir (make one with `sfg tls-ca --dir DIR "
@@ -920,7 +916,51 @@ class Node:
         self._save_outbox()
         s = self.stats
         extra = {"t0": self.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
+        if self._keeps_prev:
+            extra["evidence"] = self._evidence_record()
         save_checkpoint(path, self.x, self.layout, self.state, extra)
+
+    def _evidence_record(self) -> dict:
+        """The previous round (:class:`_Prev`) and the headers accepted from past rounds, for
+        the checkpoint (+certified and claim=certified resume with their evidence)."""
+        t = self.rounds_done
+        rec: dict[str, Any] = {"accepted": [[j, r, d.hex()] for (j, r), d in
+                                            self._accepted.items() if r < t]}
+        p = self._prev
+        if p is not None:
+            rec["prev"] = {
+                "aggregated": p.aggregated, "own": list(p.own),
+                "heard": None if p.heard is None else sorted(p.heard),
+                "got": [[j, *v] for j, v in p.got.items()],
+                "told": [[j, *v] for j, v in p.told.items()],
+                "stamps": [[j, b.hex()] for j, b in p.stamps.items()],
+                "known": [[j, st.raw.hex()] for j, st in p.known.items()]}
+        return rec
+
+    def _restore_evidence(self, rec: dict) -> None:
+        """The inverse of :meth:`_evidence_record` (the stamps verified again)."""
+        from sfg.net.certify import read_stamp
+
+        self._accepted = {(int(j), int(r)): bytes.fromhex(d) for j, r, d in rec["accepted"]}
+        p = rec.get("prev")
+        if p is None:
+            return
+
+        def claim(v: list) -> tuple[int, float, int]:
+            return int(v[0]), float(v[1]), int(v[2])
+
+        try:
+            known = {int(j): read_stamp(bytes.fromhex(b), self.cfg.keys) for j, b in p["known"]}
+        except Rejected as e:
+            raise SfgError(f"node {self.i}: the evidence in checkpoint {self.checkpoint_path} "
+                           f"does not verify ({e}); delete the checkpoint to start afresh") \
+                from None
+        self._prev = _Prev(
+            aggregated=bool(p["aggregated"]), own=claim(p["own"]),
+            heard=None if p["heard"] is None else frozenset(int(j) for j in p["heard"]),
+            got={int(v[0]): claim(v[1:]) for v in p["got"]},
+            told={int(v[0]): claim(v[1:]) for v in p["told"]},
+            stamps={int(j): bytes.fromhex(b) for j, b in p["stamps"]}, known=known)
 
     @property
     def _attacker(self) -> bool:
@@ -958,10 +998,13 @@ class Node:
     def _restore_outbox(self) -> None:
         """The saved own messages of rounds before the checkpoint's (later ones are made again)."""
         for f in self._checkpoint_dir.glob(f"node-{self.i}-out-*.msgpack"):
-            d = msgpack.unpackb(f.read_bytes(), raw=False)
+            d = msgpack.unpackb(f.read_bytes(), raw=False, strict_map_key=False)
             r = int(d["round"])
             if r < self.state.t:
-                self.outbox[r] = (bytes(d["header"]), bytes(d["payload"]))
+                h = d["header"]  # one header, or one per neighbour (a liar's claims)
+                header = {int(j): bytes(v) for j, v in h.items()} if isinstance(h, dict) \
+                    else bytes(h)
+                self.outbox[r] = (header, bytes(d["payload"]))
                 self._expected[r] = [int(j) for j in d["expected"]]
                 self._saved_out.add(r)
             else:
@@ -983,6 +1026,8 @@ class Node:
                          "missed": 0}
         if self.cfg.mode == "lockstep":
             self._restore_outbox()
+        if self._keeps_prev and extra.get("evidence") is not None:
+            self._restore_evidence(extra["evidence"])
 
     def _catch_up_missed(self) -> None:
         """Async resume: the own rounds whose wake-up passed while the node was down count

@@ -229,9 +229,6 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
         if opts.mode != "lockstep":
             raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
                            "round's); drop --mode async, or the certification")
-        if opts.kills:
-            raise SfgError(f"{what}: a node keeps the previous round's evidence in memory and "
-                           "cannot resume from a checkpoint yet; drop --kill with it")
     if world.rule.certified and opts.tls_dir is None:
         raise SfgError("+certified signs every header with the nodes' keys from `sfg tls-ca`; "
                        "give --tls-dir (make one with `sfg tls-ca --dir DIR --nodes N`)")
