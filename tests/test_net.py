@@ -257,8 +257,9 @@ def test_node_cli_checks_peers_file(tmp_path, capsys):
     assert code == 2 and "error:" in err
 
 
-def test_node_cli_runs_two_nodes_from_a_peers_file(tmp_path):
-    """Two `sfg node` processes on 127.0.0.1 that find each other through peers.yaml."""
+def run_two_nodes(tmp_path, args: list[str]) -> list[dict]:
+    """Two `sfg node` processes on 127.0.0.1 that find each other through a peers.yaml
+    (nodes 0 and 1, one edge), with ``args``; their JSON results (each must exit 0)."""
     import subprocess
     import sys
 
@@ -267,8 +268,7 @@ def test_node_cli_runs_two_nodes_from_a_peers_file(tmp_path):
     p0, p1 = free_ports(2)
     peers = tmp_path / "peers.yaml"
     peers.write_text(f"nodes:\n  0: 127.0.0.1:{p0}\n  1: 127.0.0.1:{p1}\nedges: [[0, 1]]\n")
-    common = ["--peers", str(peers), "-T", "5", "-p", "none", "--rule", "dfedavg",
-              "--eval-every", "5", "--json", "--deadline", "240"]
+    common = ["--peers", str(peers), "--json", "--deadline", "240", *args]
     procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli.main", "node", "--id", str(i),
                                "--listen", f"127.0.0.1:{port}", *common],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -276,7 +276,13 @@ def test_node_cli_runs_two_nodes_from_a_peers_file(tmp_path):
     outs = [p.communicate(timeout=400) for p in procs]
     for p, (_, e) in zip(procs, outs, strict=True):
         assert p.returncode == 0, e
-    res = [json.loads(o) for o, _ in outs]
+    return [json.loads(o) for o, _ in outs]
+
+
+def test_node_cli_runs_two_nodes_from_a_peers_file(tmp_path):
+    """Two `sfg node` processes on 127.0.0.1 that find each other through peers.yaml."""
+    res = run_two_nodes(tmp_path, ["-T", "5", "-p", "none", "--rule", "dfedavg",
+                                   "--eval-every", "5"])
     assert [r["messages"] for r in res] == [5, 5]      # one model from the other each round
     assert all(r["state"]["age"] == 0 and r["state"]["t"] == 5 for r in res)
 

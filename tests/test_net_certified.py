@@ -314,24 +314,10 @@ def test_swarm_cli_runs_certified_worker_nodes_over_tls(ca, tmp_path, capsys):
 def test_node_cli_runs_certified_nodes_from_a_peers_file_over_tls(ca, tmp_path):
     """Two `sfg node` processes with +certified: each signs with its own key from the folder
     and checks the other's headers; nothing is rejected or refused between honest nodes."""
-    import subprocess
-    import sys
+    from test_net import run_two_nodes
 
-    from sfg.net.swarm import free_ports
-
-    p0, p1 = free_ports(2)
-    peers = tmp_path / "peers.yaml"
-    peers.write_text(f"nodes:\n  0: 127.0.0.1:{p0}\n  1: 127.0.0.1:{p1}\nedges: [[0, 1]]\n")
-    common = ["--peers", str(peers), "-T", "4", "-p", "none", "--rule", "sfg-cut+certified",
-              "--eval-every", "4", "--json", "--deadline", "240", "--tls-dir", str(ca)]
-    procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli.main", "node", "--id", str(i),
-                               "--listen", f"127.0.0.1:{port}", *common],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, port in ((0, p0), (1, p1))]
-    outs = [p.communicate(timeout=400) for p in procs]
-    for p, (_, e) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, e
-    res = [json.loads(o) for o, _ in outs]
+    res = run_two_nodes(tmp_path, ["-T", "4", "-p", "none", "--rule", "sfg-cut+certified",
+                                   "--eval-every", "4", "--tls-dir", str(ca)])
     assert [r["messages"] for r in res] == [4, 4] and all(not r["rejected"] for r in res)
     assert [r["certified"]["checked"] for r in res] == [4, 4]
     assert [r["certified"]["refuted"] for r in res] == [0, 0]
