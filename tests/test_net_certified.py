@@ -19,7 +19,7 @@ from sfg.net.certify import Keys, make_cert, make_stamp, read_stamp, refuted
 from sfg.net.node import Node, NodeConfig, _Prev
 from sfg.net.swarm import run_nodes, summarise
 from sfg.net.tls import make_test_ca
-from sfg.net.wire import unpack_header
+from sfg.net.wire import Rejected, unpack_header
 from sfg.net.world import build_world
 
 # the triangle 0 – 1 – 2 plus 3 hanging off 1 (the rounds model's hand case): receiver 0,
@@ -363,3 +363,43 @@ def test_the_evidence_a_checkpoint_holds_comes_back_as_it_was(ca):
     forged["prev"]["known"] = [[0, (known.raw[:-1] + bytes([known.raw[-1] ^ 1])).hex()]]
     with pytest.raises(SfgError, match="does not verify"):
         b._restore_evidence(forged)
+
+
+def test_hostile_evidence_is_rejected_never_a_crash(ca):
+    """Random mutations of a real certified header (bytes flipped, cut or inserted in the
+    header or its evidence) are Rejected with a reason, never another exception."""
+    import random
+
+    from sfg.net.certify import read_cert
+    from sfg.net.wire import Header, make_header
+
+    ks, st = _stamps(ca)
+    cert = make_cert(make_stamp(ks[1], 5, 0, 2.0, 6), st[1].raw, {0, 2},
+                     [st[0].raw, st[2].raw])
+    raw = make_header((b"\0" * 32, 10), sender=1, round=5, age=0, lag=2.0, count=6,
+                      local_count=5, cert=cert, sign=ks[1].sign)
+    rng = random.Random(7)
+    reasons = set()
+    for n in range(600):
+        target = cert if n % 2 else raw
+        b = bytearray(target)
+        for _ in range(rng.randint(1, 4)):
+            op, at = rng.random(), rng.randrange(len(b))
+            if op < 0.6:
+                b[at] ^= 1 << rng.randrange(8)
+            elif op < 0.8:
+                del b[at:at + rng.randint(1, 8)]
+            else:
+                b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        try:
+            if n % 2:  # the evidence mutated, the header re-signed: the checks behind the signature
+                h = unpack_header(raw)
+                forged = Header(**{**{f: getattr(h, f) for f in Header.__dataclass_fields__},
+                                   "cert": bytes(b) or b"\0", "sig": b""})
+                forged = Header(**{**forged.__dict__, "sig": ks[1].sign(forged.signed_part())})
+                read_cert(forged, ks[0], NB.__getitem__)
+            else:
+                read_cert(unpack_header(bytes(b)), ks[0], NB.__getitem__)
+        except Rejected as e:
+            reasons.add(e.reason)
+    assert {"signature", "provenance"} <= reasons
