@@ -241,6 +241,8 @@ def _swarm(ca, cfg):
     ("sfg-cut+certified", None),
     ("sfg-cut+certified", "forge:frac=0.25,claim=certified"),
     ("sfg+certified", "forge:frac=0.25,claim=fresh"),
+    ("aoi+ipw+certified", "forge:frac=0.25,claim=fresh"),
+    ("sfg-l+certified+cap", "forge:frac=0.25,claim=certified"),
     ("sfg-cut", "forge:frac=0.25,claim=certified"),
 ])
 def test_the_certified_swarm_equals_sfg_run_model_for_model(ca, rule, attack):
