@@ -117,6 +117,24 @@ def test_scclip_adaptive_radius_and_clipped_update():
                                0.25 * np.array(vals).sum(axis=0))
 
 
+def test_scclip_the_authors_code_radii_by_hand():
+    """The authors' code's choices: scclip_rank=k, the k-th largest neighbour distance
+    (k = 2, its adaptive default, clips only the farthest; k past the neighbour count: the
+    smallest distance), and a fixed scclip_tau. Neighbours at distances 5, 10, 50, the
+    differences (3, 4)·(1, 2, 10), weights 1/4."""
+    vals = [[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [30.0, 40.0]]
+    base = 0.25 * np.array([3.0, 4.0])
+
+    def agg(params):
+        return _agg0(f"dfedavg:{params}+scclip", vals, [0.25] * 4)
+
+    np.testing.assert_allclose(agg("scclip_rank=2"), base * (1 + 2 + 10 * 10 / 50))
+    np.testing.assert_allclose(agg("scclip_rank=1"), base * (1 + 2 + 10))      # no clipping
+    np.testing.assert_allclose(agg("scclip_rank=5"), base * (1 + 2 * 5 / 10 + 10 * 5 / 50))
+    np.testing.assert_allclose(agg("scclip_tau=2.5"),
+                               base * (2.5 / 5 + 2 * 2.5 / 10 + 10 * 2.5 / 50))
+
+
 def test_scclip_and_clip_share_the_clipping():
     """+clip is +scclip's clipping with the median radius: with a delta whose radius equals
     the median distance both give the same update."""

@@ -65,7 +65,8 @@ DEFENCES = {"guard": GUARD, "relative": RELATIVE, "cap": CAP, "clip": CLIP,
             "refute": GUARD | REFUTE, "certified": CERTIFIED}
 # parameters a defence brings, with defaults and the defence that owns them
 DEFENCE_PARAMS = {"margin": (1.0, "relative"), "kappa": (2.0, "cap"), "beta": (0.2, "trim"),
-                  "delta": (0.1, "scclip"), "balance_gamma": (0.5, "balance"),
+                  "delta": (0.1, "scclip"), "scclip_tau": (0.0, "scclip"),
+                  "scclip_rank": (0.0, "scclip"), "balance_gamma": (0.5, "balance"),
                   "balance_kappa": (1.0, "balance"), "balance_alpha": (0.5, "balance")}
 TOL = 1e-9  # slack for real-valued lags (sums of products; see sfg.round.rules.library.TIE_TOL)
 

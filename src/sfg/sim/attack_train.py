@@ -192,7 +192,8 @@ def clipped_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.nd
 
 def scclip_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.ndarray,
                   candidate: np.ndarray, rows: np.ndarray, delta: float, *,
-                  cols: np.ndarray | None = None) -> torch.Tensor:
+                  cols: np.ndarray | None = None, fixed: float = 0.0,
+                  rank: int = 0) -> torch.Tensor:
     """``+scclip``: x̃_i = x_i + Σ_{j≠i} w_ij · clip(x_j − x_i, τ_i) over the neighbour
     candidates with positive weight, τ_i the adaptive radius
     (:func:`sfg.sim.robust.scclip_radius`); memory: neighbour slots × D."""
@@ -205,7 +206,7 @@ def scclip_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.nda
     recv, diff = _neighbour_diffs(X, sent, rg, slots, cols)
     row = rg.recv[slots]
     dist = torch.linalg.vector_norm(diff.to(torch.float64), dim=1).cpu().numpy()
-    tau = scclip_radius(dist, w[slots], row, rg.n, delta)
+    tau = scclip_radius(dist, w[slots], row, rg.n, delta, fixed=fixed, rank=rank)
     out.index_add_(0, recv, clipped_steps(diff, row, torch.from_numpy(w[slots]), rg.n,
                                           radius=tau))
     return out
@@ -222,7 +223,8 @@ def robust_gossip(X: torch.Tensor, sent: torch.Tensor, rg: RoundGraph, w: np.nda
     kind = rule.robust
     if kind == "scclip":
         return scclip_gossip(X, sent, rg, w, candidate, rows, rule.defence_param("delta"),
-                             cols=cols)
+                             cols=cols, fixed=rule.defence_param("scclip_tau"),
+                             rank=int(rule.defence_param("scclip_rank")))
     out = X.clone()
     if not rows.any():
         return out

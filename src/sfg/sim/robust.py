@@ -31,7 +31,9 @@ mean x̃_i = Σ_j w_ij x_j. Only candidates with w_ij > 0 take part.
   issue states it, which matches the paper's theorem with the good set estimated by
   distance. The authors' code (epfml/byzantine-robust-decentralized-optimizer,
   ``codes/aggregator.py``, ``SelfCenteredClipping`` without a fixed τ) uses a different
-  heuristic — the second-largest neighbour distance — which is not implemented here.
+  heuristic — the second-largest neighbour distance — available as ``scclip_rank=2``
+  (``scclip_rank=k``: the k-th largest), and its experiments a fixed radius, available as
+  ``scclip_tau=τ``.
 * ``+balance`` (``balance_gamma`` γ ≥ 0 default 0.5, ``balance_kappa`` κ ≥ 0 default 1,
   ``balance_alpha`` α ∈ [0, 1] default 0.5; :func:`balance_update`) — BALANCE (Fang et al.,
   CCS 2024): neighbour j is accepted iff ‖x_i − x_j‖ ≤ γ·exp(−κ·t/T)·‖x_i‖ (t the 0-based
@@ -141,17 +143,35 @@ def weighted_trimmed_mean(p: Padded, S: torch.Tensor, beta: float) -> torch.Tens
 
 
 def scclip_radius(dist: np.ndarray, w: np.ndarray, row: np.ndarray, n_rows: int,
-                  delta: float) -> np.ndarray:
-    """``+scclip``'s adaptive radius τ [n_rows] from the neighbour slots' distances ``dist``
-    [S] = ‖x_j − x_i‖, weights ``w`` [S] (> 0) and receivers ``row`` [S] (grouped):
-    τ_i² = (1/δ) Σ over the closest 1 − δ of the relative neighbour mass of (w_ij/M_i)·d_ij²,
-    the boundary neighbour with the part of its relative weight that fits (module
-    docstring). δ = 0: ∞. Rows without neighbour slots: ∞ (nothing to clip)."""
+                  delta: float, *, fixed: float = 0.0, rank: int = 0) -> np.ndarray:
+    """``+scclip``'s radius τ [n_rows] from the neighbour slots' distances ``dist``
+    [S] = ‖x_j − x_i‖, weights ``w`` [S] (> 0) and receivers ``row`` [S] (grouped).
+
+    Default, the adaptive radius of the paper's theorem: τ_i² = (1/δ) Σ over the closest
+    1 − δ of the relative neighbour mass of (w_ij/M_i)·d_ij², the boundary neighbour with the
+    part of its relative weight that fits (module docstring); δ = 0: ∞. ``fixed`` > 0 (rule
+    parameter ``scclip_tau``): that radius for every receiver, as the authors' experiments
+    ran it (``scp<τ>``). ``rank`` = k ≥ 1 (``scclip_rank``): the k-th largest neighbour
+    distance of each receiver (the smallest when it has fewer than k neighbours) — k = 2 is
+    the authors' code's adaptive choice (``scp``: all but the farthest neighbour unclipped).
+    Rows without neighbour slots: ∞ (nothing to clip)."""
     tau = np.full(n_rows, np.inf)
-    if delta <= 0 or dist.size == 0:
+    if dist.size == 0:
+        return tau
+    if fixed > 0:
+        tau[np.unique(row)] = fixed
         return tau
     r, seg, pos = segments(row)
     k = int(pos.max()) + 1
+    if rank >= 1:
+        d = np.full((r.size, k), -np.inf)
+        d[seg, pos] = dist
+        d = -np.sort(-d, axis=1)  # descending; padding last
+        count = np.bincount(seg, minlength=r.size)
+        tau[r] = d[np.arange(r.size), np.minimum(rank, count) - 1]
+        return tau
+    if delta <= 0:
+        return tau
     d = np.full((r.size, k), np.inf)
     q = np.zeros((r.size, k))
     d[seg, pos] = dist

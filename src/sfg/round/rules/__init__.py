@@ -66,6 +66,9 @@ _DEFENCE_RANGES = {
     "kappa": (1.0, math.inf, True, "the +cap defence"),
     "beta": (0.0, 0.5, False, "the +trim defence: the weight share trimmed from each tail"),
     "delta": (0.0, 0.5, False, "the +scclip defence: the assumed attackers' weight share"),
+    "scclip_tau": (0.0, math.inf, True, "the +scclip defence: a fixed radius (0: adaptive)"),
+    "scclip_rank": (0.0, 1024.0, True, "the +scclip defence: the k-th largest neighbour "
+                    "distance as the radius (0: the delta rule)"),
     "balance_gamma": (0.0, math.inf, True, "the +balance defence: the acceptance radius"),
     "balance_kappa": (0.0, math.inf, True, "the +balance defence: the radius's decay"),
     "balance_alpha": (0.0, 1.0, True, "the +balance defence: the receiver's own share"),
@@ -369,6 +372,14 @@ def parse_rule(text: str | Component) -> Rule:
                                f"defence; add +{owner} or drop {key}")
             _check_defence_param(name, key, value)
             defence_params[key] = float(value)
+    if defence_params.get("scclip_rank", 0) != int(defence_params.get("scclip_rank", 0)):
+        raise SfgError(f"rule {comp.text!r}: scclip_rank must be a whole number k >= 1 (the "
+                       "k-th largest neighbour distance) or 0, got "
+                       f"{defence_params['scclip_rank']:g}")
+    if sum(1 for k in ("scclip_tau", "scclip_rank", "delta") if k in defence_params) > 1:
+        raise SfgError(f"rule {comp.text!r}: give one of delta (the adaptive radius), "
+                       "scclip_tau (a fixed radius) and scclip_rank (the k-th largest "
+                       "distance) for +scclip")
     params = {**RULES.check_params(name, rule_params), **defence_params}
     ranges = _entry(name).ranges
     for key, value in params.items():
