@@ -113,6 +113,11 @@ def _print_summary(out: dict, title: str) -> None:
         counted = key in ("messages", "bytes", "rejected", "refused", "restarts")
         t.add_row(name, "–" if math.isnan(v) else f"{v:.0f}" if counted or abs(v) >= 100
                   else f"{v:.1f}" if key == "wall_seconds" else f"{v:.4f}")
+    if "claims_refused" in m:  # +certified (sfg.net.certify)
+        t.add_row("claims refused (certified)", f"{m['claims_refused']:.4f}")
+        t.add_row("header bytes per message", f"{m['header_bytes']:.0f}")
+        t.add_row("signing ms per node-round", f"{m['sign_ms_per_node_round']:.3f}")
+        t.add_row("verifying ms per node-round", f"{m['verify_ms_per_node_round']:.3f}")
     console.show(t)
 
 
