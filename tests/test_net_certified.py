@@ -405,3 +405,25 @@ def test_hostile_evidence_is_rejected_never_a_crash(ca):
         except Rejected as e:
             reasons.add(e.reason)
     assert {"signature", "provenance"} <= reasons
+
+
+def test_a_partition_makes_honest_senders_look_absent_across_the_cut(ca):
+    """The limit, measured (as the rounds model's failed links): a scheduled partition cuts
+    links, so an honest sender that trained looks absent to a witness across the cut — with
+    no liar at all, some claims are refused; without the partition none is."""
+    from sfg.net.node import Partition
+
+    cfg = dict(n_clients=8, rounds=8, process="iid:u=0.5", graph="ring:k=2", local_steps=1,
+               eval_every=8, rule="sfg-cut+certified", seed=1)
+    world = build_world(cfg)
+    part = Partition.parse("0,1|2,3@2-3")
+
+    def run(partitions):
+        res = asyncio.run(asyncio.wait_for(run_nodes(
+            world, range(8), lambda i: NodeConfig(mode="lockstep", deadline=60,
+                                                  partitions=partitions,
+                                                  keys=Keys.load(ca, i, range(8)))), 300))
+        return summarise(world, res, wall=1.0)["metrics"]["claims_refused"]
+
+    assert run(()) == 0.0
+    assert run((part,)) > 0.0
