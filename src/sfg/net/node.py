@@ -67,6 +67,7 @@ from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoin
 from sfg.net.simclock import WALL, NodeClock
 from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
 from sfg.net.wire import (
+    CERT_MAX_BYTES,
     DEFAULT_MAX_BYTES,
     Chunked,
     Message,
@@ -564,8 +565,13 @@ class Node:
         if self._prior_stamp is None or self._prior_stamp[0] != r:
             self._prior_stamp = (r, make_stamp(keys, r - 1, *prev.own))
         heard = prev.heard if prev.aggregated else None
-        return make_cert(stamp, self._prior_stamp[1], heard,
+        cert = make_cert(stamp, self._prior_stamp[1], heard,
                          [prev.stamps[j] for j in sorted(heard or ())])
+        if len(cert) > CERT_MAX_BYTES:
+            raise SfgError(f"node {self.i}: its certified evidence of {len(cert)} bytes (degree "
+                           f"{len(self.nbrs)}) exceeds the {CERT_MAX_BYTES}-byte limit receivers "
+                           "accept; +certified runs on graphs of degree up to about 500")
+        return cert
 
     def _best_claim(self, j: int) -> tuple[int, float, int]:
         """claim=certified toward neighbour ``j``: the best claim this liar can back
