@@ -129,6 +129,20 @@ class Keys:
                            f"node-{node}.pem; {hint}")
         return cls(node, private, public)
 
+    @classmethod
+    def simulated(cls, n: int, seed: int) -> list[Keys]:
+        """Keys for the ``n`` nodes of a simulated swarm (``sfg swarm --clock virtual``):
+        derived from ``seed`` in memory, the same every run (Ed25519 signatures are
+        deterministic, so a simulated run replays bit for bit). No certificate binds them:
+        there is no TLS in the simulation."""
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        private = [ed25519.Ed25519PrivateKey.from_private_bytes(
+            hashlib.sha256(f"sfg simulated signing key {int(seed)} {i}".encode()).digest())
+            for i in range(int(n))]
+        public = {i: k.public_key() for i, k in enumerate(private)}
+        return [cls(i, k, public) for i, k in enumerate(private)]
+
     def sign(self, data: bytes) -> bytes:
         import time
 

@@ -436,9 +436,11 @@ class Node:
 
     def _admit(self, msg: Message, raw_header: bytes) -> bool:
         """+certified checks on arrival (:func:`sfg.net.certify.read_cert`, and replays:
-        a header of an earlier round this node never accepted, or a second, different header
-        for a (sender, round) it accepted); :class:`Rejected` on failure. False: the very
-        header it accepted already (a retry, or a push that arrives after a pull)."""
+        a header of an earlier round this node did not accept in time — a replay, or a copy
+        delayed past its round, which a receiver cannot tell apart and which changes nothing
+        either way — or a second, different header for a (sender, round) it accepted);
+        :class:`Rejected` on failure. False: the very header it accepted already (a retry, a
+        push that arrives after a pull, a duplicate of the last two rounds)."""
         from sfg.net.certify import read_cert
 
         h = msg.header
@@ -452,7 +454,8 @@ class Node:
                                        f"round {h.round}")
         if h.round < self.round:
             raise Rejected("replayed", f"node {h.sender}'s header of round {h.round}, a round "
-                                       f"past here (now {self.round}) and never accepted")
+                                       f"past here (now {self.round}) not accepted in time "
+                                       "(a replay, or a copy delayed past its round)")
         cert = read_cert(h, self.cfg.keys, self._neighbours_of)
         self._certs[key] = cert
         self._accepted[key] = digest

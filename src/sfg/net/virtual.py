@@ -383,12 +383,18 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
             progress(done[0], N * T)
 
     clocks = [NodeClock(drift=float(drift[i]), virtual=True) for i in range(N)]
+    keys: list | None = None
+    if rule.certified:  # +certified (sfg.net.certify): the simulated nodes' keys, from the seed
+        from sfg.net.certify import Keys
+
+        keys = Keys.simulated(N, world.seed)
 
     def make_node(i: int, resume: bool = False) -> Node:
         nd = Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
                                        window=opts.window, deadline=opts.deadline, t0=0.0,
                                        linger=0.0, on_round=on_round, checkpoint_dir=ckpt,
-                                       resume=resume, record_headers=record_headers),
+                                       resume=resume, record_headers=record_headers,
+                                       keys=None if keys is None else keys[i]),
                   trainer.for_node(i), net=net, clock=clocks[i])
         if nodes_out is not None:
             nodes_out.append(nd)
