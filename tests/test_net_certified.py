@@ -435,21 +435,12 @@ def test_certified_nodes_on_the_virtual_clock_under_every_fault_equal_sfg_run(at
     reordered, duplicated, corrupted and misrouted messages and a crash with restart from
     the checkpoint change nothing — the models and the claims refused are sfg run's (a
     corrupted certified header is rejected and pulled again; a duplicate changes nothing)."""
-    from test_vswarm import BASE, P, _bounded
+    from test_vswarm import BASE, lockstep_under_every_fault
 
-    from sfg.clock.faults import Faults
-    from sfg.net.swarm import SwarmOptions
-    from sfg.net.virtual import run_virtual_swarm
     from sfg.sim.run import simulate
 
     cfg = {**BASE, "n_clients": 8, "rule": "sfg-cut+certified", "rounds": 12, "attack": attack}
-    world = build_world({**cfg, "backend": "loop"})
-    faults = Faults.parse("faults:loss=0.15,delay=20,reorder=0.1,dup=0.1,corrupt=0.05,"
-                          "misroute=0.05,drift=0.01,crash=1@150;2@300,downtime=100", seed=2)
-    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
-                                                                    deadline=12 * P),
-                                             clock_settings={"compute": "const:value=30"},
-                                             faults=faults), 240)
+    res = lockstep_under_every_fault(build_world({**cfg, "backend": "loop"}))
     plain = simulate(cfg, backend="loop")
     assert np.abs(res["params"] - plain.params.numpy()).max() <= 1e-5
     assert [nd["acc"] for nd in res["nodes"]] == plain.accuracy.tolist()

@@ -233,22 +233,28 @@ def test_lockstep_liars_know_what_sfg_run_says_they_observed(attack):
     assert np.abs(res["params"] - rushing.params.numpy()).max() > 1e-3
 
 
+def lockstep_under_every_fault(world) -> dict:
+    """``world`` (12 rounds) in lockstep on the virtual clock under loss, delay, reordering,
+    duplicates, corruption, misrouting, drift and two crashes with restarts."""
+    from sfg.clock.faults import Faults
+
+    faults = Faults.parse("faults:loss=0.15,delay=20,reorder=0.1,dup=0.1,corrupt=0.05,"
+                          "misroute=0.05,drift=0.01,crash=1@150;2@300,downtime=100", seed=2)
+    return _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
+                                                                     deadline=12 * P),
+                                              clock_settings={"compute": "const:value=30"},
+                                              faults=faults), 240)
+
+
 @pytest.mark.parametrize("n", [8, 32])
 def test_lockstep_node_under_every_fault_still_equals_sfg_run(n):
     """Lockstep rounds follow the messages (SPEC §11.1): a lost, delayed, duplicated,
     corrupted or misrouted push is pulled again, a crashed node resumes from its checkpoint
     and redoes its round, clocks drift. The models are sfg run's, faults or not."""
-    from sfg.clock.faults import Faults
     from sfg.sim.run import simulate
 
     cfg = {**BASE, "n_clients": n, "rule": "sfg-cut", "rounds": 12}
-    world = _world(n, "sfg-cut", rounds=12)
-    faults = Faults.parse("faults:loss=0.15,delay=20,reorder=0.1,dup=0.1,corrupt=0.05,"
-                          "misroute=0.05,drift=0.01,crash=1@150;2@300,downtime=100", seed=2)
-    res = _bounded(lambda: run_virtual_swarm(world, SwarmOptions(mode="lockstep", period=P,
-                                                                    deadline=12 * P),
-                                             clock_settings={"compute": "const:value=30"},
-                                             faults=faults), 240)
+    res = lockstep_under_every_fault(_world(n, "sfg-cut", rounds=12))
     plain = simulate(cfg, backend="loop")
     assert np.abs(res["params"] - plain.params.numpy()).max() <= 1e-5
     assert [nd["acc"] for nd in res["nodes"]] == plain.accuracy.tolist()
