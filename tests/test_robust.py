@@ -323,6 +323,10 @@ def test_robust_runs_are_reproducible_and_differ_from_the_mean():
 @pytest.mark.parametrize("text, fragment", [
     ("dfedavg:beta=0.7+trim", "beta=0.7 must lie in [0, 0.5)"),
     ("dfedavg:delta=0.5+scclip", "delta=0.5 must lie in [0, 0.5)"),
+    ("dfedavg:scclip_rank=1.5+scclip", "scclip_rank must be a whole number"),
+    ("dfedavg:scclip_rank=2,delta=0.2+scclip", "give one of delta"),
+    ("dfedavg:scclip_tau=-1+scclip", "scclip_tau=-1 must be >= 0"),
+    ("sfg:scclip_rank=2", "scclip_rank is a parameter of the +scclip defence"),
     ("dfedavg:beta=0.1", "beta is a parameter of the +trim defence"),
     ("dfedavg:balance_alpha=2+balance", "must lie in [0, 1]"),
     ("dfedavg+median+clip", "at most one model-reading defence"),
