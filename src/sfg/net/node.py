@@ -40,6 +40,14 @@ per neighbour, the payload SHA-256 last aggregated and when it was first seen
 (:meth:`Node._evidence`); its staleness update then uses the claims as clamped, as in
 ``sfg run``.
 
+**Certified claims** (``+certified``, lockstep; :mod:`sfg.net.certify`): every header is
+signed with the node's key (``NodeConfig.keys``) and carries the evidence of its claim (its
+prior, its heard-set and the stamps it merged in the previous round, :meth:`Node._cert`); a
+receiver checks it on arrival (:meth:`Node._admit`) and leaves out, when it aggregates, the
+claims the evidence refutes (:meth:`Node._screen`). The liar of ``claim=certified`` sends a
+header per receiver (:meth:`Node._best_claim`). What a node keeps of its previous round
+(:class:`_Prev`) is part of its checkpoint.
+
 **Checkpoints**: after every round, if ``checkpoint_dir`` is set, the model and state are written
 atomically (``node-<id>.safetensors``), in lockstep with the node's own messages that a
 neighbour may still need (``node-<id>-out-<round>.msgpack``, :meth:`Node._save_outbox`). A node started with ``resume=True`` continues from it; in
