@@ -448,3 +448,30 @@ def test_certified_nodes_on_the_virtual_clock_under_every_fault_equal_sfg_run(at
     assert (res["metrics"]["claims_refused"] > 0) == (attack is not None)
     f = res["faults"]
     assert f["lost"] > 0 and f["corrupted"] > 0 and f["restarts"] >= 1, f
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("no-sign", "node-3.sign not found"),
+    ("garbage-ca", "ca.pem is not a PEM certificate"),
+    ("garbage-sign", "node-2.sign is not a PEM private key"),
+    ("swapped-sign", "node-1.sign does not match the key in node-1.pem"),
+])
+def test_swarm_cli_checks_every_nodes_keys_before_starting(ca, tmp_path, damage, needle, capsys):
+    """A keys folder that cannot serve +certified is one line and exit 2, found before any
+    node starts (not a failed worker)."""
+    import shutil
+
+    d = tmp_path / "keys"
+    shutil.copytree(ca, d)
+    if damage == "no-sign":
+        (d / "node-3.sign").unlink()
+    elif damage == "garbage-ca":
+        (d / "ca.pem").write_text("not a certificate")
+    elif damage == "garbage-sign":
+        (d / "node-2.sign").write_bytes(b"\x00" * 40)
+    else:
+        (d / "node-1.sign").write_bytes((ca / "node-0.sign").read_bytes())
+    code, _, err = _cli(["swarm", "-n", "8", "-T", "4", "--eval-every", "4", "--graph",
+                         "ring:k=2", "-p", "none", "--rule", "sfg-cut+certified", "--tls-dir",
+                         str(d)], capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1, err

@@ -80,54 +80,16 @@ class Keys:
         """``node``'s private key ``node-<id>.sign`` and the public keys in every
         ``node-<j>.pem`` of ``ids`` (each checked: issued by ``ca.pem``, named ``node-<j>``,
         carrying a signing key; the node's own matching its private key)."""
-        from cryptography import x509
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ed25519
+        public = _public_keys(Path(tls_dir), ids)
+        return cls(node, _private_key(Path(tls_dir), node, public), public)
 
-        from sfg.net.tls import SIGNING_KEY_OID
-
-        d = Path(tls_dir)
-        hint = f"create the swarm's keys with `sfg tls-ca --dir {d} --nodes N`"
-
-        def read(path: Path) -> bytes:
-            if not path.is_file():
-                raise SfgError(f"{path} not found; +certified signs headers with keys from "
-                               f"`sfg tls-ca`: {hint}")
-            return path.read_bytes()
-
-        ca = x509.load_pem_x509_certificate(read(d / "ca.pem"))
-        oid = x509.ObjectIdentifier(SIGNING_KEY_OID)
-        public: dict[int, object] = {}
-        for j in sorted({int(x) for x in ids}):
-            path = d / f"node-{j}.pem"
-            try:
-                cert = x509.load_pem_x509_certificate(read(path))
-                cert.verify_directly_issued_by(ca)
-            except SfgError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any failure: not a certificate of this CA
-                raise SfgError(f"{path} is not a certificate issued by {d / 'ca.pem'} "
-                               f"({type(e).__name__}); {hint}") from None
-            cn = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
-            if cn != [f"node-{j}"]:
-                raise SfgError(f"{path} names {cn}, not node-{j}; {hint}")
-            try:
-                raw = cert.extensions.get_extension_for_oid(oid).value.value
-                public[j] = ed25519.Ed25519PublicKey.from_public_bytes(raw)
-            except Exception:  # noqa: BLE001
-                raise SfgError(f"{path} carries no header-signing key (made before +certified "
-                               f"existed?); {hint}") from None
-        private = serialization.load_pem_private_key(read(d / f"node-{int(node)}.sign"), None)
-        if not isinstance(private, ed25519.Ed25519PrivateKey):
-            raise SfgError(f"{d / f'node-{node}.sign'} is not an Ed25519 key; {hint}")
-        raw_pub = private.public_key().public_bytes(serialization.Encoding.Raw,
-                                                    serialization.PublicFormat.Raw)
-        mine = public.get(int(node))
-        if mine is None or mine.public_bytes(serialization.Encoding.Raw,  # type: ignore[attr-defined]
-                                             serialization.PublicFormat.Raw) != raw_pub:
-            raise SfgError(f"{d / f'node-{node}.sign'} does not match the key in "
-                           f"node-{node}.pem; {hint}")
-        return cls(node, private, public)
+    @staticmethod
+    def check_folder(tls_dir: str | Path, ids) -> None:
+        """What :meth:`load` checks, for every node of ``ids`` at once (one line on the first
+        problem): before a swarm's nodes start, not in each of them."""
+        public = _public_keys(Path(tls_dir), ids)
+        for i in ids:
+            _private_key(Path(tls_dir), int(i), public)
 
     @classmethod
     def simulated(cls, n: int, seed: int) -> list[Keys]:
@@ -170,6 +132,79 @@ class Keys:
         self.verify_s += time.perf_counter() - t
         self.verified += 1
         return ok
+
+
+def _hint(d: Path) -> str:
+    return f"create the swarm's keys with `sfg tls-ca --dir {d} --nodes N`"
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise SfgError(f"{path} not found; +certified signs headers with keys from `sfg "
+                       f"tls-ca`: {_hint(path.parent)}")
+    return path.read_bytes()
+
+
+def _public_keys(d: Path, ids) -> dict[int, object]:
+    """The verification key of every node of ``ids``, from its certificate (checked)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from sfg.net.tls import SIGNING_KEY_OID
+
+    try:
+        ca = x509.load_pem_x509_certificate(_read(d / "ca.pem"))
+    except SfgError:
+        raise
+    except Exception as e:  # noqa: BLE001 - not a PEM certificate
+        raise SfgError(f"{d / 'ca.pem'} is not a PEM certificate ({type(e).__name__}); "
+                       f"{_hint(d)}") from None
+    oid = x509.ObjectIdentifier(SIGNING_KEY_OID)
+    public: dict[int, object] = {}
+    for j in sorted({int(x) for x in ids}):
+        path = d / f"node-{j}.pem"
+        try:
+            cert = x509.load_pem_x509_certificate(_read(path))
+            cert.verify_directly_issued_by(ca)
+        except SfgError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: not a certificate of this CA
+            raise SfgError(f"{path} is not a certificate issued by {d / 'ca.pem'} "
+                           f"({type(e).__name__}); {_hint(d)}") from None
+        cn = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+        if cn != [f"node-{j}"]:
+            raise SfgError(f"{path} names {cn}, not node-{j}; {_hint(d)}")
+        try:
+            raw = cert.extensions.get_extension_for_oid(oid).value.value
+            public[j] = ed25519.Ed25519PublicKey.from_public_bytes(raw)
+        except Exception:  # noqa: BLE001
+            raise SfgError(f"{path} carries no header-signing key (made before +certified "
+                           f"existed?); {_hint(d)}") from None
+    return public
+
+
+def _private_key(d: Path, node: int, public: dict[int, object]):
+    """Node ``node``'s signing key ``node-<id>.sign``, checked against its certificate's."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    path = d / f"node-{int(node)}.sign"
+    try:
+        private = serialization.load_pem_private_key(_read(path), None)
+    except SfgError:
+        raise
+    except Exception as e:  # noqa: BLE001 - not a PEM key
+        raise SfgError(f"{path} is not a PEM private key ({type(e).__name__}); "
+                       f"{_hint(d)}") from None
+    if not isinstance(private, ed25519.Ed25519PrivateKey):
+        raise SfgError(f"{path} is not an Ed25519 key; {_hint(d)}")
+    raw_pub = private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                serialization.PublicFormat.Raw)
+    mine = public.get(int(node))
+    if mine is None or mine.public_bytes(serialization.Encoding.Raw,  # type: ignore[attr-defined]
+                                         serialization.PublicFormat.Raw) != raw_pub:
+        raise SfgError(f"{path} does not match the key in node-{node}.pem; {_hint(d)}")
+    return private
 
 
 def keys_for(world, tls_dir: str | Path | None, node: int) -> Keys | None:

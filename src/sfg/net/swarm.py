@@ -229,9 +229,14 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
         if opts.mode != "lockstep":
             raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
                            "round's); drop --mode async, or the certification")
-    if world.rule.certified and opts.tls_dir is None:
-        raise SfgError("+certified signs every header with the nodes' keys from `sfg tls-ca`; "
-                       "give --tls-dir (make one with `sfg tls-ca --dir DIR --nodes N`)")
+    if world.rule.certified:
+        if opts.tls_dir is None:
+            raise SfgError("+certified signs every header with the nodes' keys from `sfg "
+                           "tls-ca`; give --tls-dir (make one with `sfg tls-ca --dir DIR "
+                           "--nodes N`)")
+        from sfg.net.certify import Keys
+
+        Keys.check_folder(opts.tls_dir, range(N))
 
 
 async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
