@@ -207,14 +207,28 @@ def _private_key(d: Path, node: int, public: dict[int, object]):
     return private
 
 
+NO_KEYS = ("+certified signs every header with the nodes' keys from `sfg tls-ca`; give "
+           "--tls-dir (make one with `sfg tls-ca --dir DIR --nodes N`)")
+
+
+def check_run(world, mode: str) -> None:
+    """+certified and the liar that answers it (``claim=certified``) run in lockstep only:
+    refused in ``mode`` async with one line."""
+    att = world.attack
+    if world.rule.certified or (att is not None and att.claim == "certified"):
+        what = "+certified" if world.rule.certified else "attack claim=certified"
+        if mode != "lockstep":
+            raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
+                           "round's); drop --mode async, or the certification")
+
+
 def keys_for(world, tls_dir: str | Path | None, node: int) -> Keys | None:
     """Node ``node``'s :class:`Keys` when the run is +certified (else None), from the
     ``sfg tls-ca`` folder ``tls_dir``."""
     if not world.rule.certified:
         return None
     if tls_dir is None:
-        raise SfgError("+certified signs every header with the nodes' keys from `sfg tls-ca`; "
-                       "give --tls-dir (make one with `sfg tls-ca --dir DIR --nodes N`)")
+        raise SfgError(NO_KEYS)
     return Keys.load(tls_dir, node, range(world.n))
 
 
@@ -368,10 +382,9 @@ def refuted(first: bool, certs: dict[int, Cert], *, known: dict[int, Stamp],
     senders = sorted(certs)
     if not senders:
         return {}
-    claims = np.array([certs[j].stamp.claim for j in senders], dtype=object)
-    a = claims[:, 0].astype(np.int64)
-    lg = claims[:, 1].astype(np.float64)
-    c = claims[:, 2].astype(np.int64)
+    a = np.array([certs[j].stamp.age for j in senders], np.int64)
+    lg = np.array([certs[j].stamp.lag for j in senders], np.float64)
+    c = np.array([certs[j].stamp.count for j in senders], np.int64)
     if first:
         bad = ~((a == 0) & (lg == 0.0) & (c == 1))
         return {j: bool(v) for j, v in zip(senders, bad, strict=True)}

@@ -276,15 +276,11 @@ class Node:
         self.certified = bool(world.rule.certified)
         att = world.attack
         self._liar = att is not None and att.claim == "certified" and self._attacker
-        if self.certified or (att is not None and att.claim == "certified"):
-            what = "+certified" if self.certified else "attack claim=certified"
-            if self.cfg.mode != "lockstep":
-                raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
-                               "round's); drop --mode async, or the certification")
+        from sfg.net.certify import NO_KEYS, check_run
+
+        check_run(world, self.cfg.mode)
         if self.certified and self.cfg.keys is None:
-            raise SfgError("+certified signs every header with the node's key from `sfg "
-                           "tls-ca`; give --tls-dir (make one with `sfg tls-ca --dir DIR "
-                           "--nodes N`)")
+            raise SfgError(NO_KEYS)
         self._prev: _Prev | None = None                        # the previous round (_Prev)
         self._told: dict[int, tuple[int, float, int]] = {}     # claims sent this round
         self._prior_stamp: tuple[int, bytes] | None = None

@@ -223,19 +223,12 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
         bad = sorted(x for x in part.a | part.b if x >= N)
         if bad:
             raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
-    att = world.attack
-    if world.rule.certified or (att is not None and att.claim == "certified"):
-        what = "+certified" if world.rule.certified else "attack claim=certified"
-        if opts.mode != "lockstep":
-            raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
-                           "round's); drop --mode async, or the certification")
+    from sfg.net.certify import NO_KEYS, Keys, check_run
+
+    check_run(world, opts.mode)
     if world.rule.certified:
         if opts.tls_dir is None:
-            raise SfgError("+certified signs every header with the nodes' keys from `sfg "
-                           "tls-ca`; give --tls-dir (make one with `sfg tls-ca --dir DIR "
-                           "--nodes N`)")
-        from sfg.net.certify import Keys
-
+            raise SfgError(NO_KEYS)
         Keys.check_folder(opts.tls_dir, range(N))
 
 
