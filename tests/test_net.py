@@ -291,10 +291,11 @@ def test_tls_ca_command_writes_a_ca_and_node_certificates(tmp_path, capsys):
     code, out, err = _cli(["tls-ca", "--dir", str(tmp_path / "ca"), "--nodes", "3"], capsys)
     assert code == 0, err
     names = sorted(p.name for p in (tmp_path / "ca").iterdir())
-    assert names == ["ca.key", "ca.pem", "node-0.key", "node-0.pem", "node-0.sign",
-                     "node-1.key", "node-1.pem", "node-1.sign", "node-2.key", "node-2.pem",
-                     "node-2.sign"]
-    assert oct((tmp_path / "ca" / "node-1.sign").stat().st_mode & 0o777) == "0o600"
+    assert names == ["ca.pem", "node-0", "node-1", "node-2"]   # one bundle per node
+    names = sorted(p.name for p in (tmp_path / "ca" / "node-1").iterdir())
+    assert names == ["ca.pem", "node-0.pem", "node-1.key", "node-1.pem", "node-1.sign",
+                     "node-2.pem"]
+    assert oct((tmp_path / "ca" / "node-1" / "node-1.sign").stat().st_mode & 0o777) == "0o600"
 
 
 def test_store_writes_an_in_process_swarm_run_into_the_results_store(tmp_path):

@@ -49,16 +49,21 @@ def test_signing_keys_are_bound_to_the_nodes_certificates(ca, tmp_path):
     other = make_test_ca(tmp_path / "other", range(4))
     (tmp_path / "mixed").mkdir()
     for f in ("ca.pem", "node-0.pem", "node-0.sign"):
-        (tmp_path / "mixed" / f).write_bytes((ca / f).read_bytes())
-    (tmp_path / "mixed" / "node-1.pem").write_bytes((other / "node-1.pem").read_bytes())
+        (tmp_path / "mixed" / f).write_bytes((ca / "node-0" / f).read_bytes())
+    (tmp_path / "mixed" / "node-1.pem").write_bytes((other / "node-0" / "node-1.pem").read_bytes())
     with pytest.raises(SfgError, match="not a certificate issued by"):
         Keys.load(tmp_path / "mixed", 0, range(2))
-    (tmp_path / "mixed" / "node-0.sign").write_bytes((other / "node-0.sign").read_bytes())
+    (tmp_path / "mixed" / "node-0.sign").unlink()
+    (tmp_path / "mixed" / "node-0.sign").write_bytes((other / "node-0" / "node-0.sign").read_bytes())
     with pytest.raises(SfgError, match="does not match the key in node-0.pem"):
         Keys.load(tmp_path / "mixed", 0, range(1))
-    (other / "node-2.sign").unlink()
+    (other / "node-2" / "node-2.sign").unlink()
     with pytest.raises(SfgError, match="node-2.sign not found"):
         Keys.load(other, 2, range(4))
+    # a folder holding another node's signing key is nobody's bundle
+    (tmp_path / "mixed" / "node-1.sign").write_bytes((ca / "node-1" / "node-1.sign").read_bytes())
+    with pytest.raises(SfgError, match="private keys other than node 0's"):
+        Keys.load(tmp_path / "mixed", 0, range(1))
 
 
 # ------------------------------------------------------------------ hand-built refutations
@@ -464,13 +469,13 @@ def test_swarm_cli_checks_every_nodes_keys_before_starting(ca, tmp_path, damage,
     d = tmp_path / "keys"
     shutil.copytree(ca, d)
     if damage == "no-sign":
-        (d / "node-3.sign").unlink()
+        (d / "node-3" / "node-3.sign").unlink()
     elif damage == "garbage-ca":
-        (d / "ca.pem").write_text("not a certificate")
+        (d / "node-0" / "ca.pem").write_text("not a certificate")
     elif damage == "garbage-sign":
-        (d / "node-2.sign").write_bytes(b"\x00" * 40)
+        (d / "node-2" / "node-2.sign").write_bytes(b"\x00" * 40)
     else:
-        (d / "node-1.sign").write_bytes((ca / "node-0.sign").read_bytes())
+        (d / "node-1" / "node-1.sign").write_bytes((ca / "node-0" / "node-0.sign").read_bytes())
     code, _, err = _cli(["swarm", "-n", "8", "-T", "4", "--eval-every", "4", "--graph",
                          "ring:k=2", "-p", "none", "--rule", "sfg-cut+certified", "--tls-dir",
                          str(d)], capsys)

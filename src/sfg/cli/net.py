@@ -25,6 +25,22 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
     return run_config(config, flags).model_dump()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of a --listen HOST:PORT) is this machine only: 127.0.0.0/8, ::1 or
+    localhost. Anything else, 0.0.0.0 and host names included, may be reached from outside."""
+    import ipaddress
+
+    h = host.strip()
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
 def _read_peers(path: Path) -> tuple[dict[int, str], list | None]:
     """peers.yaml: ``nodes: {id: "host:port"}`` and optional ``edges: [[i, j], ...]``."""
     import yaml
@@ -271,7 +287,7 @@ def register(app: typer.Typer) -> None:
         deadline: float | None = typer.Option(None, help="lockstep: longest wait for a round's models (s; default 60; with --clock virtual virtual seconds, default the run's T·P)"),
         kill: list[str] = typer.Option([], "--kill", help="NODE@ROUND: SIGKILL that node's process at that round; it restarts from its checkpoint (repeatable)"),
         partition: list[str] = typer.Option([], "--partition", help="A|B@R1-R2: drop traffic between node sets A and B in rounds R1..R2, e.g. 0,1|2,3@5-9"),
-        tls_dir: str | None = typer.Option(None, help="Mutual TLS with certificates from `sfg tls-ca` (and, with a +certified rule, the nodes' header-signing keys)"),
+        tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)"),
         workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
         store: str | None = typer.Option(None, "--store", help="Write the run to this SQLite results store"),
         record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it"),
@@ -339,7 +355,8 @@ def register(app: typer.Typer) -> None:
                             partitions=list(partition), tls_dir=tls_dir, workdir=workdir,
                             record_log=record_log)
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
-            raise SfgError(f"no ca.pem in --tls-dir {tls_dir}; create one with "
+            raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
+                           f"with a bundle per node); create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
         world = build_world(cfg)
         check_nodes(world, opts)
@@ -390,7 +407,8 @@ def register(app: typer.Typer) -> None:
         jitter: float = typer.Option(0.0),
         window: float = typer.Option(1.0),
         deadline: float = typer.Option(300.0),
-        tls_dir: str | None = typer.Option(None, help="Mutual TLS with certificates from `sfg tls-ca` (and, with a +certified rule, the nodes' header-signing keys)"),
+        tls_dir: str | None = typer.Option(None, help="Mutual TLS with this node's bundle from `sfg tls-ca` (DIR/node-<id>; with a +certified rule also its header-signing key)"),
+        insecure: bool = typer.Option(False, "--insecure", help="Serve and accept models in plaintext on a non-loopback --listen address (without --tls-dir); loopback needs no flag"),
         checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
         resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
         record_log: str | None = typer.Option(None, "--record-log", help="async: append this node's event log to this file (a restarted node continues it); replay the run's logs with `sfg swarm --replay-log ... --clock virtual`"),
@@ -411,14 +429,19 @@ def register(app: typer.Typer) -> None:
             raise SfgError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7000")
         if id not in addresses:
             raise SfgError(f"--id {id} is not listed in {peers}")
+        if tls_dir is None and not insecure and not is_loopback(host):
+            raise SfgError(f"--listen {listen} is reachable from other machines and, without "
+                           "--tls-dir, models would cross in plaintext with every sender taken "
+                           "at its word; give --tls-dir (a bundle from `sfg tls-ca`), listen on "
+                           "127.0.0.1, or add --insecure")
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
                  "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
                  "attack": attack}
+        tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
         cfg = _settings(config, flags)
         world = build_world(cfg, edges=edges)
-        tls = TlsFiles.load(tls_dir, id) if tls_dir else None
         if checkpoint_dir:
             Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
         nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
@@ -451,19 +474,24 @@ def register(app: typer.Typer) -> None:
 
     @app.command("tls-ca")
     def tls_ca(
-        dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and node-<id>.pem/.key into"),
+        dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and one bundle per node, node-<id>/, into"),
         nodes: int = typer.Option(..., "--nodes", help="Certificates for node ids 0..N-1"),
         host: list[str] = typer.Option([], "--host", help="Extra host name or IP the certificates are valid for (repeatable)"),
         days: int = typer.Option(30, help="Validity in days"),
+        keep_ca_key: bool = typer.Option(False, "--keep-ca-key", help="Also keep the CA's private key, in DIR/ca-key/ca.key (no bundle holds it; sfg never reads it)"),
+        force: bool = typer.Option(False, "--force", help="Replace existing keys"),
     ) -> None:
-        """Create a test CA and a certificate per node for `sfg swarm/node --tls-dir`."""
+        """Create a test CA and a key bundle per node (DIR/node-<id>/: the CA and every node's certificate, that node's own keys) for `sfg node --tls-dir DIR/node-<id>` and `sfg swarm --tls-dir DIR`."""
         require("sfg tls-ca", "cryptography", extra="net")
         from sfg.net.tls import make_test_ca
 
         if nodes < 1 or days < 1:
             raise SfgError("--nodes and --days must be >= 1")
-        d = make_test_ca(dir, range(nodes), hosts=host, days=days)
-        console.echo(f"wrote {d}/ca.pem and certificates for nodes 0..{nodes - 1}")
+        d = make_test_ca(dir, range(nodes), hosts=host, days=days, keep_ca_key=keep_ca_key,
+                         force=force)
+        console.echo(f"wrote {d}/ca.pem and one bundle per node, {d}/node-0 .. "
+                     f"{d}/node-{nodes - 1}: copy node-<id>/ to the machine of node <id> only"
+                     + (f"; the CA's key is in {d}/ca-key/ca.key" if keep_ca_key else ""))
 
 
 

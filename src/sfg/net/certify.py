@@ -55,6 +55,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
@@ -67,8 +68,12 @@ SIG = 64
 class Keys:
     """A node's signing key and the swarm's verification keys by node id."""
 
-    def __init__(self, node: int, private, public: dict[int, object]):
+    def __init__(self, node: int, private, public: dict[int, object],
+                 valid: dict[int, tuple[Any, Any]] | None = None):
         self.node, self._private, self._public = int(node), private, public
+        # each node's certificate validity period (not-before, not-after; UTC datetimes):
+        # a signature by a node whose certificate is not valid now is refused ("expired")
+        self.valid = valid or {}
         self.signed = self.verified = 0
         self.sign_s = self.verify_s = 0.0
         # stamps already verified, by their bytes: a round-r stamp reaches a node in the
@@ -77,19 +82,37 @@ class Keys:
 
     @classmethod
     def load(cls, tls_dir: str | Path, node: int, ids) -> Keys:
-        """``node``'s private key ``node-<id>.sign`` and the public keys in every
-        ``node-<j>.pem`` of ``ids`` (each checked: issued by ``ca.pem``, named ``node-<j>``,
-        carrying a signing key; the node's own matching its private key)."""
-        public = _public_keys(Path(tls_dir), ids)
-        return cls(node, _private_key(Path(tls_dir), node, public), public)
+        """From node ``node``'s bundle (:func:`sfg.net.tls.bundle_dir`): its private key
+        ``node-<id>.sign`` and the public keys in every ``node-<j>.pem`` of ``ids`` (each
+        checked: issued by ``ca.pem``, named ``node-<j>``, carrying a signing key; the node's
+        own matching its private key and valid now)."""
+        from sfg.net.tls import bundle_dir, check_bundle, check_validity
+
+        d = bundle_dir(tls_dir, node)
+        check_bundle(d, int(node))
+        public, valid, certs = _public_keys(d, ids)
+        check_validity(certs[int(node)], f"node {node}'s certificate {d / f'node-{node}.pem'}")
+        return cls(node, _private_key(d, node, public), public, valid)
 
     @staticmethod
     def check_folder(tls_dir: str | Path, ids) -> None:
         """What :meth:`load` checks, for every node of ``ids`` at once (one line on the first
         problem): before a swarm's nodes start, not in each of them."""
-        public = _public_keys(Path(tls_dir), ids)
         for i in ids:
-            _private_key(Path(tls_dir), int(i), public)
+            Keys.load(tls_dir, int(i), ids)
+
+    def check_valid(self, node: int) -> None:
+        """:class:`Rejected` ("expired") unless node ``node``'s certificate is valid now (by
+        the wall clock; keys without certificates, :meth:`simulated`, are always valid)."""
+        period = self.valid.get(int(node))
+        if period is None:
+            return
+        import datetime as dt
+
+        now = dt.datetime.now(dt.timezone.utc)
+        if not period[0] <= now <= period[1]:
+            raise Rejected("expired", f"node {node}'s certificate is valid from {period[0]} to "
+                                      f"{period[1]}, not now")
 
     @classmethod
     def simulated(cls, n: int, seed: int) -> list[Keys]:
@@ -145,8 +168,10 @@ def _read(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _public_keys(d: Path, ids) -> dict[int, object]:
-    """The verification key of every node of ``ids``, from its certificate (checked)."""
+def _public_keys(d: Path, ids) -> tuple[dict[int, object], dict[int, tuple[Any, Any]],
+                                        dict[int, Any]]:
+    """The verification key of every node of ``ids``, from its certificate (checked); each
+    certificate's validity period; the certificates."""
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -161,6 +186,8 @@ def _public_keys(d: Path, ids) -> dict[int, object]:
                        f"{_hint(d)}") from None
     oid = x509.ObjectIdentifier(SIGNING_KEY_OID)
     public: dict[int, object] = {}
+    valid: dict[int, tuple[Any, Any]] = {}
+    certs: dict[int, Any] = {}
     for j in sorted({int(x) for x in ids}):
         path = d / f"node-{j}.pem"
         try:
@@ -180,7 +207,9 @@ def _public_keys(d: Path, ids) -> dict[int, object]:
         except Exception:  # noqa: BLE001
             raise SfgError(f"{path} carries no header-signing key (made before +certified "
                            f"existed?); {_hint(d)}") from None
-    return public
+        valid[j] = (cert.not_valid_before_utc, cert.not_valid_after_utc)
+        certs[j] = cert
+    return public, valid, certs
 
 
 def _private_key(d: Path, node: int, public: dict[int, object]):
@@ -268,6 +297,7 @@ def read_stamp(raw, keys: Keys) -> Stamp:
     if isinstance(raw, bytes):
         hit = keys.stamps.get(raw)
         if hit is not None:
+            keys.check_valid(hit.sender)  # verified before; its author's certificate may not be now
             return hit
     try:
         if not isinstance(raw, bytes) or len(raw) > 256:
@@ -281,6 +311,7 @@ def read_stamp(raw, keys: Keys) -> Stamp:
             raise ValueError
     except Exception:  # noqa: BLE001 - anything malformed
         raise Rejected("provenance", "a stamp is malformed") from None
+    keys.check_valid(sender)
     if not keys.verify(sender, sig, body):
         raise Rejected("signature", f"a stamp is not signed by node {sender}")
     stamp = Stamp(sender, rnd, age, lag, count, raw)
@@ -314,6 +345,7 @@ def read_cert(header: Header, keys: Keys, neighbours) -> Cert:
     ``neighbours(j)``: node j's graph neighbours (a set). :class:`Rejected` on failure."""
     if not header.cert:
         raise Rejected("uncertified", "the run is +certified and this header carries no evidence")
+    keys.check_valid(header.sender)
     if not keys.verify(header.sender, header.sig, header.signed_part()):
         raise Rejected("signature", f"the header is not signed by node {header.sender}")
     try:

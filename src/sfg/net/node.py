@@ -93,6 +93,7 @@ from sfg.round.defences import GUARD, RELATIVE, claims_as_given, clamp_one, weig
 from sfg.round.kernel import rule_draws
 from sfg.round.staleness import waited as _waited
 from sfg.round.staleness import wake_jitter
+from sfg.sim.gossip import weighted_sum
 
 # an own message: (header, payload), the payload in the transport's chunks or as bytes; the
 # header one for all, or one per neighbour (a liar's per-receiver claims, claim=certified)
@@ -255,7 +256,8 @@ class Node:
         self.loaded: tuple[np.ndarray, NodeState] | None = None
         if net is None:
             self.server: Any = Server(self._on_deliver, self._on_fetch,
-                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
+                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls,
+                                      refused=self.rejections.add)
         else:
             self.server = net.server(self.i, self._on_deliver, self._on_fetch,
                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
@@ -699,6 +701,12 @@ class Node:
         round's own compiled clamp (:func:`sfg.round.defences.clamp_one`, with this node's evidence,
         :meth:`_evidence`); the rule then scores the clamped claims (``+cap`` applies to the
         weights), and the staleness update uses the claims as clamped — as in ``sfg run``."""
+        # the candidates in slot order (the node first, then its neighbours by id), as the
+        # rounds and the clock hold them: sums over candidates (the weights' normalisation,
+        # the staleness update, the aggregate) then add in the same order in every engine
+        order = sorted(range(len(senders)), key=lambda k: self.pos[senders[k]])
+        senders, msgs = [senders[k] for k in order], [msgs[k] for k in order]
+        ages, lags = [ages[k] for k in order], [lags[k] for k in order]
         s = self.state
         rule = self.world.rule
         counts = [s.count] + [m.header.count for m in msgs]
@@ -741,7 +749,9 @@ class Node:
                 Xt[1:] - Xt[0], row, torch.from_numpy(w[1:].astype(np.float32)), 1))
             agg = out[0].numpy()
         else:
-            agg = (torch.from_numpy(w.astype(np.float32))[None] @ torch.from_numpy(X))[0].numpy()
+            # the one aggregation (sfg.sim.gossip.weighted_sum), candidates in slot order
+            agg = weighted_sum(torch.from_numpy(X), np.arange(len(X)), w.astype(np.float32),
+                               np.zeros(1, np.int64), np.full(1, len(X)))[0].numpy()
         k = self.star.deg + 1
         full = {"cand": np.zeros(k, bool), "weights": np.zeros(k), "ages": np.zeros(k, np.int64),
                 "lags": np.zeros(k), "counts": np.ones(k, np.int64),
@@ -799,8 +809,13 @@ class Node:
             if now - last_pull >= self.cfg.pull_after:
                 last_pull = now
                 got = await asyncio.gather(*(self.peers[j].fetch(r, self.i, timeout=self.cfg.rpc_timeout)
-                                             for j in missing))
+                                             for j in missing), return_exceptions=True)
                 for j, m in zip(missing, got, strict=True):
+                    if isinstance(m, Rejected):  # the reply ran past its limits: stopped
+                        self.rejections.add(m, f"fetch from {j}")
+                        continue
+                    if isinstance(m, BaseException):
+                        raise m
                     if m is None:
                         continue
                     try:

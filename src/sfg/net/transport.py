@@ -13,11 +13,18 @@ One service ``sfg.Node`` with raw-bytes methods:
   exceeds the announced length.
 * ``Fetch`` (server-streaming): ``{"round": t, "node": requester}`` in, the node's own round-``t`` message out (header
   then chunks) if it still holds it, else an empty stream. Lockstep nodes pull a message they
-  did not get pushed (e.g. after a restart).
+  did not get pushed (e.g. after a restart). The fetcher reads the header first and stops
+  (cancels the call, :class:`~sfg.net.wire.Rejected` "oversize") as soon as the reply
+  exceeds what the header announces or the node's message limit: a neighbour cannot make it
+  buffer more than one chunk past either.
 
 Clients use deadlines on every call, keep-alive pings and bounded retries with backoff on
-``UNAVAILABLE``. With mutual TLS (:func:`credentials`) a receiver takes the sender's identity
-from its certificate's common name ``node-<id>``.
+``UNAVAILABLE``. gRPC's per-message limit is the node's message limit, or one chunk when that
+is larger (:func:`channel_options`). With mutual TLS a receiver takes the sender's identity
+from its certificate's common name ``node-<id>``; a ``Fetch`` whose ``node`` is not the
+caller's certificate identity is refused (an empty stream) and counted (reason
+``identity``): nobody pulls the header meant for another node, or has it counted as
+delivered to that node.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 import grpc
 import msgpack
 
-from sfg.net.wire import Chunked
+from sfg.net.wire import CERT_MAX_BYTES, HEADER_MAX_BYTES, Chunked, Rejected, unpack_header
 
 CHUNK = 1 << 20
 SERVICE = "sfg.Node"
@@ -51,9 +58,18 @@ KEEPALIVE = [
 WINDOW = [("grpc.http2.lookahead_bytes", 1 << 24), ("grpc.http2.max_frame_size", (1 << 24) - 1)]
 
 
+def message_limit(max_bytes: int) -> int:
+    """gRPC's per-message limit for a node whose messages are at most ``max_bytes``: one
+    stream message is a header (at most :data:`~sfg.net.wire.HEADER_MAX_BYTES` +
+    :data:`~sfg.net.wire.CERT_MAX_BYTES`) or one chunk of at most ``min(max_bytes, CHUNK)``
+    bytes; plus gRPC's own framing slack."""
+    return max(min(int(max_bytes), CHUNK), HEADER_MAX_BYTES + CERT_MAX_BYTES) + (1 << 16)
+
+
 def channel_options(max_bytes: int) -> list[tuple[str, int]]:
-    return [*KEEPALIVE, *WINDOW, ("grpc.max_receive_message_length", CHUNK + (1 << 16)),
-            ("grpc.max_send_message_length", CHUNK + (1 << 16)),
+    limit = message_limit(max_bytes)
+    return [*KEEPALIVE, *WINDOW, ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
             ("grpc.enable_retries", 0)]
 
 
@@ -74,16 +90,33 @@ class TlsFiles:
 
     @classmethod
     def load(cls, tls_dir: str | Path, node: int) -> TlsFiles:
-        """``<dir>/ca.pem``, ``<dir>/node-<id>.pem`` and ``<dir>/node-<id>.key``."""
-        from sfg.errors import SfgError
+        """Node ``node``'s bundle (:func:`sfg.net.tls.bundle_dir`: ``<dir>/node-<id>/`` of an
+        ``sfg tls-ca`` folder, or ``<dir>`` itself): ``ca.pem``, ``node-<id>.pem`` and
+        ``node-<id>.key``. :class:`~sfg.errors.SfgError` if a file is missing, the folder
+        holds another node's or the CA's private key, or the node's own certificate is not
+        ``node-<id>``'s or is outside its validity period now."""
+        from cryptography import x509
 
-        d = Path(tls_dir)
+        from sfg.errors import SfgError
+        from sfg.net.tls import bundle_dir, check_bundle, check_validity
+
+        d = bundle_dir(tls_dir, node)
         paths = [d / "ca.pem", d / f"node-{node}.pem", d / f"node-{node}.key"]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise SfgError(f"TLS file {missing[0]} not found; create a test CA with "
-                           f"`sfg tls-ca --dir {d} --nodes N`")
-        return cls(*(p.read_bytes() for p in paths))
+                           f"`sfg tls-ca --dir {Path(tls_dir)} --nodes N`")
+        check_bundle(d, node)
+        files = cls(*(p.read_bytes() for p in paths))
+        try:
+            cert = x509.load_pem_x509_certificate(files.cert)
+        except ValueError as e:
+            raise SfgError(f"{paths[1]} is not a PEM certificate ({e})") from None
+        cn = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+        if cn != [f"node-{node}"]:
+            raise SfgError(f"{paths[1]} names {cn}, not node-{node}")
+        check_validity(cert, f"node {node}'s certificate {paths[1]}")
+        return files
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -109,6 +142,7 @@ def peer_identity(context: grpc.aio.ServicerContext) -> int | None:
 # ----------------------------------------------------------------------------------- server
 DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[tuple[bool, str]]]
 FetchFn = Callable[[int, int], tuple[bytes, bytes | Chunked] | None]
+RefusedFn = Callable[[Rejected, str], None]
 
 
 def chunks(payload, size: int | None = None):
@@ -130,8 +164,9 @@ class Server:
     """A node's gRPC server on ``host:port``; ``deliver`` and ``fetch`` are the node's handlers."""
 
     def __init__(self, deliver: DeliverFn, fetch: FetchFn, *, max_bytes: int,
-                 tls: TlsFiles | None = None):
+                 tls: TlsFiles | None = None, refused: RefusedFn | None = None):
         self.deliver, self.fetch, self.tls = deliver, fetch, tls
+        self.refused = refused  # told of each Fetch refused here (the node counts it)
         self.max_bytes = max_bytes
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -152,6 +187,15 @@ class Server:
             t, who = int(req["round"]), int(req.get("node", -1))
         except Exception:  # noqa: BLE001 - a bad request gets an empty stream
             return
+        if self.tls is not None:
+            identity = peer_identity(context)
+            if identity != who:
+                if self.refused is not None:
+                    by = "a caller without a node certificate" if identity is None \
+                        else f"node {identity}"
+                    self.refused(Rejected("identity", f"a fetch on behalf of node {who} by {by}"),
+                                 context.peer())
+                return
         msg = self.fetch(t, who)
         if msg is None:
             return
@@ -168,10 +212,13 @@ class Server:
         })
         self.server.add_generic_rpc_handlers((handler,))
         addr = f"{host}:{port}"
-        if self.tls is not None:
-            self.port = self.server.add_secure_port(addr, server_credentials(self.tls))
-        else:
-            self.port = self.server.add_insecure_port(addr)
+        try:
+            if self.tls is not None:
+                self.port = self.server.add_secure_port(addr, server_credentials(self.tls))
+            else:
+                self.port = self.server.add_insecure_port(addr)
+        except RuntimeError:  # grpcio >= 1.5x raises where older ones returned port 0
+            self.port = 0
         if self.port == 0:
             raise OSError(f"cannot listen on {addr}")
         await self.server.start()
@@ -189,6 +236,7 @@ class Peer:
 
     def __init__(self, address: str, *, max_bytes: int, tls: TlsFiles | None = None):
         self.address = address
+        self.max_bytes = int(max_bytes)
         opts = channel_options(max_bytes)
         if tls is not None:
             self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), opts)
@@ -221,17 +269,38 @@ class Peer:
 
     async def fetch(self, t: int, me: int = -1, *,
                     timeout: float = 10.0) -> tuple[bytes, bytes] | None:
-        """The neighbour's own round-``t`` message, or None if it does not hold it (yet)."""
+        """The neighbour's own round-``t`` message, or None if it does not hold it (yet) or
+        the call fails. Bounded: the header is read first; a reply whose header announces
+        more than the node's limit, or whose payload runs past what the header announces,
+        stops the call at once and raises :class:`~sfg.net.wire.Rejected` ("oversize"; a
+        header that does not parse: its reason)."""
+        req = msgpack.packb({"round": int(t), "node": int(me)})
+        call = self._fetch(req, timeout=timeout)
+        header: bytes | None = None
+        parts: list[bytes] = []
+        size = length = 0
         try:
-            parts = []
-            req = msgpack.packb({"round": int(t), "node": int(me)})
-            async for part in self._fetch(req, timeout=timeout):
+            async for part in call:
+                if header is None:
+                    header = part
+                    length = unpack_header(part).length
+                    if length > self.max_bytes:
+                        raise Rejected("oversize", f"the fetched header announces {length} "
+                                                   f"bytes > limit {self.max_bytes}")
+                    continue
+                size += len(part)
+                if size > length:
+                    raise Rejected("oversize", f"the fetched payload exceeds the announced "
+                                               f"{length} bytes")
                 parts.append(part)
         except grpc.aio.AioRpcError:
             return None
-        if not parts:
+        except Rejected:
+            call.cancel()
+            raise
+        if header is None:
             return None
-        return parts[0], b"".join(parts[1:])
+        return header, b"".join(parts)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -37,7 +37,7 @@ log = logging.getLogger("sfg.net")
 
 REASONS = ("garbage", "truncated", "version", "header", "non-neighbour", "identity",
            "oversize", "digest", "names", "shape", "dtype", "non-finite", "staleness",
-           "ahead", "signature", "replayed", "provenance", "uncertified")
+           "ahead", "signature", "replayed", "provenance", "uncertified", "expired")
 
 
 class Rejected(Exception):
