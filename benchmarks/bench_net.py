@@ -7,6 +7,10 @@
    repetition, interleaved: raw TCP, the gRPC transport alone (the receiver only reads the
    bytes), and a full exchange (encode, send, receive, validate: digest,
    names/shapes/dtype, finiteness).
+   **Fetch** (a lockstep node's pull): the same message pulled with ``Peer.fetch`` — bounded
+   (issue 32: the header read first, the stream stopped at the first chunk past the
+   announced length or the node's limit) — versus the unbounded read it replaced (every
+   chunk appended, then joined), interleaved in one run.
 2. **Lockstep overhead**: ``N = 8`` digits MLP nodes in one process in lockstep mode versus
    ``sfg run --backend loop`` (same settings, same results), per round.
 3. **N = 50 async nodes under FLASH-strict churn** (digits MLP) over worker processes on this
@@ -15,6 +19,7 @@
 
     .venv/bin/python benchmarks/bench_net.py                   # all three (~2-4 min)
     .venv/bin/python benchmarks/bench_net.py --only throughput --repeats 20
+    .venv/bin/python benchmarks/bench_net.py --only fetch --repeats 30
     .venv/bin/python benchmarks/bench_net.py --only swarm50 --flash PATH --rounds 60
 
 Timings are medians over ``--repeats``; the load average is printed alongside (the
@@ -92,8 +97,15 @@ def receiver_main() -> None:
             check_message(h, b"".join(parts), layout, neighbours={1})
         return True, ""
 
+    from sfg.net.transport import CHUNK
+    from sfg.net.wire import encode
+
+    _, _, flat = _paper_cnn()
+    own = encode(flat, layout, sender=1, round=0, age=0, lag=0.0, count=1, local_count=1,
+                 chunk=CHUNK)
+
     async def run() -> None:
-        server = Server(deliver, lambda t, w: None, max_bytes=1 << 27)
+        server = Server(deliver, lambda t, w: own if t == 0 else None, max_bytes=1 << 27)
         port = await server.start("127.0.0.1", 0)
         print(port, srv.getsockname()[1], flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -186,6 +198,65 @@ def bench_throughput(repeats: int) -> dict:
     return out
 
 
+async def unbounded_fetch(peer, t: int, me: int, timeout: float = 10.0):
+    """The fetch before issue 32: every streamed chunk appended, nothing checked."""
+    import grpc
+    import msgpack
+
+    try:
+        parts = []
+        req = msgpack.packb({"round": int(t), "node": int(me)})
+        async for part in peer._fetch(req, timeout=timeout):
+            parts.append(part)
+    except grpc.aio.AioRpcError:
+        return None
+    if not parts:
+        return None
+    return parts[0], b"".join(parts[1:])
+
+
+def bench_fetch(repeats: int) -> dict:
+    """A pull of the paper CNN's message from a node in another process: ``Peer.fetch``
+    (bounded) and the unbounded read it replaced, alternating, on one channel."""
+    import subprocess
+
+    from sfg.net.transport import Peer
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, __file__, "--receiver"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        grpc_port, _ = map(int, proc.stdout.readline().split())
+
+        async def run():
+            peer = Peer(f"127.0.0.1:{grpc_port}", max_bytes=1 << 27)
+            ref = await unbounded_fetch(peer, 0, 0)
+            got = await peer.fetch(0, 0)
+            assert ref is not None and got == ref
+            old, new = [], []
+            for k in range(repeats):
+                pair = [(old, unbounded_fetch), (new, Peer.fetch)]
+                for out, fn in pair[k % 2:] + pair[:k % 2]:
+                    t = time.perf_counter()
+                    m = await fn(peer, 0, 0)
+                    out.append(time.perf_counter() - t)
+                    assert m is not None
+            await peer.close()
+            return len(ref[0]) + len(ref[1]), old, new
+
+        nbytes, old, new = asyncio.run(run())
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+    mb = nbytes / 1e6
+    med = statistics.median
+    return {"MB": mb, "unbounded_MBps": mb / med(old), "bounded_MBps": mb / med(new),
+            "bounded_vs_unbounded": med(o / n for o, n in zip(old, new, strict=True))}
+
+
 # ----------------------------------------------------------------------------------- 2
 def bench_lockstep(rounds: int) -> dict:
     import torch
@@ -239,7 +310,8 @@ def main() -> None:
         receiver_main()
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["throughput", "lockstep", "swarm50"], action="append")
+    ap.add_argument("--only", choices=["throughput", "fetch", "lockstep", "swarm50"],
+                    action="append")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=40, help="rounds of the N = 50 swarm")
     ap.add_argument("--lockstep-rounds", type=int, default=50)
@@ -248,7 +320,7 @@ def main() -> None:
     ap.add_argument("--flash", default=FLASH)
     a = ap.parse_args()
     print(banner(), flush=True)
-    which = a.only or ["throughput", "lockstep", "swarm50"]
+    which = a.only or ["throughput", "fetch", "lockstep", "swarm50"]
     print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)")
     if "throughput" in which:
         r = bench_throughput(a.repeats)
@@ -259,6 +331,12 @@ def main() -> None:
               "a bytes payload cut into chunks at each send)")
         print(f"   full exchange       {r['exchange_MBps']:8.0f} MB/s  ({100 * r['exchange_vs_raw']:.0f} % of raw; "
               "encode + send + validate)")
+    if "fetch" in which:
+        r = bench_fetch(a.repeats)
+        print(f"\n1b. fetch (a lockstep pull), paper CNN, {r['MB']:.2f} MB, interleaved:")
+        print(f"   unbounded read (before) {r['unbounded_MBps']:6.0f} MB/s")
+        print(f"   Peer.fetch, bounded     {r['bounded_MBps']:6.0f} MB/s  "
+              f"({100 * r['bounded_vs_unbounded']:.0f} % of before, median of pairs)")
     if "lockstep" in which:
         r = bench_lockstep(a.lockstep_rounds)
         print(f"\n2. lockstep, N = 8 digits MLP, {r['rounds']} rounds (same accuracies as the "
