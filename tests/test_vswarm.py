@@ -23,7 +23,7 @@ P = 600.0
 # 30 periods of 600 s: the virtual clock passes 2^14 s (where a fixed 1e-12 s timer
 # resolution fell below the clock's float step and the loop spun at one instant)
 BASE = dict(rounds=30, local_steps=2, process="bursty:u=0.5", graph="knn:k=6", seed=1,
-            eval_every=10, dataset="digits", model="mlp")
+            eval_every=10, dataset="digits", model="mlp", backend="loop")
 WORLD = {"compute": "const:value=30", "latency": "const:value=2"}
 # lockstep rounds follow the messages (SPEC §11.1): a node may wait for a neighbour many rounds
 # behind, so the deadline (virtual seconds) is the run's T·P, as sfg swarm --clock virtual sets it

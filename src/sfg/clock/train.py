@@ -231,6 +231,7 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
     from sfg.round.attacks import parse_attack
     from sfg.round.rules import parse_rule
     from sfg.sim.backends import make_backend
+    from sfg.sim.gossip import weighted_sum
     from sfg.sim.params import ParamSpec, init_params
     from sfg.sim.run import (
         _ClientData,
@@ -414,8 +415,8 @@ def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] |
                 if rule.clip:
                     agg = _clipped(M, wt, row, first, ev.size)
                 else:
-                    agg = torch.zeros((ev.size, M.shape[1]), dtype=M.dtype, device=device)
-                    agg.index_add_(0, torch.from_numpy(row).to(device), M * wt[:, None])
+                    agg = weighted_sum(M, np.arange(cidx.size), wt, first,
+                                       np.append(first[1:], cidx.size))
                 if backbone == "personal-head":  # the head is never mixed: the own model's
                     agg[:, head] = M[torch.from_numpy(first).to(device)][:, head]
                 if scorer is not None:

@@ -81,7 +81,9 @@ class Star:
             self._lags, self._q = np.zeros(n), np.ones(E)
             self._w, self._cand = np.empty((1, E)), np.empty(E, bool)
             self._facts = np.empty((1, n, len(kernel.FACTS)))
-            self._args = (float(r.self_weight), bool(r.ipw), bool(r.rounded),
+            # the node's weights are final (its rule's, modifiers and normalisation applied):
+            # the round takes them as given, so the update uses the very weights the node used
+            self._args = (kernel.WEIGHTS_GIVEN, False, bool(r.rounded),
                           int(r.defence_flags), float(r.margin), float(r.kappa))
 
     def advance_offline(self, s: NodeState, m: int) -> NodeState:

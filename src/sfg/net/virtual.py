@@ -363,8 +363,11 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
                         loss_seed=world.seed)
     net.log = net_log
     loop = VirtualLoop()
+    # the run's own backend (sfg run's --backend; "auto" as sfg run resolves it): with the
+    # same backend as the engine, each client's training is the engine's arithmetic
     trainer = BatchTrainer(world, compute=cw.compute,
-                           **{"defer_eval": True, **(trainer_options or {})})
+                           **{"defer_eval": True, "backend": str(world.cfg.get("backend", "auto")),
+                              **(trainer_options or {})})
     loop.add_idle_hook(trainer.idle)
     drift = (np.zeros(N) if faults is None else faults.drifts(N))
     crashes = [] if faults is None or not hasattr(faults, "crashes") else faults.crashes()

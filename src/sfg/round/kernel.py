@@ -129,16 +129,25 @@ def _types() -> dict[object, object]:
     return _TYPES
 
 
+#: ``c_self`` meaning "the given scores are the candidates' weights exactly as used": a node's
+#: own staleness update (:class:`sfg.net.checkpoints.Star`) replays the weights its rule gave,
+#: which normalising (or modifying) again would round differently from the round's own.
+WEIGHTS_GIVEN = -1.0
+
+
 @njit(inline="always")
 def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled
     """One receiver's weights, written to ``w`` [k]: the rule's scores (``score``, see
     :func:`scorer`), the modifiers (base self-weight c on the receiver, +ipw on neighbours),
     non-finite or negative scores → 0, then the shared normalisation (SPEC §1); an all-zero
-    row, or a receiver that does not adopt, keeps its own model (w_ii = 1). Returns 0, or 1
-    if the rule raised (``w`` is then undefined)."""
+    row, or a receiver that does not adopt, keeps its own model (w_ii = 1); with ``c_self`` =
+    :data:`WEIGHTS_GIVEN` an adopting receiver's scores are its weights, as given. Returns 0,
+    or 1 if the rule raised (``w`` is then undefined)."""
     if score(x, params, w) != 1:
         return 1
     k = w.shape[0]
+    if c_self == WEIGHTS_GIVEN and adopt:  # the scores are the weights as used: kept as given
+        return 0
     row = 0.0
     for d in range(k):
         v = w[d]

@@ -32,8 +32,10 @@ kernels are too small to scale across cores while independent clients do, and a 
 multi-threaded kernel stalls whenever another process holds one of the cores (measured on the
 shared 2-core development machine: batched MLP steps 10× slower with two intra-op threads
 than with two single-threaded workers while one core was busy; on an idle machine the two
-are within 10 %, K = 10: 16-19 k vs 15-17 k client-steps/s). A chunking depends only on
-(n, workers), so results are deterministic for a given configuration.
+are within 10 %, K = 10: 16-19 k vs 15-17 k client-steps/s). The numbers do not depend on
+the number of workers or threads, by construction: every kernel runs on one intra-op thread,
+and the stacked backends cut the clients into blocks that depend only on N and ``chunk``
+(:func:`_run_chunks`), so the same kernels see the same blocks on 1, 2 or 16 cores.
 """
 
 from __future__ import annotations
@@ -396,16 +398,34 @@ def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(parts) if bounds[i + 1] > bounds[i]]
 
 
+#: clients per block of the stacked backends (``vmap``, ``batched``) when ``chunk`` is 0; see
+#: :func:`_run_chunks`. Measured (benchmarks/bench_backends.py --quick, N = 100, 2 workers):
+#: blocks of 25 clients run within a few per cent of two halves of 50.
+AUTO_UNIT = 25
+
+
+def _blocks(n: int, unit: int) -> list[tuple[int, int]]:
+    """Contiguous blocks of at most ``unit`` clients, balanced; a function of (n, unit) only."""
+    return _chunks(n, -(-n // max(1, unit))) if n > 0 else []
+
+
 def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
-                scope: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
-    """Call ``fn(slot, lo, hi)`` over a fixed split of ``range(n)`` into at most ``workers``
-    chunks (``slot`` numbers the chunk); concurrently when there are several. ``scope()``:
-    a context every call runs in, entered by the thread that makes it (autocast is
+                scope: Callable[[], AbstractContextManager[Any]] | None = None, *,
+                unit: int = 0, one_thread: bool = True) -> None:
+    """Call ``fn(slot, lo, hi)`` over a split of ``range(n)``; ``slot`` numbers the worker
+    (0..workers-1) that makes the call, concurrently when there are several. ``scope()``: a
+    context every call runs in, entered by the thread that makes it (autocast is
     thread-local).
 
-    With ``workers > 1`` every chunk runs with one intra-op thread, even when n = 1, so a
-    client's arithmetic never depends on how many others share the call; the split depends
-    only on (n, workers), so results are deterministic.
+    Why the numbers do not depend on the thread count, by construction:
+
+    * every call runs with one intra-op thread (``one_thread``, on CPU), so no kernel splits
+      a reduction over threads;
+    * with ``unit`` > 0 (the stacked backends, whose kernels see a whole block of clients at
+      once) the blocks are :func:`_blocks` (n, unit) — the same whatever ``workers`` is — and
+      each worker runs whole blocks, so every kernel sees the same shapes and values with 1,
+      2 or 16 workers; with ``unit`` = 0 (the loop backend, one client at a time) the split
+      only decides who trains which client.
     """
     if scope is not None:
         inner = fn
@@ -414,32 +434,49 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
             with scope():
                 inner(slot, lo, hi)
 
-    parts = _chunks(n, workers)
-    if workers <= 1 or not parts:
-        for lo, hi in parts:
-            fn(0, lo, hi)
+    blocks = _blocks(n, unit) if unit > 0 else _chunks(n, workers) if n > 0 else []
+    groups = [blocks[a:b] for a, b in _chunks(len(blocks), workers)] if blocks else []
+
+    def work(slot: int) -> None:
+        for lo, hi in groups[slot]:
+            fn(slot, lo, hi)
+
+    threads_before = torch.get_num_threads()
+    if workers <= 1 or len(groups) <= 1:
+        try:
+            if one_thread:
+                torch.set_num_threads(1)
+            for slot in range(len(groups)):
+                work(slot)
+        finally:
+            torch.set_num_threads(threads_before)
         return
     errors: list[BaseException] = []
 
-    def target(slot: int, lo: int, hi: int) -> None:
+    def target(slot: int) -> None:
         try:
             torch.set_num_threads(1)
-            fn(slot, lo, hi)
+            work(slot)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             errors.append(exc)
 
-    threads_before = torch.get_num_threads()
-    pool = _worker_pool(max(len(parts) - 1, 1))
-    futures = [pool.submit(target, slot, *part) for slot, part in enumerate(parts) if slot > 0]
+    pool = _worker_pool(max(len(groups) - 1, 1))
+    futures = [pool.submit(target, slot) for slot in range(1, len(groups))]
     try:
         torch.set_num_threads(1)
-        fn(0, *parts[0])
+        work(0)
     finally:
         for f in futures:
             f.result()
         torch.set_num_threads(threads_before)
     if errors:
         raise errors[0]
+
+
+def _threaded(n: int, workers: int, unit: int = 0) -> bool:
+    """Whether :func:`_run_chunks` runs calls concurrently (then each writes private rows)."""
+    blocks = _blocks(n, unit) if unit > 0 else _chunks(n, workers) if n > 0 else []
+    return workers > 1 and len(blocks) > 1
 
 
 _POOL: tuple[int, int, Any] | None = None   # (pid, size, ThreadPoolExecutor)
@@ -511,6 +548,16 @@ class _BackendBase:
               f"model {getattr(model, 'model_name', type(model).__name__)!r} has buffers "
               "(e.g. BatchNorm running statistics); sfg models keep all state in parameters - "
               "use GroupNorm")
+
+    #: clients per block of one kernel call (0: one client at a time, the loop backend)
+    def _unit(self) -> int:
+        return 0
+
+    def _run(self, n: int, fn: Callable[[int, int, int], None],
+             scope: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        """:func:`_run_chunks` with this backend's workers and blocks."""
+        _run_chunks(n, self.workers, fn, scope, unit=self._unit(),
+                    one_thread=self.device.type == "cpu")
 
     def _module(self, slot: int) -> nn.Module:
         """Worker ``slot``'s private copy of the model (gradients off)."""
@@ -793,7 +840,7 @@ class LoopBackend(_BackendBase):
                               prox_lam=a["prox_lam"], mask=a["mask"])
                 out[i].copy_(p)
 
-        _run_chunks(a["n"], self.workers, run, self._scope)
+        self._run(a["n"], run, self._scope)
 
     def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
         spec, n = self.spec, P.shape[0]
@@ -810,7 +857,7 @@ class LoopBackend(_BackendBase):
                     pred = self._forward(slot, w, x).argmax(-1)
                     hits[i] += (pred == yi[s:s + batch_size].to(self.device)).sum()
 
-        _run_chunks(n, self.workers, run)
+        self._run(n, run)
         correct += hits.cpu().to(torch.float64)  # one copy to the host per call
 
 
@@ -827,7 +874,7 @@ class _StackedBackend(_BackendBase):
                  chunk: int = 0):
         super().__init__(model, device=device, workers=workers)
         check(isinstance(chunk, int) and chunk >= 0,
-              f"{self.name} chunk must be a non-negative int (0 = all clients at once), "
+              f"{self.name} chunk must be a non-negative int (0 = automatic), "
               f"got {chunk!r}")
         self.chunk = chunk
 
@@ -835,10 +882,11 @@ class _StackedBackend(_BackendBase):
     #: that every step reads a contiguous ``[m, B, ...]`` block (same values, no per-step copy)
     step_major = False
 
+    def _unit(self) -> int:  # on CUDA (one worker) all clients in one pass unless chunk says
+        return self.chunk or (AUTO_UNIT if self.device.type == "cpu" else 0)
+
     def _parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        if not self.chunk:
-            return [(lo, hi)]
-        return [(s, min(hi, s + self.chunk)) for s in range(lo, hi, self.chunk)]
+        return [(lo, hi)]  # one block per call (_run_chunks cuts them, by n and chunk only)
 
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         """(params [m, D], x [m, B, ...], y [m, B], out g [m, D]) -> per-client gradients of
@@ -851,7 +899,7 @@ class _StackedBackend(_BackendBase):
 
     def _train(self, out: Tensor, a: dict[str, Any]) -> None:
         xs, ys = a["xs"], a["ys"]
-        threaded = len(_chunks(a["n"], self.workers)) > 1
+        threaded = _threaded(a["n"], self.workers, self._unit())
 
         def run(slot: int, lo: int, hi: int) -> None:
             grads = self._grads_fn(slot)
@@ -871,7 +919,7 @@ class _StackedBackend(_BackendBase):
                 if threaded:
                     out[c0:c1] = p
 
-        _run_chunks(a["n"], self.workers, run, self._scope)
+        self._run(a["n"], run, self._scope)
 
     def _evaluate(self, P: Tensor, data: _EvalData, batch_size: int, correct: Tensor) -> None:
         spec, n = self.spec, P.shape[0]
@@ -890,7 +938,7 @@ class _StackedBackend(_BackendBase):
                     hit = (logits_of(w, x).argmax(-1) == y) & valid
                     hits[c0:c1] += hit.sum(1)
 
-        _run_chunks(n, self.workers, run)
+        self._run(n, run)
         correct += hits.cpu().to(torch.float64)  # one copy to the host per call
 
 
@@ -976,7 +1024,7 @@ class BatchedBackend(_StackedBackend):
                               momentum=a["momentum"], buf=buf, center=center,
                               prox_lam=a["prox_lam"], mask=a["mask"])
 
-        _run_chunks(a["n"], self.workers, run, self._scope)
+        self._run(a["n"], run, self._scope)
 
     def _grads_fn(self, slot: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], None]:
         spec = self.spec
@@ -1072,8 +1120,9 @@ def make_backend(name: str | Component, model: nn.Module, *,
     returns the backend :func:`auto_choice` names; its ``name`` says which.
 
     Options: ``workers`` (CPU threads over client chunks; 0 = torch's thread count on CPU,
-    1 on CUDA), ``chunk`` (vmap/batched: at most this many clients per pass, bounds memory;
-    0 = all), ``channels_last`` (loop/batched convolutions; default on). ``precision``:
+    1 on CUDA; never changes the numbers), ``chunk`` (vmap/batched: at most this many clients
+    per pass, bounds memory; part of the arithmetic: 0 = blocks of :data:`AUTO_UNIT` on CPU,
+    all clients on CUDA), ``channels_last`` (loop/batched convolutions; default on). ``precision``:
     ``fp32``, ``tf32`` or ``bf16`` (:mod:`sfg.sim.precision`)."""
     check_precision(precision)
     comp = name if isinstance(name, Component) else parse_component(name, kind="backend")
