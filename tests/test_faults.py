@@ -9,7 +9,6 @@ or sfg.net.wire, for the duration of one test, that the sweep must detect."""
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -36,7 +35,7 @@ def sweep_cases() -> list[Case]:
     return standard_cases(SEEDS)
 
 
-SWEEP_BUDGET = 60.0  # seconds of wall time the sweep may take in the suite
+SWEEP_CASES = 8 * len(SEEDS)  # the sweep's bound: a number of cases, not seconds
 
 
 # ------------------------------------------------------------------ the component string
@@ -176,7 +175,6 @@ def test_protocol_properties_hold_under_a_seeded_sweep_of_random_faults(capsys):
               f"{len(ASYNC_FAULTS) + len(LOCKSTEP_FAULTS)} fault settings, rules {RULES}), "
               f"{res.node_rounds} node-rounds in {res.wall:.1f} s = {res.throughput:.0f} "
               "simulated node-rounds/s")
-    assert res.wall < 3 * SWEEP_BUDGET  # generous: a shared 2-core machine
 
 
 # ------------------------------------------------------------------ planted bugs
@@ -295,21 +293,20 @@ PLANTED = {
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_a_planted_protocol_bug_is_caught_by_the_fault_sweep_within_its_budget(
+def test_a_planted_protocol_bug_is_caught_by_the_fault_sweep_within_its_cases(
         bug, monkeypatch, capsys):
-    """The sweep has teeth: with the bug planted it reports a violation, and does so within
-    the sweep's time budget (it stops at the first violation)."""
+    """The sweep has teeth: with the bug planted it reports a violation within its
+    :data:`SWEEP_CASES` cases (it stops at the first violation) — the same cases on any
+    machine, however loaded."""
     plant, needle = PLANTED[bug]
     plant(monkeypatch)
-    t0 = time.perf_counter()
-    res = sweep(sweep_cases(), budget=SWEEP_BUDGET, stop_at_first=True)
-    took = time.perf_counter() - t0
+    res = sweep(sweep_cases(), max_cases=SWEEP_CASES, stop_at_first=True)
     assert res.violations, f"the sweep missed the planted bug {bug!r}"
     assert any(needle in v for v in res.violations), res.violations
-    assert took < 3 * SWEEP_BUDGET
+    assert len(res.outcomes) <= SWEEP_CASES
     with capsys.disabled():
         print(f"\nplanted bug {bug!r}: caught in run {len(res.outcomes)} of "
-              f"{len(sweep_cases())} after {took:.1f} s: {res.violations[0][:160]}")
+              f"{SWEEP_CASES}: {res.violations[0][:160]}")
 
 
 # ------------------------------------------------------------------ determinism
@@ -337,9 +334,7 @@ def test_lockstep_crash_longer_than_the_deadline_is_a_one_line_error_not_a_hang(
 
     short = Case("lockstep", "sfg-cut", "faults:crash=0@0.6,downtime=120", seed=1, n=6,
                  deadline=60.0, may_time_out=True)
-    t0 = time.perf_counter()
     out = check_case(short)
-    assert time.perf_counter() - t0 < 30
     assert out.violations == [] and out.error is not None
     assert "did not get the round" in out.error and "within 60 s" in out.error
     assert "\n" not in out.error and "wait forever" not in out.error  # not the loop's Deadlock

@@ -97,13 +97,24 @@ def _async_run(rule: str, period: float):
                        timeout=60 + 10 * period * world.rounds)
 
 
-def test_async_sfg_cut_learns_across_the_network_and_scalars_obey_spec():
+def test_async_sfg_cut_learns_better_than_local_training_on_the_virtual_clock():
+    """The learning comparison runs the node code on the virtual clock (the same async
+    protocol, with time simulated): its outcome does not depend on how loaded the machine
+    is, and the same seed gives the same accuracies every run."""
+    from sfg.net.virtual import run_virtual_swarm
+
+    opts = SwarmOptions(mode="async", period=600.0, jitter=0.2, window=1.5)
+    acc = {rule: run_virtual_swarm(build_world({**ASYNC, "rule": rule}), opts)["metrics"]
+           ["acc_mean"] for rule in ("sfg-cut", "local")}
+    assert acc["sfg-cut"] > acc["local"] + 0.05, acc
+
+
+def test_async_sfg_cut_over_grpc_exchanges_models_and_scalars_obey_spec():
+    """The real-time async run over gRPC: models cross, nothing is rejected, every header
+    and final state obeys SPEC §2 (no learning comparison here: that one is on the virtual
+    clock, above)."""
     period = _async_period()
     world, (res_cut, nodes) = _async_run("sfg-cut", period)
-    _, (res_local, _) = _async_run("local", period)
-    acc_cut = np.mean([r["acc"] for r in res_cut])
-    acc_local = np.mean([r["acc"] for r in res_local])
-    assert acc_cut > acc_local, (acc_cut, acc_local)
     heads = [h for n in nodes for h in n.headers]
     assert len(heads) > 50
     for h in heads:
