@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -35,14 +34,32 @@ def _by_id(path):
     return {r["run_id"]: (r["metrics"], r["curves"]) for r in records(path)}
 
 
-def _wait_for(cond, timeout=90.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+class HoldEvent:
+    """The selftest's hold (``SFG_SELFTEST_HOLD``, :func:`sfg.experiments.runner._hold`): a run
+    announces on a FIFO that it is running and stays so until killed; :meth:`wait` blocks on
+    the FIFO (select, bounded) — an event, not a poll that could miss a short run."""
+
+    def __init__(self, d, run: str | None = None):
+        d.mkdir(parents=True, exist_ok=True)
+        if run is not None:
+            (d / "run_id").write_text(run)
+        os.mkfifo(d / "event")
+        self.fd = os.open(d / "event", os.O_RDONLY | os.O_NONBLOCK)
+        self.env = {"SFG_SELFTEST_HOLD": str(d)}
+
+    def wait(self, timeout: float = 120.0) -> int:
+        """The held run's process id."""
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        assert ready, f"no selftest run started within {timeout:g} s"
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(self.fd, 64)
+            assert chunk, "the held run closed the event without its pid"
+            line += chunk
+        os.close(self.fd)
+        return int(line)
 
 
 def _state(path):
@@ -76,18 +93,16 @@ def test_sigkill_a_grid_process_then_resume(tmp_path, reference):
     store = tmp_path / "grid.sqlite"
     grid = tmp_path / "grid.yaml"
     grid.write_text(GRID)
+    third = run_id(_grid_configs()[2])  # runs are claimed in the grid's order
+    hold = HoldEvent(tmp_path / "hold", third)
     proc = subprocess.Popen([sys.executable, "-m", "sfg.experiments", "run", str(grid),
                              "--store", str(store), "--workers", "1", "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **hold.env})
     try:
-        def mid_run():
-            rows = _state(store)
-            done = [r for r in rows if r["status"] == "done"]
-            running = [r for r in rows if r["status"] == "running"
-                       and time.time() - r["started"] > 0.05]
-            return (done, running) if len(done) >= 2 and running else None
-
-        _wait_for(mid_run, what="two runs done and one running")
+        assert hold.wait() == proc.pid  # the third run is running (and held) in the grid
+        rows = {r["run_id"]: r["status"] for r in _state(store)}
+        assert rows[third] == "running" and sum(s == "done" for s in rows.values()) == 2
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -111,21 +126,21 @@ def test_sigkill_a_grid_process_then_resume(tmp_path, reference):
     assert _by_id(store) == reference  # identical to an uninterrupted grid
 
 
-def test_sigkill_a_pool_worker_the_grid_still_completes(tmp_path, reference):
+def test_sigkill_a_pool_worker_the_grid_still_completes(tmp_path, reference, monkeypatch):
     store = tmp_path / "pool.sqlite"
+    hold = HoldEvent(tmp_path / "hold")
+    monkeypatch.setenv("SFG_SELFTEST_HOLD", hold.env["SFG_SELFTEST_HOLD"])  # spawned workers
     out = {}
     thread = threading.Thread(target=lambda: out.update(
         summary=run_grid(_grid_configs(), store, workers=2)))
     thread.start()
     try:
-        def worker_mid_run():
-            rows = [r for r in _state(store) if r["status"] == "running"
-                    and time.time() - r["started"] > 0.05]
-            return rows[0] if rows else None
-
-        victim = _wait_for(worker_mid_run, what="a worker process running a run")
-        pid = int(victim["worker"].split(":")[1])
+        pid = hold.wait()  # a worker process is running a run (held)
         assert pid != os.getpid()
+        running = [r for r in _state(store) if r["status"] == "running"
+                   and int(r["worker"].split(":")[1]) == pid]
+        assert len(running) == 1
+        victim = running[0]
         os.kill(pid, signal.SIGKILL)
     finally:
         thread.join(timeout=120)

@@ -11,6 +11,10 @@ bit-identical across thread counts and machines with the same numpy), about 2-4 
 at N = 100. Its rule handling is a stand-in: ``dfedavg`` averages uniformly, ``local`` keeps
 its own model, every other rule name weights candidates by 0.5^(age - youngest age). It is
 not the real rule library and its numbers mean nothing about learning.
+
+For tests of executors (a run killed mid-run, a worker that dies): with the environment
+variable ``SFG_SELFTEST_HOLD=DIR`` a selftest run announces itself and holds (:func:`_hold`),
+so that a test waits for the event instead of polling for a state it could miss.
 """
 
 from __future__ import annotations
@@ -107,8 +111,41 @@ def _neighbours(cfg: RunConfig) -> np.ndarray:
     return np.argsort(d2, axis=1, kind="stable")[:, :k]
 
 
+HOLD_SECONDS = 300.0  # the longest a held selftest run waits (to be killed) before it goes on
+
+
+def _hold(cfg: RunConfig) -> None:
+    """``SFG_SELFTEST_HOLD=DIR``: the first selftest run to start (or the one whose run id is
+    in ``DIR/run_id``) writes its process id as a line into the FIFO ``DIR/event`` — the event
+    a test waits on, having opened it for reading — and then sleeps up to
+    :data:`HOLD_SECONDS`, running, for the test to kill. Only once per DIR (``DIR/held``):
+    the run's retry goes through. Without a reader on the FIFO nothing is held."""
+    import os
+    import time
+    from pathlib import Path
+
+    from sfg.experiments.config import run_id
+
+    where = os.environ.get("SFG_SELFTEST_HOLD")
+    if not where:
+        return
+    d = Path(where)
+    want = d / "run_id"
+    if want.is_file() and want.read_text().strip() != run_id(cfg):
+        return
+    try:
+        os.close(os.open(d / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        fd = os.open(d / "event", os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # held once already, or nobody waits for the event
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(HOLD_SECONDS)
+
+
 def selftest_run(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
     """The diagnostic workload described in the module docstring (deterministic in cfg)."""
+    _hold(cfg)
     n, rounds, dim = cfg.n_clients, cfg.rounds, SELFTEST_DIM
     u = _unavailability(cfg.process)
     rule = parse_component(cfg.rule, kind="rule").name
