@@ -42,7 +42,7 @@ def test_replay_table_and_rules_listing():
 
 @pytest.mark.parametrize("args, fragment", [
     (["replay", "--rule", "sfg-cutt"], "did you mean 'sfg-cut'"),
-    (["replay", "--process", "bursty:u=1.5"], "u"),
+    (["replay", "--process", "bursty:u=1.5"], "target unavailability u=1.5 must lie in [0, 1)"),
     (["replay", "--seeds", "a,b"], "seeds"),
     (["replay", "--clients", "3"], "k=6 must be smaller"),
     (["replay", "--engine", "fast"], "choose one of auto, compiled, numpy"),

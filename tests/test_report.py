@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 from rich.console import Console
 
@@ -52,11 +55,64 @@ def assert_png(path):
         assert img.format == "PNG" and img.size[0] > 100 and img.size[1] > 100
 
 
-def test_report_on_tiny_record_set_writes_every_file(tmp_path):
+@pytest.fixture
+def figures(monkeypatch):
+    """What each figure shows, read from the figure itself as it is written (the real
+    ``savefig`` still writes the file): {file name: {"title": suptitle, "axes": [{"title",
+    "xlabel", "ylabel", "xticks", "yticks", "series": {label: (x, y)}}]}}."""
+    seen: dict[str, dict] = {}
+    save = Figure.savefig
+
+    def spy(fig, fname, *args, **kwargs):
+        axes = []
+        for ax in fig.axes:
+            axes.append({
+                "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                "xticks": [t.get_text() for t in ax.get_xticklabels()],
+                "yticks": [t.get_text() for t in ax.get_yticklabels()],
+                "lines": [(ln.get_label(), np.asarray(ln.get_xdata(), float),
+                           np.asarray(ln.get_ydata(), float)) for ln in ax.get_lines()]})
+        seen[Path(fname).name] = {
+            "title": fig._suptitle.get_text() if fig._suptitle is not None else "",
+            "axes": axes}
+        return save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def test_report_on_tiny_record_set_writes_every_file(tmp_path, figures):
     rep = build_report(tiny_records(), out_dir=tmp_path / "rep")
     for name in PLOT_FILES:
         assert name in rep.files
         assert_png(tmp_path / "rep" / name)
+    # what the figures show: sfg-cut's known gain of 4 pp (0.02 + 0.01·seed, mean over seeds
+    # 1-3) and its interval; per process; per quartile; the curves of both rules
+    c = rep.rows[1].comparison
+    (gains,) = figures["gains.png"]["axes"]
+    assert gains["yticks"] == ["sfg-cut (unresolved)"] and "(pp)" in gains["xlabel"]
+    pts = [ln[1][0] for ln in gains["lines"] if len(ln[1]) == 1]
+    assert pts == pytest.approx([4.0, 100 * c.ci_low, 100 * c.ci_high])
+    (proc,) = figures["gains_by_process.png"]["axes"]
+    assert proc["xticks"] == ["bursty:u=0.8", "iid:u=0.5"]
+    assert proc["lines"][0][2] == pytest.approx([4.0, 4.0])  # the gain in each process
+    (quart,) = figures["gains_by_quartile.png"]["axes"]
+    assert quart["lines"][0][2] == pytest.approx([16.0, 12.0, 8.0, 4.0])  # gain·(4 − q) + gain
+    sens = figures["sensitivity.png"]["axes"][0]
+    assert dict((ln[0], ln[1][0]) for ln in sens["lines"][:3])["all processes"] == \
+        pytest.approx(4.0)
+    curves = figures["accuracy_over_rounds.png"]
+    assert "Mean accuracy (acc_mean) over rounds" in curves["title"]
+    assert [ax["title"] for ax in curves["axes"]] == ["digits · bursty:u=0.8",
+                                                       "digits · iid:u=0.5"]
+    for ax in curves["axes"]:
+        assert ax["ylabel"] == "mean accuracy (%)" and ax["xlabel"] == "round"
+        series = {label: (x, y) for label, x, y in ax["lines"]}
+        assert set(series) == {"dfedavg (n=3)", "sfg-cut (n=3)"}
+        for label, final in (("dfedavg (n=3)", 70.0), ("sfg-cut (n=3)", 74.0)):
+            x, y = series[label]
+            assert x.tolist() == [0, 10, 20, 30, 40]
+            assert y == pytest.approx([final * (k + 1) / 5 for k in range(5)])
     assert rep.notes == []
     md = (tmp_path / "rep" / "report.md").read_text()
     assert md == rep.markdown
@@ -91,7 +147,7 @@ def test_comparisons_csv_from_report(tmp_path):
     assert all(r["baseline"] == "dfedavg" and r["metric"] == "acc_mean" for r in rows)
 
 
-def test_report_with_only_the_baseline(tmp_path):
+def test_report_with_only_the_baseline(tmp_path, figures):
     recs = tiny_records(rules=("dfedavg",))
     rep = build_report(recs, out_dir=tmp_path)
     assert rep.comparisons == [] and [r.rule for r in rep.rows] == ["dfedavg"]
@@ -103,6 +159,10 @@ def test_report_with_only_the_baseline(tmp_path):
     assert rows == [list(CSV_COLUMNS)]
     assert not (tmp_path / "gains.png").exists()
     assert_png(tmp_path / "accuracy_over_rounds.png")
+    assert set(figures) == {"accuracy_over_rounds.png"}
+    for ax in figures["accuracy_over_rounds.png"]["axes"]:
+        assert [ln[0] for ln in ax["lines"]] == ["dfedavg (n=3)"]
+        assert ax["lines"][0][2][-1] == pytest.approx(70.0)
 
 
 def test_report_without_curves_or_quartiles_skips_those_plots_with_notes(tmp_path):
