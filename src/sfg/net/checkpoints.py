@@ -158,7 +158,8 @@ class Star:
         scores = np.zeros(E)
         scores[self.seg] = weights
         caps = Capabilities(train=me, send=sends, aggregate=me, adopt=me)
-        new = play_round(self.rule, self.rg, st, caps, seed=0, scores=scores).state
+        new = play_round(self.rule, self.rg, st, caps, seed=0, scores=scores,
+                         weights_given=True).state
         return NodeState(t=int(new.t), age=int(new.ages[0]), lag=float(new.lags[0]),
                          count=int(new.counts[0]), local_count=int(new.local_counts[0]),
                          q_hat=[float(v) for v in new.q_hat[self.seg.start + 1:self.seg.stop]])

@@ -885,7 +885,7 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
                slot_staleness: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                extra: np.ndarray | None = None, weights_out: np.ndarray | None = None,
                facts_out: np.ndarray | None = None, attackers: np.ndarray | None = None,
-               frozen: np.ndarray | None = None) -> RoundResult:
+               frozen: np.ndarray | None = None, weights_given: bool = False) -> RoundResult:
     """Round ``state.t`` of ``rule`` (a :class:`~sfg.round.rules.Rule`): weights and the next state.
 
     caps: this round's capabilities ([N] each); live: [M] bool link states or None.
@@ -897,7 +897,8 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
     Attacks (:mod:`sfg.round.attacks`): forged claims come in as ``slot_staleness`` (what each slot
     delivers; the senders' true state stays in ``state``); ``attackers`` [N] bool marks them for
     the damage facts; ``frozen`` [N] bool marks senders whose model content never changes
-    (evidence of ``+guard``). The rule's defences (:mod:`sfg.round.defences`) run inside the round."""
+    (evidence of ``+guard``). The rule's defences (:mod:`sfg.round.defences`) run inside the round.
+    ``weights_given``: ``scores`` are the weights as used (:data:`WEIGHTS_GIVEN`), not scores."""
     fn: Any
     if rule.oracle:
         assert rule.fn is not None  # an oracle's numpy function
@@ -942,7 +943,9 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
                     else _c(state.evidence, np.int64).copy())
     caps_r = np.stack([caps.train, caps.send, caps.aggregate, caps.adopt]).astype(
         bool, copy=False).reshape(4, 1, n)
-    run_rounds(fn, params, state.t, float(rule.self_weight), bool(rule.ipw),
+    run_rounds(fn, params, state.t,
+               WEIGHTS_GIVEN if weights_given else float(rule.self_weight),
+               bool(rule.ipw) and not weights_given,
                bool(rule.rounded), int(defence), float(rule.margin), float(rule.kappa), rg,
                caps_r, _NONE_B if live is None else _c(live, bool).reshape(1, -1), u, key, st,
                lags, q, w_run.reshape(1, E), cand, f_run.reshape(1, n, len(FACTS)),
