@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from crosspath import assert_same_bits
 
 from sfg.net.node import Node, NodeConfig, Partition
 from sfg.net.swarm import SwarmOptions, run_nodes, run_swarm, summarise
@@ -32,7 +33,7 @@ def test_lockstep_swarm_equals_the_loop_simulator():
     world = build_world(LOCKSTEP)
     res, nodes = _run(world, lambda i: NodeConfig(mode="lockstep", deadline=60))
     X = np.stack([n.x for n in nodes])
-    assert np.abs(X - sim.params.numpy()).max() <= 1e-5
+    assert_same_bits(X, sim.params.numpy())
     assert [r["acc"] for r in res] == pytest.approx(sim.accuracy.tolist(), abs=0)
     assert [r["state"]["age"] for r in res] == sim.state.ages.tolist()
     assert [r["state"]["lag"] for r in res] == pytest.approx(sim.state.lags.tolist(), abs=1e-12)

@@ -13,6 +13,7 @@ import json
 import msgpack
 import numpy as np
 import pytest
+from crosspath import assert_same_bits
 
 from sfg.errors import SfgError
 from sfg.net.certify import Keys, make_cert, make_stamp, read_stamp, refuted
@@ -447,7 +448,7 @@ def test_certified_nodes_on_the_virtual_clock_under_every_fault_equal_sfg_run(at
     cfg = {**BASE, "n_clients": 8, "rule": "sfg-cut+certified", "rounds": 12, "attack": attack}
     res = lockstep_under_every_fault(build_world({**cfg, "backend": "loop"}))
     plain = simulate(cfg, backend="loop")
-    assert np.abs(res["params"] - plain.params.numpy()).max() <= 1e-5
+    assert_same_bits(res["params"], plain.params.numpy())
     assert [nd["acc"] for nd in res["nodes"]] == plain.accuracy.tolist()
     assert res["metrics"]["claims_refused"] == pytest.approx(plain.metrics["refused"], abs=1e-12)
     assert (res["metrics"]["claims_refused"] > 0) == (attack is not None)
