@@ -12,6 +12,8 @@ from crosspath import assert_same_bits
 from sfg.round.slots import RoundGraph
 from sfg.sim.gossip import gossip, slot_matmul, weighted_sum
 
+pytestmark = pytest.mark.crosspath
+
 
 def _oracle(M, col, w, starts, ends):
     """The obvious loop in numpy: float32 products rounded, then float32 adds in order."""

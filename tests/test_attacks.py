@@ -424,6 +424,7 @@ def _train(**kw):
     return simulate({**TINY, **kw})
 
 
+@pytest.mark.crosspath
 def test_training_frac_zero_is_the_no_attack_run_bit_for_bit():
     base = _train(rule="sfg-cut")
     for attack in ["forge:frac=0,model=sign-flip,always_on=true", "none"]:

@@ -328,6 +328,7 @@ def test_backends_agree_with_each_other_on_more_clients(name):
     assert 0 < tol < planted / 100, (tol, planted)
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_training_is_bit_for_bit_deterministic(backend):
     model, P, xs, ys = problem("small-cnn", n=5, K=2)
@@ -338,6 +339,7 @@ def test_training_is_bit_for_bit_deterministic(backend):
     assert torch.equal(a, b)
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
 def test_loop_client_result_does_not_depend_on_who_else_trains(name):
     """Pairing (SPEC §7): a client's trained model is bit-identical whether it trains alone or
@@ -363,6 +365,7 @@ def test_workers_restore_thread_count_and_zero_steps_copy():
 @given(n=st.integers(1, 4), K=st.integers(1, 3), B=st.integers(1, 5),
        lr=st.floats(0.0, 0.5), wd=st.floats(0.0, 0.01), mom=st.floats(0.0, 0.95),
        seed=st.integers(0, 1000))
+@pytest.mark.crosspath
 def test_batched_and_vmap_equal_loop_for_any_hyperparameters(n, K, B, lr, wd, mom, seed):
     model, P, xs, ys = problem("mlp", n=n, K=K, B=B, seed=seed)
     kw = dict(lr=lr, weight_decay=wd, momentum=mom)

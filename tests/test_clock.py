@@ -69,6 +69,7 @@ LATE_OK = {"latency": "const:value=1"}  # every message in time, through per-slo
 
 @pytest.mark.parametrize("rule", ["dfedavg", "sfg", "sfg-l", "sfg-cut", "aoi+ipw",
                                   "limited-merging:L=2"])
+@pytest.mark.crosspath
 def test_lockstep_with_zero_time_is_sfg_run(rule):
     """SPEC §12.2: with zero compute time and latency the lockstep clock gives sfg run's
     numbers, bit for bit; so does a latency far below Δ (every message in time), which takes
@@ -92,6 +93,7 @@ def test_lockstep_with_zero_time_is_sfg_run(rule):
             assert got.metrics["clock_stragglers"] == 0 and got.metrics["clock_late"] == 0
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("process", ["bursty:u=0.6", "iid:u=0.4"])
 def test_lockstep_replay_is_the_round_replay(process):
     """The model-free replay on the lockstep clock equals sfg.replay on the same trace:
@@ -286,10 +288,14 @@ def _events_train(protocol: str, rule: str = "sfg") -> dict:
     return simulate_events(resolve_config(c))
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("protocol", ["async", "event"])
 def test_same_seed_is_bit_identical_whatever_the_threads(protocol):
     """Two runs of one seed are bit-identical (replay metrics and curves, trained parameters),
-    under 1 and 2 torch threads and 1 and 2 numba threads."""
+    under 1 and 2 torch threads and 1 and 2 numba threads — by construction, not by luck: the
+    batched backend trains blocks of clients that depend on N only, every kernel on one
+    intra-op thread (sfg.sim.backends._run_chunks), aggregation is the one in-order sum
+    (sfg.sim.gossip.weighted_sum), and the replay's lanes each run on one thread."""
     base_threads, base_numba = torch.get_num_threads(), numba.get_num_threads()
     outs = []
     try:
@@ -312,7 +318,9 @@ def test_same_seed_is_bit_identical_whatever_the_threads(protocol):
         assert tr["meta"]["schedule_digest"] == t0["meta"]["schedule_digest"]
 
 
+@pytest.mark.crosspath
 def test_lockstep_same_seed_is_bit_identical_whatever_the_threads():
+    """As above for sfg run on the lockstep clock (the same construction)."""
     c = {**TINY, "process": "bursty:u=0.5", "rule": "sfg", **_clock_settings("lockstep")}
     base = torch.get_num_threads()
     try:
@@ -505,6 +513,7 @@ def _train(protocol: str, rule: str, **kw) -> dict:
     return simulate_events(resolve_config(c))
 
 
+@pytest.mark.crosspath
 def test_async_pairing_without_outages():
     """Async, every device always online, jitter 0, compute 0: every wake r aggregates the
     neighbours' messages of wake r − 1, which waited exactly one period (d = 1: age + 1,
@@ -547,6 +556,7 @@ def test_async_pairing_without_outages():
                                    rtol=0, atol=1e-15)
 
 
+@pytest.mark.crosspath
 def test_event_pairing_without_outages():
     """Event, always online, compute 1 s per step (K = 2), Δ = 10 s: every local round takes
     2 s; a message arrives when its receiver starts its next round, which does not hold it yet

@@ -83,6 +83,7 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("over", [{}, {"rule": "pwg"}, {"momentum": 0.5},
                                   {"rule": "sfg-cut",
                                    "attack": "forge:frac=0.25,claim=fresh,model=sign-flip"}])
+@pytest.mark.crosspath
 def test_diagnostics_never_change_training(protocol, over):
     """The same models, accuracies, curves, schedule and peak of models held, with every
     diagnostic and without (a rule reading models, whose staleness runs level by level, and

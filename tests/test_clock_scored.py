@@ -29,6 +29,7 @@ BASE = dict(dataset="digits", model="mlp", n_clients=16, rounds=16, local_steps=
                                          ("aoi+ipw", None), ("copy-random", None),
                                          ("sfg-cut", "forge:frac=0.25,claim=fresh"),
                                          ("sfg-cut+refute", "forge:frac=0.25,claim=fresh")])
+@pytest.mark.crosspath
 def test_running_the_events_by_dependency_level_equals_time_order(protocol, rule, attack):
     """Every event reads only state written by its device's earlier events and its
     messages' sending events, so the levels (offline spans first, then the local rounds)

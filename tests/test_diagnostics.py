@@ -255,6 +255,7 @@ TINY = dict(dataset="digits", model="mlp", n_clients=16, rounds=12, local_steps=
             process="bursty:u=0.8")
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("rule,extra", [("sfg-l", {}), ("dfedavg", {"momentum": 0.5})])
 def test_diagnostics_do_not_change_training(rule, extra):
     plain = simulate({**TINY, **extra, "rule": rule})

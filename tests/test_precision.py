@@ -30,6 +30,7 @@ def test_run_ids_without_precision_are_unchanged():
         assert len(others) == 2 and rid not in others
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("model", ["mlp", "small-cnn"])
 def test_fp32_and_cpu_tf32_are_the_default_run_bit_for_bit(model):
     base = simulate(TINY, model=model)

@@ -87,6 +87,7 @@ def test_one_epoch_backbone_loads_into_sfg_run_with_a_fresh_head(tmp_path):
     assert not torch.equal(views["conv1.weight"], spec.unflatten(plain["X"])["conv1.weight"])
 
 
+@pytest.mark.crosspath
 def test_resume_continues_from_the_saved_epoch_and_matches_an_uninterrupted_run(tmp_path):
     root = image_folder(tmp_path / "imgs", size=8)
     kw = dict(dataset="imagefolder", model="small-cnn", data_root=str(root), epochs=3,

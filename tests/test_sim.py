@@ -18,6 +18,7 @@ def run(**kw):
     return simulate({**TINY, **kw})
 
 
+@pytest.mark.crosspath
 def test_no_outage_every_sfg_member_reproduces_dfedavg_bit_for_bit():
     ref = run(process="none", rule="dfedavg")
     for rule in ["sfg", "sfg-l", "sfg-cut", "sfg-counts", "sfg:gamma=0", "sfg-cut:L=0",
@@ -28,6 +29,7 @@ def test_no_outage_every_sfg_member_reproduces_dfedavg_bit_for_bit():
         assert res.curves == ref.curves
 
 
+@pytest.mark.crosspath
 def test_same_seed_identical_and_rule_never_changes_minibatches():
     a = run(process="bursty:u=0.6", rule="sfg-cut", seed=3)
     b = run(process="bursty:u=0.6", rule="sfg-cut", seed=3)

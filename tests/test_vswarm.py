@@ -30,6 +30,8 @@ WORLD = {"compute": "const:value=30", "latency": "const:value=2"}
 # behind, so the deadline (virtual seconds) is the run's T·P, as sfg swarm --clock virtual sets it
 DEADLINE = BASE["rounds"] * P
 
+pytestmark = pytest.mark.crosspath
+
 
 def _bounded(fn, timeout: float = 120.0):
     """``fn()`` in a thread (its own event loop), failing the test if it runs past timeout."""
