@@ -23,8 +23,8 @@ What is bit-identical where:
                            ``SFG_REPRODUCIBLE_THREADS``
   ======================== ================================ ====================================
 
-  The thread count is part of the pin: convolutions' weight gradients are summed per thread,
-  so two threads give other bits than one — the same on every machine that runs two.
+  sfg's own kernels run on one intra-op thread each, on blocks of clients that depend on N
+  only, so the thread count changes the speed, not the bits (tested).
   A variable already set in the environment is left as it is (so that it can be tested); the
   others are set before numpy, torch or numba load. Measured on this project's AVX2 machine:
   the default run gives the same bits under the switch whatever lower instruction set the

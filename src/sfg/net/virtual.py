@@ -13,7 +13,8 @@ The world in time is that of the clock's engine (:func:`sfg.clock.schedule.make_
 same graph, trace, per-device compute and uplink, per-link latency. Under the async protocol
 with a period P equal to Δ the node under the virtual clock and ``sfg run --clock virtual
 --protocol async`` therefore run the same protocol on the same schedule and give the same
-models (tested to 1e-5), with the message faults of :mod:`sfg.clock.faults` too.
+models bit for bit (tested; the same backend, :mod:`sfg.sim.gossip`'s one aggregation),
+with the message faults of :mod:`sfg.clock.faults` too.
 """
 
 from __future__ import annotations
