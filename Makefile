@@ -15,7 +15,17 @@ OTHER_ARITH := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 FLOAT_TESTS := tests/test_sim_baseline.py tests/test_backends.py tests/test_baseline.py \
 	tests/test_backends_device.py tests/test_precision.py
 
-.PHONY: demo test test-arith test-lowered venv bench clean docs
+# Lower bounds that are tested (make test-lowest, issue 32): the lowest numpy, numba, scipy,
+# pydantic and typer that pyproject.toml allows (tests/lowest.py reads them from there), in a
+# virtual environment of their own, built once; torch is the CPU build pinned below. The core
+# and training smoke tests run there, with numba's cache apart from .venv's.
+LOWEST       := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
+LOWEST_TESTS := tests/test_rules.py tests/test_round.py tests/test_replay.py \
+	tests/test_experiments_config.py tests/test_cli.py tests/test_data_safe_pickle.py \
+	tests/test_sim.py tests/test_internals.py
+
+.PHONY: demo test test-arith test-lowered test-lowest venv bench clean docs
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,12 +46,24 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory test-arith
+	$(MAKE) --no-print-directory test-lowest
 
 test-arith: $(STAMP)
 	env $(OTHER_ARITH) $(BIN)/python -m pytest -q -m crosspath
 	env $(OTHER_ARITH) $(BIN)/python -m pytest -q -m "not crosspath" $(FLOAT_TESTS)
 
 test-lowered: test-arith
+
+$(LOWEST_STAMP): pyproject.toml tests/lowest.py
+	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q torch==2.13.0
+	$(LOWEST)/bin/python tests/lowest.py --install
+	touch $(LOWEST_STAMP)
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST)/bin/python tests/lowest.py --check
+	env NUMBA_CACHE_DIR=$(LOWEST)/numba-cache timeout 300 \
+		$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
 docs: $(STAMP)
@@ -51,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_replay.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(LOWEST) build *.egg-info src/*.egg-info

@@ -429,24 +429,32 @@ if sys.argv[2] == "sqlite":
     db.execute("PRAGMA journal_mode=WAL"); db.execute("CREATE TABLE t (x)")
     db.execute("INSERT INTO t VALUES (1)"); db.commit()
 sys.stdout.write("x" * 100000)  # buffered output still to flush
+from sfg.util import internals
+atexit.register(lambda: (out / "fallbacks").write_text(",".join(internals.fallbacks())))
 console.exit_process(int(sys.argv[3]))
 raise SystemExit(99)  # never reached
 """
 
 
-@pytest.mark.parametrize("kind, code", [("plain", 0), ("plain", 2), ("sqlite", 1)])
-def test_exit_process_finishes_what_a_normal_exit_finishes(tmp_path, kind, code):
+@pytest.mark.parametrize("kind, code, public", [("plain", 0, False), ("plain", 2, False),
+                                                ("sqlite", 1, False), ("plain", 2, True)])
+def test_exit_process_finishes_what_a_normal_exit_finishes(tmp_path, kind, code, public):
     """The installed program's exit: queued thread-pool work and atexit handlers run, output
     is flushed, the status is kept; with SQLite loaded the usual teardown closes the open
-    connection (no -wal/-shm file left)."""
+    connection (no -wal/-shm file left). The same through the fallback on public API
+    (``SFG_PUBLIC_API=1``: ``sys.exit``, no interpreter internals; sfg.util.internals)."""
+    env = {**ENV, "SFG_PUBLIC_API": "1"} if public else ENV
     r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), kind, str(code)],
-                       capture_output=True, text=True, timeout=60, env=ENV)
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == code, r.stderr
+    if kind == "plain":  # (with SQLite loaded the usual exit is taken anyway)
+        assert (tmp_path / "fallbacks").read_text() == ("fast-exit" if public else "")
     assert r.stdout == "x" * 100000 and "Traceback" not in r.stderr
     assert (tmp_path / "pool").read_text() == "done"
     assert (tmp_path / "atexit").read_text() == "done"
     if kind == "sqlite":
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "pool", "s.sqlite"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "fallbacks", "pool",
+                                                              "s.sqlite"]
 
 
 def test_installed_program_exits_fast_with_complete_output():

@@ -65,6 +65,47 @@ def test_extras_table_matches_pyproject():
     assert "sfg[all]" in opt["dev"]
 
 
+def test_upper_bounds_are_the_newest_versions_tested():
+    """The dependencies whose internals sfg uses (sfg.util.internals; torch: an aten op) are
+    bounded above by the minor release after the one installed here, the newest tested."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    opt = PYPROJECT["project"]["optional-dependencies"]
+    reqs = {Requirement(r).name.lower(): Requirement(r)
+            for r in PYPROJECT["project"]["dependencies"] + opt["train"]}
+    for name in ("numba", "numpy", "torch"):
+        installed = Version(Version(version(name)).public.split("+")[0])
+        spec = reqs[name].specifier
+        assert spec.contains(installed), (name, installed, spec)
+        (upper,) = [s for s in spec if s.operator == "<"]
+        assert Version(upper.version) == Version(f"{installed.major}.{installed.minor + 1}"), (
+            f"{name}: bound {upper}, tested {installed}")
+    assert PYPROJECT["project"]["requires-python"] == ">=3.11"
+
+
+def test_make_test_ends_with_the_lowest_versions():
+    """``make test``'s last step builds and runs .venv-lowest (tests/lowest.py) on test files
+    that exist, with the lower bounds pyproject.toml states."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import lowest
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", make, re.M).group(1).splitlines()
+    assert recipe[-1].strip() == "$(MAKE) --no-print-directory test-lowest"
+    files = re.search(r"^LOWEST_TESTS := ((?:.*\\\n)*.*)$", make, re.M).group(1)
+    files = files.replace("\\\n", " ").split()
+    assert len(files) >= 6 and all((ROOT / f).is_file() for f in files), files
+    assert "tests/test_sim.py" in files and "tests/test_round.py" in files  # training, core
+    assert lowest.pins() == ["numpy==1.24", "numba==0.59", "scipy==1.10", "typer==0.13",
+                             "pydantic==2"]
+    assert ".venv-lowest/" in (ROOT / ".gitignore").read_text().split()
+
+
 def test_missing_extra_is_one_error_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(extras, "installed", lambda m: m not in ("torch", "matplotlib"))
     assert main(["run"]) == 2

@@ -318,18 +318,27 @@ def exit_process(code: int) -> None:
     left to write (measured: whole process 3.85 s → 3.2 s). When a component of
     ``_TEARDOWN_MATTERS`` is loaded, when stdout cannot be flushed, or where the interpreter
     lacks the hooks, this is a plain ``sys.exit(code)``. Only the installed program calls it
-    (:func:`sfg.cli.main.entry`); :func:`run_app` and ``sfg.cli.main.main`` return the status."""
+    (:func:`sfg.cli.main.entry`); :func:`run_app` and ``sfg.cli.main.main`` return the status.
+
+    ``threading._shutdown`` and ``atexit._run_exitfuncs`` are the interpreter's internals
+    (:mod:`sfg.util.internals`, ``fast-exit``): used only where both are there, functions;
+    otherwise, and under ``SFG_PUBLIC_API=1``, the plain ``sys.exit(code)``."""
+    import atexit
     import os
     import threading
 
+    from sfg.util import internals
+
     shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is None or any(name in sys.modules for name in _TEARDOWN_MATTERS):
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if any(name in sys.modules for name in _TEARDOWN_MATTERS):
+        sys.exit(code)
+    if internals.taken("fast-exit", internals.forced() or not callable(shutdown)
+                       or not callable(run_exitfuncs)):
         sys.exit(code)
     try:
         shutdown()
-        import atexit
-
-        atexit._run_exitfuncs()
+        run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()

@@ -13,6 +13,15 @@ in-memory network of :mod:`sfg.net.memory` carries the messages).
 A program that waits with nothing scheduled and no hook pending would wait forever; the loop
 raises :class:`Deadlock` instead.
 
+The loop keeps its own record of its timers (every timer is made by ``loop.call_at``, which
+it extends, and read through the handles' public ``when()`` and ``cancelled()``), not asyncio's
+private heap. The one asyncio internal it relies on is the loop's ``_clock_resolution``, which
+it sets (see :meth:`_Selector.select`) and asyncio's ``_run_once`` reads: that is checked at
+import (``clock-resolution`` in :mod:`sfg.util.internals`); where asyncio does not read it, or
+under ``SFG_PUBLIC_API=1``, the clock runs as it does up to 2^22 s (past which asyncio's own
+resolution can no longer tell an instant from the next) and a run that would pass that stops
+with an error instead of spinning.
+
 Per-node clocks (:class:`NodeClock`) read the loop's clock through a drift rate and an offset,
 as a device's own clock would (SPEC §11.2: timestamps are the receiver's own clock only).
 """
@@ -32,6 +41,22 @@ from sfg.errors import SfgError
 
 class Deadlock(SfgError):
     """Every task waits for something that nothing scheduled will ever provide."""
+
+
+def _resolution_read() -> bool:
+    """Whether asyncio's loop reads ``_clock_resolution`` when it runs the timers due (and
+    sfg may rely on it: not under ``SFG_PUBLIC_API=1``); noted in :mod:`sfg.util.internals`."""
+    from sfg.util import internals
+
+    run_once = getattr(asyncio.BaseEventLoop, "_run_once", None)
+    names = getattr(getattr(run_once, "__code__", None), "co_names", ())
+    return not internals.taken("clock-resolution",
+                               internals.forced() or "_clock_resolution" not in names)
+
+
+#: where asyncio does not read the loop's ``_clock_resolution``: the virtual clock's limit
+#: (asyncio's own resolution, ~1 ns, is still above one float step there)
+UNREAD_LIMIT = 2.0 ** 22
 
 
 class _Selector(selectors.BaseSelector):
@@ -66,6 +91,10 @@ class _Selector(selectors.BaseSelector):
         if when is None:
             raise Deadlock("every node is waiting and nothing is scheduled: the run would "
                            "wait forever (a missing message with no deadline?)")
+        if when > UNREAD_LIMIT and not loop.resolution_read:
+            raise SfgError(f"the virtual clock would pass {UNREAD_LIMIT:.0f} s, where this "
+                           "Python's asyncio cannot tell its instants apart (see "
+                           "sfg.util.internals); run a shorter simulation")
         loop._vtime = max(loop._vtime, when)
         # asyncio runs the timers due before time() + _clock_resolution: that must exceed
         # time() itself, i.e. be at least one float step at this clock reading (a fixed
@@ -90,7 +119,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._vtime = 0.0
         self._idle_hooks: list[Callable[[], bool]] = []
         self._clock_resolution = 1e-12
+        self.resolution_read = _resolution_read()
         self.wall_started = time.perf_counter()
+        # (when, order, timer) of every timer made by call_at; fired and cancelled ones are
+        # dropped when they reach the head
+        self._timers: list[tuple[float, int, _Timer]] = []
+        self._made = 0
 
     def time(self) -> float:
         return self._vtime
@@ -103,14 +137,42 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def _run_idle_hooks(self) -> bool:
         return any([h() for h in self._idle_hooks])
 
+    def call_at(self, when, callback, *args, context=None):
+        """asyncio's ``call_at`` (every ``call_later``, ``sleep`` and timeout comes here), the
+        timer also noted in this loop's own record (:meth:`_next_timer`)."""
+        timer = _Timer(callback)
+        handle = super().call_at(when, timer, *args, context=context)
+        timer.handle = handle
+        self._made += 1
+        heapq.heappush(self._timers, (handle.when(), self._made, timer))
+        return handle
+
     def _next_timer(self) -> float | None:
-        # the timers are asyncio's heap: drop cancelled ones from its head, as asyncio's own
-        # _run_once does, and read the head (O(1), not a scan of every timer)
-        heap = self._scheduled  # type: ignore[attr-defined]
-        while heap and heap[0]._cancelled:
-            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
-            heapq.heappop(heap)._scheduled = False
-        return heap[0]._when if heap else None
+        """When the earliest timer still to run is due (None: none is): the head of this loop's
+        record, once the timers that ran or were cancelled are dropped from it (O(1) a
+        timer, not a scan of every timer). The same instant as the head of asyncio's own
+        heap: a timer leaves that heap only to run, or cancelled."""
+        heap = self._timers
+        while heap and (heap[0][2].fired or heap[0][2].handle.cancelled()):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class _Timer:
+    """A timer's callback, noting that it ran (for :meth:`VirtualLoop._next_timer`)."""
+
+    __slots__ = ("callback", "fired", "handle")
+
+    def __init__(self, callback: Callable) -> None:
+        self.callback, self.fired = callback, False
+        self.handle: asyncio.TimerHandle
+
+    def __call__(self, *args):
+        self.fired = True
+        return self.callback(*args)
+
+    def __repr__(self) -> str:
+        return repr(self.callback)
 
 
 def run_virtual(coro, *, loop: VirtualLoop | None = None):

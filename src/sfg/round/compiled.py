@@ -59,12 +59,19 @@ class Kernel:
     def cached(self) -> bool:
         """Whether numba's on-disk cache holds the kernel for this source (read from the
         cache's index, without loading numba's compiler); True when that cannot be told."""
-        try:
-            from numba.core.caching import FunctionCache
+        from sfg.util import internals
 
-            return bool(FunctionCache(self.py_func)._cache_file._load_index())
-        except Exception:  # noqa: BLE001 - an uncachable function, an unwritable cache…
-            return True
+        index = None
+        if not internals.forced():
+            try:  # numba internals (sfg.util.internals): looked up and checked
+                from numba.core.caching import FunctionCache
+
+                index = FunctionCache(self.py_func)._cache_file._load_index()
+            except Exception:  # noqa: BLE001 - a later numba, an uncachable function, an
+                index = None  # unwritable cache…
+        if internals.taken("cache-index", not isinstance(index, dict)):
+            return True  # cannot tell: no helper
+        return bool(index)
 
     def ahead(self) -> None:
         """Start compiling the kernel in a helper process if it is not cached (see the
@@ -96,21 +103,63 @@ _FIRST_CLASS: list = []
 
 def first_class(dispatcher, signature):
     """``dispatcher``, compiled for ``signature``, as a first-class function argument of
-    compiled code (numba's wrapper address protocol: the address of its C wrapper, looked up
-    once; passing the dispatcher itself costs two symbol lookups per call, about 50 µs). The
-    callee's exceptions do not propagate through the C wrapper: it reports them as unraisable
-    and returns 0, which callers can test for."""
+    compiled code: an object of numba's wrapper address protocol holding the address of its C
+    wrapper, looked up once (passing the dispatcher itself, numba looks it up at each call,
+    about 50 µs, and calls past the C wrapper). The callee's exceptions do not propagate
+    through the C wrapper: it reports them as unraisable and returns 0, which callers can test
+    for.
+
+    The address comes from numba's compile result (``cres.library``, ``cres.fndesc``: numba
+    internals, :mod:`sfg.util.internals`). Where they are missing or give no address, or
+    under ``SFG_PUBLIC_API=1``, the same function is compiled with ``numba.cfunc`` (public
+    API: a C callback, which numba also takes as a first-class function) and passed as that:
+    the same code behind the same C wrapper, so the same numbers and the same 0 on an
+    exception; the cost is a second compile of the function on a cold cache."""
+    from sfg.util import internals
+
+    if not internals.forced():
+        try:
+            made = _first_class_type()(dispatcher, signature)
+        except Exception:  # noqa: BLE001 - a later numba without these internals
+            pass
+        else:
+            internals.taken("first-class-address", False)
+            return made
+    internals.taken("first-class-address", True)
+    return _as_cfunc(dispatcher, signature)
+
+
+def _as_cfunc(dispatcher, signature):
+    """``dispatcher``'s Python function compiled by ``numba.cfunc`` for ``signature`` (cached
+    on disk under its own name, ``<name>__cfunc``: numba's cache index does not tell a C
+    callback from a jit function of the same name and signature)."""
+    import types as pytypes
+
+    from numba import cfunc
+
+    py = dispatcher.py_func
+    copy = pytypes.FunctionType(py.__code__, py.__globals__, f"{py.__name__}__cfunc",
+                                py.__defaults__, py.__closure__)
+    copy.__qualname__ = f"{py.__qualname__}__cfunc"
+    copy.__module__ = py.__module__
+    return cfunc(signature, cache=True, nogil=True)(copy)
+
+
+def _first_class_type():
+    """The wrapper-address class (made once); raises if numba's internals are not there."""
     if not _FIRST_CLASS:
         from numba.core import types
-        from numba.core.types.function_type import WrapperAddressProtocol
-        from numba.core.typing.typeof import typeof_impl
+        from numba.extending import typeof_impl
 
-        class FirstClass(WrapperAddressProtocol):
+        class FirstClass(types.WrapperAddressProtocol):
             def __init__(self, dispatcher, signature):
                 self.dispatcher, self._signature = dispatcher, signature
                 cres = dispatcher.get_compile_result(signature)
-                self._address = cres.library.get_pointer_to_function(
+                address = cres.library.get_pointer_to_function(
                     cres.fndesc.llvm_cfunc_wrapper_name)
+                if not isinstance(address, int) or address <= 0:
+                    raise TypeError(f"no C wrapper address for {dispatcher}: {address!r}")
+                self._address = address
                 self.type = types.FunctionType(signature)
 
             def __wrapper_address__(self):
@@ -124,4 +173,4 @@ def first_class(dispatcher, signature):
             return val.type
 
         _FIRST_CLASS.append(FirstClass)
-    return _FIRST_CLASS[0](dispatcher, signature)
+    return _FIRST_CLASS[0]

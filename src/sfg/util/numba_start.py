@@ -9,19 +9,42 @@ dependencies, so the probe's answer is known: it is answered "available" without
 and numba's real check (``numba.np.linalg.ensure_blas``, restored at once) still runs when a
 compiled ``np.dot`` or ``np.linalg`` call is typed, in sfg or in a user's own code
 (``tests/test_startup.py``). Every sfg module that compiles imports ``njit`` from here.
+
+``ensure_blas`` is a numba internal (:mod:`sfg.util.internals`, ``blas-probe``): it is
+answered only where it is there, a plain function of no arguments; otherwise, and under
+``SFG_PUBLIC_API=1``, numba runs its own probe (the same compiled code, a slower start).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
+
+
+def _probe_answerable(linalg) -> bool:
+    """Whether ``linalg.ensure_blas`` is what sfg answers: a function of no arguments."""
+    real = getattr(linalg, "ensure_blas", None)
+    if not inspect.isfunction(real):
+        return False
+    try:
+        return not inspect.signature(real).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _answer_blas_probe() -> None:
     if "numba.np.arraymath" in sys.modules or importlib.util.find_spec("scipy") is None:
         return  # already probed, or no scipy: numba's own probe decides
+    from sfg.util import internals
+
+    if internals.forced():
+        internals.taken("blas-probe", True)
+        return
     import numba.np.linalg as linalg
 
+    if internals.taken("blas-probe", not _probe_answerable(linalg)):
+        return  # a later numba: its own probe runs
     real = linalg.ensure_blas
     linalg.ensure_blas = lambda: None
     try:

@@ -1,0 +1,66 @@
+"""The private internals of other packages that sfg uses, each with a fallback on public API.
+
+A later numba or Python may change what is private without notice (issue 32, safe to
+upgrade). Each use below is feature-tested where it is made — the internal is looked up, and
+its answer checked, before sfg relies on it — and falls back to public API when the test
+fails. A fallback changes the time a step takes, never a number: the tests run each use both
+ways and compare the results (``tests/test_internals.py``).
+
+* ``first-class-address`` (:mod:`sfg.round.compiled`): a compile result's C wrapper address
+  (``cres.library``, ``cres.fndesc.llvm_cfunc_wrapper_name``), passed to compiled code as a
+  first-class function. Fallback: the dispatcher itself as the first-class function argument
+  (numba's documented use; it looks the address up at each call, ~50 µs a call).
+* ``cache-index`` (:mod:`sfg.round.compiled`): ``FunctionCache._cache_file`` tells whether a
+  kernel is in numba's on-disk cache. Fallback: "cached", so no helper process compiles ahead
+  (a cold cache compiles in this process).
+* ``blas-probe`` (:mod:`sfg.util.numba_start`): ``numba.np.linalg.ensure_blas`` answered while
+  numba's array library loads. Fallback: numba's own probe (it imports scipy.linalg: ~0.13 s
+  of a start).
+* ``fast-exit`` (:mod:`sfg.cli.console`): ``threading._shutdown`` and
+  ``atexit._run_exitfuncs``, then ``os._exit``. Fallback: ``sys.exit`` (the interpreter's full
+  teardown: ~0.6 s).
+* ``clock-resolution`` (:mod:`sfg.net.simclock`): asyncio's ``BaseEventLoop._run_once`` reads
+  the loop's ``_clock_resolution``, which the virtual loop sets. Fallback: the clock as it is
+  up to 2^22 s; a run that would pass that stops with one error line (asyncio's own ~1 ns
+  resolution no longer separates one instant from the next there).
+
+The virtual clock no longer reads asyncio's private timer heap (``_scheduled``,
+``_timer_cancelled_count``, the handles' ``_when``): it keeps its own record of the loop's
+timers through ``loop.call_at`` and the handles' public ``when()`` and ``cancelled()``.
+
+``SFG_PUBLIC_API=1`` in the environment makes every use above take its fallback: the way out
+if a dependency's upgrade breaks one in a way its feature test does not catch.
+:func:`fallbacks` says which uses took their fallback in this process.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: the uses of :data:`USES`' names made in this process -> True where the fallback was taken
+_TAKEN: dict[str, bool] = {}
+
+USES = ("first-class-address", "cache-index", "blas-probe", "fast-exit", "clock-resolution")
+
+
+def forced() -> bool:
+    """Whether ``SFG_PUBLIC_API`` asks for every fallback (set, and not ``0``)."""
+    return os.environ.get("SFG_PUBLIC_API", "").strip() not in ("", "0")
+
+
+def taken(use: str, fallback: bool) -> bool:
+    """Record that ``use`` took its fallback (``fallback``) or the internal; returns
+    ``fallback``."""
+    assert use in USES, use
+    _TAKEN[use] = bool(fallback)
+    return bool(fallback)
+
+
+def fallbacks() -> list[str]:
+    """The uses that took their fallback in this process, in :data:`USES` order."""
+    return [u for u in USES if _TAKEN.get(u)]
+
+
+def internals() -> list[str]:
+    """The uses that relied on the internal in this process, in :data:`USES` order."""
+    return [u for u in USES if _TAKEN.get(u) is False]
