@@ -491,6 +491,9 @@ DATASET_CASES = cases_for("data", [
     # a pixel bomb: a few KB of PNG that decodes to 4000 x 4000 pixels
     (lambda f: run_data("imagefolder", image_folder(f, {"train/a/0.png": png(4000, 4000)})),
      "4000x4000 pixels.*SFG_MAX_MEMBER", {"env": {"SFG_MAX_MEMBER": "8M"}, "limit_gib": 3}),
+    # a decode-time bomb: 81 megapixels in a few hundred KB, refused at its header
+    (lambda f: run_data("imagefolder", image_folder(f, {"train/a/0.png": png(9000, 9000)})),
+     r"9000x9000 = 81\.0 megapixels, over the per-image budget.*SFG_MAX_PIXELS"),
     (lambda f: run_data("imagefolder", image_folder(f, {
         f"train/a/{i}.png": png(64, 64) for i in range(40)})),
      "images of 64x64 pixels.*over the limit", {"env": {"SFG_MAX_MEMORY": "200K"}}),

@@ -157,3 +157,39 @@ def test_read_image_folder_arrays(tmp_path):
     np.testing.assert_array_equal(arrays["train_x"][:, 0, 0, 0], 40 * np.repeat([0, 1, 2], 4)
                                   + np.tile(np.arange(4), 3))
     assert arrays["mean"].shape == (3,) and info["decoded"]
+
+
+def test_images_over_the_pixel_budget_are_refused_before_decoding(tmp_path, monkeypatch):
+    """Seven 81-megapixel PNGs (a few hundred KB each): refused at the first one's header,
+    with the figure and the budget, before any of them is decoded (issue 32: a folder's
+    decode time is bounded like its memory)."""
+    from PIL import ImageFile
+
+    big = io.BytesIO()
+    Image.new("L", (9000, 9000), 3).save(big, "PNG")
+    root = write_folder(tmp_path / "imgs", train=3, test=2)
+    for i in range(7):  # after the small ones (the first image sets the size)
+        (root / "train" / "c_class" / f"zz{i}.png").write_bytes(big.getvalue())
+    decoded = []
+    real = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load",
+                        lambda im: (decoded.append(im.size), real(im))[1])
+    with pytest.raises(SfgError, match=r"image .*zz0\.png is 9000x9000 = 81\.0 megapixels, "
+                                       r"over the per-image budget of 33\.6 megapixels "
+                                       r"\(SFG_MAX_PIXELS=32M; .*raise it with "
+                                       r"SFG_MAX_PIXELS=128M"):
+        read_image_folder(detect_image_folder(root), cache_dir=tmp_path / "c", workers=1)
+    assert decoded and (9000, 9000) not in decoded  # the small ones only
+    # the budget is read at each check: lowered, the 6x6 images are over it too
+    monkeypatch.setenv("SFG_MAX_PIXELS", "35")
+    with pytest.raises(SfgError, match=r"is 6x6 = 0\.0 megapixels, over the per-image budget "
+                                       r"of 0\.0 megapixels \(SFG_MAX_PIXELS=35;"):
+        decode_images([_png(6, 6)], ["a.png"], workers=1)
+    monkeypatch.setenv("SFG_MAX_PIXELS", "36")
+    assert decode_images([_png(6, 6)], ["a.png"], workers=1).shape == (1, 3, 6, 6)
+
+
+def _png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (1, 2, 3)).save(buf, "PNG")
+    return buf.getvalue()

@@ -236,3 +236,74 @@ def test_ray_executor_matches_local(tmp_path, local_ray):
     assert run_grid(cfgs, tmp_path / "ray.sqlite", executor="ray").already_done == 6
     with pytest.raises(SfgError, match="GPUs"):
         run_grid(cfgs, tmp_path / "gpu.sqlite", executor="ray", gpus_per_run=0.25)
+
+
+# ----------------------------------------------------------- an unreachable Ray cluster (#32)
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("address, endpoint", [
+    ("ray://127.0.0.1:10001", ("127.0.0.1", 10001)), ("10.0.0.5:6379", ("10.0.0.5", 6379)),
+    ("ray://[::1]:10001", ("::1", 10001)), ("ray://head.example:10001/x", ("head.example", 10001)),
+    ("auto", None), ("local", None), (None, None), ("ray://head", None),
+    ("anyscale://prod", None)])
+def test_which_addresses_are_probed_before_ray_starts(address, endpoint):
+    from sfg.experiments.executors import ray_endpoint
+
+    assert ray_endpoint(address) == endpoint
+
+
+def test_an_unreachable_ray_address_is_one_error_line_before_ray_starts(tmp_path, monkeypatch):
+    """A refused port: one error line, exit 2, and Ray's client is never started (it would
+    retry for ~30 s and print its own warnings first)."""
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: calls.append(a))
+    address = f"ray://127.0.0.1:{_closed_port()}"
+    cfgs = [make_config(kind="selftest", rounds=10)]
+    with pytest.raises(SfgError, match=r"cannot reach Ray at address 'ray://127\.0\.0\.1:\d+': "
+                                       r"Connection refused \(127\.0\.0\.1 port \d+\)"):
+        run_grid(cfgs, tmp_path / "x.sqlite", executor="ray", address=address)
+    assert calls == []
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: tiny\nbase: {kind: selftest, n_clients: 10, rounds: 10}\n"
+                    "processes: [none]\nrules: [dfedavg]\nseeds: [1]\n")
+    r = subprocess.run([sys.executable, "-m", "sfg", "grid", "run", str(grid), "--store",
+                        str(tmp_path / "s.sqlite"), "--executor", "ray", "--address",
+                        address, "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach Ray at address"), r.stderr
+
+
+def test_a_silent_ray_address_is_refused_after_the_connect_timeout():
+    """A port that does not answer (a listener whose queue is full drops the connection
+    request): the probe gives up after its timeout with one line naming it."""
+    import socket
+
+    from sfg.experiments.executors import _check_reachable
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        held = []
+        try:
+            for _ in range(8):  # fill the accept queue (never accepted)
+                c = socket.socket()
+                c.setblocking(False)
+                c.connect_ex(("127.0.0.1", port))
+                held.append(c)
+            with pytest.raises(SfgError, match=r"no answer from 127\.0\.0\.1 port \d+ within "
+                                               r"0\.5 s; check --address"):
+                _check_reachable(f"ray://127.0.0.1:{port}", timeout=0.5)
+        finally:
+            for c in held:
+                c.close()

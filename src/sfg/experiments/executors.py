@@ -269,6 +269,72 @@ def _record_ray(store: Store, worker: str, rid: str, ref: Any, ray: Any) -> None
                    seconds=out["seconds"])
 
 
+#: seconds to wait for a Ray cluster's port to accept a TCP connection before ray.init
+RAY_CONNECT_TIMEOUT = 5.0
+
+
+def ray_endpoint(address: str | None) -> tuple[str, int] | None:
+    """(host, port) of a cluster ``address`` (``ray://host:port`` or ``host:port``; IPv6 in
+    brackets); None for ``auto``, ``local``, None or a form without a port (Ray decides)."""
+    if not address:
+        return None
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    if "://" in rest or rest in ("auto", "local"):
+        return None
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host, int(port)
+
+
+def _check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
+    """One TCP connection to the cluster's port before ``ray.init``: an address that refuses
+    or does not answer within ``timeout`` seconds is one error line at once (Ray's client
+    would retry for about 30 s and print its own warnings first)."""
+    import socket
+
+    end = ray_endpoint(address)
+    if end is None:
+        return
+    try:
+        with socket.create_connection(end, timeout=timeout):
+            pass
+    except TimeoutError:
+        raise SfgError(f"cannot reach Ray at address {address!r}: no answer from "
+                       f"{end[0]} port {end[1]} within {timeout:g} s; check --address "
+                       "(is the cluster up, the port open?)") from None
+    except OSError as e:
+        raise SfgError(f"cannot reach Ray at address {address!r}: "
+                       f"{e.strerror or type(e).__name__} ({end[0]} port {end[1]}); "
+                       "check --address (is the cluster up, the port open?)") from None
+
+
+class _quiet_ray_client:
+    """While ``ray.init`` connects: Ray's client logs its kwargs at INFO and warns on a timed
+    out connection before raising; the raised error is what sfg reports (one line)."""
+
+    def __enter__(self) -> None:
+        import logging
+        import warnings
+
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", module=r"ray\.")
+        warnings.filterwarnings("ignore", message="Ray Client")
+        self._loggers = [logging.getLogger(n) for n in ("ray.util.client",
+                                                       "ray.client_builder")]
+        self._levels = [lg.level for lg in self._loggers]
+        for lg in self._loggers:
+            lg.setLevel(logging.WARNING)
+
+    def __exit__(self, *exc: object) -> None:
+        for lg, level in zip(self._loggers, self._levels, strict=True):
+            lg.setLevel(level)
+        self._warnings.__exit__(*exc)
+
+
 def _run_ray(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, address: str | None,
              cpus_per_run: float, gpus_per_run: float, lease: float,
              max_attempts: int) -> None:
@@ -280,8 +346,10 @@ def _run_ray(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, addre
         raise MissingExtra("the ray executor", "ray") from None
     started_here = False
     if not ray.is_initialized():
+        _check_reachable(address)
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            with _quiet_ray_client():
+                ray.init(address=address, include_dashboard=False, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SfgError(f"cannot start or reach Ray at address {address!r}: "
                            f"{one_line(e)}; check --address") from None

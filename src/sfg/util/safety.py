@@ -14,6 +14,8 @@ variable               default    what it bounds
 ``SFG_MAX_MEMORY``     ``4G``     memory one input may imply (a trace matrix, decoded images,
                                   a decompressed archive, an availability sample, a graph)
 ``SFG_MAX_MEMBER``     ``1G``     the decompressed size of one archive member
+``SFG_MAX_PIXELS``     ``32M``    the pixels of one image, read from its header before it is
+                                  decoded (decode time: about 1 s per 32M pixels)
 ``SFG_MAX_RUNS``       ``20000``  runs one grid file may expand to (counted before expanding)
 ``SFG_MAX_YAML_NODES`` ``100000`` YAML/JSON nodes of a grid or config (aliases expanded)
 ``SFG_MAX_RATIO``      ``200``    decompressed / compressed size of an archive, once past
@@ -36,7 +38,8 @@ from sfg.errors import SfgError
 
 GiB = 1 << 30
 DEFAULTS = {"SFG_MAX_MEMORY": 4 * GiB, "SFG_MAX_MEMBER": 1 * GiB, "SFG_MAX_RUNS": 20_000,
-            "SFG_MAX_YAML_NODES": 100_000, "SFG_MAX_RATIO": 200}
+            "SFG_MAX_YAML_NODES": 100_000, "SFG_MAX_RATIO": 200,
+            "SFG_MAX_PIXELS": 32 << 20}
 MAX_DEPTH = 100  # nesting of a YAML/JSON settings document
 INT64_MAX = (1 << 63) - 1
 
@@ -77,6 +80,12 @@ def max_memory() -> int:
 def max_member() -> int:
     """Decompressed bytes of one archive member (``SFG_MAX_MEMBER``, default 1 GiB)."""
     return _limit("SFG_MAX_MEMBER")
+
+
+def max_pixels() -> int:
+    """Pixels of one image, checked at its header before decoding (``SFG_MAX_PIXELS``,
+    default 32M = 33,554,432: about a second of decoding on one core)."""
+    return _limit("SFG_MAX_PIXELS")
 
 
 def max_runs() -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from sfg.errors import SfgError, check
-from sfg.util.safety import check_memory, human_bytes, max_member
+from sfg.util.safety import check_memory, human_bytes, max_member, max_pixels
 from sfg.world.data.base import (
     DATASETS,
     FederatedData,
@@ -203,13 +203,31 @@ def _decode(blobs: list[bytes], names: list[str], mode: str, size: tuple[int, in
 
 
 def _check_pixels(size: tuple[int, int], name: str) -> None:
-    """Refuse one image whose decoded RGBA pixels would exceed SFG_MAX_MEMBER (a pixel bomb)."""
+    """Refuse one image, from the size in its header (nothing decoded yet), whose pixels exceed
+    SFG_MAX_PIXELS (decode time: a folder's decoding stays within about a second per image per
+    core) or whose decoded RGBA pixels would exceed SFG_MAX_MEMBER (a pixel bomb)."""
+    pixels = size[0] * size[1]
+    budget = max_pixels()
+    if pixels > budget:
+        raise SfgError(f"image {name} is {size[0]}x{size[1]} = {pixels / 1e6:.1f} megapixels, "
+                       f"over the per-image budget of {budget / 1e6:.1f} megapixels "
+                       f"(SFG_MAX_PIXELS={_pixels_text(budget)}; decoding one takes about a "
+                       f"second per 32M pixels): shrink the images, or raise it with "
+                       f"SFG_MAX_PIXELS={_pixels_text(4 * budget)}")
     limit = max_member()
     if size[0] * size[1] * 4 > limit:
         raise SfgError(f"image {name} is {size[0]}x{size[1]} pixels = "
                        f"{human_bytes(size[0] * size[1] * 4)} decoded, over the per-image limit "
                        f"of {human_bytes(limit)} (SFG_MAX_MEMBER); is it really an image of "
                        "the data set?")
+
+
+def _pixels_text(n: int) -> str:
+    """A pixel count as SFG_MAX_PIXELS takes it back: ``33554432`` -> ``32M``."""
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
 
 
 def _decode_range(task: tuple[int, int, str, tuple[int, int], bool]) -> tuple[int, np.ndarray]:
