@@ -1,40 +1,56 @@
-"""The layout: old import paths still import (as the module they became, with a warning naming
-the new one), and the folders hold no import circle."""
+"""The layout: the import paths of 0.1 are gone (no import hook at ``import sfg``), and the
+folders hold no import circle."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import warnings
+import json
+import subprocess
+import sys
 from pathlib import Path
-
-import pytest
-
-from sfg.moved import MOVED, new_name
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_import_path_is_the_new_module_with_a_warning(old):
-    new = MOVED[old]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)
-               for w in caught) or old in __import__("sys").modules
+#: the import paths of 0.1, removed in 0.3 (the CHANGELOG names where each lives now)
+OLD_PATHS = [
+    "sfg.rounds", "sfg.staleness", "sfg.defences", "sfg.attacks", "sfg.jit", "sfg.rules",
+    "sfg.graphs", "sfg.models", "sfg.outages", "sfg.traces", "sfg.data", "sfg.stats",
+    "sfg.report", "sfg.report_diagnostics", "sfg.attack_report", "sfg.console",
+    "sfg.replay_cli", "sfg.sim.cli", "sfg.net.cli", "sfg.experiments.cli", "sfg.report_cli",
+    "sfg.pretrain_cli", "sfg.demo", "sfg.pretrain", "sfg.spec", "sfg.safety", "sfg.rng",
+    "sfg.lazy", "sfg.alloc", "sfg.net.state",
+]
 
 
-def test_submodules_of_moved_packages_resolve():
-    assert new_name("sfg.rules.library") == "sfg.round.rules.library"
-    assert new_name("sfg.data.partition") == "sfg.world.data.partition"
-    assert new_name("sfg.replay.api") is None  # did not move
-    from sfg.rules.library import rule  # noqa: F401 - old path, new module
+def test_import_sfg_installs_no_import_hook_and_the_old_paths_are_gone():
+    """In a fresh interpreter (this one has imported half of sfg): ``import sfg`` leaves
+    ``sys.meta_path`` as it was, and no old path imports."""
+    code = (
+        "import importlib, json, sys\n"
+        "before = list(sys.meta_path)\n"
+        "import sfg\n"
+        f"old = {OLD_PATHS!r}\n"
+        "found = []\n"
+        "for name in old:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "        found.append(name)\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "print(json.dumps({'hooks': [type(f).__name__ for f in sys.meta_path if f not in before],"
+        " 'found': found}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=SRC.parent)
+    assert json.loads(out.stdout) == {"hooks": [], "found": []}
 
-    from sfg.round.rules import library
 
-    assert importlib.import_module("sfg.rules.library") is library
+def test_the_changelog_says_where_each_old_path_went():
+    text = (SRC.parent / "CHANGELOG.md").read_text()
+    removed = text[text.index("### Removed"):]
+    removed = removed[:removed.index("\n## ")]
+    assert [p for p in OLD_PATHS if f"`{p}`" not in removed] == []
 
 
 def _imports(path: Path) -> set[str]:

@@ -8,9 +8,7 @@ run on, :mod:`sfg.world` (graphs, outages, traces, data, models); the experiment
 command line, :mod:`sfg.cli`. :mod:`sfg.util` holds the plumbing they share.
 """
 
-from sfg import moved as _moved
 from sfg import reproducible as _reproducible
 
 _reproducible.apply()  # SFG_REPRODUCIBLE=1: pin the numerical libraries before they load
-_moved.install()  # import paths from before the layout keep working (DeprecationWarning)
 __version__ = "0.2.0"
