@@ -25,7 +25,7 @@ gives exactly ``sfg run``'s numbers, tested):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sfg.errors import SfgError
@@ -123,7 +123,3 @@ def _faults(text: Any, seed: Any) -> str:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise SfgError(f"faults_seed must be an integer >= 0, got {seed!r}")
     return Faults.parse(None if text is None else str(text), seed=seed).text
-
-
-def settings_keys() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(ClockSettings))

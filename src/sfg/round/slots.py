@@ -59,12 +59,6 @@ class RoundGraph:
     def from_graph(cls, graph) -> RoundGraph:
         return cls.from_edges(graph.n, graph.edges)
 
-    def to_sparse(self, w: np.ndarray):
-        """The N×N mixing matrix W (rows = receivers) as a scipy CSR matrix."""
-        import scipy.sparse as sp
-
-        return sp.csr_matrix((w, self.send, self.indptr), shape=(self.n, self.n))
-
     def to_dense(self, w: np.ndarray) -> np.ndarray:
         out = np.zeros((self.n, self.n))
         np.add.at(out, (self.recv, self.send), w)

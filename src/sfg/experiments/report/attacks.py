@@ -36,10 +36,6 @@ TRAIN_METRICS = ("acc_honest_mean", "acc_honest_p10")
 REPLAY_METRICS = ("attack_weight", "self_cut", "reach")
 
 
-def has_attacks(records: Sequence[Mapping[str, Any]]) -> bool:
-    return any((r.get("config") or {}).get("attack") for r in records)
-
-
 def without_attacks(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The runs without an attack (what the ordinary report compares)."""
     return [r for r in records if not (r.get("config") or {}).get("attack")]
