@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -162,23 +163,24 @@ def test_replay_plot_into_a_folder_a_bare_name_or_a_bad_format(tmp_path, capsys)
     assert not (tmp_path / "s.xyz").exists()
 
 
-def test_replay_engines_agree_from_the_command_line(capsys):
-    """``--engine compiled`` and ``--engine numpy`` print the same rows (to rounding), and
-    ``auto`` runs an oracle next to compiled rules."""
+def test_replay_engine_is_deprecated_with_one_line_and_changes_nothing(capsys):
+    """``--engine`` (deprecated in 0.3, gone in 0.4) still parses: one ``warning:`` line on
+    stderr and the same rows as without it; ``auto`` runs an oracle next to compiled rules."""
     base = ["replay", "-p", "bursty:u=0.7", "-r", "sfg-cut", "-r", "aoi+ipw", "--seeds", "1,2",
             "-n", "30", "-T", "70", "--horizon", "10", "--json"]
-    out = {}
-    for engine in ("compiled", "numpy"):
+    assert main(base) == 0
+    plain = capsys.readouterr()
+    assert plain.err == ""
+    for engine in ("compiled", "numpy", "auto"):
         assert main([*base, "--engine", engine]) == 0
-        out[engine] = json.loads(capsys.readouterr().out)["rows"]
-    assert len(out["compiled"]) == 4
-    for a, b in zip(out["compiled"], out["numpy"], strict=True):
-        assert a.keys() == b.keys()
-        for key, value in a.items():
-            if isinstance(value, float):
-                assert value == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
-            else:
-                assert value == b[key], key
+        got = capsys.readouterr()
+        assert got.out == plain.out, engine
+        assert got.err.splitlines() == ["warning: --engine is deprecated and does nothing (one "
+                                        "compiled round runs every rule); drop it, it goes in "
+                                        "0.4"], engine
+    assert "--engine" not in subprocess.run(
+        [sys.executable, "-m", "sfg", "replay", "--help"], capture_output=True, text=True,
+        env={**os.environ, "COLUMNS": "200"}).stdout
     assert main([*base[:3], "-r", "oracle-gls", "-r", "sfg", *base[7:]]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {r["rule"] for r in rows} == {"oracle-gls", "sfg"}

@@ -114,7 +114,7 @@ def replay(
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
     horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
-    engine: str = typer.Option("auto", help="auto or compiled (one compiled round runs every rule; numpy is accepted as an alias)"),
+    engine: str | None = typer.Option(None, hidden=True, help="Deprecated, does nothing (one compiled round runs every rule); removed in 0.4"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
     attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
@@ -154,6 +154,15 @@ def replay(
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from sfg.replay import replay as run_replay
 
+    if engine is not None:  # deprecated in 0.3, gone in 0.4: checked, noted, then ignored
+        from sfg.replay.api import ENGINES
+
+        if engine not in ENGINES:
+            raise SfgError(f"unknown replay engine {engine!r}; choose one of "
+                           f"{', '.join(ENGINES)}, or better drop --engine (it does nothing)")
+        console.note("warning: --engine is deprecated and does nothing (one compiled round "
+                     "runs every rule); drop it, it goes in 0.4")
+
     if plot is not None:  # a folder, a bare name or an unknown format: settled before the work
         from sfg.replay.plot import plot_path
         from sfg.util.extras import require
@@ -181,7 +190,7 @@ def replay(
         else:
             rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                               anatomy=anatomy, link_failure=link_failure, horizon=horizon,
-                              with_curves=plot is not None, progress=update, engine=engine,
+                              with_curves=plot is not None, progress=update,
                               attacks=attack or [None])
     if plot is not None:
         from sfg.replay import plot_staleness
