@@ -141,3 +141,86 @@ def test_replay_rejects_model_reading_rules(model_reading_rule):
     replay = make_config(kind="replay", rule=model_reading_rule, rounds=60)
     with pytest.raises(ConfigError, match="reads model parameters.*use kind: train"):
         validate_names(replay)
+
+
+BROKEN_GRID = """\
+name: broken
+base: {kind: train, dataset: digits, model: mlp, n_clients: 8, graph: "ring:k=1", rounds: 2,
+       local_steps: 1, eval_every: 1, device: cpu}
+processes: [none]
+rules: [dfedavg]
+seeds: [1]
+"""
+
+
+@pytest.mark.parametrize("body, why", [
+    ("raise ImportError('libtorch_cpu.so: cannot open shared object file')", "ImportError"),
+    ("def broken(:\n", "SyntaxError"),
+    ("raise RuntimeError('CUDA driver initialisation failed')", "RuntimeError"),
+])
+def test_a_broken_model_module_is_one_error_line_naming_it(tmp_path, body, why):
+    """A real broken module first on sys.path (a ``torch`` that fails to import) stops the
+    grid before it runs, with one line naming the registry and the broken file: it used to
+    turn the dataset and model checks off silently, and the grid failed mid-run."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "torch").mkdir()
+    broken = tmp_path / "torch" / "__init__.py"
+    broken.write_text(body)
+    grid = tmp_path / "g.yaml"
+    grid.write_text(BROKEN_GRID)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "sfg", "grid", "run", str(grid), "--store",
+                          str(tmp_path / "s.sqlite"), "--workers", "0"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    # the first registry of a train run that imports torch (data, then models) names it
+    assert "error: sfg.world.data cannot be checked: importing it failed in " in lines[0]
+    assert str(broken) in lines[0] and why in lines[0]
+
+
+def test_a_missing_optional_dependency_skips_only_its_check(monkeypatch):
+    """torch not installed at all (not broken): the model check is skipped, the run names the
+    extra to install; the other checks still run."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *a, **k)
+
+    import sys
+
+    monkeypatch.delitem(sys.modules, "sfg.world.models", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    validate_names(make_config(model="mlp-typo"))  # skipped: the run will say pip install
+    with pytest.raises(ConfigError, match="did you mean 'sfg-cut'"):
+        validate_names(make_config(rule="sfg-cutt", model="mlp-typo"))
+
+
+def test_a_run_whose_engine_fails_to_import_names_the_broken_file(tmp_path):
+    """The runner's own imports (a worker that skipped validation): the same one line."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('libtorch_cpu.so')")
+    code = ("from sfg.errors import SfgError\n"
+            "from sfg.experiments.config import make_config\n"
+            "from sfg.experiments.runner import run_config\n"
+            "try:\n"
+            "    run_config(make_config(rounds=2, n_clients=8, eval_every=1, graph='ring:k=1'))\n"
+            "except SfgError as e:\n"
+            "    print(e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert res.stdout.strip() == (f"kind 'train' needs sfg.sim.run: importing it failed in "
+                                  f"{tmp_path / 'torch' / '__init__.py'}: ImportError: "
+                                  "libtorch_cpu.so"), res.stderr

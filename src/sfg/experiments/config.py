@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import json
 import re
 from typing import Any, Literal
@@ -389,17 +388,29 @@ def run_id(cfg: RunConfig) -> str:
 
 
 # ---------------------------------------------------------------------- registry checks
+def broken_module(what: str, e: BaseException) -> SfgError:
+    """One line naming the module that failed to import (the innermost file of the traceback)
+    and why: a broken module is an error, never a skipped check."""
+    tb, where = e.__traceback__, None
+    while tb is not None:
+        where, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f"{e.filename}, line {e.lineno}"
+    return SfgError(f"{what}: importing it failed in {where}: {type(e).__name__}: {e}")
+
+
 def _module(name: str):
-    """Import ``name`` if it exists; None when the module is not written yet."""
-    try:
-        if importlib.util.find_spec(name) is None:
-            return None
-    except ModuleNotFoundError:
-        return None
+    """Import the registry ``name``; None when an optional dependency of it is not installed
+    (the run then names the extra to install). Any other failure is an error naming the
+    broken module."""
     try:
         return importlib.import_module(name)
-    except ImportError:  # a registry still being written: skip its check
-        return None
+    except Exception as e:  # noqa: BLE001 - any error while importing: a broken module
+        from sfg.util.extras import missing_extra
+
+        if isinstance(e, ImportError) and missing_extra(e, name) is not None:
+            return None
+        raise broken_module(f"{name} cannot be checked", e) from None
 
 
 def _check_member(registry: Any, comp_text: str, field: str, kind: str) -> None:
@@ -420,23 +431,28 @@ def validate_names(cfg: RunConfig) -> None:
     """Check rule, process, dataset (and graph/model where registries exist) by their registries.
 
     Raises :class:`ConfigError` (an :class:`SfgError` carrying the offending ``field``).
-    Each check runs only when its registry is importable (``sfg.round.rules.parse_rule``,
-    ``sfg.world.outages.make_process``, ``sfg.world.data.DATASETS``, ``sfg.world.graphs.GRAPHS``,
-    ``sfg.world.models.MODELS``); a module, attribute or dependency that does not exist yet skips
-    that one check. Datasets and models are checked for ``train`` runs only (replay and
-    selftest never load them). A ``replay`` run with a rule whose parsed object has
+    The registries: ``sfg.round.rules.parse_rule``, ``sfg.world.outages.make_process``,
+    ``sfg.world.data.DATASETS``, ``sfg.world.graphs.GRAPHS``, ``sfg.world.models.MODELS``. Only
+    an optional dependency that is not installed (torch for the models) skips its check (the
+    run names the extra to install); a module that fails to import otherwise is an
+    :class:`SfgError` naming it. Datasets and models are checked for ``train`` runs only
+    (replay and selftest never load them). A ``replay`` run with a rule whose parsed object has
     ``reads_models`` true is rejected: model-free replay cannot evaluate it (SPEC §9).
     """
+    from sfg.util.extras import missing_extra
+
     for check in (_check_rule, _check_process, _check_dataset, _check_graph, _check_model):
         try:
             check(cfg)
-        except ImportError:  # a registry that imports a module not written yet
-            continue
+        except ImportError as e:  # imported while checking: only a missing extra skips
+            if missing_extra(e, check.__name__) is None:
+                raise broken_module(f"the {check.__name__.removeprefix('_check_')} cannot be "
+                                    "checked", e) from None
 
 
 def _check_rule(cfg: RunConfig) -> None:
     rules = _module("sfg.round.rules")
-    if rules is None or not hasattr(rules, "parse_rule"):
+    if rules is None:
         return
     try:
         rule = rules.parse_rule(cfg.rule)
@@ -452,7 +468,7 @@ def _check_rule(cfg: RunConfig) -> None:
 
 def _check_process(cfg: RunConfig) -> None:
     outages = _module("sfg.world.outages")
-    if outages is None or not hasattr(outages, "make_process"):
+    if outages is None:
         return
     try:
         outages.make_process(cfg.process)
@@ -464,13 +480,13 @@ def _check_dataset(cfg: RunConfig) -> None:
     if cfg.kind != "train":
         return
     data = _module("sfg.world.data")
-    if data is not None and hasattr(data, "DATASETS"):
+    if data is not None:
         _check_member(data.DATASETS, cfg.dataset, "dataset", "dataset")
 
 
 def _check_graph(cfg: RunConfig) -> None:
     graphs = _module("sfg.world.graphs")
-    if graphs is not None and hasattr(graphs, "GRAPHS"):
+    if graphs is not None:
         _check_member(graphs.GRAPHS, cfg.graph, "graph", "graph")
 
 
@@ -478,5 +494,5 @@ def _check_model(cfg: RunConfig) -> None:
     if cfg.kind != "train":
         return
     models = _module("sfg.world.models")
-    if models is not None and hasattr(models, "MODELS"):
+    if models is not None:
         _check_member(models.MODELS, cfg.model, "model", "model")

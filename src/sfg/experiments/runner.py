@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.experiments.config import RunConfig
+from sfg.experiments.config import RunConfig, broken_module
 from sfg.util.components import parse_component
 from sfg.util.rng import stream
 
@@ -43,8 +43,7 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
         try:
             from sfg.replay import replay_config
         except ImportError as e:
-            raise SfgError(f"kind 'replay' needs sfg.replay.replay_config, which is not "
-                           f"available ({e})") from None
+            raise broken_module("kind 'replay' needs sfg.replay", e) from None
         if cfg.clock == "virtual":
             from sfg.clock.replay import clock_replay_config
 
@@ -57,9 +56,8 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
         except ImportError as e:
             from sfg.util.extras import missing_extra
 
-            raise (missing_extra(e, "a 'train' run") or SfgError(
-                f"kind 'train' needs sfg.sim.run.simulate_config, which is not available ({e})"
-            )) from None
+            raise (missing_extra(e, "a 'train' run")
+                   or broken_module("kind 'train' needs sfg.sim.run", e)) from None
         if cfg.clock == "virtual" and cfg.protocol != "lockstep":
             from sfg.clock.train import simulate_events
             from sfg.sim.run import resolve_config
