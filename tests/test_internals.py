@@ -73,6 +73,7 @@ OUT = replay(["bursty:u=0.5"], ["sfg-cut", "sfg-cut+guard", "dfedavg+refute+cap"
 """
 
 
+@pytest.mark.crosspath
 def test_the_compiled_round_gives_the_same_numbers_through_the_fallbacks():
     """The rule and the defences reach the compiled round as first-class functions: through
     the C wrapper's address (numba internals) or as the dispatchers themselves (public API);
@@ -333,6 +334,7 @@ OUT = {"params": p.view(np.uint8).tobytes().hex(), "acc": [nd["acc"] for nd in r
 """
 
 
+@pytest.mark.crosspath
 def test_a_certified_lockstep_swarm_gives_the_same_models_through_every_fallback():
     """The networked node on the virtual clock (the loop's timers, the compiled round's
     first-class functions, the certified checks): the same models bit for bit."""
