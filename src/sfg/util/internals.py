@@ -1,15 +1,14 @@
 """The private internals of other packages that sfg uses, each with a fallback on public API.
 
-A later numba or Python may change what is private without notice (issue 32, safe to
-upgrade). Each use below is feature-tested where it is made — the internal is looked up, and
+A later numba or Python may change what is private without notice. Each use below is feature-tested where it is made — the internal is looked up, and
 its answer checked, before sfg relies on it — and falls back to public API when the test
 fails. A fallback changes the time a step takes, never a number: the tests run each use both
 ways and compare the results (``tests/test_internals.py``).
 
 * ``first-class-address`` (:mod:`sfg.round.compiled`): a compile result's C wrapper address
   (``cres.library``, ``cres.fndesc.llvm_cfunc_wrapper_name``), passed to compiled code as a
-  first-class function. Fallback: the dispatcher itself as the first-class function argument
-  (numba's documented use; it looks the address up at each call, ~50 µs a call).
+  first-class function. Fallback: the same function compiled by ``numba.cfunc`` (public API;
+  the same code behind the same C wrapper; a second compile on a cold cache).
 * ``cache-index`` (:mod:`sfg.round.compiled`): ``FunctionCache._cache_file`` tells whether a
   kernel is in numba's on-disk cache. Fallback: "cached", so no helper process compiles ahead
   (a cold cache compiles in this process).
