@@ -12,10 +12,10 @@ import os
 import random
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from running import bounded
 
 from sfg.util import internals
 
@@ -39,23 +39,7 @@ def _python(code: str, *args: str, public: bool, timeout: float = 300) -> dict:
 
 
 def _bounded(fn, timeout: float = 60.0):
-    """``fn()`` in a thread (its own event loop), failing the test if it runs past timeout
-    (a clock that stops advancing spins: this ends the test instead)."""
-    out: dict = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            out["error"] = e
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), f"still running after {timeout} s: the virtual clock spins"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    return bounded(fn, timeout, "the virtual clock spins")
 
 
 def test_the_switch_and_the_record():

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import numpy as np
 import pytest
 from crosspath import assert_same_bits
+from running import bounded
 
 from sfg.errors import SfgError
 from sfg.net.simclock import Deadlock, VirtualLoop, run_virtual
@@ -34,22 +34,7 @@ pytestmark = pytest.mark.crosspath
 
 
 def _bounded(fn, timeout: float = 120.0):
-    """``fn()`` in a thread (its own event loop), failing the test if it runs past timeout."""
-    out: dict = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            out["error"] = e
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), f"still running after {timeout} s: the run hangs"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    return bounded(fn, timeout, "the run hangs")
 
 
 def _world(n: int, rule: str, **over):
