@@ -94,10 +94,32 @@ def test_unlucky_minimum_gives_up_after_bounded_tries():
     y = _labels(10, 10)  # 100 examples over 20 clients, each needs 5 -> only near-uniform works
     with pytest.raises(SfgError) as info:
         dirichlet_partition(y, 20, alpha=0.05, min_size=5, rng=np.random.default_rng(0),
-                            max_tries=50)
+                            max_tries=50, repair=False)
     msg = str(info.value)
     assert "best of 50 draws" in msg and "raise alpha" in msg and "fewer clients" in msg
     assert "\n" not in msg
+
+
+def test_an_unlucky_minimum_is_repaired_by_default():
+    """No draw gives every client 5: the best draw is repaired (every client >= 5, classes
+    and examples kept, the same split again for the same seed)."""
+    y = _labels(10, 10)
+    parts = dirichlet_partition(y, 20, alpha=0.05, min_size=5, rng=np.random.default_rng(0),
+                                max_tries=50)
+    assert min(p.size for p in parts) >= 5
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(y.size))
+    again = dirichlet_partition(y, 20, alpha=0.05, min_size=5, rng=np.random.default_rng(0),
+                                max_tries=50)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_a_draw_that_fits_is_not_repaired():
+    """Where a draw meets the minimum, the split is that draw's, repair or not."""
+    y = _labels(10, 30)
+    a = dirichlet_partition(y, 8, alpha=0.3, min_size=2, rng=np.random.default_rng(3))
+    b = dirichlet_partition(y, 8, alpha=0.3, min_size=2, rng=np.random.default_rng(3),
+                            repair=False)
+    assert all(np.array_equal(x, z) for x, z in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("kwargs, match", [

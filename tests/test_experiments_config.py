@@ -107,11 +107,40 @@ def test_extra_keys_and_mutation_are_rejected():
 
 def test_impossible_combinations():
     with pytest.raises(SfgError, match=r"eval_every \(10\) is larger than rounds \(5\)"):
-        make_config(rounds=5)
+        make_config(rounds=5, eval_every=10)
     assert make_config(rounds=5, eval_every=5).rounds == 5
     with pytest.raises(SfgError, match="horizon"):
-        make_config(kind="replay", rounds=40, eval_every=10)
+        make_config(kind="replay", rounds=40, horizon=50)
     assert make_config(kind="replay", rounds=40, eval_every=10, horizon=40).horizon == 40
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 5, 9, 10, 11, 49, 50, 51, 300])
+def test_defaults_fit_a_short_run(rounds):
+    """Given neither, eval_every is min(10, T) (a short run evaluates at its end) and a
+    replay's horizon min(50, T); given, they are kept (and checked)."""
+    train, replay = make_config(rounds=rounds), make_config(kind="replay", rounds=rounds)
+    assert (train.eval_every, train.horizon) == (min(10, rounds), 50)
+    assert (replay.eval_every, replay.horizon) == (min(10, rounds), min(50, rounds))
+    assert make_config(rounds=rounds, eval_every=1).eval_every == 1
+    assert make_config({"rounds": rounds, "eval_every": None}).eval_every == min(10, rounds)
+
+
+# run ids computed by 0.2's code (before the defaults adapted to short runs)
+OLD_RUN_IDS = [
+    ({}, "fedea88c70eef9bd"),
+    ({"rounds": 10}, "5c5f614f6739506e"),
+    ({"rounds": 60, "rule": "sfg-cut"}, "a99f9856ee28512e"),
+    ({"kind": "replay", "rounds": 50}, "c7cf808cd23653d5"),
+    ({"kind": "replay", "rounds": 300, "process": "iid:u=0.6"}, "b004a511934975f5"),
+    ({"kind": "selftest", "rounds": 12}, "e0c0e6597a35ddec"),
+]
+
+
+@pytest.mark.parametrize("fields, rid", OLD_RUN_IDS)
+def test_run_ids_of_runs_as_long_as_the_old_defaults_do_not_change(fields, rid):
+    """The id hashes the resolved config; at T >= 10 (a replay: T >= 50) the adaptive
+    defaults resolve to the old fixed ones, so stores written before keep their ids."""
+    assert run_id(make_config(**fields)) == rid
 
 
 def test_validate_names_uses_the_registries():

@@ -16,6 +16,9 @@ from sfg.cli import clockflags, console
 from sfg.errors import SfgError
 from sfg.util.safety import max_runs
 
+#: the self-return's horizon h when --horizon is not given (T when the replay is shorter)
+DEFAULT_HORIZON = 50
+
 
 def parse_seeds(text: str) -> list[int]:
     """``"1,2,3"`` or ``"1-5"`` -> list of ints."""
@@ -113,7 +116,7 @@ def replay(
     graph: str = typer.Option("knn:k=6", help="Graph: knn:k=6, erdos-renyi:mean_degree=6, regular:d=6, ring:k=1"),
     anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
-    horizon: int = typer.Option(50, help="Horizon h of the self-return H (0 = skip)"),
+    horizon: int | None = typer.Option(None, show_default="50, or T when T < 50", help="Horizon h of the self-return H (0 = skip)"),
     engine: str | None = typer.Option(None, hidden=True, help="Deprecated, does nothing (one compiled round runs every rule); removed in 0.4"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
@@ -150,6 +153,12 @@ def replay(
                                "clock; add --clock virtual or drop it")
         else:
             clock_settings = make_settings(on_clock)
+    if horizon is None:  # the default horizon, or what fits in a shorter replay
+        horizon = min(DEFAULT_HORIZON, rounds) if rounds >= 1 else DEFAULT_HORIZON
+        if horizon < DEFAULT_HORIZON:
+            console.note(f"note: T={rounds} is shorter than the default horizon "
+                         f"{DEFAULT_HORIZON}; the self-return H is over h={horizon} rounds "
+                         "(set --horizon to choose, 0 to skip)")
     if horizon < 0:
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from sfg.replay import replay as run_replay
@@ -209,7 +218,8 @@ def replay(
                                        f"seeds {','.join(map(str, seed_list))}{where}"))
     from sfg.replay.metrics import legend
 
-    console.caption(legend(attack=bool(attack)))
+    console.caption(legend(attack=bool(attack)).replace(
+        f"self-return over {DEFAULT_HORIZON} rounds", f"self-return over {horizon} rounds"))
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:

@@ -77,7 +77,7 @@ def run(
     ditto_lambda: float | None = typer.Option(None),
     anatomy: str | None = typer.Option(None, help="full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
     link_failure: float | None = typer.Option(None),
-    eval_every: int | None = typer.Option(None),
+    eval_every: int | None = typer.Option(None, help="Evaluate every this many rounds and at the end (default 10, or T when T < 10)"),
     backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
     device: str | None = typer.Option(None, help="cpu, cuda, auto"),
     precision: str | None = typer.Option(None, help="Local training's arithmetic: fp32 (default), tf32 (CUDA only; a no-op on CPU), bf16 (autocast; parameters stay fp32)"),

@@ -311,6 +311,24 @@ class RunConfig(BaseModel):
             raise ValueError("data_root is empty; omit it (null) or give a folder")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_that_fit(cls, data: Any) -> Any:
+        """``eval_every`` not given: ``min(10, rounds)`` (a run shorter than the evaluation
+        period evaluates at its end); a replay's ``horizon`` not given: ``min(50, rounds)``.
+        At rounds >= 10 (>= 50) these are the old fixed defaults, so run ids do not change."""
+        if not isinstance(data, dict):
+            return data
+        rounds = data.get("rounds", cls.model_fields["rounds"].default)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            return data  # left to the field's own check
+        out = dict(data)
+        if out.get("eval_every") is None:
+            out["eval_every"] = min(cls.model_fields["eval_every"].default, rounds)
+        if out.get("kind", "train") == "replay" and out.get("horizon") is None:
+            out["horizon"] = min(cls.model_fields["horizon"].default, rounds)
+        return out
+
     @model_validator(mode="after")
     def _combination(self) -> RunConfig:
         if self.eval_every > self.rounds:

@@ -55,7 +55,7 @@ def _dirichlet_counts(class_counts: np.ndarray, n_clients: int, alpha: float,
 
 def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int = 0,
                         rng: np.random.Generator, balance: bool = True,
-                        max_tries: int = 1000) -> list[np.ndarray]:
+                        max_tries: int = 1000, repair: bool = True) -> list[np.ndarray]:
     """Split example indices over clients with Dirichlet(alpha) label skew (SPEC §6).
 
     ``labels``: int [n]. Returns ``n_clients`` int64 index arrays (ascending), disjoint and
@@ -63,8 +63,13 @@ def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int =
     are cut among the clients in proportions p_c ~ Dir(alpha·1_N). With ``balance`` (the
     NIID-bench/FedML form of this partition, Li et al. 2022) a client that already holds at
     least n/N examples gets no share of later classes. The whole draw is repeated until every
-    client has at least ``min_size`` examples; after ``max_tries`` draws an :class:`SfgError`
-    says to raise alpha, lower the minimum or use fewer clients.
+    client has at least ``min_size`` examples. When no draw of ``max_tries`` does (many
+    clients for few examples, e.g. 1,000 clients on digits), the draw whose smallest client is
+    largest is repaired (``repair``, the default): each client short of ``min_size`` takes,
+    one at a time, an example of the most-held class of the largest client. Without
+    ``repair`` an :class:`SfgError` says to raise alpha, lower the minimum or use fewer
+    clients. A partition that a draw satisfies is never repaired, so its numbers are those
+    of before the repair existed.
     """
     y = _labels(labels)
     n_clients = _positive_int(n_clients, "n_clients")
@@ -83,24 +88,45 @@ def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int =
     order = rng.permutation(n)
     by_class = order[np.argsort(y[order], kind="stable")]
 
-    best = -1
+    best, best_counts = -1, None
     for _ in range(max_tries):
         counts = _dirichlet_counts(class_counts, n_clients, float(alpha), rng, balance)
         sizes = counts.sum(axis=0)
         if sizes.min() >= min_size:
             break
-        best = max(best, int(sizes.min()))
+        if int(sizes.min()) > best:
+            best, best_counts = int(sizes.min()), counts
     else:
-        raise SfgError(
-            f"cannot split {n} examples over {n_clients} clients with Dirichlet alpha={alpha} "
-            f"so that every client has at least {min_size} (smallest client in the best of "
-            f"{max_tries} draws: {best}); raise alpha, lower the minimum (min_train) or use "
-            "fewer clients")
+        if not repair or best_counts is None:
+            raise SfgError(
+                f"cannot split {n} examples over {n_clients} clients with Dirichlet "
+                f"alpha={alpha} so that every client has at least {min_size} (smallest client "
+                f"in the best of {max_tries} draws: {best}); raise alpha, lower the minimum "
+                "(min_train) or use fewer clients")
+        counts = _repair(best_counts, min_size)
+        sizes = counts.sum(axis=0)
     owner = np.repeat(np.tile(np.arange(n_clients), class_counts.size), counts.ravel())
     client_of = np.empty(n, np.int64)
     client_of[by_class] = owner
     grouped = np.argsort(client_of, kind="stable")
     return np.split(grouped, np.cumsum(sizes)[:-1])
+
+
+def _repair(counts: np.ndarray, min_size: int) -> np.ndarray:
+    """``counts`` [C, N] with every client raised to ``min_size`` examples, each taken from
+    the largest client's most-held class (lowest index on ties): deterministic, and the
+    class totals are kept."""
+    counts = counts.copy()
+    sizes = counts.sum(axis=0)
+    for i in np.flatnonzero(sizes < min_size):
+        while sizes[i] < min_size:
+            donor = int(np.argmax(sizes))
+            c = int(np.argmax(counts[:, donor]))
+            counts[c, donor] -= 1
+            counts[c, i] += 1
+            sizes[donor] -= 1
+            sizes[i] += 1
+    return counts
 
 
 def stratified_counts(proportions, size: int) -> np.ndarray:
