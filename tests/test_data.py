@@ -173,8 +173,8 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_impossible_partition_is_a_one_line_error():
-    with pytest.raises(SfgError) as info:
-        load_federated("digits", n_clients=1000, seed=0)
+    with pytest.raises(SfgError) as info:  # more clients than digits' training examples
+        load_federated("digits", n_clients=2000, seed=0)
     msg = str(info.value)
     assert "raise alpha" in msg or "fewer clients" in msg
     assert "\n" not in msg
