@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
-from sfg.net.node import Node, NodeConfig
+from sfg.net.node import Node, NodeConfig, header_for
 from sfg.net.tls import make_test_ca
 from sfg.net.transport import SERVICE, Peer, Server, TlsFiles, channel_options, message_limit
 from sfg.net.wire import Rejected, encode, make_header
@@ -415,3 +415,65 @@ def test_a_peers_expired_certificate_is_a_counted_rejection(tmp_path):
     assert msgpack.unpackb(make_stamp(k2, 0, 0, 0.0, 1))  # a valid node's stamp reads
     read_stamp(make_stamp(k2, 0, 0, 0.0, 1), k0)
     _ = encode  # (imported for the hostile tests' messages)
+
+
+def _tls_as_is(ca, node: int) -> TlsFiles:
+    """Node ``node``'s bundle read without TlsFiles.load's checks: a certificate that expired
+    while its node runs (TlsFiles.load refuses it at start)."""
+    d = ca / f"node-{node}"
+    return TlsFiles(*((d / n).read_bytes() for n in ("ca.pem", f"node-{node}.pem",
+                                                     f"node-{node}.key")))
+
+
+@pytest.mark.parametrize("when", ["expired", "not yet valid"])
+def test_a_neighbours_certificate_refused_by_the_tls_handshake_is_a_counted_rejection(tmp_path,
+                                                                                       when):
+    """Without +certified, three real nodes over mutual TLS on 127.0.0.1, all certificates
+    from one CA; node 1's is outside its validity period. Node 0's pulls from node 1 and its
+    push to node 1 fail in the handshake and are counted as rejections (reason expired);
+    node 3's message, pulled alike, is accepted; nothing of node 1's reaches node 0's inbox.
+    Node 1 calling node 0 is refused by node 0's handshake, which gRPC does not let node 0
+    count (see sfg.net.transport)."""
+    period = _past(10) if when == "expired" else _past(-5)
+    ca = make_test_ca(tmp_path / "ca", range(4), validity={1: period})
+    world = build_world(RING4)  # node 0's neighbours: 1 and 3
+
+    async def main():
+        n0 = Node(world, 0, NodeConfig(mode="lockstep", tls=TlsFiles.load(ca, 0), pull_after=0.2,
+                                       deadline=1.5, rpc_timeout=30, retries=2))
+        n1 = Node(world, 1, NodeConfig(mode="lockstep", tls=_tls_as_is(ca, 1)))
+        n3 = Node(world, 3, NodeConfig(mode="lockstep", tls=TlsFiles.load(ca, 3)))
+        nodes = (n0, n1, n3)
+        addr = {}
+        for n in nodes:
+            addr[n.i] = f"127.0.0.1:{await n.start()}"
+        for n in (n1, n3):  # each holds its round-0 message for node 0
+            n.outbox[0] = n._message()
+            n._expected[0] = [0, 2]
+        n0.connect({**addr, 2: addr[3]})
+        out = {}
+        try:
+            with pytest.raises(SfgError, match=r"did not get the round-0 models of neighbour\(s\) \[1\]"):
+                await n0._wait_lockstep(0, [1, 3])
+            out["pulled"] = dict(n0.rejections.as_dict())
+            msg = n0._message([1])
+            await n0._send(1, 0, header_for(msg, 1), msg[1])
+            out["pushed"] = dict(n0.rejections.as_dict())
+            back = Peer(addr[0], max_bytes=1 << 26, tls=_tls_as_is(ca, 1))
+            n0.outbox[0], n0._expected[0] = msg, [1]
+            out["node 1 fetches"] = await back.fetch(0, 1, timeout=30)
+            await back.close()
+        finally:
+            for n in nodes:
+                await n.close()
+        return n0, n1, out
+
+    n0, n1, out = asyncio.run(asyncio.wait_for(main(), 180))
+    pulls = out["pulled"].get("expired", 0)
+    assert pulls >= 1 and set(out["pulled"]) == {"expired"}, out
+    assert out["pushed"] == {"expired": pulls + 1}, out  # the push: one more, not retried
+    assert n0.stats.send_failed == 1 and n0.stats.sent == 0
+    assert list(n0.inbox) == [(3, 0)]  # node 3's message only: nothing from node 1
+    assert not n1.inbox and (1, 0) not in n0._delivered
+    assert out["node 1 fetches"] is None  # refused by node 0's handshake ...
+    assert n0.rejections.as_dict() == out["pushed"]  # ... which node 0 cannot count

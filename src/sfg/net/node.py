@@ -350,7 +350,7 @@ class Node:
         for j in self.nbrs:
             if self.net is None:
                 self.peers[int(j)] = Peer(addresses[int(j)], max_bytes=self.cfg.max_bytes,
-                                          tls=self.cfg.tls)
+                                          tls=self.cfg.tls, refused=self.rejections.add)
             else:
                 self.peers[int(j)] = self.net.peer(self.i, addresses[int(j)],
                                                    max_bytes=self.cfg.max_bytes,

@@ -25,12 +25,21 @@ from its certificate's common name ``node-<id>``; a ``Fetch`` whose ``node`` is 
 caller's certificate identity is refused (an empty stream) and counted (reason
 ``identity``): nobody pulls the header meant for another node, or has it counted as
 delivered to that node.
+
+A neighbour whose certificate the TLS handshake refuses — outside its validity period
+(``expired``) or not verifiable against the swarm CA (``identity``) — is a counted rejection
+on the calling side (:func:`handshake_rejection`): ``Peer.fetch`` raises it as
+:class:`~sfg.net.wire.Rejected`, ``Peer.deliver`` reports it to its ``refused`` callback and
+does not retry. The serving side cannot count the converse (a caller presenting an expired
+certificate): gRPC ends that handshake inside its C core, before any handler or interceptor
+runs, and tells Python nothing (it only logs the failure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +148,32 @@ def peer_identity(context: grpc.aio.ServicerContext) -> int | None:
     return None
 
 
+# the TLS library's words for a peer certificate outside its validity period
+_NOT_VALID_NOW = ("certificate has expired", "certificate is not yet valid")
+_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED:?\s*([^:]*)")
+
+
+def handshake_rejection(err: grpc.aio.AioRpcError, address: str) -> Rejected | None:
+    """The :class:`~sfg.net.wire.Rejected` for a call that failed because the TLS handshake
+    refused the neighbour's certificate — ``expired`` when it is outside its validity period
+    (expired or not yet valid), ``identity`` when it otherwise fails verification (another
+    CA, a host it does not name) — or None for any other failure (a neighbour offline, a
+    deadline). gRPC reports the handshake's failure only in the status details (UNAVAILABLE,
+    with the TLS library's verification error), so this reads them."""
+    if err.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    text = err.details() or ""
+    m = _VERIFY_FAILED.search(text)
+    if m is not None:
+        why = m.group(1).strip() or "certificate verification failed"
+        reason = "expired" if any(w in why for w in _NOT_VALID_NOW) else "identity"
+    elif "is not in peer certificate" in text:  # gRPC's own check of the host name
+        why, reason = "the certificate does not name the address", "identity"
+    else:
+        return None
+    return Rejected(reason, f"the TLS handshake with {address} refused its certificate: {why}")
+
+
 # ----------------------------------------------------------------------------------- server
 DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[tuple[bool, str]]]
 FetchFn = Callable[[int, int], tuple[bytes, bytes | Chunked] | None]
@@ -232,10 +267,14 @@ class Server:
 
 # ----------------------------------------------------------------------------------- client
 class Peer:
-    """A channel to one neighbour, with deadlines and bounded retries."""
+    """A channel to one neighbour, with deadlines and bounded retries. ``refused`` is told
+    of each delivery the TLS handshake refused for the neighbour's certificate
+    (:func:`handshake_rejection`; the node counts it)."""
 
-    def __init__(self, address: str, *, max_bytes: int, tls: TlsFiles | None = None):
+    def __init__(self, address: str, *, max_bytes: int, tls: TlsFiles | None = None,
+                 refused: RefusedFn | None = None):
         self.address = address
+        self.refused = refused
         self.max_bytes = int(max_bytes)
         opts = channel_options(max_bytes)
         if tls is not None:
@@ -248,7 +287,9 @@ class Peer:
     async def deliver(self, header: bytes, payload: bytes | Chunked, *, timeout: float = 10.0,
                       retries: int = 3, backoff: float = 0.05) -> tuple[bool, str]:
         """Send one message; ``(accepted, reason)``. ``reason`` is the receiver's rejection
-        reason, or a transport status such as ``"UNAVAILABLE"`` after the retries."""
+        reason, or a transport status such as ``"UNAVAILABLE"`` after the retries. A handshake
+        that refuses the receiver's certificate is not retried: ``refused`` is told of it and
+        ``reason`` is ``"TLS: "`` and its rejection reason (``"TLS: expired"``)."""
         status = ""
         for attempt in range(retries + 1):
             async def requests():
@@ -261,6 +302,11 @@ class Peer:
                 d = msgpack.unpackb(reply)
                 return bool(d["ok"]), str(d["reason"])
             except grpc.aio.AioRpcError as e:
+                refusal = handshake_rejection(e, self.address)
+                if refusal is not None:
+                    if self.refused is not None:
+                        self.refused(refusal, f"delivery to {self.address}")
+                    return False, f"TLS: {refusal.reason}"
                 status = e.code().name
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE,) or attempt == retries:
                     break
@@ -273,7 +319,8 @@ class Peer:
         the call fails. Bounded: the header is read first; a reply whose header announces
         more than the node's limit, or whose payload runs past what the header announces,
         stops the call at once and raises :class:`~sfg.net.wire.Rejected` ("oversize"; a
-        header that does not parse: its reason)."""
+        header that does not parse: its reason). A TLS handshake that refuses the neighbour's
+        certificate raises it too (:func:`handshake_rejection`: "expired", "identity")."""
         req = msgpack.packb({"round": int(t), "node": int(me)})
         call = self._fetch(req, timeout=timeout)
         header: bytes | None = None
@@ -293,7 +340,10 @@ class Peer:
                     raise Rejected("oversize", f"the fetched payload exceeds the announced "
                                                f"{length} bytes")
                 parts.append(part)
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as e:
+            refusal = handshake_rejection(e, self.address)
+            if refusal is not None:
+                raise refusal from None
             return None
         except Rejected:
             call.cancel()
