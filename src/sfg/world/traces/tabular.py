@@ -24,8 +24,8 @@ for a device are offline; duplicated ``(device, round)`` rows are an error. The 
 already discrete, so ``round_minutes`` only labels their length (default 10) and round 0 is
 taken to start at a local midnight.
 
-Devices appear in order of first appearance; a device is kept when its availability is
->= ``min_availability`` (default 0: every device). Example (intervals)::
+Devices appear in order of first appearance; a device is kept when its availability is at
+least ``min_availability`` (default 0: every device). Example (intervals)::
 
     device,start,end
     phone-1,2024-03-01T00:00,2024-03-01T07:30
