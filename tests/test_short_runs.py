@@ -111,3 +111,9 @@ def test_swarm_below_the_smallest_n_is_one_error_line():
     res = _swarm("-n", str(SMALLEST_N - 1))
     assert res.returncode == 2
     assert f"N={SMALLEST_N - 1}" in _error_line(res.stderr)
+
+
+def test_a_short_replay_with_bad_input_is_only_the_error_line(capsys):
+    """The horizon's note comes after the replay has run: bad input stays one line."""
+    assert main(["replay", "-T", "5", "--seeds", "1", "-r", "sfg-cutt"]) == 2
+    assert "did you mean 'sfg-cut'" in _error_line(capsys.readouterr().err)

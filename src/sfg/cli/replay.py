@@ -153,12 +153,9 @@ def replay(
                                "clock; add --clock virtual or drop it")
         else:
             clock_settings = make_settings(on_clock)
+    fitted = horizon is None and 1 <= rounds < DEFAULT_HORIZON
     if horizon is None:  # the default horizon, or what fits in a shorter replay
         horizon = min(DEFAULT_HORIZON, rounds) if rounds >= 1 else DEFAULT_HORIZON
-        if horizon < DEFAULT_HORIZON:
-            console.note(f"note: T={rounds} is shorter than the default horizon "
-                         f"{DEFAULT_HORIZON}; the self-return H is over h={horizon} rounds "
-                         "(set --horizon to choose, 0 to skip)")
     if horizon < 0:
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
     from sfg.replay import replay as run_replay
@@ -201,6 +198,10 @@ def replay(
                               anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                               with_curves=plot is not None, progress=update,
                               attacks=attack or [None])
+    if fitted:  # said once the replay has run: bad input stays one error line
+        console.note(f"note: T={rounds} is shorter than the default horizon {DEFAULT_HORIZON}; "
+                     f"the self-return H is over h={horizon} rounds (set --horizon to choose, "
+                     "0 to skip)")
     if plot is not None:
         from sfg.replay import plot_staleness
 
