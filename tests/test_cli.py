@@ -22,7 +22,7 @@ def sfg(*args: str) -> subprocess.CompletedProcess:
 def test_replay_json(capsys):
     rc = main(["replay", "--process", "iid:u=0.6", "--process", "bursty:u=0.8", "--rule",
                "dfedavg", "--rule", "sfg-cut", "--seeds", "1,2", "-n", "30", "-T", "40",
-               "--json"])  # T < 50: H is undefined and must come out as null, not NaN
+               "--horizon", "50", "--json"])  # h > T: H is undefined: null, not NaN
     assert rc == 0
     text = capsys.readouterr().out
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
