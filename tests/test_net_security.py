@@ -81,33 +81,12 @@ def _header(length: int, sender: int = 1, round: int = 0) -> bytes:
                        count=1, local_count=1)
 
 
-def test_a_fetch_stops_as_soon_as_the_reply_runs_past_its_header():
-    """An endless stream after a header announcing 1000 bytes: the fetch rejects it
-    ("oversize") at the first chunk past 1000 bytes and cancels the call (the server's stream
-    is stopped), instead of buffering until the deadline."""
+def _fetch_from(hostile, *, max_bytes: int):
+    """A fetch from the hostile server on loopback that must be rejected: (the rejection,
+    the server), after the server's stream has stopped (bounded: 60 s, 180 s in all)."""
     async def main():
-        hostile = Hostile(_header(1000))
         port = await hostile.start()
-        peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 26)
-        try:
-            with pytest.raises(Rejected) as e:
-                await peer.fetch(0, 0, timeout=120)
-            await asyncio.wait_for(hostile.stopped.wait(), 60)
-        finally:
-            await peer.close()
-            await hostile.stop()
-        return e.value, hostile
-
-    err, hostile = asyncio.run(asyncio.wait_for(main(), 180))
-    assert err.reason == "oversize" and "announced 1000" in str(err)
-    assert hostile.yielded < hostile.limit  # stopped, not run to the end
-
-
-def test_a_fetch_whose_header_announces_more_than_the_limit_reads_no_payload():
-    async def main():
-        hostile = Hostile(_header(8 << 20))
-        port = await hostile.start()
-        peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 20)
+        peer = Peer(f"127.0.0.1:{port}", max_bytes=max_bytes)
         try:
             with pytest.raises(Rejected) as e:
                 await peer.fetch(0, 0, timeout=120)
@@ -117,7 +96,20 @@ def test_a_fetch_whose_header_announces_more_than_the_limit_reads_no_payload():
             await hostile.stop()
         return e.value
 
-    err = asyncio.run(asyncio.wait_for(main(), 180))
+    return asyncio.run(asyncio.wait_for(main(), 180)), hostile
+
+
+def test_a_fetch_stops_as_soon_as_the_reply_runs_past_its_header():
+    """An endless stream after a header announcing 1000 bytes: the fetch rejects it
+    ("oversize") at the first chunk past 1000 bytes and cancels the call (the server's stream
+    is stopped), instead of buffering until the deadline."""
+    err, hostile = _fetch_from(Hostile(_header(1000)), max_bytes=1 << 26)
+    assert err.reason == "oversize" and "announced 1000" in str(err)
+    assert hostile.yielded < hostile.limit  # stopped, not run to the end
+
+
+def test_a_fetch_whose_header_announces_more_than_the_limit_reads_no_payload():
+    err, _ = _fetch_from(Hostile(_header(8 << 20)), max_bytes=1 << 20)
     assert err.reason == "oversize" and "limit 1048576" in str(err)
 
 
