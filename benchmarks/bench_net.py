@@ -114,6 +114,27 @@ def receiver_main() -> None:
     asyncio.run(run())
 
 
+def _start_receiver():
+    """The receiving node in another process (``--receiver``): (process, (gRPC port, raw
+    TCP port)), read from its first line."""
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, __file__, "--receiver"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    ports = tuple(map(int, proc.stdout.readline().split()))
+    return proc, ports
+
+
+def _stop_receiver(proc) -> None:
+    """Tell the receiver to stop (a line on its stdin) and wait for it."""
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    proc.wait(timeout=30)
+
+
 def raw_tcp_seconds(data: bytes, port: int) -> float:
     """Seconds to copy ``data`` through a TCP socket to the receiver on 127.0.0.1:port."""
     c = socket.create_connection(("127.0.0.1", port))
@@ -130,7 +151,6 @@ def bench_throughput(repeats: int) -> dict:
     """Sender here, receiver in another process (two nodes are two processes); per repetition
     a raw TCP copy, a gRPC delivery of the node's pre-chunked message, and a full exchange
     (encode + deliver + validate), interleaved. Ratios are medians of per-repetition ratios."""
-    import subprocess
 
     from sfg.net.transport import CHUNK, Peer
     from sfg.net.wire import encode
@@ -144,14 +164,8 @@ def bench_throughput(repeats: int) -> dict:
     header, payload = message(0)
     nbytes = len(header) + payload.nbytes
     data = header + payload.join()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
-                                         env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, __file__, "--receiver"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc, (grpc_port, raw_port) = _start_receiver()
     try:
-        grpc_port, raw_port = map(int, proc.stdout.readline().split())
-
         flat_payload = payload.join()
 
         async def run() -> tuple[list[float], list[float], list[float], list[float]]:
@@ -184,9 +198,7 @@ def bench_throughput(repeats: int) -> dict:
 
         raw, transport, full, sliced = asyncio.run(run())
     finally:
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(timeout=30)
+        _stop_receiver(proc)
     mb = nbytes / 1e6
     med = statistics.median
     out = {"params": D, "MB": mb, "raw_MBps": mb / med(raw), "grpc_MBps": mb / med(transport),
@@ -218,17 +230,11 @@ async def unbounded_fetch(peer, t: int, me: int, timeout: float = 10.0):
 def bench_fetch(repeats: int) -> dict:
     """A pull of the paper CNN's message from a node in another process: ``Peer.fetch``
     (bounded) and the unbounded read it replaced, alternating, on one channel."""
-    import subprocess
 
     from sfg.net.transport import Peer
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
-                                         env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, __file__, "--receiver"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc, (grpc_port, _) = _start_receiver()
     try:
-        grpc_port, _ = map(int, proc.stdout.readline().split())
 
         async def run():
             peer = Peer(f"127.0.0.1:{grpc_port}", max_bytes=1 << 27)
@@ -248,9 +254,7 @@ def bench_fetch(repeats: int) -> dict:
 
         nbytes, old, new = asyncio.run(run())
     finally:
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(timeout=30)
+        _stop_receiver(proc)
     mb = nbytes / 1e6
     med = statistics.median
     return {"MB": mb, "unbounded_MBps": mb / med(old), "bounded_MBps": mb / med(new),
