@@ -409,6 +409,14 @@ def _blocks(n: int, unit: int) -> list[tuple[int, int]]:
     return _chunks(n, -(-n // max(1, unit))) if n > 0 else []
 
 
+def _calls(n: int, workers: int, unit: int) -> list[tuple[int, int]]:
+    """The (lo, hi) ranges :func:`_run_chunks` calls ``fn`` on: blocks of ``unit`` clients,
+    or with ``unit`` = 0 one range per worker."""
+    if n <= 0:
+        return []
+    return _blocks(n, unit) if unit > 0 else _chunks(n, workers)
+
+
 def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
                 scope: Callable[[], AbstractContextManager[Any]] | None = None, *,
                 unit: int = 0, one_thread: bool = True) -> None:
@@ -434,7 +442,7 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
             with scope():
                 inner(slot, lo, hi)
 
-    blocks = _blocks(n, unit) if unit > 0 else _chunks(n, workers) if n > 0 else []
+    blocks = _calls(n, workers, unit)
     groups = [blocks[a:b] for a, b in _chunks(len(blocks), workers)] if blocks else []
 
     def work(slot: int) -> None:
@@ -475,8 +483,7 @@ def _run_chunks(n: int, workers: int, fn: Callable[[int, int, int], None],
 
 def _threaded(n: int, workers: int, unit: int = 0) -> bool:
     """Whether :func:`_run_chunks` runs calls concurrently (then each writes private rows)."""
-    blocks = _blocks(n, unit) if unit > 0 else _chunks(n, workers) if n > 0 else []
-    return workers > 1 and len(blocks) > 1
+    return workers > 1 and len(_calls(n, workers, unit)) > 1
 
 
 _POOL: tuple[int, int, Any] | None = None   # (pid, size, ThreadPoolExecutor)
