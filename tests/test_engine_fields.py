@@ -1,0 +1,376 @@
+"""Honour or refuse, never ignore: every engine, every setting of a run (sfg.engines).
+
+For every engine and every field of RunConfig (but ``kind``) the engine runs once with the
+field at a non-default value (:data:`VALUES`) and once at the defaults (cached per engine), on
+a tiny run (6 clients, 3 rounds, digits, mlp), and the field's declared class is checked:
+
+* affects: the final models differ, or a named metric or output differs;
+* invariant: the final models are bit-equal and every metric and output is equal;
+* refused: the run raises an SfgError whose message names the engine and the field.
+
+A field added to RunConfig without a class in sfg.engines, or without a value here, fails.
+``clock`` and ``protocol`` select the engine: another value is another engine, whose default
+run must differ. The real lockstep swarm (gRPC on loopback) runs the fields it declares
+``affects`` and ``refused``; its invariant fields are those of the node on the virtual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from running import bounded
+
+from sfg import engines
+from sfg.engines import AFFECTS, DECLARED, ENGINES, INVARIANT, REFUSED, SELECTORS
+from sfg.errors import SfgError
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "reference" / "engines.md"
+
+pytestmark = pytest.mark.crosspath
+
+# the tiny run every engine runs (its values are the "defaults" of the checks below)
+BASE: dict[str, Any] = dict(n_clients=6, rounds=3, local_steps=2, batch_size=8,
+                            graph="knn:k=3", process="bursty:u=0.5")
+BACKBONE = "<a saved mlp state_dict>"  # replaced by the file the backbone fixture writes
+
+# a valid value other than the default (other than BASE's where BASE sets the field)
+VALUES: dict[str, Any] = {
+    "dataset": "digits:test_fraction=0.2",
+    "data_root": "engine-fields-data",  # digits is embedded: the same data from any folder
+    "alpha": 5.0,
+    "model": "mlp:hidden=32",
+    "backbone": "ditto",
+    "process": "bursty:u=0.7",
+    "rule": "sfg-cut",
+    "graph": "ring",
+    "seed": 2,
+    "n_clients": 5,
+    "rounds": 2,
+    "local_steps": 1,
+    "batch_size": 4,
+    "lr": 0.1,
+    "weight_decay": 0.01,
+    "momentum": 0.5,
+    "ditto_lambda": 0.6,
+    "anatomy": "cannot-communicate",
+    "link_failure": 0.5,
+    "eval_every": 1,
+    "backend": "loop",
+    "device": "auto",
+    "precision": "bf16",
+    "horizon": 20,
+    "partition": "classes",
+    "diagnostics": "raw",
+    "backbone_from": BACKBONE,
+    "attack": "forge:frac=0.3,claim=fresh",
+    "round_seconds": 300.0,
+    "period": 300.0,
+    "jitter": 0.5,
+    "window": 2.0,
+    "compute": "const:value=400",  # 2 steps: 800 s, longer than a 600 s lockstep round
+    "uplink": "const:value=100",  # bytes/s: a 36 kB model takes 6 minutes to send
+    "latency": "const:value=700",
+    "loss": "const:value=0.5",
+    "message_bytes": 1e6,
+    "eval_seconds": 900.0,
+    "target_accuracy": 0.05,
+    "faults": "faults:loss=0.5",
+    "faults_seed": 3,
+}
+# per engine: where the value above is not one the engine can run
+ENGINE_VALUES: dict[tuple[str, str], Any] = {
+    # the nodes train on the cpu ("auto" picks it); another device is refused
+    **{(e, "device"): "cuda" for e in ("node-lockstep", "node-async", "real-lockstep")},
+    # the async timer needs K steps shorter than the period
+    **{(e, "compute"): "const:value=100" for e in ("clock-async", "clock-event", "node-async")},
+}
+# the other settings a field acts through (applied to both runs unless the field is refused)
+CONTEXT: dict[str, dict[str, Any]] = {
+    "ditto_lambda": {"backbone": "ditto"},
+    "attack": {"rule": "sfg-cut"},
+    "message_bytes": {"uplink": "const:value=1000"},
+    "faults_seed": {"faults": "faults:loss=0.5"},
+}
+# not compared: wall-clock time
+TIMING = re.compile(r"(^|_)(wall|seconds$)|_ms_")
+
+
+# ----------------------------------------------------------------------------- the engines
+def _simulate(cfg):
+    from sfg.sim.run import simulate
+
+    res = simulate(cfg)
+    params = res.params.detach().cpu().numpy()
+    if res.personal is not None:
+        params = np.concatenate([params, res.personal.detach().cpu().numpy()], axis=1)
+    return params, res.metrics, {"diagnostics": res.diagnostics}
+
+
+def _events(cfg):
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    res = simulate_events(resolve_config(cfg))
+    return np.asarray(res["params"]), res["metrics"], {"diagnostics": res.get("diagnostics")}
+
+
+def _node_virtual(cfg):
+    """As ``sfg swarm --clock virtual`` runs it (sfg.cli.net): the period P is also Δ; the
+    clock world's settings, the timer's and the faults from the run's settings."""
+    from sfg.clock.faults import Faults
+    from sfg.net.swarm import SwarmOptions
+    from sfg.net.virtual import run_virtual_swarm
+    from sfg.net.world import build_world
+    from sfg.sim.run import resolve_config
+
+    c = resolve_config(cfg)
+    world = build_world(c)
+    P = float(c["period"] if c["period"] is not None else c["round_seconds"])
+    mode = "async" if c["protocol"] == "async" else "lockstep"
+    opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=float(c["jitter"]),
+                        window=float(c["window"]), deadline=int(c["rounds"]) * P)
+    plan = Faults.parse(c["faults"], seed=int(c["faults_seed"]))
+    keys = ("compute", "uplink", "latency", "loss", "message_bytes")
+    res = bounded(lambda: run_virtual_swarm(
+        world, opts, clock_settings={k: c[k] for k in keys if c[k] is not None},
+        faults=plan if plan.any else None), 120.0)
+    return np.asarray(res["params"]), res["metrics"], {k: res.get(k) for k in
+                                                       ("diagnostics", "faults")}
+
+
+def _node_real(cfg):
+    """Real nodes over gRPC on 127.0.0.1, lockstep, in this process (as tests/test_net.py)."""
+    from sfg.net.node import NodeConfig
+    from sfg.net.swarm import run_nodes, summarise
+    from sfg.net.world import build_world
+
+    world = build_world(cfg)
+    nodes: list = []
+    res = bounded(lambda: asyncio.run(asyncio.wait_for(run_nodes(
+        world, range(world.n), lambda i: NodeConfig(mode="lockstep", deadline=60),
+        nodes_out=nodes), 120)), 150.0)
+    res = sorted(res, key=lambda r: r["node"])
+    params = np.stack([n.x for n in sorted(nodes, key=lambda n: n.i)])
+    out = summarise(world, res, wall=0.0)
+    return params, out["metrics"], {"diagnostics": out.get("diagnostics")}
+
+
+RUNNERS = {"rounds": _simulate, "clock-lockstep": _simulate, "clock-async": _events,
+           "clock-event": _events, "node-lockstep": _node_virtual, "node-async": _node_virtual,
+           "real-lockstep": _node_real}
+
+
+# ----------------------------------------------------------------------------- runs, cached
+_RUNS: dict[tuple, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> str:
+    """A saved mlp body for ``backbone_from`` (every parameter set, none the initial ones)."""
+    import torch
+
+    from sfg.world.data import load_federated
+    from sfg.world.models import make_model
+
+    data = load_federated("digits", n_clients=2, seed=1)
+    model = make_model("mlp", input_shape=tuple(data.input_shape), num_classes=data.num_classes)
+    with torch.no_grad():
+        for k, p in enumerate(model.parameters()):
+            p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape) * (k + 1))
+    path = tmp_path_factory.mktemp("backbone") / "mlp.pt"
+    torch.save(model.state_dict(), path)
+    return str(path)
+
+
+def _config(engine: str, over: dict[str, Any]) -> dict[str, Any]:
+    return {**BASE, **SELECTORS[engine], **over}
+
+
+def _run(engine: str, over: dict[str, Any]):
+    """(params, metrics, outputs) of ``engine`` on BASE with ``over``; or the SfgError it
+    raised. Runs with the same settings are run once."""
+    cfg = _config(engine, over)
+    key = (RUNNERS[engine], tuple(sorted((k, repr(v)) for k, v in cfg.items())))
+    if key not in _RUNS:
+        try:
+            _RUNS[key] = RUNNERS[engine](cfg)
+        except SfgError as e:
+            _RUNS[key] = e
+    return _RUNS[key]
+
+
+def _value(engine: str, field: str, backbone: str) -> Any:
+    v = ENGINE_VALUES.get((engine, field), VALUES[field])
+    return backbone if v is BACKBONE else v
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+    return a == b
+
+
+def _differences(a, b) -> list[str]:
+    """What differs between two runs: 'params', metric names, output names."""
+    pa, ma, oa = a
+    pb, mb, ob = b
+    out = []
+    if pa.shape != pb.shape or pa.dtype != pb.dtype or not np.array_equal(pa, pb, equal_nan=True):
+        out.append("params")
+    for k in sorted(set(ma) | set(mb)):
+        if TIMING.search(k):
+            continue
+        if k not in ma or k not in mb or not _same_value(ma[k], mb[k]):
+            out.append(f"metric {k}")
+    for k in sorted(set(oa) | set(ob)):
+        if not _same_value(oa.get(k), ob.get(k)):
+            out.append(f"output {k}")
+    return out
+
+
+def _names(message: str, word: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", message) is not None
+
+
+# ----------------------------------------------------------------------------- the declaration
+def test_defaults_are_the_schemas():
+    from sfg.experiments.config import RunConfig
+
+    fields = {k: f.default for k, f in RunConfig.model_fields.items() if k != "kind"}
+    assert engines.DEFAULTS == fields
+    assert list(engines.FIELDS) == list(fields)
+
+
+def test_every_engine_declares_every_field_once_and_every_field_has_a_value():
+    from sfg.experiments.config import RunConfig
+
+    fields = [k for k in RunConfig.model_fields if k != "kind"]
+    assert set(ENGINES) == set(DECLARED) == set(SELECTORS) == set(RUNNERS)
+    for e in ENGINES:
+        missing = [f for f in fields if f not in DECLARED[e]]
+        assert not missing, f"engine {e} declares no class for {missing}"
+        assert set(DECLARED[e]) == set(fields), e
+        assert set(DECLARED[e].values()) <= {AFFECTS, INVARIANT, REFUSED}, e
+    no_value = [f for f in fields if f not in VALUES and f not in SELECTORS["rounds"]]
+    assert not no_value, f"no non-default value to check {no_value} with (VALUES)"
+
+
+def test_engines_module_imports_nothing_heavy():
+    code = ("import sys, sfg.engines; bad = [m for m in ('torch', 'numba', 'pydantic', "
+            "'numpy') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_refuse_names_the_engine_and_the_setting_and_what_to_do():
+    for e in ENGINES:
+        engines.refuse(e, _config(e, {}))  # the defaults pass
+        for f, cls in DECLARED[e].items():
+            if f in SELECTORS[e]:
+                continue
+            cfg = _config(e, {f: _value(e, f, "backbone.pt")})
+            if cls != REFUSED:
+                engines.refuse(e, cfg)
+                continue
+            with pytest.raises(SfgError) as err:
+                engines.refuse(e, cfg)
+            msg = str(err.value)
+            assert "\n" not in msg and _names(msg, e) and _names(msg, f), msg
+            assert "drop it" in msg, msg
+
+
+def test_refuse_checks_the_engines_own_clock_and_protocol():
+    for e in ENGINES:
+        for other in ENGINES:
+            if SELECTORS[other] != SELECTORS[e]:
+                with pytest.raises(SfgError, match=re.escape(e)):
+                    engines.refuse(e, {**SELECTORS[other]})
+    with pytest.raises(SfgError, match="unknown engine"):
+        engines.refuse("no-such-engine", {})
+
+
+def test_engine_of_finds_every_engine_from_its_settings():
+    for e in ENGINES:
+        nodes = "virtual" if e.startswith("node-") else "real" if e.startswith("real-") else None
+        assert engines.engine_of(SELECTORS[e], nodes=nodes) == e
+    with pytest.raises(SfgError, match="no node on the virtual clock engine runs"):
+        engines.engine_of({"clock": "virtual", "protocol": "event"}, nodes="virtual")
+
+
+def test_reference_page_is_the_generated_table():
+    assert PAGE.read_text(encoding="utf-8") == engines.markdown(), \
+        "run: python -m sfg.engines docs/reference/engines.md"
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "reference/engines.md" in nav
+
+
+# ----------------------------------------------------------------------------- the runs
+def _checked(engine: str) -> list[str]:
+    fields = [f for f in DECLARED[engine] if f not in SELECTORS[engine]]
+    if engine == "real-lockstep":  # the invariant fields: the node on the virtual clock's
+        fields = [f for f in fields if DECLARED[engine][f] != INVARIANT]
+    return fields
+
+
+CASES = [pytest.param(e, f, id=f"{e}-{f}") for e in ENGINES for f in _checked(e)]
+
+
+@pytest.mark.parametrize("engine, field", CASES)
+def test_engine_honours_or_refuses_the_setting(engine, field, backbone):
+    cls = DECLARED[engine][field]
+    value = _value(engine, field, backbone)
+    context = CONTEXT.get(field, {}) if cls != REFUSED else {}
+    got = _run(engine, {**context, field: value})
+    if cls == REFUSED:
+        assert isinstance(got, SfgError), \
+            f"engine {engine} runs {field}={value!r} instead of refusing it"
+        msg = str(got)
+        assert "\n" not in msg, msg
+        assert _names(msg, engine) and _names(msg, field), \
+            f"the refusal does not name the engine {engine} and the setting {field}: {msg}"
+        return
+    ref = _run(engine, context)
+    for run in (ref, got):
+        if isinstance(run, SfgError):
+            pytest.fail(f"engine {engine}: {field}={value!r} is declared {cls}, but the run "
+                        f"raised: {run}")
+    diff = _differences(ref, got)
+    if cls == AFFECTS:
+        assert diff, f"engine {engine} ignores {field}={value!r}: the same models and metrics"
+    else:
+        assert not diff, f"engine {engine}: {field}={value!r} is declared invariant but " \
+                         f"changes {diff}"
+
+
+SELECTOR_CASES = [pytest.param(e, f, id=f"{e}-{f}") for e in ENGINES for f in SELECTORS[e]]
+
+
+@pytest.mark.parametrize("engine, field", SELECTOR_CASES)
+def test_another_clock_or_protocol_is_another_engine_that_runs_differently(engine, field):
+    """``clock`` and ``protocol`` select the engine (declared affects): the nearest engine
+    with another value of the field (same kind of engine first) runs its defaults
+    differently."""
+    assert DECLARED[engine][field] == AFFECTS
+    own = SELECTORS[engine]
+    kind = engines._nodes(engine)
+    others = [e for e in ENGINES if SELECTORS[e][field] != own[field]]
+    other = min(others, key=lambda e: (engines._nodes(e) != kind,
+                                       sum(SELECTORS[e][k] != own[k] for k in own)))
+    a, b = _run(engine, {}), _run(other, {})
+    for e, run in ((engine, a), (other, b)):
+        assert not isinstance(run, SfgError), f"engine {e}'s default run raised: {run}"
+    assert _differences(a, b), f"engines {engine} and {other} run the same"
