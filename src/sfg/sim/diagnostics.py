@@ -89,7 +89,9 @@ class Binned:
         self.sums = {c: np.zeros(0) for c in self.columns}
         self.counts = {c: np.zeros(0, np.int64) for c in self.columns}
 
-    def add(self, column: str, bins, values) -> None:
+    def add(self, column: str, bins, values, counts=None) -> None:
+        """Add ``values`` [P] to their ``bins`` [P], one count each; with ``counts`` [P] the
+        values are sums of that many measurements each (pooled blocks, :func:`lag_law`)."""
         bins = np.asarray(bins, np.int64).reshape(-1)
         values = np.asarray(values, np.float64).reshape(-1)
         ok = np.isfinite(values)
@@ -102,7 +104,11 @@ class Binned:
         c = np.zeros(n, np.int64)
         c[:self.counts[column].size] = self.counts[column]
         s += np.bincount(bins, weights=values, minlength=n)
-        c += np.bincount(bins, minlength=n)
+        if counts is None:
+            c += np.bincount(bins, minlength=n)
+        else:
+            k = np.asarray(counts, np.int64).reshape(-1)[ok]
+            c += np.bincount(bins, weights=k, minlength=n).astype(np.int64)
         self.sums[column], self.counts[column] = s, c
 
     def to_json(self) -> dict[str, dict[str, list]]:
@@ -228,6 +234,53 @@ class ValidationLoss:
 
 
 # ----------------------------------------------------------------------------- the recorder
+def lag_bins(ages: tuple[ArrayLike, ArrayLike],
+             lags: tuple[ArrayLike, ArrayLike]) -> dict[str, np.ndarray]:
+    """The lag law's bins of pairs with the two ends' ages ``(τ_a, τ_b)`` and lags
+    ``(ℓ_a, ℓ_b)`` [P] each: ``{"age": |τ_a − τ_b|, "lag": round(|ℓ_a − ℓ_b|)}`` (int64 [P])."""
+    return {"age": np.abs(np.asarray(ages[0], np.int64) - np.asarray(ages[1], np.int64)),
+            "lag": np.rint(np.abs(np.asarray(lags[0], np.float64)
+                                  - np.asarray(lags[1], np.float64))).astype(np.int64)}
+
+
+def lag_law(units: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The lag law (JSON as :meth:`Recorder.result`'s ``lag``) from per-snapshot sums: each
+    of ``units`` holds one snapshot's squared distances binned as :func:`lag_bins` says,
+    unnormalised — ``{"age": {"d": {"sum", "count"}}, "lag": {...}}`` (a stored
+    :class:`Binned` of column ``d`` per binning, e.g. pooled over the receivers that measured
+    the snapshot's pairs). Each bin's sum is divided by the snapshot's mean over its pairs
+    with difference 0 (:func:`normalised` on the bins' means, bin 0 the base): the same
+    ratios' sums and counts as :meth:`Recorder.record_lag` on the snapshot's pairs, added in
+    another order."""
+    out = {"age": Binned(["ratio"]), "lag": Binned(["ratio"])}
+    snapshots = 0
+    for u in units:
+        used = False
+        for by, b in out.items():
+            bins, means, counts = binned_means(u[by], "d")
+            ok, ratio = normalised(means, np.zeros(bins.size, np.int64), bins == 0)
+            b.add("ratio", bins[ok], ratio[ok] * counts[ok], counts[ok])
+            used = used or bool(ok.any())
+        snapshots += int(used)
+    block = {by: b.to_json() for by, b in out.items()}
+    return {**block, "snapshots": snapshots, **law_rates(block)}
+
+
+def finetune_minibatches(size: int, i: int, t: int, *, K: int, B: int, seed: int,
+                         hflip: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Client i's minibatches of the fine-tuning at t (``size``: its training examples):
+    local indices [1, K, B] from the stream ``diagnostics-finetune-<i>`` keyed by t, and
+    horizontal flips [1, K, B] from ``diagnostics-finetune-augment-<i>`` (None without
+    augmentation) — the diagnostics' own streams, never the training's."""
+    from sfg.sim.run import minibatch_indices
+
+    idx = minibatch_indices(np.array([size], np.int64), K, B, seed=seed,
+                            stream_name=f"diagnostics-finetune-{i}", t=t)
+    flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
+             if hflip else None)
+    return idx, flips
+
+
 def normalised(d: ArrayLike, group: ArrayLike, base: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """``(ok, ratio)``: each ``d`` divided by the mean of ``d`` over the ``base`` entries of its
     group (``group`` [P] non-negative ints); ``ok`` where the group has such entries and
@@ -300,9 +353,7 @@ class Recorder:
         difference 0; a snapshot that normalised anything counts in ``snapshots``."""
         snapshot = np.asarray(snapshot, np.int64)
         _, group = np.unique(snapshot, return_inverse=True)
-        diffs = {"age": np.abs(np.asarray(ages[0], np.int64) - np.asarray(ages[1], np.int64)),
-                 "lag": np.rint(np.abs(np.asarray(lags[0], np.float64)
-                                       - np.asarray(lags[1], np.float64))).astype(np.int64)}
+        diffs = lag_bins(ages, lags)
         used = np.zeros(int(group.max()) + 1 if group.size else 0, bool)
         for by, x in diffs.items():
             ok, ratio = normalised(d, group, x == 0)

@@ -1,0 +1,320 @@
+"""SPEC §10's training diagnostics measured by a networked node (SPEC §11, §12.6).
+
+A node sees one receiver: itself. At each of its local rounds that aggregates and trains
+(a local round discarded because the node went offline before its K steps were done records
+nothing, as it changes nothing) :meth:`NodeDiagnostics.local_round` is handed what the node
+holds — its own model and staleness state before the round, the candidates' models with the
+claims their headers made (waited, as the node uses them: age τ + ⌊d⌋, lag ℓ + d for d
+periods waited; lockstep: d = 0), its rule's weight on its own model, the aggregate and the
+trained model — and records, with :class:`sfg.sim.diagnostics.Recorder`'s definitions,
+bins and normalisations (the same code; a *round* is the node's own round index r, one
+period P under ``async``):
+
+* ``raw`` — at local rounds with r a multiple of :data:`~sfg.sim.diagnostics.LAW_EVERY` whose
+  own age is 0: the squared distance to each candidate's model divided by the mean over the
+  candidates of (waited) age 0, binned by the candidate's age — per receiver, as in rounds
+  and on the clock;
+* ``lag`` — at the same local rounds, the squared distance of each pair (the node, a
+  candidate) binned by |τ_i − τ_j| and round(|ℓ_i − ℓ_j|). The law divides by the mean over
+  the *snapshot's* pairs with difference 0 — all nodes' pairs of round r, which no node sees.
+  So a node stores the snapshot's distances unnormalised (per-bin sums and counts of round
+  r), the swarm adds them over nodes per round (:func:`pool`) and then normalises each
+  round by its own zero-difference pairs (:func:`sfg.sim.diagnostics.lag_law`): the rounds'
+  and the clock's law. Lockstep (SPEC §11.1): the two ends of a pair see each other's
+  start-of-round models and scalars, so each unordered pair is measured once, by its lower
+  id, as in rounds. Async: every receiver–candidate pair, as the clock's engine counts them
+  (the two directions are two measurements: each receiver's view of an older model of the
+  other, at its own wake);
+* ``finetune`` — at local rounds with r a multiple of
+  :data:`~sfg.sim.diagnostics.FINETUNE_EVERY` whose own age is 0 and that hold a candidate
+  of age 0 and one of age ≥ 1: the node runs its K local steps from its own model and from
+  each candidate's model on one common minibatch sequence of its own data (its stream
+  ``diagnostics-finetune-<i>`` keyed by r, :func:`~sfg.sim.diagnostics.finetune_minibatches`)
+  and records :meth:`~sfg.sim.diagnostics.Recorder.record_finetune`'s columns on its own
+  validation split. Rounds and the clock fine-tune at most
+  :data:`~sfg.sim.diagnostics.FINETUNE_RECEIVERS` receivers per round, chosen from all
+  eligible ones — a choice no node can make alone; a node fine-tunes at every eligible local
+  round (its own neighbourhood only: (degree + 1)·K steps every 10 rounds). With at most
+  16 eligible receivers per round the two coincide;
+* ``returning`` — a local round whose own age is D ≥ 1 (its previous round, or under
+  ``async`` its previous wake that was not skipped or interrupted, was offline: exactly the
+  rounds' "unavailable at t − 1" and the clock's "previous event offline"): the validation
+  loss and accuracy of its stale model, the aggregate, the trained model, the mean over its
+  candidates' models and its rule's own weight, binned by D; and its model
+  :data:`~sfg.sim.diagnostics.LATER` rounds later — the output of its last local round done
+  by then (lockstep: round r + LATER, if r + LATER < T; async: done by wake time + LATER·P
+  on its own clock, if that is within the run's T periods, the clock engine's rule).
+
+A node's candidates' models are what it received: under a poisoning attack (``model=constant``)
+the model sent, where the clock's engine reads the model as trained. Claims are the headers'
+as sent (forged ones too), before any defence clamps them, as on the clock. Everything is kept
+in memory: a node restarted from its checkpoint records from its restart on.
+
+Results are JSON-ready per-bin sums and counts (:meth:`NodeDiagnostics.result`); the swarm
+adds its nodes' with :func:`pool` into the rounds' JSON shape (the report reads both alike).
+Diagnostics read the node's models and draw from their own streams: training is
+bit-identical with and without them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sfg.sim.diagnostics import (
+    FINETUNE_COLUMNS,
+    FINETUNE_EVERY,
+    KINDS,
+    LATER,
+    LAW_EVERY,
+    RETURN_COLUMNS,
+    Binned,
+    Recorder,
+    ValidationLoss,
+    finetune_minibatches,
+    lag_bins,
+    lag_law,
+    parse_diagnostics,
+    sq_dist,
+)
+from sfg.sim.diagnostics import pool as pool_binned
+
+ME = 0  # the node's own client id in its recorder (its validation split is the only one)
+
+
+class _Shared:
+    """What all nodes of one world in this process share: the model, its spec and the
+    single-client training backend (made on first use)."""
+
+    def __init__(self, world):
+        self.world = world
+        self.model = world.model_factory()
+        from sfg.sim.params import ParamSpec
+
+        self.spec = ParamSpec.from_module(self.model)
+        self._backend: Any = None
+
+    @property
+    def backend(self):
+        if self._backend is None:  # the node's own training backend (sfg.net.world.Trainer's)
+            from sfg.sim.backends import make_backend
+
+            self._backend = make_backend("loop:workers=2", self.world.model_factory(),
+                                         device="cpu")
+        return self._backend
+
+
+_SHARED: dict[int, tuple[Any, _Shared]] = {}
+
+
+def _shared(world) -> _Shared:
+    got = _SHARED.get(id(world))
+    if got is None or got[0]() is not world:
+        got = (weakref.ref(world), _Shared(world))
+        _SHARED[id(world)] = got
+        weakref.finalize(world, _SHARED.pop, id(world), None)
+    return got[1]
+
+
+def node_tools(world, i: int, kinds: Iterable[str]) -> dict[str, Any]:
+    """What node i's recorder reads besides the models: its own validation split ``val``
+    (client id :data:`ME`), ``train_batches(ME, t)``: its fine-tuning minibatches of round t,
+    ``train(P, xs, ys)``: the run's local training (lr, weight decay; nodes run no momentum)."""
+    kinds = set(kinds)
+    sh = _shared(world)
+    d, c = world.data, world.cfg
+    K, B, lr, wd = int(c["local_steps"]), int(c["batch_size"]), float(c["lr"]), \
+        float(c["weight_decay"])
+    val = ValidationLoss(sh.model, sh.spec, [d.val_x[i]], [d.val_y[i]], torch.device("cpu")) \
+        if {"finetune", "returning"} & kinds else None
+    x = d.train_x[i].to(torch.float32)
+    y = d.train_y[i]
+    hflip = bool(getattr(d, "augment_hflip", False))
+
+    def train_batches(_: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx, flips = finetune_minibatches(len(y), int(i), int(t), K=K, B=B,
+                                          seed=world.seed, hflip=hflip)
+        g = torch.from_numpy(idx[0])
+        xs, ys = x[g], y[g]
+        if flips is not None:
+            f = torch.from_numpy(flips[0])
+            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 2))), xs.flip(-1), xs)
+        return xs, ys
+
+    def train(P: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return sh.backend.train(P, xs, ys, lr=lr, weight_decay=wd)
+
+    return {"val": val, "train_batches": train_batches, "train": train}
+
+
+def _rows(models: Sequence[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.stack([np.asarray(m, np.float32) for m in models]))
+
+
+class NodeDiagnostics(Recorder):
+    """The diagnostics ``kinds`` of node ``i`` (see the module docstring).
+
+    ``lockstep``: the node's mode (pairs once, by the lower id; times are round indices);
+    ``unit``: seconds per round on the node's clock (async: P; lockstep: 1); ``rounds``: T;
+    ``origin()``: the start of round 0 on the node's clock (async; read when needed, as a
+    node sets it when it starts). The last time whose model counts as LATER: async
+    origin + T·unit, lockstep round T − 1. ``tools``: :func:`node_tools`'s (default: node i's
+    of ``world``)."""
+
+    def __init__(self, kinds: Iterable[str], *, world, i: int, lockstep: bool,
+                 unit: float, rounds: int, origin: Callable[[], float] | None = None,
+                 tools: Mapping[str, Any] | None = None):
+        kinds = parse_diagnostics(list(kinds))
+        tools = dict(node_tools(world, i, kinds) if tools is None else tools)
+        super().__init__(kinds, seed=world.seed, **tools)
+        self.i, self.lockstep = int(i), bool(lockstep)
+        self.unit, self.rounds = float(unit), int(rounds)
+        self.origin = origin or (lambda: 0.0)
+        self.units: dict[int, dict[str, Binned]] = {}  # lag law: round -> unnormalised sums
+        self._last: tuple[float, np.ndarray] | None = None  # (end, model) of the last round
+        self._due: list[tuple[float, int]] = []  # returning rounds awaiting LATER: (q, D)
+
+    @classmethod
+    def for_node(cls, node) -> NodeDiagnostics | None:
+        """The recorder of a :class:`sfg.net.node.Node` (None when the run asks for no
+        diagnostics)."""
+        world = node.world
+        kinds = parse_diagnostics(world.cfg.get("diagnostics") or "")
+        if not kinds:
+            return None
+        lockstep = node.cfg.mode == "lockstep"
+        return cls(kinds, world=world, i=node.i, lockstep=lockstep,
+                   unit=1.0 if lockstep else float(node.cfg.period), rounds=world.rounds,
+                   origin=lambda: float(node.t0 or 0.0))
+
+    @property
+    def horizon(self) -> float:
+        """The last time whose model counts as LATER (lockstep: round T − 1)."""
+        return self.rounds - 1.0 if self.lockstep else self.origin() + self.rounds * self.unit
+
+    # -- the hook
+    def local_round(self, r: int, *, own: np.ndarray, age: int, lag: float,
+                    senders: Sequence[int], models: Sequence[np.ndarray],
+                    ages: Sequence[int], lags: Sequence[float], self_weight: float,
+                    agg: np.ndarray, trained: np.ndarray, start: float | None = None,
+                    end: float | None = None) -> None:
+        """One local round r of the node that aggregated and trained: its model ``own`` and
+        staleness (``age``, ``lag``) before it; the candidates ``senders`` (neighbour ids)
+        with their ``models`` and header claims as used (``ages``, ``lags``: waited); its
+        rule's weight on its own model; the aggregate ``agg`` and the ``trained`` model.
+        ``start``/``end``: when it aggregated and when its K steps were done, on the node's
+        clock (async; lockstep: the round index)."""
+        r, age = int(r), int(age)
+        start = float(r if start is None or self.lockstep else start)
+        end = float(r if end is None or self.lockstep else end)
+        order = np.argsort(np.asarray(senders, np.int64), kind="stable")  # slot order
+        senders = np.asarray(senders, np.int64)[order]
+        a_j = np.asarray(ages, np.int64).reshape(-1)[order]
+        l_j = np.asarray(lags, np.float64).reshape(-1)[order]
+        X = _rows([own, *[models[k] for k in order]])  # own model first, then candidates
+        k = senders.size
+        law = r % LAW_EVERY == 0 and k > 0
+        if "raw" in self.kinds and law and age == 0:
+            self.record_raw(sq_dist(X, np.zeros(k, np.int64), np.arange(1, k + 1)),
+                            np.zeros(k, np.int64), a_j)
+        if "lag" in self.kinds and law:
+            pair = senders > self.i if self.lockstep else np.ones(k, bool)
+            if pair.any():
+                nb = np.flatnonzero(pair) + 1
+                d = sq_dist(X, np.zeros(nb.size, np.int64), nb)
+                unit = self.units.setdefault(r, {"age": Binned(["d"]), "lag": Binned(["d"])})
+                diffs = lag_bins((np.full(nb.size, age), a_j[pair]),
+                                 (np.full(nb.size, float(lag)), l_j[pair]))
+                for by, x in diffs.items():
+                    unit[by].add("d", x, d)
+        if ("finetune" in self.kinds and r % FINETUNE_EVERY == 0 and age == 0
+                and (a_j == 0).any() and (a_j >= 1).any()):
+            self.record_finetune(X, [k + 1], [ME], r, a_j)
+        if "returning" in self.kinds:
+            self._returning(r, age, start, end, X, self_weight, agg, trained)
+
+    # -- pieces
+    def _returning(self, r: int, D: int, start: float, end: float, X: torch.Tensor,
+                   self_weight: float, agg: np.ndarray, trained: np.ndarray) -> None:
+        # returning rounds whose LATER time passed before this round was done: the model
+        # then is the previous local round's output
+        if self._last is not None:
+            self._resolve([d for d in self._due if d[0] < end], self._last[1])
+        self._due = [d for d in self._due if d[0] >= end]
+        self._last = (end, trained)
+        if D < 1:
+            return
+        k = X.shape[0] - 1
+        self.record_returning([D], [ME], X[:1], _rows([agg]), _rows([trained]), [self_weight],
+                              X[1:], np.zeros(k, np.int64))
+        q = start + LATER * self.unit
+        if q <= self.horizon and end <= q:
+            self._due.append((q, D))
+
+    def _resolve(self, due: list[tuple[float, int]], model: np.ndarray) -> None:
+        if due:
+            self.record_later(np.array([d for _, d in due], np.int64),
+                              np.full(len(due), ME, np.int64), _rows([model] * len(due)))
+
+    # -- the result
+    def result(self) -> dict[str, Any]:
+        """JSON-ready per-bin sums and counts (the lag law's per round, unnormalised);
+        :func:`pool` adds nodes' results into the rounds' shape."""
+        if self._last is not None:  # the run is over: the last model is the one LATER on
+            self._resolve(self._due, self._last[1])
+            self._due = []
+        out = super().result()
+        if "lag" in self.kinds:
+            out["lag"] = {"units": {str(u): {by: b.to_json() for by, b in v.items()}
+                                    for u, v in sorted(self.units.items())}}
+        return out
+
+
+def pool(results: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The swarm's diagnostics from its nodes' :meth:`NodeDiagnostics.result` (None for a
+    node without): per-bin sums and counts added over nodes, the lag law's per round before
+    it is normalised (:func:`sfg.sim.diagnostics.lag_law`); the JSON of
+    :meth:`sfg.sim.diagnostics.Recorder.result` (None when no node recorded any)."""
+    res = [r for r in results if r]
+    if not res:
+        return None
+    have = {k for r in res for k in r["kinds"]}
+    kinds = [k for k in KINDS if k in have]
+    out: dict[str, Any] = {"kinds": kinds}
+    if "raw" in kinds:
+        out["raw"] = _binned([r["raw"] for r in res if "raw" in r], ["ratio"])
+    if "lag" in kinds:
+        units: dict[str, list] = {}
+        for r in res:
+            for u, v in r.get("lag", {}).get("units", {}).items():
+                units.setdefault(u, []).append(v)
+        out["lag"] = lag_law({by: _binned([v[by] for v in vs], ["d"]) for by in ("age", "lag")}
+                             for _, vs in sorted(units.items(), key=lambda x: int(x[0])))
+    if "finetune" in kinds:
+        ft = [r["finetune"] for r in res if "finetune" in r]
+        out["finetune"] = {**_binned(ft, FINETUNE_COLUMNS),
+                           "receivers": int(sum(f["receivers"] for f in ft)),
+                           "own_loss": _pair(f["own_loss"] for f in ft),
+                           "own_acc": _pair(f["own_acc"] for f in ft)}
+    if "returning" in kinds:
+        ret = [r["returning"] for r in res if "returning" in r]
+        out["returning"] = {**_binned(ret, RETURN_COLUMNS),
+                            "returns": int(sum(x["returns"] for x in ret))}
+    return out
+
+
+def _binned(blocks: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, Any]:
+    pooled = pool_binned([{c: b[c] for c in columns} for b in blocks])
+    return {c: pooled.get(c, {"sum": [], "count": []}) for c in columns}
+
+
+def _pair(pairs: Iterable[Sequence[float]]) -> list:
+    s, c = 0.0, 0
+    for v in pairs:
+        s += float(v[0])
+        c += int(v[1])
+    return [s, c]
