@@ -230,3 +230,30 @@ def test_returning_rounds_and_the_model_later():
     assert got["self_weight"]["sum"][3] == 0.25
     # D = 2 waits past the last round: the run's last model (done at 29)
     assert got["loss_later"] == {"sum": [0.0, 8.0, 10.0, 5.0], "count": [0, 1, 1, 1]}
+
+
+def test_lockstep_node_diagnostics_equal_sfg_runs():
+    """Lockstep (SPEC §11.1) is the rounds' protocol: with zero compute time the nodes on the
+    virtual clock give sfg run's models, and their pooled diagnostics are sfg run's (pairs
+    once, by the lower id; LATER = the model after round t + 5)."""
+    from sfg.sim.run import simulate
+
+    nodes: list = []
+    world = build_world({**BASE, "diagnostics": ALL})
+    res = bounded(lambda: run_virtual_swarm(
+        world, SwarmOptions(mode="lockstep", period=P, deadline=BASE["rounds"] * P),
+        clock_settings={"compute": "const:value=0"}, nodes_out=nodes), 240, "the run hangs")
+    ref = simulate({**BASE, "diagnostics": ALL}, backend="loop")
+    assert np.array_equal(res["params"], ref.params.numpy())
+    got, want = pool(_node_diagnostics(nodes)), ref.diagnostics
+    assert _same_block(got["raw"], want["raw"], ["ratio"], "raw") > 0
+    assert got["lag"]["snapshots"] == want["lag"]["snapshots"] > 0
+    for by in ("age", "lag"):
+        assert _same_block(got["lag"][by], want["lag"][by], ["ratio"], f"lag {by}") > 0
+    assert got["finetune"]["receivers"] == want["finetune"]["receivers"] > 0
+    assert _same_block(got["finetune"], want["finetune"], ["before", "after"], "finetune") > 0
+    assert _same_block(got["finetune"], want["finetune"], ["loss", "acc"], "finetune",
+                       LOSSES) > 0
+    assert got["returning"]["returns"] == want["returning"]["returns"] > 0
+    assert _same_block(got["returning"], want["returning"], RETURN_COLUMNS, "returning",
+                       LOSSES) > 0
