@@ -42,22 +42,20 @@ def _hook(monkeypatch):
     agg_, commit_ = Node._aggregate, Node._commit
 
     def _aggregate(self, r, senders, msgs, ages, lags):
-        self._seen = (r, list(senders), [m.params for m in msgs], list(ages), list(lags),
-                      self.clock.time())
         agg, full = agg_(self, r, senders, msgs, ages, lags)
-        self._seen += (agg,)
+        order = sorted(range(len(senders)), key=lambda k: self.pos[senders[k]])
+        self._aggregated = (r, [msgs[k] for k in order], agg, self.clock.time())
         return agg, full
 
     def _commit(self, x, n_steps, full):
         if not hasattr(self, "diagnostics"):
             self.diagnostics = NodeDiagnostics.for_node(self)
         if self.diagnostics is not None:
-            r, senders, models, ages, lags, start, agg = self._seen
+            r, msgs, agg, start = self._aggregated
             s = self.state
-            self.diagnostics.local_round(r, own=self.x, age=s.age, lag=s.lag, senders=senders,
-                                         models=models, ages=ages, lags=lags,
-                                         self_weight=float(full["weights"][0]), agg=agg,
-                                         trained=x, start=start, end=self.clock.time())
+            self.diagnostics.commit(r, own=self.x, age=s.age, lag=s.lag, full=full,
+                                    neighbours=self.nbrs, models=[m.params for m in msgs],
+                                    agg=agg, trained=x, start=start, end=self.clock.time())
         commit_(self, x, n_steps, full)
 
     monkeypatch.setattr(Node, "_aggregate", _aggregate)

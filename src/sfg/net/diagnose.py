@@ -46,9 +46,11 @@ period P under ``async``):
   on its own clock, if that is within the run's T periods, the clock engine's rule).
 
 A node's candidates' models are what it received: under a poisoning attack (``model=constant``)
-the model sent, where the clock's engine reads the model as trained. Claims are the headers'
-as sent (forged ones too), before any defence clamps them, as on the clock. Everything is kept
-in memory: a node restarted from its checkpoint records from its restart on.
+the model sent, where the clock's engine reads the model as trained. Claims are those its rule
+used: the headers' (forged ones too), waited, and clamped where the rule has ``+guard`` or
+``+relative`` (the clock bins by the headers' claims before any clamp: the two differ only
+for clamped claims). Everything is kept in memory: a node restarted from its checkpoint
+records from its restart on.
 
 Results are JSON-ready per-bin sums and counts (:meth:`NodeDiagnostics.result`); the swarm
 adds its nodes' with :func:`pool` into the rounds' JSON shape (the report reads both alike).
@@ -236,6 +238,21 @@ class NodeDiagnostics(Recorder):
             self.record_finetune(X, [k + 1], [ME], r, a_j)
         if "returning" in self.kinds:
             self._returning(r, age, start, end, X, self_weight, agg, trained)
+
+    def commit(self, r: int, *, own: np.ndarray, age: int, lag: float, full: Mapping[str, Any],
+               neighbours: Sequence[int], models: Sequence[np.ndarray], agg: np.ndarray,
+               trained: np.ndarray, start: float | None = None,
+               end: float | None = None) -> None:
+        """:meth:`local_round` from the node's own record of the round: ``full`` per slot of
+        its star (itself, then ``neighbours`` in order): ``cand``, ``weights`` and the claims
+        ``ages``/``lags`` as its rule used them; ``models`` the candidates' in that order."""
+        cand = np.flatnonzero(np.asarray(full["cand"], bool)[1:])
+        self.local_round(r, own=own, age=age, lag=lag,
+                         senders=np.asarray(neighbours, np.int64)[cand], models=models,
+                         ages=np.asarray(full["ages"])[1:][cand],
+                         lags=np.asarray(full["lags"])[1:][cand],
+                         self_weight=float(full["weights"][0]), agg=agg, trained=trained,
+                         start=start, end=end)
 
     # -- pieces
     def _returning(self, r: int, D: int, start: float, end: float, X: torch.Tensor,
