@@ -110,8 +110,9 @@ def test_async_node_diagnostics_equal_the_clock_engines():
     res = _swarm(ALL, nodes)
     eng = _engine(ALL)
     assert np.array_equal(res["params"], eng["params"].numpy())  # the same schedule and models
-    got, want = pool(_node_diagnostics(nodes)), eng["diagnostics"]
-    json.dumps(got, allow_nan=False)
+    per_node = _node_diagnostics(nodes)
+    json.dumps(per_node, allow_nan=False)  # what a node process hands the swarm
+    got, want = pool(per_node), eng["diagnostics"]
     assert got["kinds"] == want["kinds"] == ["raw", "lag", "finetune", "returning"]
     assert _same_block(got["raw"], want["raw"], ["ratio"], "raw") > 0
     assert len(np.trim_zeros(np.asarray(want["raw"]["ratio"]["count"]), "b")) >= 2  # ages beyond 0 seen
@@ -136,7 +137,10 @@ def test_async_node_diagnostics_equal_the_clock_engines():
 
 def test_diagnostics_never_change_the_nodes_training():
     with_ = _swarm(ALL)
-    without = _swarm(None)
+    nodes: list = []
+    without = _swarm(None, nodes)
+    assert all(nd.diagnostics is None for nd in nodes)
+    assert pool([None] * len(nodes)) is None
     assert np.array_equal(with_["params"], without["params"])
     assert [nd["acc"] for nd in with_["nodes"]] == [nd["acc"] for nd in without["nodes"]]
 
