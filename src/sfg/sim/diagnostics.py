@@ -252,18 +252,20 @@ def lag_law(units: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     with difference 0 (:func:`normalised` on the bins' means, bin 0 the base): the same
     ratios' sums and counts as :meth:`Recorder.record_lag` on the snapshot's pairs, added in
     another order."""
+    units = list(units)
     out = {"age": Binned(["ratio"]), "lag": Binned(["ratio"])}
-    snapshots = 0
-    for u in units:
-        used = False
-        for by, b in out.items():
-            bins, means, counts = binned_means(u[by], "d")
-            ok, ratio = normalised(means, np.zeros(bins.size, np.int64), bins == 0)
-            b.add("ratio", bins[ok], ratio[ok] * counts[ok], counts[ok])
-            used = used or bool(ok.any())
-        snapshots += int(used)
+    used = np.zeros(len(units), bool)
+    for by, b in out.items():
+        parts = [binned_means(u[by], "d") for u in units]
+        bins, means, counts = (np.concatenate([np.zeros(0), *(p[k] for p in parts)])
+                               for k in range(3))
+        bins, counts = bins.astype(np.int64), counts.astype(np.int64)
+        group = np.repeat(np.arange(len(units)), [p[0].size for p in parts])
+        ok, ratio = normalised(means, group, bins == 0)
+        b.add("ratio", bins[ok], ratio[ok] * counts[ok], counts[ok])
+        used[group[ok]] = True
     block = {by: b.to_json() for by, b in out.items()}
-    return {**block, "snapshots": snapshots, **law_rates(block)}
+    return {**block, "snapshots": int(used.sum()), **law_rates(block)}
 
 
 def finetune_minibatches(size: int, i: int, t: int, *, K: int, B: int, seed: int,
