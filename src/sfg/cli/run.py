@@ -116,20 +116,19 @@ def run(
         "device": device, "precision": precision, "partition": partition, "backbone_from": backbone_from,
         "diagnostics": diagnostics, "attack": attack, **on_clock})
     from sfg.experiments.config import run_id
-    from sfg.sim.run import simulate
+    from sfg.sim.context import resolve_config, train
 
     settings = cfg.model_dump()
-    if cfg.clock == "virtual" and cfg.protocol != "lockstep":
-        _run_events(cfg, settings, as_json)
+    events = cfg.clock == "virtual" and cfg.protocol != "lockstep"
+    with console.progress(f"training on the virtual clock ({cfg.protocol})" if events
+                          else "training", enabled=not as_json) as update:
+        res = train(resolve_config(settings), progress=update)
+    if as_json:  # diagnostics: per-bin sums and counts, and the lag law's fitted ρ
+        console.print_json({"config": settings, "run_id": run_id(cfg), **res.summary(),
+                            "meta": res.meta})
         return
-    with console.progress("training", enabled=not as_json) as update:
-        res = simulate(settings, progress=update)
-    if as_json:
-        out = {"config": settings, "run_id": run_id(cfg), "metrics": res.metrics,
-               "curves": res.curves, "meta": res.meta}
-        if res.diagnostics is not None:  # per-bin sums and counts, and the lag law's fitted ρ
-            out["diagnostics"] = res.diagnostics
-        console.print_json(out)
+    if events:
+        _show_events(cfg, res)
         return
     m = res.metrics
     honest = ([("honest clients: mean accuracy", m["acc_honest_mean"]),
@@ -152,23 +151,9 @@ def run(
                  "than the batch and sample it with replacement")
 
 
-def _run_events(cfg, settings: dict[str, Any], as_json: bool) -> None:
-    """``sfg run --clock virtual --protocol async|event`` (:mod:`sfg.clock.train`)."""
-    from sfg.clock.train import simulate_events
-    from sfg.experiments.config import run_id
-    from sfg.sim.run import resolve_config
-
-    with console.progress(f"training on the virtual clock ({cfg.protocol})",
-                          enabled=not as_json) as update:
-        got = simulate_events(resolve_config(settings), progress=update)
-    if as_json:
-        out = {"config": settings, "run_id": run_id(cfg), "metrics": got["metrics"],
-               "curves": got["curves"], "meta": got["meta"]}
-        if got.get("diagnostics") is not None:  # SPEC §10 on the clock (sfg.clock.diagnostics)
-            out["diagnostics"] = got["diagnostics"]
-        console.print_json(out)
-        return
-    m = got["metrics"]
+def _show_events(cfg, got) -> None:
+    """The table of ``sfg run --clock virtual --protocol async|event`` (:mod:`sfg.clock.train`)."""
+    m = got.metrics
     tta = m["time_to_accuracy_h"]
     rows = [("mean accuracy", f"{m['acc_mean']:.4f}"), ("10th percentile", f"{m['acc_p10']:.4f}"),
             ("time-averaged accuracy", f"{m['acc_time_avg']:.4f}"),
@@ -186,7 +171,7 @@ def _run_events(cfg, settings: dict[str, Any], as_json: bool) -> None:
             ("seconds", f"{got['meta']['seconds']:.1f}")]
     t = console.table(f"sfg run --clock virtual --protocol {cfg.protocol}: {cfg.rule} under "
                       f"{cfg.process}", ["metric", ("value", "right")])
-    for name, v in [*rows, *_rate_rows(got.get("diagnostics"))]:
+    for name, v in [*rows, *_rate_rows(got.diagnostics)]:
         t.add_row(name, v)
     console.show(t)
     console.caption(f"{got['meta']['levels']} batches of local rounds, backend "

@@ -897,6 +897,14 @@ def level_candidates(sched: Schedule, ev: np.ndarray
     return cidx, np.repeat(np.arange(ev.size), lens), np.cumsum(lens) - lens
 
 
+def dependency_levels(sched: Schedule, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``level`` [R] of every local round (1 + the levels of the models it reads: its
+    device's previous local round, or the initial model at level 0, and its messages'
+    senders) and ``prev`` [R] each local round's previous local round on its device (−1: the
+    initial model)."""
+    return _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, n)
+
+
 def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
     """The schedule's dependency levels (for rules whose scores are computed between the
     levels, :mod:`sfg.clock.train`, :mod:`sfg.clock.missed`): ``level`` [R] of the local
@@ -904,7 +912,7 @@ def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
     ``n_levels``, and per level L = 1..n_levels+1 the local rounds ``local(L)`` and the
     offline spans ``offline(L)`` to count before them (those after a device's last local
     round: level n_levels + 1), each in time order."""
-    level, prev = _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, n)
+    level, prev = dependency_levels(sched, n)
     loc = np.flatnonzero(sched.kind == LOCAL)
     n_levels = int(level[loc].max()) if loc.size else 0
     by_level = loc[np.argsort(level[loc], kind="stable")]

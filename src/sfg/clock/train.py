@@ -17,10 +17,11 @@ level aggregate and train together, as one batch through the training backend. A
 therefore never falls back to one client at a time: the batches are about as large as the
 synchronous run's rounds.
 
-Pairing (SPEC §7, §12.4): data, graph, initial models, world and schedule come from the seed;
-device i's local round keyed ``step`` (its wake index under async, its count of completed
-local rounds under event) trains on the minibatches ``sfg run`` draws for client i in round
-``step`` (stream ``minibatch``), whatever the rule. Evaluation every ``eval_seconds`` of
+Pairing (SPEC §7, §12.4): data, graph, initial models, world and schedule come from the seed
+(the run every engine builds, :func:`sfg.sim.context.build_run`); device i's local round keyed
+``step`` (its wake index under async, its count of completed local rounds under event) trains
+on the minibatches ``sfg run`` draws for client i in round ``step``
+(:class:`sfg.sim.context.Minibatches`), whatever the rule. Evaluation every ``eval_seconds`` of
 virtual time uses each device's model as it stands then (its last completed local round).
 
 Metrics: as ``sfg run`` (final and time-averaged accuracy, per-availability-quartile means),
@@ -31,7 +32,6 @@ schedule's counts per device-hour (:func:`sfg.clock.replay.per_device_hour`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,7 +43,7 @@ import torch
 from sfg.clock.schedule import (
     LOCAL,
     Schedule,
-    _levels,
+    dependency_levels,
     level_candidates,
     level_plan,
     make_schedule,
@@ -128,40 +128,6 @@ def _memory_kernel(rule):
     return parse_rule(k)
 
 
-def _batches(cache: dict, clients, sizes: np.ndarray, devs: np.ndarray, steps: np.ndarray,
-             n_steps: int, K: int, B: int, N: int, seed: int):
-    """xs, ys of the local rounds (device, step key) with ``n_steps`` steps: ``sfg run``'s
-    minibatches of (client, round = step), and for ``+catchup``'s extra steps its own
-    ``catchup`` stream (sfg.sim.run), with the augmentation flips when the data has them."""
-    from sfg.round.rules import CATCHUP_CAP
-    from sfg.sim.run import minibatch_indices
-    from sfg.util.rng import stream
-
-    idx = np.empty((devs.size, n_steps, B), np.int64)
-    flips = np.empty((devs.size, n_steps, B), bool) if clients.hflip else None
-    for s in np.unique(steps):
-        key = (int(s), n_steps > K)
-        if key not in cache:
-            if len(cache) > 64:
-                cache.pop(next(iter(cache)))
-            base = minibatch_indices(sizes, K, B, seed=seed, stream_name="minibatch", t=int(s))
-            fl = stream(seed, "augment", int(s)).random((N, K, B)) < 0.5 if clients.hflip else None
-            if n_steps > K:
-                extra = minibatch_indices(sizes, CATCHUP_CAP * K, B, seed=seed,
-                                          stream_name="catchup", t=int(s))
-                base = np.concatenate([base, extra], axis=1)
-                if fl is not None:
-                    ef = stream(seed, "catchup-augment", int(s)).random((N, CATCHUP_CAP * K, B))
-                    fl = np.concatenate([fl, ef < 0.5], axis=1)
-            cache[key] = (base, fl)
-        base, fl = cache[key]
-        sel = steps == s
-        idx[sel] = base[devs[sel], :n_steps]
-        if flips is not None and fl is not None:
-            flips[sel] = fl[devs[sel], :n_steps]
-    return clients.gather(devs, idx, flips)
-
-
 def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.ndarray,
               model: str, attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
     """The candidates' models as sent: an attacker's message poisoned by the attack's
@@ -222,301 +188,316 @@ def _as_seen(es, sched: Schedule, cidx: np.ndarray, first: np.ndarray,
     return age, lag
 
 
-def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
-                    ) -> dict[str, Any]:
-    """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
-    config. Returns ``{"metrics", "curves", "meta", "accuracy", "params", "diagnostics"}``
-    (``diagnostics``: SPEC §10's on the clock, :mod:`sfg.clock.diagnostics`, or None)."""
-    from sfg.clock.replay import EventStaleness, per_device_hour, staleness_events
-    from sfg.round.attacks import parse_attack
-    from sfg.round.rules import parse_rule
-    from sfg.sim.backends import make_backend
-    from sfg.sim.gossip import weighted_sum
-    from sfg.sim.params import ParamSpec, init_params
-    from sfg.sim.run import (
-        _ClientData,
-        _device,
-        _quartile_means,
-        _single_threaded,
-        backbone_momentum,
-        diagnostic_tools,
-        numerics,
-    )
-    from sfg.world.data import load_federated
-    from sfg.world.models import make_model
+class EventLoop:
+    """The async or event protocol's training (see the module docstring): the schedule and
+    its staleness fixed first (:meth:`_schedule`), the dependency levels and what each reads
+    and frees planned (:meth:`_plan`), then the models computed level by level
+    (:meth:`play_level`: :meth:`_aggregate`, :meth:`_train`)."""
 
-    t_start = time.perf_counter()
-    settings = make_settings(c)
-    seed = int(c["seed"])
-    N, T, K, B = int(c["n_clients"]), int(c["rounds"]), int(c["local_steps"]), int(c["batch_size"])
-    rule = parse_rule(c["rule"])
-    if rule.robust:  # +clip runs here (below); the robust aggregators only in rounds
+    def __init__(self, run, progress: Callable[[int, int], None] | None = None):
         from sfg.round.rules import check_model_defences
 
-        check_model_defences(rule, f"the virtual clock's {c.get('protocol')} protocol")
-    memory = _memory_kernel(rule)
-    if memory is not None:  # model memory on the clock: its kernel, every message remembered
-        rule = memory
-        settings = replace(settings, window=_UNBOUNDED)
-    scored = rule.reads_models or rule.oracle  # scores computed between dependency levels
-    if rule.reads_models:
-        from sfg.clock.scored import make_scorer
+        self.run, self.c, self.progress = run, run.c, progress
+        self.t_start = time.perf_counter()
+        settings = make_settings(self.c)
+        rule = run.rule
+        if rule.robust:  # +clip runs here (below); the robust aggregators only in rounds
+            check_model_defences(rule, f"the virtual clock's {self.c.get('protocol')} protocol")
+        memory = _memory_kernel(rule)
+        if memory is not None:  # model memory on the clock: its kernel, every message remembered
+            rule = memory
+            settings = replace(settings, window=_UNBOUNDED)
+        self.rule = rule
+        self.scored = rule.reads_models or rule.oracle  # scores computed between levels
+        if rule.reads_models:
+            from sfg.clock.scored import make_scorer
 
-        make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
-    attack = parse_attack(c.get("attack"))
-    device = _device(str(c["device"]))
-    data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]), partition=c["partition"])
+            make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
+        self.settings = settings.with_bytes(4.0 * run.spec.D + HEADER_BYTES)
+        self._schedule()
+        self.X0 = run.initial()
+        self.backend = run.backend
+        self.clients = run.clients
+        self.batches = run.minibatches(keep=64)
+        self.head = run.head
+        self._plan()
 
-    def factory():
-        return make_model(c["model"], input_shape=tuple(data.input_shape),
-                          num_classes=data.num_classes)
+    def _schedule(self) -> None:
+        """The world in time, the schedule and the rule's staleness over it (model-free,
+        except for the rules that read models or A's rows: those run level by level)."""
+        from sfg.clock.replay import EventStaleness, staleness_events
 
-    model = factory()
-    spec = ParamSpec.from_module(model)
-    settings = settings.with_bytes(4.0 * spec.D + HEADER_BYTES)
-    world = make_world(settings, process=c["process"], graph=c["graph"], n=N, rounds=T,
-                       seed=seed)
-    sched: Schedule = make_schedule(world, settings, local_steps=K, seed=seed,
-                                    catchup=rule.catchup,
-                                    link_failure=float(c["link_failure"]),
-                                    anatomy=str(c["anatomy"]))
-    if scored:  # scores from models (or A's rows): the staleness runs level by level below
-        es = EventStaleness(rule, world, sched, seed=seed, attack=attack)
-        got = es.result()
-    else:
-        got = staleness_events(rule, world, sched, seed=seed, attack=attack)
-    weights = got["weights"]
-    own_age = got["facts"][:, 1]  # the receiver's age before each event (filled as it runs)
-    nsteps = sched.nsteps if sched.nsteps is not None else np.full(sched.n_events, K, np.int64)
-    attackers = got["attackers"]
-    poison = attack.model if (attack is not None and attackers.any()) else "none"
+        run, c, rule = self.run, self.c, self.rule
+        N, T, K, seed = run.n, run.rounds, run.K, run.seed
+        self.world = world = make_world(self.settings, process=c["process"], graph=c["graph"],
+                                        n=N, rounds=T, seed=seed)
+        self.sched = sched = make_schedule(world, self.settings, local_steps=K, seed=seed,
+                                           catchup=rule.catchup,
+                                           link_failure=float(c["link_failure"]),
+                                           anatomy=str(c["anatomy"]))
+        self.es = None
+        if self.scored:
+            self.es = EventStaleness(rule, world, sched, seed=seed, attack=run.attack_given)
+            self.got = self.es.result()
+        else:
+            self.got = staleness_events(rule, world, sched, seed=seed, attack=run.attack_given)
+        self.weights = self.got["weights"]
+        self.own_age = self.got["facts"][:, 1]  # the receiver's age before each event
+        self.nsteps = sched.nsteps if sched.nsteps is not None \
+            else np.full(sched.n_events, K, np.int64)
+        self.attackers = self.got["attackers"]
+        attack = run.attack_given
+        self.poison = attack.model if (attack is not None and self.attackers.any()) else "none"
 
-    X0 = init_params(factory, N, seed=seed).to(device)
-    backend = make_backend(str(c["backend"]), model, device=str(device),
-                           precision=str(c.get("precision", "fp32")))
-    clients = _ClientData(data, device)
-    test_x: Any = [x.to(device) for x in data.test_x]
-    test_y: Any = [y.to(device) for y in data.test_y]
-    if len({int(y.shape[0]) for y in test_y}) == 1:
-        test_x, test_y = torch.stack(test_x), torch.stack(test_y)
-    lr, wd, momentum = float(c["lr"]), float(c["weight_decay"]), backbone_momentum(c)
-    backbone = str(c["backbone"])
-    head = spec.head_mask.to(device)
-    ditto_lam = float(c["ditto_lambda"])
+    def _plan(self) -> None:
+        """Levels, evaluation times and models, the level at which each model is last read
+        (then freed), the diagnostics and the scorer."""
+        sched, world, settings, N = self.sched, self.world, self.settings, self.run.n
+        R = sched.n_events
+        self.level, self.prev = level, prev = dependency_levels(sched, N)
+        self.loc = loc = np.flatnonzero(sched.kind == LOCAL)
+        # evaluations: each device's last completed local round at every eval time
+        every = settings.eval_seconds or float(self.c["eval_every"]) * settings.round_seconds
+        te = np.arange(every, world.horizon + 1e-9 * every, every)
+        if te.size == 0 or te[-1] < world.horizon - 1e-9 * every:
+            te = np.append(te, world.horizon)
+        self.te = te
+        self.by_dev = loc[np.lexsort((sched.end[loc], sched.dev[loc]))]
+        self.dptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(sched.dev[loc], minlength=N), out=self.dptr[1:])
+        k = self.finished_by(np.tile(np.arange(N), te.size), np.repeat(te, N))
+        self.eval_ids = np.where(k >= 0, N + k, np.tile(np.arange(N), te.size)).reshape(te.size, N)
+        lvl_of = np.concatenate([np.zeros(N, np.int64), level])  # by model id
+        self.eval_level = lvl_of[self.eval_ids].max(axis=1)
+        # the last level at which each model is read (then it is freed)
+        last_use = np.full(N + R, -1, np.int64)
+        src_ids = np.where(prev[loc] >= 0, N + prev[loc], sched.dev[loc])
+        np.maximum.at(last_use, src_ids, level[loc])
+        nb = np.flatnonzero(sched.cmsg >= 0)
+        owner = np.repeat(np.arange(R), np.diff(sched.cptr))
+        np.maximum.at(last_use, N + sched.cmsg[nb], level[owner[nb]])
+        np.maximum.at(last_use, self.eval_ids.ravel(), np.repeat(self.eval_level, N))
+        last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
+        self.n_levels = n_levels = int(level[loc].max()) if loc.size else 0
+        self.by_level = np.argsort(level[loc], kind="stable")
+        self.bounds = np.searchsorted(level[loc][self.by_level], np.arange(1, n_levels + 2))
+        self.by_last = np.argsort(last_use, kind="stable")
+        self.free_bounds = np.searchsorted(last_use[self.by_last], np.arange(0, n_levels + 2),
+                                           side="right")
+        self.eval_order = np.argsort(self.eval_level, kind="stable")
+        self.pool = _Pool(self.X0, N + R)
+        # ditto (SPEC §6 backbones): a personal model per device beside the shared one,
+        # trained from its own previous personal model towards the local round's aggregate
+        self.personal = _Pool(self.X0, N + R) if self.run.backbone == "ditto" else None
+        self.diag = self._diagnostics()
+        self.scorer = None
+        if self.scored:
+            from sfg.clock.scored import make_scorer
 
-    R = sched.n_events
-    level, prev = _levels(sched.kind, sched.dev, sched.cptr, sched.cmsg, N)
-    loc = np.flatnonzero(sched.kind == LOCAL)
-    # evaluations: each device's last completed local round at every eval time
-    every = settings.eval_seconds or float(c["eval_every"]) * settings.round_seconds
-    te = np.arange(every, world.horizon + 1e-9 * every, every)
-    if te.size == 0 or te[-1] < world.horizon - 1e-9 * every:
-        te = np.append(te, world.horizon)
-    by_dev = loc[np.lexsort((sched.end[loc], sched.dev[loc]))]
-    dptr = np.zeros(N + 1, np.int64)
-    np.cumsum(np.bincount(sched.dev[loc], minlength=N), out=dptr[1:])
+            self.plan = level_plan(sched, N)
+            self.scorer = make_scorer(self.rule, n=N, n_slots=world.rg.n_slots, X0=self.X0,
+                                      sched=sched, prev=self.plan["prev"])
+            self.given = np.zeros(int(sched.cptr[-1]))
+        self.acc_at: dict[int, np.ndarray] = {}
+        self.final: list[torch.Tensor] = []
+        self.steps_taken = 0
+        self.next_eval = 0
 
-    def finished_by(devs: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Each device's last local round whose K steps are done by time q (−1: none)."""
-        k = _last_by(dptr, sched.end[by_dev], devs, q)
-        return np.where(k >= 0, by_dev[np.maximum(k, 0)], -1) if by_dev.size else k
-
-    k = finished_by(np.tile(np.arange(N), te.size), np.repeat(te, N))
-    eval_ids = np.where(k >= 0, N + k,
-                        np.tile(np.arange(N), te.size)).reshape(te.size, N)
-    lvl_of = np.concatenate([np.zeros(N, np.int64), level])  # by model id
-    eval_level = lvl_of[eval_ids].max(axis=1)
-    # the last level at which each model is read (then it is freed)
-    last_use = np.full(N + R, -1, np.int64)
-    src_ids = np.where(prev[loc] >= 0, N + prev[loc], sched.dev[loc])
-    np.maximum.at(last_use, src_ids, level[loc])
-    nb = np.flatnonzero(sched.cmsg >= 0)
-    owner = np.repeat(np.arange(R), np.diff(sched.cptr))
-    np.maximum.at(last_use, N + sched.cmsg[nb], level[owner[nb]])
-    np.maximum.at(last_use, eval_ids.ravel(), np.repeat(eval_level, N))
-    last_use[N + loc] = np.maximum(last_use[N + loc], level[loc])  # unread: freed when made
-    # SPEC §10's diagnostics on the clock (sfg.clock.diagnostics): read the models, never
-    # change them
-    tools = diagnostic_tools(c, seed=seed, model=model, spec=spec, data=data, clients=clients,
-                             backend=backend, device=device, K=K, B=B, lr=lr, wd=wd,
-                             momentum=momentum)
-    diag = None
-    if tools is not None:
+    def _diagnostics(self):
+        """SPEC §10's diagnostics on the clock (:mod:`sfg.clock.diagnostics`): read the
+        models, never change them. None when none are asked for."""
+        tools = self.run.diagnostic_tools()
+        if tools is None:
+            return None
         from sfg.clock.diagnostics import EventDiagnostics
 
-        diag = EventDiagnostics(tools.pop("kinds"), sched=sched, level=level,
+        got = self.got
+        return EventDiagnostics(tools.pop("kinds"), sched=self.sched, level=self.level,
                                 facts=got["facts"], hdr=got["hdr"], hdr_lag=got["hdr_lag"],
-                                weights=weights, finished_by=finished_by, seed=seed, **tools)
+                                weights=self.weights, finished_by=self.finished_by,
+                                seed=self.run.seed, **tools)
 
-    pool = _Pool(X0, N + R)
-    # ditto (SPEC §6 backbones): a personal model per device beside the shared one, trained
-    # from its own previous personal model towards the local round's aggregate; evaluated
-    personal = _Pool(X0, N + R) if backbone == "ditto" else None
-    n_levels = int(level[loc].max()) if loc.size else 0
-    scorer = None
-    if scored:
-        from sfg.clock.scored import make_scorer
+    def finished_by(self, devs: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Each device's last local round whose K steps are done by time q (−1: none)."""
+        by_dev = self.by_dev
+        k = _last_by(self.dptr, self.sched.end[by_dev], devs, q)
+        return np.where(k >= 0, by_dev[np.maximum(k, 0)], -1) if by_dev.size else k
 
-        plan = level_plan(sched, N)
-        scorer = make_scorer(rule, n=N, n_slots=world.rg.n_slots, X0=X0, sched=sched,
-                             prev=plan["prev"])
-        given = np.zeros(int(sched.cptr[-1]))
-    by_level = np.argsort(level[loc], kind="stable")
-    bounds = np.searchsorted(level[loc][by_level], np.arange(1, n_levels + 2))
-    by_last = np.argsort(last_use, kind="stable")
-    free_bounds = np.searchsorted(last_use[by_last], np.arange(0, n_levels + 2), side="right")
-    sizes = clients.sizes
-    batches: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray | None]] = {}
-    curve_t: list[float] = []
-    curve_mean: list[float] = []
-    curve_p10: list[float] = []
-    acc_at: dict[int, np.ndarray] = {}
-    steps_taken = 0
-    next_eval = 0
-    eval_order = np.argsort(eval_level, kind="stable")
+    def _aggregate(self, L: int, ev: np.ndarray):
+        """Σ_c w_c · model(c) of the local rounds ``ev`` of level L, the receiver's own
+        (previous) model first; returns the aggregates and what the diagnostics read."""
+        from sfg.sim.gossip import weighted_sum
 
-    final: list[torch.Tensor] = []
+        sched, prev, N, device = self.sched, self.prev, self.run.n, self.run.device
+        cidx, row, first = level_candidates(sched, ev)
+        ids = np.where(sched.cmsg[cidx] >= 0, N + sched.cmsg[cidx], -1)
+        ids[first] = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
+        M = self.pool.get(ids)
+        sent = M  # the candidates' models as trained (what the diagnostics read)
+        if self.poison != "none":  # what an attacker sends (sfg.sim.attack_train)
+            M = _poisoned(M, cidx, sched, self.attackers, self.poison, self.run.attack_given,
+                          self.X0, self.run.seed)
+        es, scorer = self.es, self.scorer
+        if scorer is not None:  # the level's staleness, with scores from the models
+            es.run(order=self.plan["offline"](L), given=self.given)
+            age, lag = _as_seen(es, sched, cidx, first, sched.dev[ev])
+            self.given[cidx] = scorer.scores(M, row, first, sched.dev[ev], sched.cslot[cidx],
+                                             age, lag, ev=ev, cidx=cidx)
+            es.run(order=ev, given=self.given)
+        wt = torch.from_numpy(self.weights[cidx]).to(M.dtype).to(device)
+        if self.poison != "none":  # attackers that poison keep their own model
+            att_rows = np.flatnonzero(self.attackers[sched.dev[ev]])
+            if att_rows.size:
+                keep = np.zeros(cidx.size)
+                keep[first[att_rows]] = 1.0
+                mine = np.isin(row, att_rows)
+                wt[torch.from_numpy(mine)] = torch.from_numpy(keep[mine]).to(wt.dtype)
+        if self.rule.clip:
+            agg = _clipped(M, wt, row, first, ev.size)
+        else:
+            agg = weighted_sum(M, np.arange(cidx.size), wt, first,
+                               np.append(first[1:], cidx.size))
+        if self.run.backbone == "personal-head":  # the head is never mixed: the own model's
+            agg[:, self.head] = M[torch.from_numpy(first).to(device)][:, self.head]
+        if scorer is not None:
+            scorer.adopted(sched.dev[ev], agg, ev=ev, cidx=cidx, row=row,
+                           weights=es.w)
+        return agg, (cidx, row, first, sent)
 
-    def evaluate(k: int) -> None:
-        X = pool.get(eval_ids[k])
-        if k == te.size - 1:
-            final.append(X)
-        if personal is not None:
-            X = personal.get(eval_ids[k])
-        acc_at[k] = backend.evaluate(X, test_x, test_y).detach().cpu().numpy().astype(np.float64)
+    def _train(self, ev: np.ndarray, agg: torch.Tensor):
+        """Local training of the local rounds ``ev`` from their aggregates: ``sfg run``'s
+        minibatches of (client, round = step), ``+catchup``'s extra steps from their own
+        stream; ditto's personal models beside."""
+        run, sched, prev, N = self.run, self.sched, self.prev, self.run.n
+        personal = self.personal
+        devs, steps, ns = sched.dev[ev], sched.step[ev], self.nsteps[ev]
+        out = torch.empty_like(agg)
+        pers = torch.empty_like(agg) if personal is not None else None
+        for n_steps in np.unique(ns):
+            grp = np.flatnonzero(ns == n_steps)
+            gi = torch.from_numpy(grp)
+            p_ids = np.where(prev[ev[grp]] >= 0, N + prev[ev[grp]], devs[grp])
+            if n_steps == 0:  # an offline local round that cannot train (anatomy)
+                out[gi] = agg[gi]
+                if pers is not None:
+                    pers[gi] = personal.get(p_ids)
+                continue
+            xs, ys = self.clients.gather(devs[grp], *self.batches.select(devs[grp], steps[grp],
+                                                                         int(n_steps)))
+            out[gi] = run.train(self.backend, agg[gi], xs, ys)
+            if pers is not None:
+                pers[gi] = run.train(self.backend, agg[gi], xs, ys,
+                                     personal=personal.get(p_ids), center=agg[gi])
+        if self.rule.amplify is not None:  # FedAWE-style: returning devices scale the update
+            tau = self.own_age[ev]
+            ret = np.flatnonzero(tau >= 1)
+            if ret.size:
+                gr = torch.from_numpy(ret)
+                f = torch.from_numpy(1.0 + np.minimum(tau[ret], self.rule.amplify)).to(out.dtype)
+                out[gr] = agg[gr] + f[:, None] * (out[gr] - agg[gr])
+        if not bool(torch.isfinite(out.sum(dim=1)).all()):
+            bad = int(np.flatnonzero(~torch.isfinite(out.sum(dim=1)).cpu().numpy())[0])
+            raise SfgError(f"training diverged (non-finite parameters) on device "
+                           f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
+                           f"of virtual time; lower --lr (now {run.lr}) or check the data")
+        if pers is not None and not bool(torch.isfinite(pers.sum(dim=1)).all()):
+            raise SfgError("training diverged (non-finite personal parameters, "
+                           f"ditto); lower --lr (now {run.lr}) or --ditto-lambda")
+        self.steps_taken += int(ns.sum())
+        return out, pers
 
-    with _single_threaded():
-        for L in range(0, n_levels + 1):
-            if L >= 1:
-                ev = loc[by_level[bounds[L - 1]: bounds[L]]]
-                # aggregate: Σ_c w_c · model(c), the receiver's own (previous) model first
-                cidx, row, first = level_candidates(sched, ev)
-                ids = np.where(sched.cmsg[cidx] >= 0, N + sched.cmsg[cidx], -1)
-                ids[first] = np.where(prev[ev] >= 0, N + prev[ev], sched.dev[ev])
-                M = pool.get(ids)
-                sent = M  # the candidates' models as trained (what the diagnostics read)
-                if poison != "none":  # what an attacker sends (sfg.sim.attack_train)
-                    M = _poisoned(M, cidx, sched, attackers, poison, attack, X0, seed)
-                if scorer is not None:  # the level's staleness, with scores from the models
-                    es.run(order=plan["offline"](L), given=given)
-                    age, lag = _as_seen(es, sched, cidx, first, sched.dev[ev])
-                    given[cidx] = scorer.scores(M, row, first, sched.dev[ev],
-                                                sched.cslot[cidx], age, lag, ev=ev, cidx=cidx)
-                    es.run(order=ev, given=given)
-                wt = torch.from_numpy(weights[cidx]).to(M.dtype).to(device)
-                if poison != "none":  # attackers that poison keep their own model
-                    att_rows = np.flatnonzero(attackers[sched.dev[ev]])
-                    if att_rows.size:
-                        keep = np.zeros(cidx.size)
-                        keep[first[att_rows]] = 1.0
-                        mine = np.isin(row, att_rows)
-                        wt[torch.from_numpy(mine)] = torch.from_numpy(keep[mine]).to(wt.dtype)
-                if rule.clip:
-                    agg = _clipped(M, wt, row, first, ev.size)
-                else:
-                    agg = weighted_sum(M, np.arange(cidx.size), wt, first,
-                                       np.append(first[1:], cidx.size))
-                if backbone == "personal-head":  # the head is never mixed: the own model's
-                    agg[:, head] = M[torch.from_numpy(first).to(device)][:, head]
-                if scorer is not None:
-                    scorer.adopted(sched.dev[ev], agg, ev=ev, cidx=cidx, row=row,
-                                   weights=es.w)
-                # train on sfg run's minibatches of (client, round = step); +catchup's extra
-                # steps from their own stream, as in sfg run
-                devs, steps, ns = sched.dev[ev], sched.step[ev], nsteps[ev]
-                out = torch.empty_like(agg)
-                pers = torch.empty_like(agg) if personal is not None else None
-                for n_steps in np.unique(ns):
-                    grp = np.flatnonzero(ns == n_steps)
-                    if n_steps == 0:  # an offline local round that cannot train (anatomy)
-                        gz = torch.from_numpy(grp)
-                        out[gz] = agg[gz]
-                        if personal is not None:
-                            p_ids = np.where(prev[ev[grp]] >= 0, N + prev[ev[grp]], devs[grp])
-                            pers[gz] = personal.get(p_ids)
-                        continue
-                    xs, ys = _batches(batches, clients, sizes, devs[grp], steps[grp],
-                                      int(n_steps), K, B, N, seed)
-                    buf = torch.zeros((grp.size, agg.shape[1]), dtype=agg.dtype) \
-                        if momentum > 0 else None
-                    gi = torch.from_numpy(grp)
-                    out[gi] = backend.train(agg[gi], xs, ys, lr=lr, weight_decay=wd,
-                                            momentum=momentum, momentum_buf=buf)
-                    if personal is not None:
-                        pbuf = torch.zeros_like(buf) if buf is not None else None
-                        p_ids = np.where(prev[ev[grp]] >= 0, N + prev[ev[grp]], devs[grp])
-                        pers[gi] = backend.train(personal.get(p_ids), xs, ys, lr=lr,
-                                                 weight_decay=wd, momentum=momentum,
-                                                 momentum_buf=pbuf, prox_center=agg[gi],
-                                                 prox_lam=ditto_lam)
-                if rule.amplify is not None:  # FedAWE-style: returning devices scale the update
-                    tau = own_age[ev]
-                    ret = np.flatnonzero(tau >= 1)
-                    if ret.size:
-                        gr = torch.from_numpy(ret)
-                        f = torch.from_numpy(1.0 + np.minimum(tau[ret], rule.amplify)).to(out.dtype)
-                        out[gr] = agg[gr] + f[:, None] * (out[gr] - agg[gr])
-                if not bool(torch.isfinite(out.sum(dim=1)).all()):
-                    bad = int(np.flatnonzero(~torch.isfinite(out.sum(dim=1)).cpu().numpy())[0])
-                    raise SfgError(f"training diverged (non-finite parameters) on device "
-                                   f"{int(devs[bad])} at {sched.time[ev[bad]] / 3600:.2f} h "
-                                   f"of virtual time; lower --lr (now {lr}) or check the data")
-                if diag is not None:  # SPEC §10 on the clock: reads, never writes
-                    diag.batch(ev, cidx, row, first, sent, agg, out)
-                pool.put(N + ev, out)
-                if personal is not None:
-                    if not bool(torch.isfinite(pers.sum(dim=1)).all()):
-                        raise SfgError("training diverged (non-finite personal parameters, "
-                                       f"ditto); lower --lr (now {lr}) or --ditto-lambda")
-                    personal.put(N + ev, pers)
-                steps_taken += int(ns.sum())
-            while next_eval < te.size and eval_level[eval_order[next_eval]] <= L:
-                evaluate(int(eval_order[next_eval]))
-                next_eval += 1
-            if diag is not None:  # the units this level completed
-                diag.level_done(L)
-            gone = by_last[free_bounds[L - 1] if L >= 1 else 0: free_bounds[L]]
-            pool.drop(gone)
-            if personal is not None:  # read where the shared model is (or earlier): freed alike
-                personal.drop(gone)
-            if scorer is not None and hasattr(scorer, "drop"):  # the oracles' rows, alike
-                scorer.drop(gone[gone >= N] - N)
-            if progress is not None:
-                progress(L, n_levels)
-    if scorer is not None:  # offline spans after each device's last local round
-        es.run(order=plan["offline"](n_levels + 1), given=given)
-    for k in range(te.size):
-        a = acc_at[k]
-        curve_t.append(float(te[k] / 3600.0))
-        curve_mean.append(float(a.mean()))
-        curve_p10.append(float(np.percentile(a, 10)))
-    acc = acc_at[te.size - 1]
-    target = float(c.get("target_accuracy", 0.8))
-    hit = np.flatnonzero(np.array(curve_mean) >= target)
-    online = world.online.online_seconds() / world.horizon
-    metrics = {
-        "acc_mean": float(acc.mean()), "acc_p10": float(np.percentile(acc, 10)),
-        "acc_time_avg": float(np.mean(curve_mean)), **_quartile_means(acc, online),
-        # neighbour models aggregated, as sfg run counts them (delivered: clock_delivered)
-        "messages": float(sched.stats.get("candidates", 0.0)),
-        "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
-        "time_to_accuracy_h": float(curve_t[hit[0]]) if hit.size else float("nan"),
-        "reached_target": 1.0 if hit.size else 0.0,
-        **per_device_hour(sched.stats, N, world.horizon),
-    }
-    if attack is not None:
-        honest = ~got["attackers"]
-        metrics["acc_honest_mean"] = float(acc[honest].mean())
-        metrics["acc_honest_p10"] = float(np.percentile(acc[honest], 10))
-    if not all(math.isfinite(v) for k, v in metrics.items()
-               if k.startswith("acc") and not k.startswith("acc_q")):
-        raise SfgError("evaluation produced non-finite accuracies; check the data and model")
-    curves = {"hours": curve_t, "acc_mean": curve_mean, "acc_p10": curve_p10}
-    meta = {"seconds": time.perf_counter() - t_start, "backend": getattr(backend, "name", ""),
-            "D": spec.D, "client_steps": steps_taken, "clock": "virtual",
-            "protocol": settings.protocol, "schedule_digest": sched.digest(),
-            "levels": n_levels, "peak_models": pool.peak, "target_accuracy": target,
-            "message_bytes": settings.message_bytes, "numerics": numerics()}
-    return {"metrics": metrics, "curves": curves, "meta": meta, "accuracy": acc,
-            "params": final[0], "diagnostics": diag.result() if diag is not None else None}
+    def _evaluate(self, k: int) -> None:
+        X = self.pool.get(self.eval_ids[k])
+        if k == self.te.size - 1:
+            self.final.append(X)
+        if self.personal is not None:
+            X = self.personal.get(self.eval_ids[k])
+        self.acc_at[k] = self.run.evaluate(X, backend=self.backend)
+
+    def play_level(self, L: int) -> None:
+        """Level L's local rounds (aggregate, train), then the evaluations and frees due."""
+        if L >= 1:
+            ev = self.loc[self.by_level[self.bounds[L - 1]: self.bounds[L]]]
+            agg, seen = self._aggregate(L, ev)
+            out, pers = self._train(ev, agg)
+            if self.diag is not None:  # SPEC §10 on the clock: reads, never writes
+                cidx, row, first, sent = seen
+                self.diag.batch(ev, cidx, row, first, sent, agg, out)
+            self.pool.put(self.run.n + ev, out)
+            if pers is not None:
+                self.personal.put(self.run.n + ev, pers)
+        eval_order = self.eval_order
+        while self.next_eval < self.te.size and self.eval_level[eval_order[self.next_eval]] <= L:
+            self._evaluate(int(eval_order[self.next_eval]))
+            self.next_eval += 1
+        if self.diag is not None:  # the units this level completed
+            self.diag.level_done(L)
+        gone = self.by_last[self.free_bounds[L - 1] if L >= 1 else 0: self.free_bounds[L]]
+        self.pool.drop(gone)
+        if self.personal is not None:  # read where the shared model is (or earlier)
+            self.personal.drop(gone)
+        if self.scorer is not None and hasattr(self.scorer, "drop"):  # the oracles' rows
+            self.scorer.drop(gone[gone >= self.run.n] - self.run.n)
+        if self.progress is not None:
+            self.progress(L, self.n_levels)
+
+    def result(self):
+        """The run's :class:`~sfg.sim.context.RunResult`."""
+        from sfg.clock.replay import per_device_hour
+        from sfg.sim.context import (
+            RunResult,
+            accuracy_metrics,
+            check_finite,
+            numerics,
+            time_to_target,
+        )
+
+        if self.scorer is not None:  # offline spans after each device's last local round
+            self.es.run(order=self.plan["offline"](self.n_levels + 1), given=self.given)
+        te, sched, world, N = self.te, self.sched, self.world, self.run.n
+        accs = [self.acc_at[k] for k in range(te.size)]
+        curve_t = [float(t / 3600.0) for t in te]
+        curve_mean = [float(a.mean()) for a in accs]
+        curve_p10 = [float(np.percentile(a, 10)) for a in accs]
+        acc = accs[-1]
+        target = float(self.c.get("target_accuracy", 0.8))
+        online = world.online.online_seconds() / world.horizon
+        metrics = {
+            **accuracy_metrics(acc, curve_mean, online,
+                               self.attackers if self.c.get("attack") is not None else None),
+            # neighbour models aggregated, as sfg run counts them (delivered: clock_delivered)
+            "messages": float(sched.stats.get("candidates", 0.0)),
+            "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
+            **time_to_target(curve_t, curve_mean, target),
+            **per_device_hour(sched.stats, N, world.horizon),
+        }
+        check_finite(metrics)
+        curves = {"hours": curve_t, "acc_mean": curve_mean, "acc_p10": curve_p10}
+        meta = {"seconds": time.perf_counter() - self.t_start,
+                "backend": getattr(self.backend, "name", ""), "D": self.run.spec.D,
+                "client_steps": self.steps_taken, "clock": "virtual",
+                "protocol": self.settings.protocol, "schedule_digest": sched.digest(),
+                "levels": self.n_levels, "peak_models": self.pool.peak,
+                "target_accuracy": target, "message_bytes": self.settings.message_bytes,
+                "numerics": numerics()}
+        return RunResult(metrics=metrics, curves=curves, accuracy=acc, params=self.final[0],
+                         meta=meta,
+                         diagnostics=self.diag.result() if self.diag is not None else None)
+
+
+def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None):
+    """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
+    config. Returns the run's :class:`~sfg.sim.context.RunResult` (``metrics``, ``curves``,
+    ``meta``, ``accuracy``, ``params``, ``diagnostics``: SPEC §10's on the clock,
+    :mod:`sfg.clock.diagnostics`, or None)."""
+    from sfg.sim.context import build_run, single_threaded
+
+    protocol = str(c.get("protocol", "lockstep"))
+    if c.get("clock", "rounds") != "virtual" or protocol not in ("async", "event"):
+        raise SfgError(f"simulate_events runs the virtual clock's async and event protocols, "
+                       f"not clock={c.get('clock')!r} protocol={protocol!r}; use sfg.sim.run.simulate")
+    loop = EventLoop(build_run(c, engine=f"clock-{protocol}"), progress)
+    with single_threaded():
+        for L in range(0, loop.n_levels + 1):
+            loop.play_level(L)
+    return loop.result()

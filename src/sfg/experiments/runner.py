@@ -52,22 +52,14 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
             out = replay_config(cfg.model_dump(), progress=progress)
     elif cfg.kind == "train":
         try:
-            from sfg.sim.run import simulate_config
+            from sfg.sim.context import resolve_config, train
         except ImportError as e:
             from sfg.util.extras import missing_extra
 
             raise (missing_extra(e, "a 'train' run")
-                   or broken_module("kind 'train' needs sfg.sim.run", e)) from None
-        if cfg.clock == "virtual" and cfg.protocol != "lockstep":
-            from sfg.clock.train import simulate_events
-            from sfg.sim.run import resolve_config
-
-            got = simulate_events(resolve_config(cfg.model_dump()), progress=progress)
-            out = {"metrics": got["metrics"], "curves": got["curves"]}
-            if got.get("diagnostics") is not None:  # SPEC §10 on the clock
-                out["diagnostics"] = got["diagnostics"]
-        else:
-            out = simulate_config(cfg.model_dump(), progress=progress)
+                   or broken_module("kind 'train' needs sfg.sim.context", e)) from None
+        # the rounds or the clock (lockstep, async, event): one call, one result type
+        out = train(resolve_config(cfg.model_dump()), progress=progress).summary()
     else:  # pragma: no cover - RunConfig's Literal rules this out
         raise SfgError(f"unknown run kind {cfg.kind!r}; use train, replay or selftest")
     return normalise_result(out)

@@ -87,7 +87,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
-    from sfg.sim.run import _quartile_means
+    from sfg.sim.context import accuracy_metrics
 
     res = sorted(results, key=lambda r: r["node"])
     acc = np.array([r["acc"] for r in res], np.float64)
@@ -102,10 +102,8 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
     messages = sum(r["messages"] for r in res)
     trains = sum(r["trains"] for r in res)
     metrics = {
-        "acc_mean": float(acc.mean()),
-        "acc_p10": float(np.percentile(acc, 10)),
-        "acc_time_avg": float(np.mean(curve_mean)) if curve_mean else float("nan"),
-        **_quartile_means(acc, avail.mean(axis=0)),
+        **accuracy_metrics(acc, curve_mean, avail.mean(axis=0),
+                           world.attackers if world.cfg.get("attack") is not None else None),
         "messages": float(messages),
         "scalars": float(messages * world.scalars_per_message),
         "bytes": float(sum(r["bytes"] for r in res)),

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sfg.errors import SfgError
+from sfg.sim.context import single_threaded
 
 EVAL_BATCH = 256  # deferred evaluations run in batches of this many models (memory bound)
 
@@ -51,28 +52,25 @@ class BatchTrainer:
     def __init__(self, world, *, compute: np.ndarray | None = None, backend: str = "auto",
                  max_batch: int | None = None, serial_below: int = 48,
                  defer_eval: bool = False):
-        from sfg.sim.backends import make_backend
-        from sfg.sim.run import _ClientData
-
+        run = world.run
         self.world = world
-        c = world.cfg
-        self.K, self.B = int(c["local_steps"]), int(c["batch_size"])
-        self.lr, self.wd = float(c["lr"]), float(c["weight_decay"])
+        self.run = run
+        self.K = run.K
+        self.lr = run.lr
         self.compute = np.zeros(world.n) if compute is None else np.asarray(compute, float)
-        self.backend = make_backend(backend, world.model_factory(), device="cpu")
+        self.backend = run.make_backend(backend)
         # a small batch trains faster in this thread alone than split over the worker
         # threads (their hand-off costs more than it saves); every chunk of the split runs
         # with one intra-op thread, so a client's arithmetic is the same either way (tested)
         self.serial_below = int(serial_below)
-        self._serial = (make_backend(f"{backend}:workers=1", world.model_factory(), device="cpu")
+        self._serial = (run.make_backend(f"{backend}:workers=1")
                         if ":" not in backend and self.serial_below > 0 else None)
-        self.clients = _ClientData(world.data, torch.device("cpu"))
-        self.sizes = self.clients.sizes
+        self.clients = run.clients
+        self.batches = run.minibatches(keep=64)
         self._one = [None] * world.n  # per-node Trainer for train() (made on first use)
         self._eval: Any = None  # the evaluation backend (made on first use)
         self.pending: list[_Request] = []
         self.max_batch = max_batch  # None: every request pending at a flush in one batch
-        self._batches: dict[int, Any] = {}
         self.batches_run = 0
         self.requests = 0
         # deferred evaluation (run_virtual_swarm): a node's accuracy is only read at the end of
@@ -85,22 +83,6 @@ class BatchTrainer:
 
     def for_node(self, i: int) -> _NodeTrainer:
         return _NodeTrainer(self, int(i))
-
-    def _minibatches(self, t: int):
-        from sfg.sim.run import minibatch_indices
-        from sfg.util.rng import stream
-
-        got = self._batches.get(t)
-        if got is None:
-            if len(self._batches) > 64:
-                self._batches.pop(next(iter(self._batches)))
-            N = self.world.n
-            got = (minibatch_indices(self.sizes, self.K, self.B, seed=self.world.seed,
-                                     stream_name="minibatch", t=t),
-                   stream(self.world.seed, "augment", t).random((N, self.K, self.B)) < 0.5
-                   if self.clients.hflip else None)
-            self._batches[t] = got
-        return got
 
     def flush(self) -> bool:
         """Run every pending request as one batch; True if there were any. Called when a
@@ -121,24 +103,14 @@ class BatchTrainer:
             return True
         loop = asyncio.get_running_loop()
         devs = np.array([r.i for r in reqs], np.int64)
-        idx = np.empty((len(reqs), self.K, self.B), np.int64)
-        flips = np.empty((len(reqs), self.K, self.B), bool) if self.clients.hflip else None
-        for k, r in enumerate(reqs):
-            bi, bf = self._minibatches(r.t)
-            idx[k] = bi[r.i]
-            if flips is not None and bf is not None:
-                flips[k] = bf[r.i]
-        xs, ys = self.clients.gather(devs, idx, flips)
+        ts = np.array([r.t for r in reqs], np.int64)
+        xs, ys = self.clients.gather(devs, *self.batches.select(devs, ts, self.K))
         start = torch.from_numpy(np.stack([np.ascontiguousarray(r.x, np.float32) for r in reqs]))
         if self._serial is not None and len(reqs) < self.serial_below:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                out = self._serial.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
-            finally:
-                torch.set_num_threads(threads)
+            with single_threaded():
+                out = self.run.train(self._serial, start, xs, ys).numpy()
         else:
-            out = self.backend.train(start, xs, ys, lr=self.lr, weight_decay=self.wd).numpy()
+            out = self.run.train(self.backend, start, xs, ys).numpy()
         self.batches_run += 1
         self.requests += len(reqs)
         now = loop.time()
@@ -158,18 +130,15 @@ class BatchTrainer:
         """Personalised test accuracy of ``x`` on client i's own test set, as
         :meth:`sfg.net.world.Trainer.evaluate` computes it, with one backend for all nodes
         (not a model and backend per node)."""
-        from sfg.sim.backends import make_backend
-
         if self.defer_eval:
             self._to_eval.append((int(i), np.array(x, np.float32)))
             if len(self._to_eval) >= EVAL_BATCH:
                 self._evaluate_waiting()
             return float("nan")
         if self._eval is None:  # the single-client backend of Trainer, one for all nodes
-            self._eval = make_backend("loop:workers=2", self.world.model_factory(), device="cpu")
+            self._eval = self.run.make_backend("loop:workers=2")
         P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
-        d = self.world.data
-        return float(self._eval.evaluate(P, [d.test_x[i]], [d.test_y[i]])[0])
+        return float(self.run.evaluate(P, [int(i)], backend=self._eval)[0])
 
     def _evaluate_waiting(self) -> None:
         """Evaluate the deferred models in one batch with the training backend (each on its
@@ -178,10 +147,8 @@ class BatchTrainer:
         if not self._to_eval:
             return
         waiting, self._to_eval = self._to_eval, []
-        d = self.world.data
         P = torch.from_numpy(np.stack([x for _, x in waiting]))
-        accs = self.backend.evaluate(P, [d.test_x[i] for i, _ in waiting],
-                                   [d.test_y[i] for i, _ in waiting])
+        accs = self.run.evaluate(P, [i for i, _ in waiting], backend=self.backend)
         for (i, _), a in zip(waiting, accs, strict=True):
             self._accs.setdefault(i, []).append(float(a))
 
@@ -324,44 +291,14 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     from pathlib import Path
 
     from sfg.clock.faults import as_plan
-    from sfg.clock.schedule import check_period, make_world
-    from sfg.clock.settings import HEADER_BYTES, make_settings
-    from sfg.net.memory import MemoryNetwork, address
+    from sfg.net.memory import address
     from sfg.net.node import Node, NodeConfig
     from sfg.net.simclock import NodeClock, VirtualLoop
-    from sfg.net.swarm import summarise
-    from sfg.world.timeline import Intervals
 
     rule = world.rule
-    if rule.catchup or rule.amplify is not None:
-        raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
-                       "amplification); sfg swarm --clock virtual trains K steps per round")
-    N, T = world.n, world.rounds
-    P = float(opts.period)
-    cs = make_settings({**(clock_settings or {}), "clock": "virtual",
-                        "protocol": "async" if opts.mode == "async" else "lockstep",
-                        "round_seconds": P})
-    cs = cs.with_bytes(4.0 * int(world.x0.shape[0]) + HEADER_BYTES)
-    cw = make_world(cs, process=world.cfg["process"], graph=world.cfg["graph"], n=N, rounds=T,
-                    seed=world.seed)
-    if not np.array_equal(cw.graph.edges, world.graph.edges):
-        raise SfgError("the virtual swarm needs the generated graph of --graph (not peers.yaml)")
-    if opts.mode == "lockstep":
-        world = lockstep_world(world, cw, cs)
-    else:
-        check_period(int(world.cfg["local_steps"]) * cw.compute, P)
-    rg = cw.rg
-    lat = {(int(j), int(i)): float(v) for j, i, v, s in
-           zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
-    loss = {(int(j), int(i)): float(v) for j, i, v, s in
-            zip(rg.send, rg.recv, cw.loss, rg.is_self, strict=True) if not s}
-    online_through = _online_through(Intervals.from_rounds(world.available, P))
-
+    N, T, P = world.n, world.rounds, float(opts.period)
     faults = as_plan(faults, N, period=P, rounds=T, neighbours=world.neighbours)
-    net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
-                        online=online_through, faults=faults, message_bytes=cs.message_bytes,
-                        loss=(lambda j, i: loss[(j, i)]) if cw.loss.any() else None,
-                        loss_seed=world.seed)
+    world, cw, net = _clock_network(world, opts, clock_settings, faults)
     net.log = net_log
     loop = VirtualLoop()
     # the run's own backend (sfg run's --backend; "auto" as sfg run resolves it): with the
@@ -387,11 +324,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
             progress(done[0], N * T)
 
     clocks = [NodeClock(drift=float(drift[i]), virtual=True) for i in range(N)]
-    keys: list | None = None
-    if rule.certified:  # +certified (sfg.net.certify): the simulated nodes' keys, from the seed
-        from sfg.net.certify import Keys
-
-        keys = Keys.simulated(N, world.seed)
+    keys = _simulated_keys(world) if rule.certified else None  # +certified (sfg.net.certify)
 
     def make_node(i: int, resume: bool = False) -> Node:
         nd = Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
@@ -474,8 +407,62 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         if tmp is not None:
             tmp.cleanup()
     trainer.resolve(results, nodes)
-    wall = time.perf_counter() - wall
-    res = summarise(world, results, wall=wall, restarts=restarts[0])
+    return _result(world, results, nodes, time.perf_counter() - wall, restarts[0], loop, trainer,
+                   net, faults)
+
+
+def _simulated_keys(world) -> list:
+    """+certified: the simulated nodes' keys, from the seed (:class:`sfg.net.certify.Keys`)."""
+    from sfg.net.certify import Keys
+
+    return Keys.simulated(world.n, world.seed)
+
+
+def _clock_network(world, opts, clock_settings, faults):
+    """The clock world of the swarm (:func:`sfg.clock.schedule.make_world`, the clock's
+    engine's: graph, trace, compute, uplink, latency, loss), the node world in it (lockstep:
+    its participants) and the in-memory network between the nodes."""
+    from sfg.clock.schedule import check_period, make_world
+    from sfg.clock.settings import HEADER_BYTES, make_settings
+    from sfg.net.memory import MemoryNetwork
+    from sfg.world.timeline import Intervals
+
+    rule = world.rule
+    if rule.catchup or rule.amplify is not None:
+        raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
+                       "amplification); sfg swarm --clock virtual trains K steps per round")
+    N, T = world.n, world.rounds
+    P = float(opts.period)
+    cs = make_settings({**(clock_settings or {}), "clock": "virtual",
+                        "protocol": "async" if opts.mode == "async" else "lockstep",
+                        "round_seconds": P})
+    cs = cs.with_bytes(4.0 * int(world.x0.shape[0]) + HEADER_BYTES)
+    cw = make_world(cs, process=world.cfg["process"], graph=world.cfg["graph"], n=N, rounds=T,
+                    seed=world.seed)
+    if not np.array_equal(cw.graph.edges, world.graph.edges):
+        raise SfgError("the virtual swarm needs the generated graph of --graph (not peers.yaml)")
+    if opts.mode == "lockstep":
+        world = lockstep_world(world, cw, cs)
+    else:
+        check_period(int(world.cfg["local_steps"]) * cw.compute, P)
+    rg = cw.rg
+    lat = {(int(j), int(i)): float(v) for j, i, v, s in
+           zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
+    loss = {(int(j), int(i)): float(v) for j, i, v, s in
+            zip(rg.send, rg.recv, cw.loss, rg.is_self, strict=True) if not s}
+    online_through = _online_through(Intervals.from_rounds(world.available, P))
+    net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
+                        online=online_through, faults=faults, message_bytes=cs.message_bytes,
+                        loss=(lambda j, i: loss[(j, i)]) if cw.loss.any() else None,
+                        loss_seed=world.seed)
+    return world, cw, net
+
+
+def _result(world, results, nodes, wall, restarts, loop, trainer, net, faults) -> dict[str, Any]:
+    """:func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures and the final models."""
+    from sfg.net.swarm import summarise
+
+    res = summarise(world, results, wall=wall, restarts=restarts)
     res["metrics"].update({
         "virtual_seconds": float(loop.time()), "train_batches": float(trainer.batches_run),
         "train_requests": float(trainer.requests),

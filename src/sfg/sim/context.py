@@ -1,0 +1,546 @@
+"""One run, every engine: what a run is made of, built once from its settings.
+
+Every engine — the rounds (``sfg run``), the virtual clock's lockstep, async and event
+protocols, the node on the virtual clock and the real nodes — builds its run with
+:func:`build_run`: the resolved settings, the data and its partition, the graph, the
+availability trace, the attackers, the model factory (a pretrained backbone included), the
+initial models, the training backend at the run's precision, every client's training data, the
+test sets, the minibatch stream and the evaluation. No engine builds any of these itself, so a
+setting means the same in all of them; a setting an engine does not implement is refused here,
+with one line naming the engine and the setting (:func:`sfg.engines.refuse`), never ignored.
+
+Heavy parts (the initial models, the backend, the clients' data on the device, the test sets,
+the availability trace) are built on first use, so a node that trains one client builds only
+what it reads.
+
+Every engine's result is one :class:`RunResult` with one accuracy summary
+(:func:`accuracy_metrics`, :func:`time_to_target`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from sfg.errors import SfgError, check
+from sfg.util.rng import stream
+from sfg.util.safety import check_cells
+
+BACKBONES = ("full", "personal-head", "dfedavgm", "ditto")
+
+
+# ----------------------------------------------------------------------------- settings
+def resolve_config(cfg: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """The run's settings, validated by the one schema of a run (:class:`RunConfig`):
+    ``cfg`` then ``overrides``; ``kind`` is taken as ``"train"``. Bad or unknown settings
+    raise a one-line :class:`SfgError` naming the key."""
+    from sfg.experiments.config import make_config
+
+    values = {k: v for k, v in {**(cfg or {}), **overrides}.items() if k != "kind"}
+    return make_config(values, kind="train").model_dump()
+
+
+def backbone_momentum(c: dict) -> float:
+    """The local SGD momentum of a run: ``momentum``, or 0.9 for the ``dfedavgm`` backbone
+    when none is given."""
+    return float(c["momentum"]) or (0.9 if c["backbone"] == "dfedavgm" else 0.0)
+
+
+def numerics() -> dict:
+    """How this process computes floats: the instruction set torch uses, its threads and
+    whether ``SFG_REPRODUCIBLE`` pins them (:mod:`sfg.reproducible`)."""
+    from sfg.reproducible import describe
+
+    return {**describe(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads()}
+
+
+def device_of(name: str) -> torch.device:
+    """The torch device of ``--device`` (``auto``: CUDA when there is one)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SfgError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise SfgError(f"unknown device {name!r}; use cpu, cuda, cuda:0 or auto") from None
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """Run a loop's own tensor ops (gossip, gathers, copies, checks) on one intra-op thread,
+    restoring torch's setting afterwards.
+
+    They are small (about a megabyte at the default size); split over threads they wait on
+    each other whenever another process holds a core (measured on the shared 2-core development
+    machine: index copies and the gossip product 5-10× slower with two threads under load).
+    The backends parallelise over clients with their own worker threads. Results do not
+    depend on it (the baseline fixture is identical either way)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- minibatches
+def minibatch_indices(sizes: np.ndarray, steps: int, batch: int, *, seed: int, stream_name: str,
+                      t: int) -> np.ndarray:
+    """[N, steps, batch] int64 local example indices for every client at round t.
+
+    Keyed by (seed, stream_name, t) only. Distinct examples within a batch when the client has
+    at least ``batch`` examples (the ``batch`` smallest of uniform keys), else with replacement.
+    """
+    n = sizes.shape[0]
+    maxn = int(sizes.max())
+    # uniform draws and int64 picks for [N, steps, batch], keys and their sort for the clients
+    # with enough examples [N, steps, maxn]: checked before anything is drawn
+    check_cells(n * steps, 16 * batch + 24 * maxn, 1, "a round's minibatch draws",
+                rows_name="client-steps", cols_name="bytes each",
+                fix="lower --batch-size or --local-steps")
+    g = stream(seed, stream_name, t)
+    u = g.random((n, steps, batch))
+    out = np.minimum((u * sizes[:, None, None]).astype(np.int64), sizes[:, None, None] - 1)
+    big = sizes >= batch
+    if big.any():
+        keys = g.random((int(big.sum()), steps, maxn))
+        keys = np.where(np.arange(maxn)[None, None, :] >= sizes[big][:, None, None], np.inf, keys)
+        if batch < maxn:
+            pick = np.argpartition(keys, batch - 1, axis=2)[..., :batch]
+        else:
+            pick = np.argsort(keys, axis=2)[..., :batch]
+        out[big] = pick
+    return out
+
+
+class Minibatches:
+    """Which examples client i uses at step k of its local round keyed ``t`` — the one
+    definition every engine trains with.
+
+    Steps 0..K−1 are stream ``minibatch`` keyed by t, drawn for *all* clients at once (so the
+    rule, and who trains, never change them); a local round with more than K steps (``+catchup``)
+    takes its extra steps from stream ``catchup`` keyed by t. Horizontal flips, when the data
+    augments, come from ``augment`` and ``catchup-augment`` alike. The rounds key t by the
+    round; the clock's engine and the nodes by the device's local-round count, so device i's
+    local round r trains on what ``sfg run`` gives client i in round r.
+
+    ``keep``: how many rounds' draws are cached (the clock's engine reads a round's draws at
+    several dependency levels; the rounds read each once)."""
+
+    def __init__(self, sizes: np.ndarray, K: int, B: int, *, seed: int, hflip: bool,
+                 keep: int = 1):
+        from sfg.round.rules import CATCHUP_CAP
+
+        self.sizes, self.K, self.B, self.seed, self.hflip = sizes, K, B, seed, hflip
+        self.n = int(sizes.shape[0])
+        self.extra_steps = CATCHUP_CAP * K
+        self.keep = max(1, int(keep))
+        self._cache: dict[tuple[str, int], tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def _draw(self, name: str, t: int, steps: int, flip_name: str):
+        key = (name, int(t))
+        got = self._cache.get(key)
+        if got is None:
+            while len(self._cache) >= 2 * self.keep:
+                self._cache.pop(next(iter(self._cache)))
+            idx = minibatch_indices(self.sizes, steps, self.B, seed=self.seed,
+                                    stream_name=name, t=int(t))
+            flips = (stream(self.seed, flip_name, int(t)).random((self.n, steps, self.B)) < 0.5
+                     if self.hflip else None)
+            got = self._cache[key] = (idx, flips)
+        return got
+
+    def round(self, t: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """[N, K, B] indices and flips (or None) of every client's first K steps at t."""
+        return self._draw("minibatch", t, self.K, "augment")
+
+    def extra(self, t: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """[N, CATCHUP_CAP·K, B] indices and flips of the catch-up steps at t."""
+        return self._draw("catchup", t, self.extra_steps, "catchup-augment")
+
+    def select(self, devs: np.ndarray, ts: np.ndarray | int, n_steps: int
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """[n, n_steps, B] indices (and flips) of the local rounds (devs[k], ts[k])."""
+        devs = np.asarray(devs, np.int64)
+        ts = np.broadcast_to(np.asarray(ts, np.int64), devs.shape)
+        K = self.K
+        idx = np.empty((devs.size, n_steps, self.B), np.int64)
+        flips = np.empty((devs.size, n_steps, self.B), bool) if self.hflip else None
+        for s in np.unique(ts):
+            sel = ts == s
+            rows = devs[sel]
+            base, fl = self.round(int(s))
+            if n_steps > K:
+                ext, efl = self.extra(int(s))
+                idx[sel] = np.concatenate([base[rows], ext[rows, : n_steps - K]], axis=1)
+                if flips is not None:
+                    flips[sel] = np.concatenate([fl[rows], efl[rows, : n_steps - K]], axis=1)
+            else:
+                idx[sel] = base[rows, :n_steps]
+                if flips is not None:
+                    flips[sel] = fl[rows, :n_steps]
+        return idx, flips
+
+
+class ClientData:
+    """Every client's training split concatenated once, with offsets, on the device.
+
+    A batch of n clients' minibatches is one ``index_select`` of ``n·K·B`` rows."""
+
+    def __init__(self, data, device: torch.device):
+        self.sizes = np.array([len(y) for y in data.train_y], dtype=np.int64)
+        check(bool((self.sizes > 0).all()), "every client needs at least one training example")
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        self.x = torch.cat(list(data.train_x)).to(device, torch.float32).contiguous()
+        self.y = torch.cat(list(data.train_y)).to(device).contiguous()
+        self.hflip = bool(getattr(data, "augment_hflip", False))
+        self.device = device
+
+    def gather(self, clients: np.ndarray, local_idx: np.ndarray, flips: np.ndarray | None):
+        """xs [n, K, B, *shape], ys [n, K, B] for the given clients' local indices [n, K, B]."""
+        lead = local_idx.shape
+        gidx = torch.from_numpy((self.offsets[clients][:, None, None] + local_idx).reshape(-1))
+        gidx = gidx.to(self.device)
+        xs = self.x.index_select(0, gidx).view(*lead, *self.x.shape[1:])
+        ys = self.y.index_select(0, gidx).view(lead)
+        if self.hflip and flips is not None:
+            f = torch.from_numpy(flips).to(self.device)
+            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 3))), xs.flip(-1), xs)
+        return xs, ys
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass(eq=False)
+class Run:
+    """One run's parts (see the module docstring); made by :func:`build_run`."""
+
+    c: dict[str, Any]
+    engine: str
+    rule: Any
+    data: Any
+    graph: Any
+    attack: Any
+    attackers: np.ndarray
+    device: torch.device
+    attack_given: Any = None  # the attack as configured (``attack`` is None without attackers)
+    trace: np.ndarray | None = None  # an availability trace given by the caller (nodes)
+
+    @property
+    def seed(self) -> int:
+        return int(self.c["seed"])
+
+    @property
+    def n(self) -> int:
+        return int(self.c["n_clients"])
+
+    @property
+    def rounds(self) -> int:
+        return int(self.c["rounds"])
+
+    @property
+    def K(self) -> int:
+        return int(self.c["local_steps"])
+
+    @property
+    def B(self) -> int:
+        return int(self.c["batch_size"])
+
+    # -- the model
+    def factory(self) -> torch.nn.Module:
+        """A fresh model of the run: its architecture, with the pretrained body of
+        ``backbone_from`` when given (the head freshly initialised)."""
+        from sfg.world.models import make_model
+
+        body = {"backbone": str(self.c["backbone_from"])} if self.c.get("backbone_from") else {}
+        return make_model(self.c["model"], input_shape=tuple(self.data.input_shape),
+                          num_classes=self.data.num_classes, **body)
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        return self.factory()
+
+    @cached_property
+    def spec(self):
+        from sfg.sim.params import ParamSpec
+
+        return ParamSpec.from_module(self.model)
+
+    def initial(self, n: int | None = None) -> torch.Tensor:
+        """[n, D] float32 (default N rows) the common initial model, on the run's device."""
+        from sfg.sim.params import init_params
+
+        return init_params(self.factory, self.n if n is None else int(n),
+                           seed=self.seed).to(self.device)
+
+    def make_backend(self, name: str | None = None):
+        """The run's training backend (``name`` overrides ``--backend``, e.g. a node's
+        single-client ``loop:workers=2``), at the run's precision."""
+        from sfg.sim.backends import make_backend
+
+        return make_backend(str(self.c["backend"]) if name is None else name, self.model,
+                            device=str(self.device), precision=str(self.c["precision"]))
+
+    @cached_property
+    def backend(self):
+        return self.make_backend()
+
+    # -- local training
+    @property
+    def lr(self) -> float:
+        return float(self.c["lr"])
+
+    @property
+    def weight_decay(self) -> float:
+        return float(self.c["weight_decay"])
+
+    @property
+    def momentum(self) -> float:
+        return backbone_momentum(self.c)
+
+    @property
+    def backbone(self) -> str:
+        return str(self.c["backbone"])
+
+    @cached_property
+    def head(self) -> torch.Tensor:
+        return self.spec.head_mask.to(self.device)
+
+    @cached_property
+    def clients(self) -> ClientData:
+        return ClientData(self.data, self.device)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        sizes = np.array([len(y) for y in self.data.train_y], dtype=np.int64)
+        check(bool((sizes > 0).all()), "every client needs at least one training example")
+        return sizes
+
+    def minibatches(self, keep: int = 1) -> Minibatches:
+        return Minibatches(self.sizes, self.K, self.B, seed=self.seed,
+                           hflip=bool(getattr(self.data, "augment_hflip", False)), keep=keep)
+
+    def train(self, backend, start: torch.Tensor, xs, ys, *, personal: torch.Tensor | None = None,
+              center: torch.Tensor | None = None) -> torch.Tensor:
+        """The run's local SGD from ``start`` [n, D] on xs/ys (momentum from a zero buffer);
+        with ``personal``: ditto's personal step towards ``center``."""
+        momentum = self.momentum
+        if personal is None:
+            buf = torch.zeros_like(start) if momentum > 0 else None
+            return backend.train(start, xs, ys, lr=self.lr, weight_decay=self.weight_decay,
+                                 momentum=momentum, momentum_buf=buf)
+        buf = torch.zeros_like(personal) if momentum > 0 else None
+        return backend.train(personal, xs, ys, lr=self.lr, weight_decay=self.weight_decay,
+                             momentum=momentum, momentum_buf=buf, prox_center=center,
+                             prox_lam=float(self.c["ditto_lambda"]))
+
+    def diagnostic_tools(self) -> dict[str, Any] | None:
+        """What a run's diagnostics read besides its models, for every engine: ``kinds``;
+        ``val``, the clients' validation splits (:class:`~sfg.sim.diagnostics.ValidationLoss`,
+        for ``finetune`` and ``returning``); ``train_batches(i, t)``, client i's K minibatches
+        of the fine-tuning at t (streams ``diagnostics-finetune-<i>`` and
+        ``diagnostics-finetune-augment-<i>`` keyed by t, never the training's); ``train(P, xs,
+        ys)``, the run's local training (lr, weight decay, momentum from a zero buffer). None
+        when no diagnostic is asked for."""
+        from sfg.sim.diagnostics import ValidationLoss, parse_diagnostics
+
+        kinds = parse_diagnostics(self.c.get("diagnostics") or "")
+        if not kinds:
+            return None
+        val = ValidationLoss(self.model, self.spec, self.data.val_x, self.data.val_y,
+                             self.device) if {"finetune", "returning"} & set(kinds) else None
+        sizes, K, B, seed, clients = self.sizes, self.K, self.B, self.seed, self.clients
+
+        def train_batches(i: int, t: int):
+            idx = minibatch_indices(sizes[i:i + 1], K, B, seed=seed,
+                                    stream_name=f"diagnostics-finetune-{i}", t=t)
+            flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
+                     if clients.hflip else None)
+            xs, ys = clients.gather(np.array([i]), idx, flips)
+            return xs[0], ys[0]
+
+        def train(P, xs, ys):
+            return self.train(self.backend, P, xs, ys)
+
+        return {"kinds": kinds, "val": val, "train_batches": train_batches, "train": train}
+
+    # -- availability
+    @cached_property
+    def available(self) -> np.ndarray:
+        """bool [T, N] the round trace: the caller's, or the outage process's from the seed;
+        attackers made always-on (:func:`sfg.round.attacks.availability`)."""
+        from sfg.round.attacks import availability
+        from sfg.world.outages import make_process
+
+        if self.trace is not None:
+            avail = np.asarray(self.trace, bool)
+            check(avail.shape == (self.rounds, self.n),
+                  f"availability trace has shape {avail.shape}, need (rounds, nodes) = "
+                  f"{(self.rounds, self.n)}")
+        else:
+            avail = make_process(self.c["process"]).sample(self.rounds, self.n, seed=self.seed,
+                                                           positions=self.graph.positions)
+        return availability(avail, self.attack, self.attackers)
+
+    # -- evaluation
+    @cached_property
+    def _tests(self):
+        test_x: Any = [x.to(self.device) for x in self.data.test_x]
+        test_y: Any = [y.to(self.device) for y in self.data.test_y]
+        if len({int(y.shape[0]) for y in test_y}) == 1:
+            # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
+            # per-client bookkeeping on every call (same accuracies)
+            test_x, test_y = torch.stack(test_x), torch.stack(test_y)
+        return test_x, test_y
+
+    def evaluate(self, X: torch.Tensor, clients: np.ndarray | list[int] | None = None,
+                 backend=None) -> np.ndarray:
+        """float64 [n] personalised test accuracy of row k of ``X`` on client
+        ``clients[k]``'s test set (default: row i on client i, all N)."""
+        backend = self.backend if backend is None else backend
+        if clients is None:
+            test_x, test_y = self._tests
+        else:
+            d = self.data
+            test_x, test_y = [d.test_x[i] for i in clients], [d.test_y[i] for i in clients]
+        return backend.evaluate(X, test_x, test_y).detach().cpu().numpy().astype(np.float64)
+
+
+def build_run(c: dict[str, Any], *, engine: str, edges: np.ndarray | None = None,
+              available: np.ndarray | None = None, device: str | None = None) -> Run:
+    """Build the run of ``c`` (resolved settings, :func:`resolve_config`) for ``engine``
+    (:data:`sfg.engines.ENGINES`). A setting the engine does not implement is refused here.
+
+    ``edges`` ([M, 2], e.g. a peers.yaml) replace the generated graph's edges; ``available``
+    ([T, N] bool) the outage process's trace; ``device`` the run's ``device`` (the nodes
+    train on the CPU)."""
+    from sfg.engines import refuse
+    from sfg.round.attacks import parse_attack, place
+    from sfg.round.rules import parse_rule
+    from sfg.world.data import load_federated
+    from sfg.world.graphs import Graph, make_graph
+
+    refuse(engine, c)
+    seed, N = int(c["seed"]), int(c["n_clients"])
+    rule = parse_rule(c["rule"])
+    device_ = device_of(str(c["device"]) if device is None else device)
+    # -- everything keyed by the seed only (pairing)
+    data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
+                          alpha=float(c["alpha"]), partition=c["partition"])
+    if edges is not None:  # the edges of peers.yaml; no node positions
+        graph = Graph(N, _edges(edges, N), None, "peers")
+    else:
+        graph = make_graph(c["graph"], N, seed=seed)
+    # forged staleness (sfg.round.attacks): attackers from the attack's own stream; frac=0 is
+    # no attack
+    given = parse_attack(c.get("attack"))
+    attackers = place(given, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
+    attack = given if attackers.any() else None
+    return Run(c=c, engine=engine, rule=rule, data=data, graph=graph, attack=attack,
+               attackers=attackers, device=device_, attack_given=given, trace=available)
+
+
+def _edges(edges, n: int) -> np.ndarray:
+    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    check(bool(((e >= 0) & (e < n)).all()), f"edges name nodes outside 0..{n - 1}")
+    check(bool((e[:, 0] != e[:, 1]).all()), "edges must not be self-loops")
+    return np.unique(np.sort(e, axis=1), axis=0)
+
+
+# ----------------------------------------------------------------------------- the result
+def quartile_means(acc: np.ndarray, availability: np.ndarray) -> dict[str, float]:
+    """Mean accuracy per availability quartile (q1 = least available clients); a quartile
+    with no client (N < 4) is NaN."""
+    order = np.argsort(availability, kind="stable")
+    q = np.empty(acc.shape[0], np.int64)
+    q[order] = (np.arange(acc.shape[0]) * 4) // acc.shape[0]
+    return {f"acc_q{k + 1}": float(acc[q == k].mean()) if (q == k).any() else float("nan")
+            for k in range(4)}
+
+
+def accuracy_metrics(acc: np.ndarray, curve_mean: list[float], availability: np.ndarray,
+                     attackers: np.ndarray | None = None) -> dict[str, float]:
+    """The accuracy summary every engine reports: final mean and 10th percentile, the mean
+    over the evaluations, per-availability-quartile means (``availability``: [N] each
+    client's share of time available), and with attackers the honest clients' mean and p10."""
+    out = {"acc_mean": float(acc.mean()), "acc_p10": float(np.percentile(acc, 10)),
+           "acc_time_avg": float(np.mean(curve_mean)) if len(curve_mean) else float("nan"),
+           **quartile_means(acc, availability)}
+    if attackers is not None:
+        honest = ~np.asarray(attackers, bool)
+        out["acc_honest_mean"] = float(acc[honest].mean())
+        out["acc_honest_p10"] = float(np.percentile(acc[honest], 10))
+    return out
+
+
+def check_finite(metrics: dict[str, float]) -> None:
+    """Refuse non-finite accuracies (an empty availability quartile may be NaN)."""
+    if not all(math.isfinite(v) for k, v in metrics.items()
+               if k.startswith("acc") and not k.startswith("acc_q")):
+        raise SfgError("evaluation produced non-finite accuracies; check the data and model")
+
+
+def time_to_target(hours: list[float], curve_mean: list[float], target: float) -> dict[str, float]:
+    """``time_to_accuracy_h``: the first evaluation time (hours) whose mean accuracy reaches
+    ``target`` — NaN with ``reached_target`` 0 when none does."""
+    hit = [h for h, a in zip(hours, curve_mean, strict=True) if a >= target]
+    return {"time_to_accuracy_h": hit[0] if hit else float("nan"),
+            "reached_target": 1.0 if hit else 0.0}
+
+
+@dataclass
+class RunResult:
+    """What a training run produced, whatever the engine.
+
+    ``metrics`` (named floats), ``curves`` (``acc_mean``/``acc_p10`` against ``round`` and/or
+    ``hours``), ``accuracy`` ([N] final personalised test accuracy), ``params`` ([N, D] final
+    models), ``personal`` (ditto's personal models or None), ``meta`` (timings, digests, the
+    numerics), ``diagnostics`` (or None), and for the rounds ``state`` (the final staleness
+    state) and ``weights_log``. Readable as a mapping too (``res["metrics"]``)."""
+
+    metrics: dict[str, float]
+    curves: dict[str, list[float]]
+    accuracy: np.ndarray
+    params: Any
+    personal: Any = None
+    state: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    weights_log: list[np.ndarray] | None = None
+    diagnostics: dict[str, Any] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.__dataclass_fields__
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-able part: metrics, curves, diagnostics when recorded."""
+        out: dict[str, Any] = {"metrics": self.metrics, "curves": self.curves}
+        if self.diagnostics is not None:
+            out["diagnostics"] = self.diagnostics
+        return out
+
+
+def train(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
+          ) -> RunResult:
+    """Train ``c`` (resolved settings) on the engine its ``clock``/``protocol`` name: the
+    rounds or the clock's lockstep (:func:`sfg.sim.run.simulate`), the clock's async or event
+    protocol (:func:`sfg.clock.train.simulate_events`)."""
+    if c.get("clock", "rounds") == "virtual" and c.get("protocol", "lockstep") != "lockstep":
+        from sfg.clock.train import simulate_events
+
+        return simulate_events(c, progress=progress)
+    from sfg.sim.run import simulate
+
+    return simulate(c, progress=progress, validated=True)
