@@ -7,8 +7,8 @@ none may ignore a setting. For every engine, every setting of the run (every fie
 * ``affects``: a value other than the default changes the final parameters or a named metric
   or output (not the echoed settings, not the run id);
 * ``invariant``: the run is the same, bit for bit, as with the default (``data_root`` for the
-  same data, ``backend`` and ``device`` which compute the same float terms, the replay's
-  ``horizon`` in training);
+  same data, the replay's ``horizon`` in training) — for :data:`FLOAT_TERMS` (``backend``,
+  ``device``), which compute the same float terms in another order, up to float rounding;
 * ``refused``: a value other than the default is refused with one :class:`~sfg.errors.SfgError`
   line naming the engine and the setting and saying what to do instead (:func:`refuse`).
 
@@ -71,6 +71,8 @@ DEFAULTS: dict[str, Any] = {
     "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
+# invariant up to float rounding: the same float terms, summed in another order
+FLOAT_TERMS: tuple[str, ...] = ("backend", "device")
 
 # what every engine trains with: the data, the model, the world and the rule
 _TRAINING = ("dataset", "alpha", "model", "process", "rule", "graph", "seed", "n_clients",
@@ -114,12 +116,14 @@ DECLARED: dict[str, dict[str, str]] = {
                  *(f for f in _CLOCK if f not in ("period", "jitter"))),
         invariant=(*_SAME, "device"), refused=("period", "jitter")),
     # the node trains one model per node on the cpu with plain SGD; it evaluates every
-    # eval_every of its rounds (no eval_seconds, no time to accuracy); lockstep has no timer
+    # eval_every of its rounds (no eval_seconds, no time to accuracy); lockstep has no timer,
+    # and waits for every message of a round (no loss)
     "node-lockstep": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "compute", "uplink",
-                 "latency", "loss", "message_bytes", "faults", "faults_seed"),
+                 "latency", "message_bytes", "faults", "faults_seed"),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device", "jitter", "window", "eval_seconds", "target_accuracy")),
+        refused=(*_SIMULATOR, "device", "jitter", "window", "loss", "eval_seconds",
+                 "target_accuracy")),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed"),
@@ -222,8 +226,8 @@ setting. For every engine, each setting is one of:
 * **affects**: a value other than the default changes the final models or a named metric or
   output;
 * **invariant**: the run is the same, bit for bit, as with the default (`data_root` for the
-  same data, `backend` and `device` which compute the same float terms, the replay's
-  `horizon` in training);
+  same data, the replay's `horizon` in training); `backend` and `device` compute the same
+  float terms in another order: the same up to float rounding;
 * **refused**: a value other than the default is refused with one error line naming the
   engine and the setting and what to do instead (exit status 2).
 
