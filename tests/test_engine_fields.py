@@ -35,8 +35,6 @@ from sfg.errors import SfgError
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reference" / "engines.md"
 
-pytestmark = pytest.mark.crosspath
-
 # the tiny run every engine runs (its values are the "defaults" of the checks below)
 BASE: dict[str, Any] = dict(n_clients=8, rounds=3, local_steps=2, batch_size=8,
                             graph="knn:k=3", process="iid:u=0.5")
@@ -352,6 +350,7 @@ def _checked(engine: str) -> list[str]:
 CASES = [pytest.param(e, f, id=f"{e}-{f}") for e in ENGINES for f in _checked(e)]
 
 
+@pytest.mark.crosspath  # runs compared: under the other arithmetic too (make test-arith)
 @pytest.mark.parametrize("engine, field", CASES)
 def test_engine_honours_or_refuses_the_setting(engine, field, backbone):
     cls = DECLARED[engine][field]
@@ -384,6 +383,7 @@ def test_engine_honours_or_refuses_the_setting(engine, field, backbone):
 SELECTOR_CASES = [pytest.param(e, f, id=f"{e}-{f}") for e in ENGINES for f in SELECTORS[e]]
 
 
+@pytest.mark.crosspath
 @pytest.mark.parametrize("engine, field", SELECTOR_CASES)
 def test_another_clock_or_protocol_is_another_engine_that_runs_differently(engine, field):
     """``clock`` and ``protocol`` select the engine (declared affects): the nearest engine
