@@ -399,3 +399,15 @@ def test_another_clock_or_protocol_is_another_engine_that_runs_differently(engin
     for e, run in ((engine, a), (other, b)):
         assert not isinstance(run, SfgError), f"engine {e}'s default run raised: {run}"
     assert _differences(a, b), f"engines {engine} and {other} run the same"
+
+
+@pytest.mark.parametrize("over", [{"clock": "virtual"},
+                                  {"clock": "virtual", "compute": "const:value=400"}],
+                         ids=["clock", "clock-compute"])
+def test_real_nodes_refuse_the_virtual_clock(over):
+    """Real nodes take their own time: a run's settings on the virtual clock (a config file's
+    ``clock: virtual`` and its world) are refused, naming the engine, never run in wall
+    time as if they were not there."""
+    got = _run("real-lockstep", over)
+    assert isinstance(got, SfgError), "real nodes run settings of the virtual clock"
+    assert _names(str(got), "real-lockstep") and _names(str(got), "clock"), str(got)
