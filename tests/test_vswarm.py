@@ -367,7 +367,7 @@ def test_bound_round_refuses_inputs_it_would_have_to_copy():
     st, lags, q = np.zeros((4, n), np.int64), np.zeros(n), np.ones(E)
     w, cand, facts = np.empty((1, E)), np.empty(E, bool), np.empty((1, n, len(kernel.FACTS)))
     r = parse_rule("sfg-cut")
-    args = (kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lags, q, w, cand, facts)
+    args = (kernel.NONE_B, kernel.NONE_F, kernel.NONE_F, st, lags, q, w, cand, facts)
     caps = np.ones((4, 1, n), bool)
     with pytest.raises(ValueError, match="C-contiguous"):
         kernel.bound_rounds(r.fn, np.array(r.args, np.float64), 0.0, False, False, 0, 0.0, 0.0, rg,

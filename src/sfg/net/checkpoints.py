@@ -75,8 +75,8 @@ class Star:
             n, E = deg + 1, self.rg.n_slots
             self._caps = np.zeros((4, 1, n), bool)
             self._scores = np.zeros((1, E))
-            self._outside = (self._scores, kernel._NONE_I, kernel._EMPTY_F, kernel._EMPTY_B,
-                             kernel._NONE_B)
+            self._outside = (self._scores, kernel.NONE_I, kernel.EMPTY_F, kernel.EMPTY_B,
+                             kernel.NONE_B)
             self._st = np.zeros((4, n), np.int64)
             self._lags, self._q = np.zeros(n), np.ones(E)
             self._w, self._cand = np.empty((1, E)), np.empty(E, bool)
@@ -106,11 +106,11 @@ class Star:
                 scores[:, seg.start] = 1.0  # the node's own weight 1
                 st = np.zeros((4, n), np.int64)
                 lags, q = np.zeros(n), np.ones(E)
-                outside = (scores, kernel._NONE_I, kernel._EMPTY_F, kernel._EMPTY_B,
-                           kernel._NONE_B)
+                outside = (scores, kernel.NONE_I, kernel.EMPTY_F, kernel.EMPTY_B,
+                           kernel.NONE_B)
                 step = kernel.bound_rounds(
-                    kernel.given_scores, kernel._EMPTY_F, *self._args, self.rg, caps,
-                    kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lags, q,
+                    kernel.given_scores, kernel.EMPTY_F, *self._args, self.rg, caps,
+                    kernel.NONE_B, kernel.NONE_F, kernel.NONE_F, st, lags, q,
                     np.empty((b, E)), np.empty(E, bool), np.empty((b, n, len(kernel.FACTS))),
                     outside=outside, ev=None)
                 got = self._offline_steps[b] = (step, st, lags, q)
@@ -187,8 +187,8 @@ class Star:
         self._scores[0, seg] = weights
         if self._step is None:  # the compiled round bound to this star's buffers, once
             self._step = kernel.bound_rounds(
-                kernel.given_scores, kernel._EMPTY_F, *self._args, self.rg, caps,
-                kernel._NONE_B, kernel._NONE_F, kernel._NONE_F, st, lg, q, self._w, self._cand,
+                kernel.given_scores, kernel.EMPTY_F, *self._args, self.rg, caps,
+                kernel.NONE_B, kernel.NONE_F, kernel.NONE_F, st, lg, q, self._w, self._cand,
                 self._facts, outside=self._outside, ev=None)
         self._step(int(s.t))
         return NodeState(t=int(s.t) + 1, age=int(st[0, 0]), lag=float(lg[0]),

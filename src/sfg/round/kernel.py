@@ -64,15 +64,18 @@ FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age",
 (F_ADOPT, F_AGE, F_LAG, F_NB, F_MAX_NB_AGE, F_SPREAD_AGE, F_SPREAD_LAG, F_KEPT,
  F_SELF_W, F_ATT_W, F_HONEST, F_CLAMPED) = range(len(FACTS))
 
-_EMPTY_F = np.zeros(0)
-_EMPTY_I = np.zeros(0, np.int64)
 # a local round's capabilities on the clock (anatomy modes, SPEC §4.1; sfg.clock.schedule)
 EV_TRAIN, EV_SEND, EV_AGGREGATE = 1, 2, 4
 EV_ALL = EV_TRAIN | EV_SEND | EV_AGGREGATE
-_EMPTY_B = np.zeros(0, bool)
-_NONE_F = np.zeros((0, 0))
-_NONE_I = np.zeros((0, 0), np.int64)
-_NONE_B = np.zeros((0, 0), bool)
+# The compiled parts' placeholders for an absent input (one signature takes arrays, never
+# None): EMPTY_* a [0] array, NONE_* a [0, 0] one, of floats (F), int64 (I) or bools (B).
+# Shared by every call (the compiled parts take them writeable but never write them).
+EMPTY_F = np.zeros(0)
+EMPTY_I = np.zeros(0, np.int64)
+EMPTY_B = np.zeros(0, bool)
+NONE_F = np.zeros((0, 0))
+NONE_I = np.zeros((0, 0), np.int64)
+NONE_B = np.zeros((0, 0), bool)
 _I64_MAX = np.iinfo(np.int64).max
 
 
@@ -766,7 +769,7 @@ def bound_rounds(fn: Any, params: Any, c_self: float, ipw: bool, rounded: bool, 
     if defended:
         from sfg.round.defences import defend
 
-        rest = (*rest, defend(), _NONE_I if ev is None else ev)
+        rest = (*rest, defend(), NONE_I if ev is None else ev)
     else:
         rest = (*rest, None, None)
     kern = _generic(("round", outside is not None, defended))
@@ -818,7 +821,7 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
         from sfg.round.defences import TIMED, defend
 
         defence |= TIMED  # on the clock, counts grow by local rounds, not by rounds
-        rest: tuple = (defend(), _NONE_I if ev is None else ev)
+        rest: tuple = (defend(), NONE_I if ev is None else ev)
     else:
         rest = (None, None)
     kern = _generic(("events", defended))
@@ -832,8 +835,8 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                   _c(cslot, np.int64), _c(cmsg, np.int64), _c(cwait, np.float64),
                   _c(u, np.float64), _c(key, np.float64), st, lags, q, hdr, hdr_lag, w, facts,
                   _c(marks, np.bool_), int(forge), _c(rnd, np.float64), _c(samples, np.float64),
-                  curve, _c(order, np.int64), _EMPTY_F if given is None else _c(given, np.float64),
-                  _EMPTY_I if caps is None else _c(caps, np.int64), *rest)
+                  curve, _c(order, np.int64), EMPTY_F if given is None else _c(given, np.float64),
+                  EMPTY_I if caps is None else _c(caps, np.int64), *rest)
     if status:
         r = int(status) - 1
         name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))
@@ -906,11 +909,11 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
         scores = rule.fn(rg.indptr, rg.send, cand, state.missed, **{
             k: v for k, v in rule.params.items() if k != "c"})
     if scores is not None:
-        fn, params = given_scores, _EMPTY_F
+        fn, params = given_scores, EMPTY_F
     else:
         fn, params = rule.fn, np.array(rule.args, np.float64)
     n, E = rg.n, rg.n_slots
-    u = key = _NONE_F
+    u = key = NONE_F
     if rule.random:
         u, key = (a.reshape(1, -1) for a in rule_draws(seed, state.t, n, E))
     st = np.stack([state.ages, state.counts, state.local_counts,
@@ -925,17 +928,17 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
     outside = None  # the inputs from outside the round, when there are any
     if (scores is not None or slot_staleness is not None or extra is not None
             or attackers is not None or frozen is not None):
-        marks = _NONE_B
+        marks = NONE_B
         if attackers is not None or frozen is not None:
             marks = np.zeros((2, n), bool)
             for row, a in enumerate((attackers, frozen)):
                 if a is not None:
                     marks[row] = a
-        outside = (_NONE_F if scores is None else _c(scores, np.float64).reshape(1, -1),
-                   *((_NONE_I, _EMPTY_F) if slot_staleness is None else (
+        outside = (NONE_F if scores is None else _c(scores, np.float64).reshape(1, -1),
+                   *((NONE_I, EMPTY_F) if slot_staleness is None else (
                        _c(np.stack([slot_staleness[0], slot_staleness[2]]), np.int64),
                        _c(slot_staleness[1], np.float64))),
-                   _EMPTY_B if extra is None else _c(extra, bool), marks)
+                   EMPTY_B if extra is None else _c(extra, bool), marks)
     defence = rule.defence_flags
     versions = evidence = None
     if defence & GUARD:
@@ -947,7 +950,7 @@ def play_round(rule: Rule, rg: RoundGraph, state: StalenessState, caps: Capabili
                WEIGHTS_GIVEN if weights_given else float(rule.self_weight),
                bool(rule.ipw) and not weights_given,
                bool(rule.rounded), int(defence), float(rule.margin), float(rule.kappa), rg,
-               caps_r, _NONE_B if live is None else _c(live, bool).reshape(1, -1), u, key, st,
+               caps_r, NONE_B if live is None else _c(live, bool).reshape(1, -1), u, key, st,
                lags, q, w_run.reshape(1, E), cand, f_run.reshape(1, n, len(FACTS)),
                outside=outside, ev=evidence)
     for out, got in ((w, w_run), (facts, f_run)):
