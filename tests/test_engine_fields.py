@@ -287,6 +287,7 @@ def test_every_engine_declares_every_field_once_and_every_field_has_a_value():
         assert not missing, f"engine {e} declares no class for {missing}"
         assert set(DECLARED[e]) == set(fields), e
         assert set(DECLARED[e].values()) <= {AFFECTS, INVARIANT, REFUSED}, e
+    assert set(engines.NOTES) <= set(fields)
     no_value = [f for f in fields if f not in VALUES and f not in SELECTORS["rounds"]]
     assert not no_value, f"no non-default value to check {no_value} with (VALUES)"
 

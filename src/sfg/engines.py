@@ -139,6 +139,16 @@ SAME_AS_DEFAULT: dict[tuple[str, str], tuple[Any, ...]] = {
     (e, "device"): ("auto",) for e in ("node-lockstep", "node-async", "real-lockstep")}
 
 
+# settings that act through another one (the checks set both)
+NOTES: dict[str, str] = {
+    "ditto_lambda": "the proximal pull of `backbone: ditto`; it acts with that backbone",
+    "message_bytes": "acts through the transfer time, with a finite `uplink`",
+    "faults_seed": "the seed of `faults`; it acts with faults",
+    "device": "the nodes train on the cpu (`auto` picks it there); another device is refused",
+    "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
+}
+
+
 def declaration(engine: str) -> dict[str, str]:
     """field -> class (``affects``, ``invariant``, ``refused``) of ``engine``."""
     _check_engine(engine)
@@ -248,7 +258,9 @@ def markdown() -> str:
     head = "| setting | " + " | ".join(f"`{e}`" for e in ENGINES) + " |"
     rule = "|---|" + "---|" * len(ENGINES)
     rows = [f"| `{f}` | " + " | ".join(DECLARED[e][f] for e in ENGINES) + " |" for f in FIELDS]
-    return _PAGE_HEAD.format(engines=engines) + "\n".join([head, rule, *rows]) + "\n"
+    notes = [f"* `{f}`: {NOTES[f]}." for f in FIELDS if f in NOTES]
+    return (_PAGE_HEAD.format(engines=engines) + "\n".join([head, rule, *rows]) + "\n\n"
+            + "Notes:\n\n" + "\n".join(notes) + "\n")
 
 
 def main(argv: list[str]) -> int:
