@@ -180,15 +180,21 @@ def refuse(engine: str, cfg: dict[str, Any]) -> None:
     """Raise one :class:`SfgError` line for the first setting of ``cfg`` that ``engine``
     refuses (its declaration) at a value other than the default, naming the engine, the
     setting and what to do instead; also when ``cfg``'s clock or protocol are not the
-    engine's own. ``cfg``: a run's settings (missing keys are defaults), resolved or as
-    given."""
+    engine's own. ``cfg``: a run's settings as the schema resolves them
+    (:func:`sfg.sim.run.resolve_config`; a missing key is the default)."""
     _check_engine(engine)
     for key, own in SELECTORS[engine].items():
         got = cfg.get(key, DEFAULTS[key])
         if got != own:
+            kinds = {None: [None, "virtual", "real"], "virtual": ["virtual", "real", None],
+                     "real": ["real", "virtual", None]}[_nodes(engine)]
+            runs = [e for e in ENGINES if SELECTORS[e] == {k: cfg.get(k, DEFAULTS[k])
+                                                          for k in SELECTORS[e]}]
+            runs.sort(key=lambda e: kinds.index(_nodes(e)))
+            other = (f"they are engine {runs[0]} ({ENGINE_COMMANDS[runs[0]]}): run that"
+                     if runs else "no engine runs them")
             raise SfgError(f"engine {engine} ({ENGINE_COMMANDS[engine]}) runs {key} {own}, "
-                           f"not {got!r}; the settings {_selectors(cfg)} are engine "
-                           f"{engine_of(cfg, nodes=_nodes(engine))}")
+                           f"not {got!r}; with {_selectors(cfg)} {other}, or drop {key}")
     for field, cls in DECLARED[engine].items():
         if cls != REFUSED or field not in cfg or is_default(engine, field, cfg[field]):
             continue
