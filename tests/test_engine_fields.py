@@ -10,8 +10,9 @@ a tiny run (6 clients, 3 rounds, digits, mlp), and the field's declared class is
 
 A field added to RunConfig without a class in sfg.engines, or without a value here, fails.
 ``clock`` and ``protocol`` select the engine: another value is another engine, whose default
-run must differ. The real lockstep swarm (gRPC on loopback) runs the fields it declares
-``affects`` and ``refused``; its invariant fields are those of the node on the virtual clock.
+run must differ. Real nodes (``real-nodes``, either mode) are checked in lockstep, whose
+models are deterministic, over gRPC on loopback, on the fields they declare ``affects`` and
+``refused``; their invariant fields are those of the node on the virtual clock.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ VALUES: dict[str, Any] = {
 # per engine: where the value above is not one the engine can run
 ENGINE_VALUES: dict[tuple[str, str], Any] = {
     # the nodes train on the cpu ("auto" picks it); another device is refused
-    **{(e, "device"): "cuda" for e in ("node-lockstep", "node-async", "real-lockstep")},
+    **{(e, "device"): "cuda" for e in ("node-lockstep", "node-async", "real-nodes")},
     # the async timer needs K steps shorter than the period
     **{(e, "compute"): "const:value=100" for e in ("clock-async", "node-async")},
     ("clock-event", "compute"): "const:value=250",
@@ -184,7 +185,7 @@ def _node_real(cfg):
 
 RUNNERS = {"rounds": _simulate, "clock-lockstep": _simulate, "clock-async": _events,
            "clock-event": _events, "node-lockstep": _node_virtual, "node-async": _node_virtual,
-           "real-lockstep": _node_real}
+           "real-nodes": _node_real}
 
 
 # ----------------------------------------------------------------------------- runs, cached
@@ -343,7 +344,7 @@ def test_reference_page_is_the_generated_table():
 # ----------------------------------------------------------------------------- the runs
 def _checked(engine: str) -> list[str]:
     fields = [f for f in DECLARED[engine] if f not in SELECTORS[engine]]
-    if engine == "real-lockstep":  # the invariant fields: the node on the virtual clock's
+    if engine == "real-nodes":  # the invariant fields: the node on the virtual clock's
         fields = [f for f in fields if DECLARED[engine][f] != INVARIANT]
     return fields
 
@@ -409,6 +410,6 @@ def test_real_nodes_refuse_the_virtual_clock(over):
     """Real nodes take their own time: a run's settings on the virtual clock (a config file's
     ``clock: virtual`` and its world) are refused, naming the engine, never run in wall
     time as if they were not there."""
-    got = _run("real-lockstep", over)
+    got = _run("real-nodes", over)
     assert isinstance(got, SfgError), "real nodes run settings of the virtual clock"
-    assert _names(str(got), "real-lockstep") and _names(str(got), "clock"), str(got)
+    assert _names(str(got), "real-nodes") and _names(str(got), "clock"), str(got)

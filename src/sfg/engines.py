@@ -40,7 +40,7 @@ ENGINE_COMMANDS: dict[str, str] = {
     "clock-event": "sfg run --clock virtual --protocol event",
     "node-lockstep": "sfg swarm --clock virtual --mode lockstep",
     "node-async": "sfg swarm --clock virtual --mode async",
-    "real-lockstep": "sfg swarm / sfg node --mode lockstep",
+    "real-nodes": "sfg swarm / sfg node, over gRPC",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_COMMANDS)
 
@@ -52,7 +52,7 @@ SELECTORS: dict[str, dict[str, str]] = {
     "clock-event": {"clock": "virtual", "protocol": "event"},
     "node-lockstep": {"clock": "virtual", "protocol": "lockstep"},
     "node-async": {"clock": "virtual", "protocol": "async"},
-    "real-lockstep": {"clock": "rounds", "protocol": "lockstep"},
+    "real-nodes": {"clock": "rounds", "protocol": "lockstep"},
 }
 
 # RunConfig's defaults without ``kind`` (tests/test_engine_fields.py checks they are the
@@ -130,13 +130,13 @@ DECLARED: dict[str, dict[str, str]] = {
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy")),
     # real nodes take their own time: none of the virtual clock's settings
-    "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT), invariant=_SAME,
+    "real-nodes": _declare(affects=(*_TRAINING, *_SELECT), invariant=_SAME,
                               refused=(*_SIMULATOR, "device", *_CLOCK)),
 }
 
 # values that mean the default on an engine (the nodes train on the cpu: auto picks it)
 SAME_AS_DEFAULT: dict[tuple[str, str], tuple[Any, ...]] = {
-    (e, "device"): ("auto",) for e in ("node-lockstep", "node-async", "real-lockstep")}
+    (e, "device"): ("auto",) for e in ("node-lockstep", "node-async", "real-nodes")}
 
 
 # settings that act through another one (the checks set both)
