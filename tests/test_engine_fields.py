@@ -413,3 +413,50 @@ def test_real_nodes_refuse_the_virtual_clock(over):
     got = _run("real-nodes", over)
     assert isinstance(got, SfgError), "real nodes run settings of the virtual clock"
     assert _names(str(got), "real-nodes") and _names(str(got), "clock"), str(got)
+
+
+# ----------------------------------------------------------------------------- the command line
+# the node's settings on the virtual clock that a config file gives `sfg swarm --clock virtual`
+CLI_VALUES = {f: VALUES[f] for f in ("round_seconds", "period", "jitter", "window", "faults")}
+_CLI: dict[str, Any] = {}
+
+
+def _swarm_command(cfg: dict[str, Any], tmp_path: Path, capsys) -> tuple[int, Any, str]:
+    """``sfg swarm --clock virtual --mode async --config FILE --json``: exit status, the
+    JSON's metrics (no wall time) and node accuracies, stderr."""
+    import json
+
+    from sfg.cli.main import main
+
+    key = repr(sorted(cfg.items()))
+    if key not in _CLI:
+        path = tmp_path / "run.yaml"
+        path.write_text(json.dumps(cfg), encoding="utf-8")
+        code = main(["swarm", "--clock", "virtual", "--mode", "async", "--config", str(path),
+                     "--json"])
+        cap = capsys.readouterr()
+        out = None
+        if code == 0:
+            res = json.loads(cap.out)
+            out = ({k: v for k, v in res["metrics"].items() if not TIMING.search(k)},
+                   [n["acc"] for n in res["nodes"]], res.get("faults"))
+        _CLI[key] = (code, out, cap.err)
+    return _CLI[key]
+
+
+@pytest.mark.parametrize("field", list(CLI_VALUES))
+def test_node_command_honours_or_refuses_a_config_files_clock_settings(field, tmp_path, capsys):
+    """The node on the virtual clock takes these settings (declared affects); given in a
+    config file, ``sfg swarm --clock virtual`` runs them or refuses them in one line — it
+    never runs its own flags' defaults in their place."""
+    assert DECLARED["node-async"][field] == AFFECTS
+    base = {**BASE, "clock": "virtual", "protocol": "async"}
+    code0, ref, err0 = _swarm_command(base, tmp_path, capsys)
+    assert code0 == 0, err0
+    code, got, err = _swarm_command({**base, field: CLI_VALUES[field]}, tmp_path, capsys)
+    if code == 2:
+        assert _names(err, field) and _names(err, "node-async"), err
+        return
+    assert code == 0, err
+    assert got != ref, f"sfg swarm --clock virtual ignores {field}={CLI_VALUES[field]!r} " \
+                       "from its config file"
