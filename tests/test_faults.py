@@ -46,7 +46,7 @@ def test_faults_string_reads_every_key_and_none():
     assert (f.loss, f.delay, f.reorder, f.hold, f.dup, f.copies) == (0.1, 2.0, 0.1, 50.0, 0.05, 3)
     assert (f.corrupt, f.misroute, f.drift, f.crashes, f.downtime, f.span) == \
         (0.02, 0.03, 0.001, 2, 900.0, 4000.0)
-    assert f.crash_at == ((3, 1500.0), (5, 20.0)) and f.seed == 7 and f.any
+    assert tuple(c.pair for c in f.crash_at) == ((3, 1500.0), (5, 20.0)) and f.seed == 7 and f.any
     p1, p2 = f.partitions
     assert p1.a == frozenset(range(4)) and p1.b == frozenset(range(4, 8))
     assert p1.blocks(0, 5, 1200.0) and p1.blocks(6, 2, 3599.0)
@@ -194,14 +194,14 @@ def _lax_digest(monkeypatch):
 
 def _forget_missed_rounds(monkeypatch):
     """An async restart that forgets the rounds it missed while down."""
-    from sfg.net.node import Node
+    from sfg.net import persist
 
-    def forget(self):
-        if self.restored is not None:
-            self.restored.update(missed=0, age_after=self.state.age, lag_after=self.state.lag,
-                                 at=self.clock.time())
+    def forget(node):
+        if node.restored is not None:
+            node.restored.update(missed=0, age_after=node.state.age, lag_after=node.state.lag,
+                                 at=node.clock.time())
 
-    monkeypatch.setattr(Node, "_catch_up_missed", forget)
+    monkeypatch.setattr(persist, "catch_up_missed", forget)
 
 
 def _missed_by_rows(monkeypatch):
@@ -209,19 +209,19 @@ def _missed_by_rows(monkeypatch):
     missed, the round of the row itself (its wake-up passed while the node was down) not."""
     import math
 
-    from sfg.net.node import Node
+    from sfg.net import persist
 
-    def by_rows(self):
-        if self.restored is None or self.t0 is None:
+    def by_rows(node):
+        if node.restored is None or node.t0 is None:
             return
-        due = int(math.floor((self.clock.time() - self.t0) / self.cfg.period))
-        missed = max(0, min(due, self.world.rounds) - self.state.t)
+        due = int(math.floor((node.clock.time() - node.t0) / node.cfg.period))
+        missed = max(0, min(due, node.world.rounds) - node.state.t)
         for _ in range(missed):
-            self._offline_round()
-        self.restored.update(missed=missed, age_after=self.state.age, lag_after=self.state.lag,
-                             at=self.clock.time())
+            node.offline_round()
+        node.restored.update(missed=missed, age_after=node.state.age, lag_after=node.state.lag,
+                             at=node.clock.time())
 
-    monkeypatch.setattr(Node, "_catch_up_missed", by_rows)
+    monkeypatch.setattr(persist, "catch_up_missed", by_rows)
 
 
 def _no_neighbour_check(monkeypatch):
@@ -254,15 +254,15 @@ def _older_replaces_newer(monkeypatch):
 
 def _understated_age(monkeypatch):
     """A node that claims one round more of age than it has (τ > ℓ when fresh)."""
-    from sfg.net.node import Node
+    from sfg.net.claims import HonestClaims
 
-    real = Node._claims
+    real = HonestClaims.claim
 
-    def older(self):
-        age, lag, count = real(self)
+    def older(self, node):
+        age, lag, count = real(self, node)
         return age + 1, lag, count
 
-    monkeypatch.setattr(Node, "_claims", older)
+    monkeypatch.setattr(HonestClaims, "claim", older)
 
 
 def _served_means_received(monkeypatch):
@@ -273,9 +273,9 @@ def _served_means_received(monkeypatch):
     def eager(self):
         for r in list(self.outbox):
             if all(self.heard.get(j, -1) > r or (j, r) in self._delivered
-                   for j in self._expected.get(r, ())):
+                   for j in self.expected.get(r, ())):
                 del self.outbox[r]
-                self._expected.pop(r, None)
+                self.expected.pop(r, None)
         return not self.outbox
 
     monkeypatch.setattr(Node, "_all_handed_out", eager)
@@ -412,7 +412,7 @@ def test_async_node_keeps_one_message_per_neighbour_whatever_the_flood():
     node, answers = _flood("async", deliveries)
     assert len(node.latest) == 2 and node.latest[1][0].header.round == 29
     assert node.latest[5][0].header.round == 29  # the late copies of round 3 changed nothing
-    assert len(node.seen) <= len(node.nbrs)
+    assert len(node.guard.seen) <= len(node.nbrs)
     assert node.rejections.counts["non-neighbour"] == 20
     assert all(not ok for ok, _ in answers[-20:])
 

@@ -488,22 +488,22 @@ def test_restarted_lockstep_node_still_serves_its_unfetched_older_messages(tmp_p
     for r in (4, 5):
         node.round = r
         node.outbox[r] = node._message()
-        node._expected[r] = [1] if r == 4 else [1, 3]
-    node._checkpoint()
+        node.expected[r] = [1] if r == 4 else [1, 3]
+    node.checkpoint()
     want = {r: (h, p.join()) for r, (h, p) in node.outbox.items()}
     back = Node(world, 2, NodeConfig(**cfg, resume=True))
     assert back.state.t == 6 and sorted(back.outbox) == [4, 5]
     assert back._on_fetch(4, 1) == want[4] and back._on_fetch(5, 3) == want[5]
-    assert back._expected == {4: [1], 5: [1, 3]}
+    assert back.expected == {4: [1], 5: [1, 3]}
     # once every neighbour is past round 4 it is pruned, and so is its file
     back.heard = {1: 5, 3: 5}
     back._prune_outbox()
-    back._save_outbox()
+    back.files.save_outbox(back.outbox, back.expected)
     assert sorted(back.outbox) == [5]
     assert sorted(p.name for p in tmp_path.glob("node-2-out-*")) == ["node-2-out-5.msgpack"]
     # a checkpoint of an earlier round does not bring back messages of its own or later rounds
     back.state = NodeState(t=5, age=0, lag=0.0, count=6, local_count=6, q_hat=[1.0, 1.0])
-    back._checkpoint()
+    back.checkpoint()
     again = Node(world, 2, NodeConfig(**cfg, resume=True))
     assert again.outbox == {} and not list(tmp_path.glob("node-2-out-*"))
 

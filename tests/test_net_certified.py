@@ -17,7 +17,8 @@ from crosspath import assert_same_bits
 
 from sfg.errors import SfgError
 from sfg.net.certify import Keys, make_cert, make_stamp, read_stamp, refuted
-from sfg.net.node import Node, NodeConfig, _Prev
+from sfg.net.evidence import Prev
+from sfg.net.node import Node, NodeConfig
 from sfg.net.swarm import run_nodes, summarise
 from sfg.net.tls import make_test_ca
 from sfg.net.wire import Rejected, unpack_header
@@ -160,8 +161,8 @@ def _round_message(sender: Node, r: int, heard: set[int], stamps: dict[int, byte
     """Sender's round-r message to its neighbours, its previous round as given."""
     sender.round = r
     if r:
-        sender._prev = _Prev(aggregated=True, own=(0, 0.0, 1), heard=frozenset(heard),
-                             stamps=stamps)
+        sender.evidence.prev = Prev(aggregated=True, own=(0, 0.0, 1), heard=frozenset(heard),
+                                    stamps=stamps)
     head, payload = sender._message()
     body = payload.join() if hasattr(payload, "join") else payload
     return head, body
@@ -187,7 +188,7 @@ def test_forged_replayed_and_mismatched_headers_are_rejected_counted_and_change_
     del d["cert"], d["sig"]
     assert asyncio.run(_deliver(rx, msgpack.packb(d, use_bin_type=True), body)) == \
         (False, "uncertified")
-    assert not rx.inbox and not rx._certs
+    assert not rx.inbox and not rx.evidence.certs
     # the real one is accepted; the same bytes again change nothing
     assert asyncio.run(_deliver(rx, head, body)) == (True, "")
     assert asyncio.run(_deliver(rx, head, body)) == (True, "")
@@ -222,8 +223,8 @@ def test_forged_replayed_and_mismatched_headers_are_rejected_counted_and_change_
     assert rx.rejections.as_dict() == {"signature": 2, "uncertified": 1, "replayed": 1,
                                        "provenance": 2}
     assert rx2.rejections.as_dict() == {"replayed": 1}
-    assert list(rx.inbox) == [(1, 0)] and set(rx._certs) == {(1, 0)}
-    assert not rx2.inbox and not rx2._certs
+    assert list(rx.inbox) == [(1, 0)] and set(rx.evidence.certs) == {(1, 0)}
+    assert not rx2.inbox and not rx2.evidence.certs
 
 
 # ------------------------------------------------------------------ the swarm against sfg run
@@ -354,23 +355,23 @@ def test_a_certified_node_killed_mid_run_resumes_with_its_evidence(ca, tmp_path,
 
 
 def test_the_evidence_a_checkpoint_holds_comes_back_as_it_was(ca):
-    """The previous round and the accepted headers survive _evidence_record →
-    _restore_evidence field for field (the known stamps verified again)."""
+    """The previous round and the accepted headers survive CertifiedEvidence.record →
+    restore field for field (the known stamps verified again)."""
     world = _hand_world()
     a, b = _nodes(ca, world)[1], _nodes(ca, world)[1]
     k0 = _keys(ca, 0)
     known = read_stamp(make_stamp(k0, 4, 0, 0.5, 9), a.cfg.keys)
-    a._prev = _Prev(aggregated=True, own=(1, 2.5, 5), heard=frozenset({0, 3}),
-                    got={0: (0, 0.5, 9), 3: (2, 3.0, 5)}, stamps={0: known.raw},
-                    told={0: (0, 0.25, 10), 2: (0, 0.5, 10)}, known={0: known})
-    a._accepted = {(0, 4): b"\1" * 32, (3, 4): b"\2" * 32}
+    a.evidence.prev = Prev(aggregated=True, own=(1, 2.5, 5), heard=frozenset({0, 3}),
+                           got={0: (0, 0.5, 9), 3: (2, 3.0, 5)}, stamps={0: known.raw},
+                           told={0: (0, 0.25, 10), 2: (0, 0.5, 10)}, known={0: known})
+    a.evidence.accepted = {(0, 4): b"\1" * 32, (3, 4): b"\2" * 32}
     a.state = a.state.__class__(t=5, age=0, lag=0.0, count=1, local_count=1, q_hat=[1.0] * 3)
-    b._restore_evidence(json.loads(json.dumps(a._evidence_record())))
-    assert b._prev == a._prev and b._accepted == a._accepted
-    forged = {**a._evidence_record()}
+    b.evidence.restore(json.loads(json.dumps(a.evidence.record(a.rounds_done))), "test")
+    assert b.evidence.prev == a.evidence.prev and b.evidence.accepted == a.evidence.accepted
+    forged = {**a.evidence.record(a.rounds_done)}
     forged["prev"]["known"] = [[0, (known.raw[:-1] + bytes([known.raw[-1] ^ 1])).hex()]]
     with pytest.raises(SfgError, match="does not verify"):
-        b._restore_evidence(forged)
+        b.evidence.restore(forged, "test")
 
 
 def test_hostile_evidence_is_rejected_never_a_crash(ca):

@@ -185,7 +185,7 @@ def test_with_tls_a_fetch_on_another_nodes_behalf_is_refused_and_counted(tmp_pat
         node = Node(world, 0, NodeConfig(mode="lockstep", tls=TlsFiles.load(ca, 0)))
         port = await node.start()
         node.outbox[0] = node._message()
-        node._expected[0] = [1, 3]
+        node.expected[0] = [1, 3]
         out = {}
         try:
             for name, who, me in (("3 as 1", 3, 1), ("3 as 3", 3, 3), ("1 as 1", 1, 1)):
@@ -441,7 +441,7 @@ def test_a_neighbours_certificate_refused_by_the_tls_handshake_is_a_counted_reje
             addr[n.i] = f"127.0.0.1:{await n.start()}"
         for n in (n1, n3):  # each holds its round-0 message for node 0
             n.outbox[0] = n._message()
-            n._expected[0] = [0, 2]
+            n.expected[0] = [0, 2]
         n0.connect({**addr, 2: addr[3]})
         out = {}
         try:
@@ -452,7 +452,7 @@ def test_a_neighbours_certificate_refused_by_the_tls_handshake_is_a_counted_reje
             await n0._send(1, 0, header_for(msg, 1), msg[1])
             out["pushed"] = dict(n0.rejections.as_dict())
             back = Peer(addr[0], max_bytes=1 << 26, tls=_tls_as_is(ca, 1))
-            n0.outbox[0], n0._expected[0] = msg, [1]
+            n0.outbox[0], n0.expected[0] = msg, [1]
             out["node 1 fetches"] = await back.fetch(0, 1, timeout=30)
             await back.close()
         finally:

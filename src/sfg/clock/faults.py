@@ -28,14 +28,15 @@ Keys of the component string (``faults:key=value,...``; ``none`` = no faults):
 ``misroute``   probability that a copy of a message is also delivered to a random
                non-neighbour of its sender (which must reject it: "non-neighbour")
 ``partition``  ``A|B@T1-T2``: messages between node sets A and B sent in [T1, T2) seconds
-               of virtual time are dropped; a set is ids and ranges joined by ``.``
+               of virtual time are dropped (a :class:`sfg.net.cuts.Cut`); a set is ids and ranges joined by ``.``
                (``0-3``, ``0.2.5-7``) or ``*`` (every node not in the other set); several
                partitions are joined by ``;``
 ``crashes``    K crashes at random (node, time), time uniform in [0, ``span``): the node's task
                is cancelled, its server stopped (messages to it fail), and after ``downtime``
                seconds it is restarted from its last checkpoint (the node's own files, written
                and read by the code a deployed node uses)
-``crash``      crashes at given times: ``NODE@SECONDS``, several joined by ``;``
+``crash``      crashes at given times: ``NODE@SECONDS`` (a :class:`sfg.net.cuts.Crash`),
+               several joined by ``;``
 ``downtime``   seconds a crashed node stays down (default 1.5 periods P)
 ``span``       seconds within which the random crashes fall (default the run's T · P)
 ``drift``      clock drift per node, uniform in [-``drift``, ``drift``] (a rate: 0.001 is 1 ms
@@ -60,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
+from sfg.net.cuts import Crash, Cut
 from sfg.util.components import did_you_mean, parse_component
 from sfg.util.rng import counter_key, counter_uniform, stream
 
@@ -69,94 +71,9 @@ _PROBS = ("loss", "reorder", "dup", "corrupt", "misroute")
 _EXAMPLE = "faults:loss=0.1,delay=2.0,dup=0.05,crashes=2,downtime=900"
 
 
-@dataclass(frozen=True)
-class Window:
-    """Messages between node sets ``a`` and ``b`` sent in [t1, t2) are dropped; ``None`` for
-    a set means every node not in the other."""
-
-    a: frozenset[int] | None
-    b: frozenset[int] | None
-    t1: float
-    t2: float
-
-    def blocks(self, i: int, j: int, t: float) -> bool:
-        if not self.t1 <= t < self.t2:
-            return False
-        return (self._in(i, self.a, self.b) and self._in(j, self.b, self.a)) or \
-            (self._in(i, self.b, self.a) and self._in(j, self.a, self.b))
-
-    @staticmethod
-    def _in(i: int, s: frozenset[int] | None, other: frozenset[int] | None) -> bool:
-        return (i not in (other or ())) if s is None else i in s
-
-    def blocks_many(self, i: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """:meth:`blocks` for arrays of messages (the clock's engine)."""
-        def inside(x, s, other):
-            return ~np.isin(x, list(other or ())) if s is None else np.isin(x, list(s))
-
-        a_b = inside(i, self.a, self.b) & inside(j, self.b, self.a)
-        b_a = inside(i, self.b, self.a) & inside(j, self.a, self.b)
-        return (self.t1 <= t) & (t < self.t2) & (a_b | b_a)
-
-
-def _node_set(text: str, where: str) -> frozenset[int] | None:
-    text = text.strip()
-    if text == "*":
-        return None
-    out: set[int] = set()
-    for item in text.split("."):
-        lo, dash, hi = item.strip().partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if dash else a
-        except ValueError:
-            raise SfgError(f"cannot read node set {text!r} in {where!r}; write ids and ranges "
-                           "joined by '.', e.g. 0-3 or 0.2.5-7, or * for the rest") from None
-        if a < 0 or b < a:
-            raise SfgError(f"node range {item!r} in {where!r} must be LO-HI with 0 <= LO <= HI")
-        out.update(range(a, b + 1))
-    return frozenset(out)
-
-
 def _items(text: str) -> list[str]:
     """The non-empty items of a ``;``-joined list."""
     return [p.strip() for p in str(text).split(";") if p.strip()]
-
-
-def _partitions(text: str) -> tuple[Window, ...]:
-    out = []
-    for part in _items(text):
-        try:
-            sets, times = part.split("@")
-            sa, sb = sets.split("|")
-            t1, t2 = (float(v) for v in times.split("-"))
-        except ValueError:
-            raise SfgError(f"cannot read partition {part!r}; write A|B@T1-T2 (node sets, "
-                           "seconds), e.g. partition=0-3|4-7@1200-3600") from None
-        a, b = _node_set(sa, part), _node_set(sb, part)
-        if a is None and b is None:
-            raise SfgError(f"partition {part!r}: at most one side may be '*'")
-        if (a is not None and not a) or (b is not None and not b) or (a and b and a & b):
-            raise SfgError(f"partition {part!r} needs two disjoint non-empty node sets")
-        if not (math.isfinite(t1) and math.isfinite(t2)) or t1 < 0 or t2 <= t1:
-            raise SfgError(f"partition {part!r}: the window T1-T2 needs 0 <= T1 < T2 seconds")
-        out.append(Window(a, b, t1, t2))
-    return tuple(out)
-
-
-def _crash_list(text: str) -> tuple[tuple[int, float], ...]:
-    out = []
-    for part in _items(text):
-        try:
-            node, at = part.split("@")
-            i, t = int(node), float(at)
-        except ValueError:
-            raise SfgError(f"cannot read crash {part!r}; write NODE@SECONDS, e.g. "
-                           "crash=3@1500 or crash=3@1500;5@2400") from None
-        if i < 0 or not math.isfinite(t) or t < 0:
-            raise SfgError(f"crash {part!r} needs a node id >= 0 and a time >= 0 seconds")
-        out.append((i, t))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -171,9 +88,9 @@ class Faults:
     copies: int = 1
     corrupt: float = 0.0
     misroute: float = 0.0
-    partitions: tuple[Window, ...] = ()
+    partitions: tuple[Cut, ...] = ()
     crashes: int = 0
-    crash_at: tuple[tuple[int, float], ...] = ()
+    crash_at: tuple[Crash, ...] = ()
     downtime: float | None = None
     span: float | None = None
     drift: float = 0.0
@@ -219,9 +136,9 @@ class Faults:
                                    f"{1 if k == 'copies' else 0}")
                 kw[k] = int(v)
         if "partition" in p:
-            kw["partitions"] = _partitions(str(p["partition"]))
+            kw["partitions"] = tuple(Cut.parse_seconds(c) for c in _items(p["partition"]))
         if "crash" in p:
-            kw["crash_at"] = _crash_list(str(p["crash"]))
+            kw["crash_at"] = tuple(Crash.parse_seconds(c) for c in _items(p["crash"]))
         return cls(**kw, seed=seed, text=str(comp))
 
     @property
@@ -235,13 +152,11 @@ class Faults:
              neighbours: Callable[[int], Iterable[int]] | None = None) -> FaultPlan:
         """Bind to a run of ``n`` nodes with round period ``period`` and ``rounds`` rounds."""
         for w in self.partitions:
-            for s in (w.a, w.b):
-                if s is not None and max(s) >= n:
-                    raise SfgError(f"--faults partition names node {max(s)}, but the run has "
-                                   f"nodes 0..{n - 1}")
-        for i, _ in self.crash_at:
-            if i >= n:
-                raise SfgError(f"--faults crash names node {i}, but the run has nodes 0..{n - 1}")
+            w.check_nodes(n, "--faults partition")
+        for c in self.crash_at:
+            if c.node >= n:
+                raise SfgError(f"--faults crash names node {c.node}, but the run has nodes "
+                               f"0..{n - 1}")
         return FaultPlan(self, int(n), float(period), int(rounds), neighbours)
 
 
@@ -385,7 +300,7 @@ class FaultPlan:
     def crashes(self) -> list[tuple[int, float]]:
         """(node, virtual seconds) of every crash, in time order (random ones and given ones)."""
         f = self.faults
-        out = list(f.crash_at)
+        out = [c.pair for c in f.crash_at]
         if f.crashes:
             g = stream(f.seed, "faults", "crashes")
             span = self.rounds * self.period if f.span is None else f.span

@@ -317,20 +317,34 @@ def _newest_so_far(ptr, sender_event, out):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _latest(ptr, arrival, newest, qslot, qtime, window, out_idx, out_wait):  # pragma: no cover
+def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
+    """Async candidate selection (SPEC §11.2, §12.3), written once for the clock's engine
+    (:func:`_latest`) and the networked node (:class:`sfg.net.node.Node`): the units
+    d = (now − arrival)/unit ≥ 0 that a neighbour's latest message has waited at ``now``, or
+    −1.0 when it arrived more than ``window`` units ago (then it is no candidate). A
+    candidate counts as older by d: :func:`sfg.round.staleness.waited`."""
+    d = max(0.0, now - arrival) / unit
+    return d if d <= window else -1.0
+
+
+@njit(cache=True, nogil=True)
+def _latest(ptr, arrival, newest, qslot, qtime, window, unit, out_idx,
+            out_wait):  # pragma: no cover
     """For each query (slot, time): the newest message over the slot (:func:`_newest_so_far`)
-    among those that arrived strictly before the time, if it arrived within ``window``
-    seconds of it (index into ``arrival``, sorted per slot between ptr[s] and ptr[s+1]), or
-    −1; and its wait in seconds."""
+    among those that arrived strictly before the time, if :func:`held_units` holds it a
+    candidate (arrived within ``window`` units of ``unit`` seconds; index into ``arrival``,
+    sorted per slot between ptr[s] and ptr[s+1]), or −1; and the units it waited."""
     for q in range(qslot.shape[0]):
         s = qslot[q]
         a, b = ptr[s], ptr[s + 1]
         k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
+        d = -1.0
         if k >= a:
             k = newest[k]
-        if k >= a and qtime[q] - arrival[k] <= window:
+            d = held_units(qtime[q], arrival[k], window, unit)
+        if d >= 0.0:
             out_idx[q] = k
-            out_wait[q] = qtime[q] - arrival[k]
+            out_wait[q] = d
         else:
             out_idx[q] = -1
             out_wait[q] = 0.0
@@ -443,7 +457,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     qslot = rg.indptr[dev[qev]] + 1 + qk
     idx = np.empty(qev.size, np.int64)
     wait = np.empty(qev.size)
-    _latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window) * unit, idx, wait)
+    _latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window), unit, idx, wait)
     got = idx >= 0
     stats["candidates"] = float(got.sum())
     # candidates per event: the receiver first, then the messages held
@@ -465,7 +479,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
         at = cptr[ge] + 1 + rank
         cslot[at] = qslot[gq]
         cmsg[at] = m_src[idx[gq]]
-        cwait[at] = wait[gq] / unit
+        cwait[at] = wait[gq]
     n_samples = int(np.floor(world.horizon / unit)) + 1
     samples = np.arange(n_samples, dtype=np.float64) * unit
     return Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,

@@ -2,7 +2,11 @@
 
 * :mod:`sfg.net.wire` — message format (msgpack header + safetensors payload) and validation;
 * :mod:`sfg.net.transport` — gRPC (asyncio) server and client, chunked streaming, mutual TLS;
-* :mod:`sfg.net.node` — :class:`~sfg.net.node.Node`: lockstep and asynchronous modes;
+* :mod:`sfg.net.node` — :class:`~sfg.net.node.Node`: the protocol, lockstep and asynchronous;
+* :mod:`sfg.net.claims` — what a node claims in its headers: honest, or an attacker's forgery;
+* :mod:`sfg.net.evidence` — a node's evidence about claims (+guard, +certified);
+* :mod:`sfg.net.persist` — a node's checkpoint, saved outbox and resume;
+* :mod:`sfg.net.cuts` — network cuts and crashes, parsed once from either syntax;
 * :mod:`sfg.net.world` — what nodes derive from the run settings (data, graph, trace, model);
 * :mod:`sfg.net.swarm` — many nodes over worker processes, churn, fault injection, summaries.
 """

@@ -87,12 +87,6 @@ def model_digest(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(x, "<f4").tobytes()).hexdigest()
 
 
-def partition_text(p) -> str:
-    """A :class:`sfg.net.node.Partition` as its ``A|B@R1-R2`` string."""
-    return (",".join(map(str, sorted(p.a))) + "|" + ",".join(map(str, sorted(p.b))) +
-            f"@{p.r1}-{p.r2}")
-
-
 def _line(obj: dict) -> bytes:
     return (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
@@ -155,7 +149,7 @@ def header_of(node) -> dict[str, Any]:
             "world": w.cfg, "edges": edges,
             "settings": {"mode": c.mode, "period": c.period, "jitter": c.jitter,
                          "window": c.window,
-                         "partitions": [partition_text(p) for p in c.partitions]},
+                         "partitions": [p.text() for p in c.partitions]},
             "sfg": getattr(sfg, "__version__", "")}
 
 

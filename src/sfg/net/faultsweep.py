@@ -1,4 +1,4 @@
-"""Protocol properties of the node under random faults (issue 20, item 5): a seeded sweep.
+"""Protocol properties of the node under random faults: a seeded sweep.
 
 :func:`check_case` runs one virtual swarm (:func:`sfg.net.virtual.run_virtual_swarm`, the
 deployable node on the virtual clock) under one fault setting and checks, from the network's
@@ -38,6 +38,7 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,15 +99,15 @@ def _header(raw: bytes) -> dict:
     return msgpack.unpackb(raw, raw=False)
 
 
+Fail = Callable[[str], None]  # records one violation
+
+
 def check_case(case: Case, *, reference: np.ndarray | None = None,
                max_violations: int = 20) -> Outcome:
     """Run ``case`` and check the properties of the module docstring; ``reference``: the
     fault-free lockstep run's parameters (lockstep runs that end must equal them)."""
     from sfg.clock.faults import Faults
-    from sfg.net.swarm import SwarmOptions
-    from sfg.net.virtual import run_virtual_swarm
     from sfg.net.world import build_world
-    from sfg.round.staleness import wake_jitter
 
     out = Outcome(case)
     bad = out.violations
@@ -119,11 +120,35 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
     faults = Faults.parse(case.faults, seed=case.faults_seed)
     plan = faults.plan(world.n, period=case.period, rounds=world.rounds,
                        neighbours=world.neighbours)
+    res, nodes, log = _run(case, world, faults, plan, out, fail)
+    genuine = _check_headers(log, fail)
+    _check_acceptance(case, faults, nodes, log, fail)
+    _check_aggregated(case, nodes, genuine, fail)
+    latest = _check_restarts(case, world, plan, nodes, fail)
+    # ---------------------------------------------------------------- progress and results
+    if res is not None:
+        for nd in latest.values():
+            if nd.state.t != world.rounds:
+                fail(f"node {nd.i} ended at round {nd.state.t} of {world.rounds}")
+        if case.mode == "lockstep" and reference is not None:
+            diff = float(np.abs(res["params"] - reference).max())
+            if diff > 1e-5:
+                fail(f"lockstep under faults differs from the fault-free run by {diff:.3g}")
+    return out
+
+
+def _run(case: Case, world: Any, faults: Any, plan: Any, out: Outcome,
+         fail: Fail) -> tuple[dict | None, list, list[dict]]:
+    """The case's virtual swarm, its memory sampled at every round end (bounded memory):
+    (its summary or None if it failed, every node incarnation, the network's log)."""
+    from sfg.net.swarm import SwarmOptions
+    from sfg.net.virtual import run_virtual_swarm
+
     opts = SwarmOptions(mode=case.mode, period=case.period, jitter=case.jitter,
                         deadline=case.deadline)
     nodes: list = []
     log: list[dict] = []
-    N, T = world.n, world.rounds
+    N = world.n
     deg = {i: len(world.neighbours(i)) for i in range(N)}
     edges = int(sum(deg.values()))
     peaks = out.peaks
@@ -137,8 +162,8 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
         for nd in current.values():
             d = deg[nd.i]
             if case.mode == "async":
-                for name, size in (("latest", len(nd.latest)), ("seen", len(nd.seen)),
-                                   ("sends", sum(not t.done() for t in nd._sends.values()))):
+                for name, size in (("latest", len(nd.latest)), ("seen", len(nd.guard.seen)),
+                                   ("sends", nd.pending_sends())):
                     peaks[name] = max(peaks.get(name, 0), size)
                     if size > d:
                         fail(f"node {nd.i} holds {size} entries in {name} > degree {d}")
@@ -182,8 +207,12 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
                           for nd in nodes)
     if res is not None:
         out.summary = res
+    return res, nodes, log
 
-    # ---------------------------------------------------------------- headers sent (SPEC §2)
+
+def _check_headers(log: list[dict], fail: Fail) -> set[tuple[int, bytes]]:
+    """Headers sent (SPEC §2): τ ≤ ℓ, ℓ ≥ 0 finite, counts ≥ 1, the sender its own; returns
+    the (sender, payload SHA-256) of every model really sent."""
     genuine: set[tuple[int, bytes]] = set()
     for e in log:
         if e["kind"] != "send":
@@ -199,8 +228,13 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
             fail(f"node {e['src']} sent counts {cnt}, {loc} < 1")
         if h["sender"] != e["src"]:
             fail(f"node {e['src']} sent a header naming node {h['sender']}")
+    return genuine
 
-    # ---------------------------------------------------------------- acceptance
+
+def _check_acceptance(case: Case, faults: Any, nodes: list, log: list[dict],
+                      fail: Fail) -> None:
+    """No corrupted or misrouted message accepted; rejections counted exactly, for no reason
+    the faults cannot cause."""
     answered_stranger: dict[int, int] = {}
     for e in log:
         if e["kind"] == "stranger":
@@ -241,7 +275,11 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
             fail(f"node {i} counted {got} digest rejections for {want} corrupted messages it "
                  "answered so")
 
-    # ---------------------------------------------------------------- what was aggregated
+
+def _check_aggregated(case: Case, nodes: list, genuine: set[tuple[int, bytes]],
+                      fail: Fail) -> None:
+    """What was aggregated: neighbours' genuine models, weights a distribution, rounds in
+    order."""
     for nd in nodes:
         allowed_from = {nd.i, *(int(j) for j in nd.nbrs)}
         last_round: dict[int, int] = {}
@@ -268,7 +306,14 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
                              f"{last_round[j]}")
                     last_round[j] = max(last_round.get(j, -1), rd)
 
-    # ---------------------------------------------------------------- restarts
+
+def _check_restarts(case: Case, world: Any, plan: Any, nodes: list,
+                    fail: Fail) -> dict[int, Any]:
+    """A restarted node resumes its predecessor's state and counts the wake-ups it missed;
+    returns the latest incarnation of each node."""
+    from sfg.round.staleness import wake_jitter
+
+    N, T = world.n, world.rounds
     jit = case.jitter * case.period * wake_jitter(case.seed, T, N)
     restarts_of: dict[int, list[float]] = {i: [] for i in range(N)}
     for ev in plan.events:
@@ -283,7 +328,7 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
         if nd.loaded is None:  # crashed before its first checkpoint: starts afresh
             from sfg.net.checkpoints import NodeState
 
-            x0, s0 = world.x0, NodeState(q_hat=[1.0] * deg[nd.i])
+            x0, s0 = world.x0, NodeState(q_hat=[1.0] * len(world.neighbours(nd.i)))
         else:
             x0, s0 = nd.loaded
         if s0 != prev.state or not np.array_equal(x0, prev.x):
@@ -308,17 +353,7 @@ def check_case(case: Case, *, reference: np.ndarray | None = None,
             fail(f"node {nd.i} after its restart has age {rest['age_after']}, lag "
                  f"{rest['lag_after']}; its checkpoint's {s0.age}, {s0.lag} plus {expect} missed "
                  "rounds")
-
-    # ---------------------------------------------------------------- progress and results
-    if res is not None:
-        for nd in before.values():
-            if nd.state.t != T:
-                fail(f"node {nd.i} ended at round {nd.state.t} of {T}")
-        if case.mode == "lockstep" and reference is not None:
-            diff = float(np.abs(res["params"] - reference).max())
-            if diff > 1e-5:
-                fail(f"lockstep under faults differs from the fault-free run by {diff:.3g}")
-    return out
+    return before
 
 
 @dataclass

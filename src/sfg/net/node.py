@@ -24,35 +24,31 @@ SPEC §1–§2, so the models equal ``sfg run --backend loop``.
 (jitter uniform in [0, jitter·P), keyed by (seed, i, r)). Availability is row r of the trace.
 An available node takes as candidates itself and every neighbour whose latest message arrived
 within the last W periods; a message that waited d = (now − arrival)/P periods is used with
-age τ_j + ⌊d⌋ and lag ℓ_j + d (counts unchanged). It aggregates with those scalars, sets its
+age τ_j + ⌊d⌋ and lag ℓ_j + d (counts unchanged) — the clock's engine's own selection
+(:func:`sfg.clock.schedule.held_units`, :func:`sfg.round.staleness.waited`). It aggregates with those scalars, sets its
 lag to the weighted mean of the lags as used, trains (age 0, counts + 1) and sends to all
 neighbours. An unavailable node neither trains, sends nor answers (its server refuses
 deliveries); each of its rounds adds 1 to its age and lag. q̂_ij is updated with "j is a
 candidate" as the event. Timestamps are the receiver's own clock only.
 
-**Forged claims and defences** (:mod:`sfg.round.attacks`, :mod:`sfg.round.defences`): an attacker of the
-run's ``--attack forge:...`` puts the forged claim of :func:`sfg.round.attacks.claims` in its headers
-(played on its star: the largest count it hears is its own and the last its neighbours
-claimed); ``model=constant`` sends the initial model every time. A receiver whose rule has
-``+guard``/``+relative`` clamps the header claims with the round's compiled clamp
-(:func:`sfg.round.defences.clamp_one`) before the rule scores them, ``+guard`` with its own evidence:
-per neighbour, the payload SHA-256 last aggregated and when it was first seen
-(:meth:`Node._evidence`); its staleness update then uses the claims as clamped, as in
-``sfg run``.
+**Claims** (:mod:`sfg.net.claims`): what a node puts in its headers is its claim policy's
+(``claims=``, by default the one :func:`sfg.net.claims.claim_policy` picks from the run's
+``--attack``): its true state, or an attacker's forged claims and model. A receiver whose rule
+has ``+guard``/``+relative`` clamps the header claims with the round's compiled clamp
+(:func:`sfg.round.defences.clamp_one`) before the rule scores them, ``+guard`` with its own
+evidence (:class:`sfg.net.evidence.GuardEvidence`); its staleness update then uses the claims
+as clamped, as in ``sfg run``.
 
-**Certified claims** (``+certified``, lockstep; :mod:`sfg.net.certify`): every header is
-signed with the node's key (``NodeConfig.keys``) and carries the evidence of its claim (its
-prior, its heard-set and the stamps it merged in the previous round, :meth:`Node._cert`); a
-receiver checks it on arrival (:meth:`Node._admit`) and leaves out, when it aggregates, the
-claims the evidence refutes (:meth:`Node._screen`). The liar of ``claim=certified`` sends a
-header per receiver (:meth:`Node._best_claim`). What a node keeps of its previous round
-(:class:`_Prev`) is part of its checkpoint.
+**Certified claims** (``+certified``, lockstep): every header is signed with the node's key
+(``NodeConfig.keys``) and carries the evidence of its claim; a receiver checks it on arrival
+and leaves out, when it aggregates, the claims the evidence refutes
+(:class:`sfg.net.evidence.CertifiedEvidence`, :mod:`sfg.net.certify`).
 
-**Checkpoints**: after every round, if ``checkpoint_dir`` is set, the model and state are written
-atomically (``node-<id>.safetensors``), in lockstep with the node's own messages that a
-neighbour may still need (``node-<id>-out-<round>.msgpack``, :meth:`Node._save_outbox`). A node started with ``resume=True`` continues from it; in
-async mode the rounds it missed while down (by its own clock) are applied as unavailable rounds,
-so its age and lag grow by the missed rounds.
+**Network cuts** (``NodeConfig.partitions``): :class:`sfg.net.cuts.Cut` in rounds.
+
+**Checkpoints** (:mod:`sfg.net.persist`): after every round, if ``checkpoint_dir`` is set, the
+node's model, state, own messages a neighbour may still need (lockstep) and evidence are
+written atomically; a node started with ``resume=True`` continues from them.
 """
 
 from __future__ import annotations
@@ -66,16 +62,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import torch
 
+from sfg.clock.schedule import held_units
 from sfg.errors import SfgError
-from sfg.net.checkpoints import NodeState, Star, load_checkpoint, save_checkpoint, write_atomic
+from sfg.net import persist
+from sfg.net.checkpoints import NodeState, Star
+from sfg.net.claims import HonestClaims, claim_policy, own_claim
+from sfg.net.cuts import Cut
+from sfg.net.evidence import CertifiedEvidence, GuardEvidence, Prev
 from sfg.net.simclock import WALL, NodeClock
 from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
 from sfg.net.wire import (
-    CERT_MAX_BYTES,
     DEFAULT_MAX_BYTES,
     Chunked,
     Message,
@@ -106,21 +105,6 @@ def header_for(msg: Outgoing, j: int) -> bytes | None:
     return h.get(int(j)) if isinstance(h, dict) else h
 
 
-@dataclass
-class _Prev:
-    """What a node keeps of its previous lockstep round for +certified and claim=certified
-    (:mod:`sfg.net.certify`): whether it aggregated, its state at the start of that round,
-    its heard-set, the claims (and stamps) it received and the claims it told each
-    neighbour, and the received stamps it accepted without refusing them."""
-
-    aggregated: bool
-    own: tuple[int, float, int]
-    heard: frozenset[int] | None = None
-    got: dict[int, tuple[int, float, int]] = field(default_factory=dict)
-    stamps: dict[int, bytes] = field(default_factory=dict)
-    told: dict[int, tuple[int, float, int]] = field(default_factory=dict)
-    known: dict[int, Any] = field(default_factory=dict)
-
 log = logging.getLogger("sfg.net")
 MODES = ("lockstep", "async")
 
@@ -132,36 +116,11 @@ def waited(age: int, lag: float, d: float) -> tuple[int, float]:
     return int(a), float(lg)
 
 
-@dataclass(frozen=True)
 class Partition:
-    """Traffic between node sets ``a`` and ``b`` is dropped in rounds ``r1..r2`` (inclusive)."""
+    """``Partition.parse(text)``: a real swarm's ``--partition`` as a
+    :class:`sfg.net.cuts.Cut` in rounds (:meth:`sfg.net.cuts.Cut.parse_rounds`)."""
 
-    a: frozenset[int]
-    b: frozenset[int]
-    r1: int
-    r2: int
-
-    def blocks(self, i: int, j: int, r: int) -> bool:
-        return self.r1 <= r <= self.r2 and ((i in self.a and j in self.b) or
-                                            (i in self.b and j in self.a))
-
-    @classmethod
-    def parse(cls, text: str) -> Partition:
-        """``"0,1,2|3,4@5-9"``: nodes {0,1,2} and {3,4} cut off from each other in rounds 5..9."""
-        try:
-            sets, rounds = text.split("@")
-            a, b = sets.split("|")
-            r1, r2 = rounds.split("-")
-            pa = frozenset(int(x) for x in a.split(",") if x.strip())
-            pb = frozenset(int(x) for x in b.split(",") if x.strip())
-            p = cls(pa, pb, int(r1), int(r2))
-        except ValueError:
-            raise SfgError(f"cannot read partition {text!r}; write A|B@R1-R2, e.g. "
-                           "--partition 0,1,2|3,4@5-9") from None
-        if not pa or not pb or pa & pb or p.r1 > p.r2 or p.r1 < 0:
-            raise SfgError(f"partition {text!r} needs two disjoint non-empty node sets and "
-                           "rounds R1 <= R2, e.g. 0,1|2,3@5-9")
-        return p
+    parse = staticmethod(Cut.parse_rounds)
 
 
 @dataclass
@@ -182,7 +141,7 @@ class NodeConfig:
     checkpoint_dir: Path | None = None
     resume: bool = False
     tls: TlsFiles | None = None
-    partitions: tuple[Partition, ...] = ()
+    partitions: tuple[Cut, ...] = ()    # network cuts in rounds (sfg.net.cuts)
     record_headers: bool = False
     t0: float | None = None      # async: start of round 0 on the node's clock (wall: time.time())
     linger: float | None = None  # async: keep answering this long after the last round
@@ -227,7 +186,7 @@ class Node:
 
     def __init__(self, world: World, i: int, config: NodeConfig | None = None,
                  trainer: Trainer | None = None, *, net: Any = None,
-                 clock: NodeClock | None = None):
+                 clock: NodeClock | None = None, claims: HonestClaims | None = None):
         self.world, self.i = world, int(i)
         self.cfg = config or NodeConfig()
         # the transport (gRPC unless ``net``, e.g. sfg.net.memory.MemoryNetwork) and the clock
@@ -247,7 +206,7 @@ class Node:
         self.rejections = Rejections(self.i)
         self.headers: list[dict] = []     # accepted headers' scalars (record_headers)
         self.weights: list[dict] = []     # each aggregation's weights (record_headers)
-        self.seen: dict[int, tuple[bytes, float]] = {}  # +guard: content digest, first seen
+        self.guard = GuardEvidence()                    # +guard: content digest, first seen
         self.claimed: dict[int, int] = {}               # latest count each neighbour claimed
         self._claimed_round: dict[int, int] = {}
         # the rule that scores claims the node has already clamped (sfg.round.defences.clamp_one)
@@ -263,7 +222,7 @@ class Node:
                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
         self.peers: dict[int, Any] = {}
         self.outbox: dict[int, Outgoing] = {}                  # own messages by round
-        self._expected: dict[int, list[int]] = {}                  # who needs each of them
+        self.expected: dict[int, list[int]] = {}                   # who needs each of them
         self.heard: dict[int, int] = {}                            # latest round from each
         self._delivered: set[tuple[int, int]] = set()               # (neighbour, round) pushed
         self.inbox: dict[tuple[int, int], Message] = {}         # lockstep: (sender, round)
@@ -271,26 +230,20 @@ class Node:
         self._arrived = asyncio.Event()
         self.round = 0
         self.t0 = self.cfg.t0
-        self._saved_out: set[int] = set()                          # outbox rounds on disk
+        self.files = persist.NodeFiles(self.cfg.checkpoint_dir, self.i)
         self._sends: dict[int, asyncio.Task] = {}
         self._backlog: list[asyncio.Task] = []
-        # +certified (sfg.net.certify) and the liar that answers it (claim=certified)
+        # what the node claims (sfg.net.claims), +certified's evidence (sfg.net.evidence)
+        self.claims = claim_policy(world, self.i) if claims is None else claims
         self.certified = bool(world.rule.certified)
-        att = world.attack
-        self._liar = att is not None and att.claim == "certified" and self._attacker
         from sfg.net.certify import NO_KEYS, check_run
 
         check_run(world, self.cfg.mode)
         if self.certified and self.cfg.keys is None:
             raise SfgError(NO_KEYS)
-        self._prev: _Prev | None = None                        # the previous round (_Prev)
-        self._told: dict[int, tuple[int, float, int]] = {}     # claims sent this round
-        self._prior_stamp: tuple[int, bytes] | None = None
-        self._certs: dict[tuple[int, int], Any] = {}          # (sender, round) -> Cert
-        self._accepted: dict[tuple[int, int], bytes] = {}     # -> SHA-256 of its header
-        self._nbr_cache: dict[int, frozenset[int]] = {}
+        self.evidence = CertifiedEvidence(self.i, self.cfg.keys, world.neighbours)
         if self.cfg.resume:
-            self._restore()
+            persist.restore(self)
         self._log("open", resume=bool(self.cfg.resume),
                   restored=None if self.restored is None else int(self.restored["round"]))
 
@@ -302,8 +255,7 @@ class Node:
     # ------------------------------------------------------------------ set-up
     @property
     def checkpoint_path(self) -> Path | None:
-        d = self.cfg.checkpoint_dir
-        return None if d is None else Path(d) / f"node-{self.i}.safetensors"
+        return self.files.path
 
     async def start(self) -> int:
         """Start the gRPC server (after warming up the compiled round and the training
@@ -330,6 +282,22 @@ class Node:
     def rounds_done(self) -> int:
         """The state's round index (``state.t``) without applying owed offline rounds."""
         return self._state.t + self._owed
+
+    @property
+    def prev(self) -> Prev | None:
+        """What the node keeps of its previous lockstep round (:class:`sfg.net.evidence.Prev`;
+        None before its first round, or when it keeps none: :attr:`keeps_prev`)."""
+        return self.evidence.prev
+
+    @property
+    def keeps_prev(self) -> bool:
+        """Whether the node keeps its previous round (+certified, or a claim policy that
+        plays with it)."""
+        return self.certified or self.claims.keeps_prev
+
+    def pending_sends(self) -> int:
+        """Sends handed to the transport and not yet done."""
+        return sum(not t.done() for t in self._sends.values())
 
     def warm_up(self) -> None:
         """One throw-away weights call, staleness update and training step."""
@@ -426,46 +394,13 @@ class Node:
                 await asyncio.sleep(0.05)
             msg = check_message(raw_header, b"".join(parts), self.layout, neighbours=self.nbr_set,
                                 max_bytes=self.cfg.max_bytes, identity=identity, parsed=header)
-            if self.certified and not self._admit(msg, raw_header):
+            if self.certified and not self.evidence.admit(msg, raw_header, self.round):
                 return True, ""  # the same message again (a retried push): nothing changes
         except Rejected as e:
             self.rejections.add(e, peer)
             return False, e.reason
         self._accept(msg, len(raw_header) + msg.header.length, t_in)
         return True, ""
-
-    def _neighbours_of(self, j: int) -> frozenset[int]:
-        got = self._nbr_cache.get(j)
-        if got is None:
-            got = self._nbr_cache[j] = frozenset(int(k) for k in self.world.neighbours(j))
-        return got
-
-    def _admit(self, msg: Message, raw_header: bytes) -> bool:
-        """+certified checks on arrival (:func:`sfg.net.certify.read_cert`, and replays:
-        a header of an earlier round this node did not accept in time — a replay, or a copy
-        delayed past its round, which a receiver cannot tell apart and which changes nothing
-        either way — or a second, different header for a (sender, round) it accepted);
-        :class:`Rejected` on failure. False: the very header it accepted already (a retry, a
-        push that arrives after a pull, a duplicate of the last two rounds)."""
-        from sfg.net.certify import read_cert
-
-        h = msg.header
-        key = (h.sender, h.round)
-        digest = hashlib.sha256(raw_header).digest()
-        have = self._accepted.get(key)
-        if have is not None:
-            if have == digest:
-                return False
-            raise Rejected("replayed", f"a second, different header for node {h.sender}'s "
-                                       f"round {h.round}")
-        if h.round < self.round:
-            raise Rejected("replayed", f"node {h.sender}'s header of round {h.round}, a round "
-                                       f"past here (now {self.round}) not accepted in time "
-                                       "(a replay, or a copy delayed past its round)")
-        cert = read_cert(h, self.cfg.keys, self._neighbours_of)
-        self._certs[key] = cert
-        self._accepted[key] = digest
-        return True
 
     def _check_ahead(self, sender: int, r: int) -> None:
         """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
@@ -495,9 +430,7 @@ class Node:
             old = self.latest.get(h.sender)
             if old is None or h.round >= old[0].header.round:
                 self.latest[h.sender] = (msg, now)
-                seen = self.seen.get(h.sender)
-                if seen is None or seen[0] != h.sha256:  # +guard evidence: first arrival
-                    self.seen[h.sender] = (h.sha256, now)
+                self.guard.arrived(h.sender, h.sha256, now)  # +guard evidence: first arrival
         if h.round >= self._claimed_round.get(h.sender, -1):
             self._claimed_round[h.sender] = h.round
             self.claimed[h.sender] = h.count
@@ -509,15 +442,15 @@ class Node:
         receiver may crash and restart from its checkpoint before using it; the reply to a
         pull may be lost on the way), see :meth:`_all_handed_out`."""
         for r in list(self.outbox):
-            if all(self.heard.get(j, -1) > r for j in self._expected.get(r, ())):
+            if all(self.heard.get(j, -1) > r for j in self.expected.get(r, ())):
                 del self.outbox[r]
-                self._expected.pop(r, None)
+                self.expected.pop(r, None)
 
     def _all_handed_out(self) -> bool:
         """Whether every message left in the outbox was pushed to, or pulled by, every
         neighbour expecting it (the end of a run: nothing more to wait for)."""
         return all(self.heard.get(j, -1) > r or (j, r) in self._delivered
-                   for r in self.outbox for j in self._expected.get(r, ()))
+                   for r in self.outbox for j in self.expected.get(r, ()))
 
     def _on_fetch(self, t: int, who: int) -> tuple[bytes, bytes | Chunked] | None:
         msg = self.outbox.get(t)
@@ -532,98 +465,32 @@ class Node:
 
     # ------------------------------------------------------------------ sending
     def _message(self, targets: Iterable[int] | None = None) -> Outgoing:
-        """This round's own message for ``targets`` (default every neighbour): one header
-        for all, or one per target for a liar's per-receiver claims (claim=certified); with
-        +certified each header carries its evidence, signed (:meth:`_cert`)."""
+        """This round's own message for ``targets`` (default every neighbour), as the claim
+        policy (:attr:`claims`) says: one header for all, or one per target (a liar's
+        per-receiver claims, claim=certified); with +certified each header carries its
+        evidence, signed (:meth:`sfg.net.evidence.CertifiedEvidence.cert`)."""
         s = self.state
-        att = self.world.attack
-        x = self.world.x0 if (att is not None and att.model == "constant"
-                              and self._attacker) else self.x
-        payload = encode_params(x, self.layout, chunk=CHUNK)
+        payload = encode_params(self.claims.model(self), self.layout, chunk=CHUNK)
         digest = payload_digest(payload)
         targets = [int(j) for j in (self.nbrs if targets is None else targets)]
 
         def head(claim: tuple[int, float, int]) -> bytes:
-            cert = self._cert(claim) if self.certified else b""
+            cert = self.evidence.cert(self.round, claim, len(self.nbrs)) if self.certified \
+                else b""
             return make_header(digest, sender=self.i, round=self.round, age=claim[0],
                                lag=claim[1], count=claim[2], local_count=s.local_count,
                                cert=cert, sign=self.cfg.keys.sign if cert else None)
 
         header: bytes | dict[int, bytes]
-        if self._liar:
-            self._told = {j: self._best_claim(j) for j in targets}
-            header = {j: head(c) for j, c in self._told.items()}
+        if self.claims.per_receiver:
+            told = {j: self.claims.claim_for(self, j) for j in targets}
+            header = {j: head(c) for j, c in told.items()}
         else:
-            claim = self._claims()
-            self._told = dict.fromkeys(targets, claim)
+            claim = self.claims.claim(self)
+            told = dict.fromkeys(targets, claim)
             header = head(claim)
+        self.evidence.told = told
         return header, payload
-
-    def _cert(self, claim: tuple[int, float, int]) -> bytes:
-        """+certified: the evidence of this round's claim (:func:`sfg.net.certify.make_cert`):
-        its stamp, the prior (this node's state at the start of the previous round), the
-        previous round's heard-set and the stamps received then."""
-        from sfg.net.certify import make_cert, make_stamp
-
-        keys, r, prev = self.cfg.keys, self.round, self._prev
-        stamp = make_stamp(keys, r, *claim)
-        if r == 0:
-            return make_cert(stamp, None, None, [])
-        if prev is None:
-            raise SfgError(f"node {self.i}: +certified has no evidence of round {r - 1}")
-        if self._prior_stamp is None or self._prior_stamp[0] != r:
-            self._prior_stamp = (r, make_stamp(keys, r - 1, *prev.own))
-        heard = prev.heard if prev.aggregated else None
-        cert = make_cert(stamp, self._prior_stamp[1], heard,
-                         [prev.stamps[j] for j in sorted(heard or ())])
-        if len(cert) > CERT_MAX_BYTES:
-            raise SfgError(f"node {self.i}: its certified evidence of {len(cert)} bytes (degree "
-                           f"{len(self.nbrs)}) exceeds the {CERT_MAX_BYTES}-byte limit receivers "
-                           "accept; +certified runs on graphs of degree up to about 500")
-        return cert
-
-    def _best_claim(self, j: int) -> tuple[int, float, int]:
-        """claim=certified toward neighbour ``j``: the best claim this liar can back
-        (:func:`sfg.round.certified.best_claims`, played with what it knows): trained,
-        from its prior as j knows it (what it told j in the previous round, else its own
-        state then) and, if it aggregated then, the claims it received — the smallest lag,
-        the largest count + 1; round 0: the initial model's."""
-        prev = self._prev
-        if prev is None:
-            return 0, 0.0, 1
-        p = prev.told.get(int(j), prev.own)
-        lags, counts = [p[1]], [p[2]]
-        if prev.aggregated:
-            lags += [g[1] for g in prev.got.values()]
-            counts += [g[2] for g in prev.got.values()]
-        return 0, float(min(lags)), int(max(counts)) + 1
-
-    def _own(self) -> tuple[int, float, int]:
-        s = self.state
-        return int(s.age), float(s.lag), int(s.count)
-
-    def _claims(self) -> tuple[int, float, int]:
-        """The (age, lag, count) this node claims in its headers: its true state, or, for an
-        attacker of the run's ``--attack forge:...``, the forged claim of
-        :func:`sfg.round.attacks.claims` played on this node's star (the largest count it hears:
-        its own and the last its neighbours claimed)."""
-        s = self.state
-        att = self.world.attack
-        if att is None or not att.forges or not self._attacker:
-            return s.age, s.lag, s.count
-        from sfg.round.attacks import claims
-        from sfg.round.staleness import StalenessState
-
-        k, E = self.star.deg + 1, self.star.rg.n_slots
-        counts = np.array([s.count] + [self.claimed.get(int(j), 1) for j in self.nbrs], np.int64)
-        st = StalenessState(t=s.t, ages=np.full(k, s.age, np.int64), lags=np.full(k, s.lag),
-                            counts=counts, local_counts=np.ones(k, np.int64), q_hat=np.ones(E))
-        me = np.zeros(k, bool)
-        me[0] = True
-        age, lag, count = claims(att, self.star.rg, st, me, seed=self.world.seed,
-                                 ids=np.array([self.i, *self.nbrs], np.int64), n_all=self.world.n)
-        e = int(np.flatnonzero((self.star.rg.send == 0) & ~self.star.rg.is_self)[0])
-        return int(age[e]), float(lag[e]), int(count[e])
 
     async def _send(self, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
         ok, reason = await self.peers[j].deliver(header, payload, timeout=self.cfg.rpc_timeout,
@@ -669,29 +536,6 @@ class Node:
     def _blocked_pair(self, a: int, b: int, r: int) -> bool:
         return any(p.blocks(a, b, r) for p in self.cfg.partitions)
 
-    def _evidence(self, r: int, senders: list[int], msgs: list[Message]) -> list[int]:
-        """The ``+guard`` evidence bound per neighbour candidate (:mod:`sfg.round.defences`): the
-        rounds since that neighbour's model content (the payload's SHA-256, checked on
-        arrival) last changed as this node observed it — an unchanged model was not trained
-        since. Lockstep: this node's rounds since it first aggregated that content, as the
-        round counts it in ``sfg run``. Async: ⌊(now − first arrival of that content)/P⌋,
-        which an honest waited age τ + ⌊d⌋ never undercuts. Kept in memory only (a restarted
-        node starts without evidence: weaker, never wrong)."""
-        out = []
-        now = self.clock.monotonic()
-        for j, m in zip(senders, msgs, strict=True):
-            seen = self.seen.get(j)
-            if self.cfg.mode == "lockstep":
-                if seen is None or seen[0] != m.header.sha256:
-                    self.seen[j] = (m.header.sha256, float(r))
-                    out.append(0)
-                else:
-                    out.append(int(r - seen[1]))
-            else:  # first arrivals are kept by _accept
-                first = seen[1] if seen is not None and seen[0] == m.header.sha256 else now
-                out.append(max(0, math.floor((now - first) / self.cfg.period)))
-        return out
-
     def _aggregate(self, r: int, senders: list[int], msgs: list[Message],
                    ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
         """Weights with the rule's one-receiver form (:meth:`Rule.weights_one`), the
@@ -699,7 +543,7 @@ class Node:
 
         The rule's claim defences (``+guard``, ``+relative``) first clamp the claims with the
         round's own compiled clamp (:func:`sfg.round.defences.clamp_one`, with this node's evidence,
-        :meth:`_evidence`); the rule then scores the clamped claims (``+cap`` applies to the
+        :meth:`sfg.net.evidence.GuardEvidence.bounds`); the rule then scores the clamped claims (``+cap`` applies to the
         weights), and the staleness update uses the claims as clamped — as in ``sfg run``."""
         # the candidates in slot order (the node first, then its neighbours by id), as the
         # rounds and the clock hold them: sums over candidates (the weights' normalisation,
@@ -714,8 +558,10 @@ class Node:
         ages, lags, changed = [s.age, *ages], [s.lag, *lags], 0
         marks = None
         if rule.defence_flags & (GUARD | RELATIVE):
-            min_ages = [0, *self._evidence(r, senders, msgs)] if rule.defence_flags & GUARD \
-                else None
+            min_ages = [0, *self.guard.bounds(
+                r, senders, msgs, lockstep=self.cfg.mode == "lockstep",
+                now=self.clock.monotonic(), period=self.cfg.period)] \
+                if rule.defence_flags & GUARD else None
             a, lg, c, changed, marks = clamp_one(rule, r, ages, lags, counts, min_ages,
                                                  timed=self.cfg.mode != "lockstep")
             ages, lags, counts = a.tolist(), lg.tolist(), c.tolist()
@@ -780,7 +626,8 @@ class Node:
         self.stats.messages += int(full["cand"].sum()) - 1
         self.state = self.star.advance(self.state, available=True, **full)
 
-    def _offline_round(self) -> None:
+    def offline_round(self) -> None:
+        """A round in which the node is unavailable (SPEC §2: age and lag + 1)."""
         self._owed += 1  # applied when the state is next read (the state property)
 
     def _end_round(self, r: int, available: bool) -> None:
@@ -790,7 +637,7 @@ class Node:
             acc = self.trainer.evaluate(self.x)
             self.stats.curve.append((r + 1, acc))
         self.stats.available_rounds += int(available)
-        self._checkpoint()
+        self.checkpoint()
         if self.cfg.on_round is not None:
             self.cfg.on_round(self.i, r, available, acc)
 
@@ -823,7 +670,7 @@ class Node:
                                             max_bytes=self.cfg.max_bytes)
                         if msg.header.sender != j or msg.header.round != r:
                             raise Rejected("header", "fetched message of another node or round")
-                        if self.certified and not self._admit(msg, m[0]):
+                        if self.certified and not self.evidence.admit(msg, m[0], self.round):
                             continue
                     except Rejected as e:
                         self.rejections.add(e, f"fetch from {j}")
@@ -836,23 +683,18 @@ class Node:
             except asyncio.TimeoutError:
                 pass
 
-    @property
-    def _keeps_prev(self) -> bool:
-        """Whether the node keeps its previous round (:class:`_Prev`)."""
-        return self.certified or self._liar
-
     async def _lockstep_round(self, r: int) -> None:
         A = self.world.available
         if not A[r, self.i]:
-            if self._keeps_prev:
-                self._prev = _Prev(aggregated=False, own=self._own())
-            self._offline_round()
+            if self.keeps_prev:
+                self.evidence.prev = Prev(aggregated=False, own=own_claim(self.state))
+            self.offline_round()
             return
         expected = [int(j) for j in self.nbrs if A[r, j] and not self._blocked(int(j), r)]
-        own = self._own() if self._keeps_prev else None
+        own = own_claim(self.state) if self.keeps_prev else None
         msg = self._message(expected)
         self.outbox[r] = msg
-        self._expected[r] = expected
+        self.expected[r] = expected
         self._prune_outbox()
         self._send_all(expected, msg)
         await self._wait_lockstep(r, expected)
@@ -860,52 +702,28 @@ class Node:
         for key in [k for k in self.inbox if k[1] < r]:
             del self.inbox[key]
         senders = expected
-        if self._keeps_prev:
+        if self.keeps_prev:
             assert own is not None
-            prev = _Prev(aggregated=True, own=own, heard=frozenset(expected),
-                         got={j: (m.header.age, m.header.lag, m.header.count)
-                              for j, m in zip(expected, msgs, strict=True)},
-                         told=self._told)
+            prev = Prev(aggregated=True, own=own, heard=frozenset(expected),
+                        got={j: (m.header.age, m.header.lag, m.header.count)
+                             for j, m in zip(expected, msgs, strict=True)},
+                        told=self.evidence.told)
             if self.certified:
-                senders, msgs = self._screen(r, expected, msgs, prev)
-            self._prev = prev
+                senders, msgs, n_refuted = self.evidence.screen(r, expected, msgs, prev)
+                self.stats.checked += len(expected)
+                self.stats.refuted += n_refuted
+            self.evidence.prev = prev
         agg, full = self._aggregate(r, senders, msgs, [m.header.age for m in msgs],
                                     [m.header.lag for m in msgs])
         x, n_steps = await self._train(r, agg)
         self._commit(x, n_steps, full)
 
-    def _screen(self, r: int, expected: list[int], msgs: list[Message],
-                prev: _Prev) -> tuple[list[int], list[Message]]:
-        """+certified: the round's candidates without the claims their evidence refutes
-        (:func:`sfg.net.certify.refuted`, with this node's previous round); ``prev`` (this
-        round, for the next) takes the stamps received and the ones accepted."""
-        from sfg.net.certify import refuted
-
-        certs = {j: self._certs.pop((j, r)) for j in expected}
-        for key in [k for k in self._certs if k[1] < r]:
-            del self._certs[key]
-        for key in [k for k in self._accepted if k[1] < r - 1]:
-            del self._accepted[key]
-        last = self._prev
-        bad = refuted(r == 0, certs, known={} if last is None else last.known,
-                      me_heard=None if last is None or not last.aggregated else last.heard,
-                      neighbours=self._neighbours_of)
-        self.stats.checked += len(expected)
-        self.stats.refuted += int(sum(bad.values()))
-        prev.stamps = {j: c.stamp.raw for j, c in certs.items()}
-        prev.known = {j: c.stamp for j, c in certs.items() if not bad[j]}
-        keep = [k for k, j in enumerate(expected) if not bad[j]]
-        return [expected[k] for k in keep], [msgs[k] for k in keep]
-
-    async def _async_round(self, r: int) -> None:
-        P = self.cfg.period
-        start = self.clock.time()
-        now = self.clock.monotonic()
-        available = bool(self.world.available[r, self.i])
-        self._log("wake", t=start, m=now, round=r, available=available)
-        if not available:
-            self._offline_round()
-            return
+    def _async_candidates(self, r: int, now: float) -> tuple[list[int], list[Message],
+                                                             list[int], list[float]]:
+        """Async round r's neighbour candidates at ``now`` (this node's monotonic clock):
+        each neighbour's latest message that :func:`sfg.clock.schedule.held_units` holds a
+        candidate — the clock's engine's own selection — with its waited scalars
+        (:func:`waited`): (senders, messages, ages, lags)."""
         senders, msgs, ages, lags = [], [], [], []
         for j in self.nbrs:
             j = int(j)
@@ -913,15 +731,25 @@ class Node:
             if got is None or self._blocked(j, r):
                 continue
             msg, arrival = got
-            d = max(0.0, (now - arrival) / P)
-            if d > self.cfg.window:
+            d = held_units(now, arrival, float(self.cfg.window), float(self.cfg.period))
+            if d < 0:
                 continue
             age, lag = waited(msg.header.age, msg.header.lag, d)
             senders.append(j)
             msgs.append(msg)
             ages.append(age)
             lags.append(lag)
-        agg, full = self._aggregate(r, senders, msgs, ages, lags)
+        return senders, msgs, ages, lags
+
+    async def _async_round(self, r: int) -> None:
+        start = self.clock.time()
+        now = self.clock.monotonic()
+        available = bool(self.world.available[r, self.i])
+        self._log("wake", t=start, m=now, round=r, available=available)
+        if not available:
+            self.offline_round()
+            return
+        agg, full = self._aggregate(r, *self._async_candidates(r, now))
         x, n_steps = await self._train(r, agg)
         self.round = r + 1  # the state about to be computed is the start of round r + 1
         end = self.clock.time()
@@ -937,200 +765,72 @@ class Node:
         targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
         self._send_all(targets, self._message())
 
-    def _checkpoint(self) -> None:
-        path = self.checkpoint_path
-        if path is None:
-            return
-        self._save_outbox()
-        s = self.stats
-        extra = {"t0": self.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
-        if self._keeps_prev:
-            extra["evidence"] = self._evidence_record()
-        save_checkpoint(path, self.x, self.layout, self.state, extra)
+    def checkpoint(self) -> None:
+        """Write the node's checkpoint (if it has a folder): :func:`sfg.net.persist.save`."""
+        persist.save(self)
 
-    def _evidence_record(self) -> dict:
-        """The previous round (:class:`_Prev`) and the headers accepted from past rounds, for
-        the checkpoint (+certified and claim=certified resume with their evidence)."""
-        t = self.rounds_done
-        rec: dict[str, Any] = {"accepted": [[j, r, d.hex()] for (j, r), d in
-                                            self._accepted.items() if r < t]}
-        p = self._prev
-        if p is not None:
-            rec["prev"] = {
-                "aggregated": p.aggregated, "own": list(p.own),
-                "heard": None if p.heard is None else sorted(p.heard),
-                "got": [[j, *v] for j, v in p.got.items()],
-                "told": [[j, *v] for j, v in p.told.items()],
-                "stamps": [[j, b.hex()] for j, b in p.stamps.items()],
-                "known": [[j, st.raw.hex()] for j, st in p.known.items()]}
-        return rec
-
-    def _restore_evidence(self, rec: dict) -> None:
-        """The inverse of :meth:`_evidence_record` (the stamps verified again)."""
-        from sfg.net.certify import read_stamp
-
-        self._accepted = {(int(j), int(r)): bytes.fromhex(d) for j, r, d in rec["accepted"]}
-        p = rec.get("prev")
-        if p is None:
-            return
-
-        def claim(v: list) -> tuple[int, float, int]:
-            return int(v[0]), float(v[1]), int(v[2])
-
-        try:
-            known = {int(j): read_stamp(bytes.fromhex(b), self.cfg.keys) for j, b in p["known"]}
-        except Rejected as e:
-            raise SfgError(f"node {self.i}: the evidence in checkpoint {self.checkpoint_path} "
-                           f"does not verify ({e}); delete the checkpoint to start afresh") \
-                from None
-        self._prev = _Prev(
-            aggregated=bool(p["aggregated"]), own=claim(p["own"]),
-            heard=None if p["heard"] is None else frozenset(int(j) for j in p["heard"]),
-            got={int(v[0]): claim(v[1:]) for v in p["got"]},
-            told={int(v[0]): claim(v[1:]) for v in p["told"]},
-            stamps={int(j): bytes.fromhex(b) for j, b in p["stamps"]}, known=known)
-
-    @property
-    def _attacker(self) -> bool:
-        """Whether this node forges its claims (one of the run's attackers)."""
-        return self.world.attackers is not None and bool(self.world.attackers[self.i])
-
-    def _outbox_path(self, r: int) -> Path:
-        return self._checkpoint_dir / f"node-{self.i}-out-{r}.msgpack"
-
-    @property
-    def _checkpoint_dir(self) -> Path:
-        if self.cfg.checkpoint_dir is None:  # callers run only with checkpoints on
-            raise SfgError(f"node {self.i}: no checkpoint folder configured")
-        return Path(self.cfg.checkpoint_dir)
-
-    def _save_outbox(self) -> None:
-        """Lockstep: own messages a neighbour may still need are part of the checkpoint (one
-        msgpack file per round, written atomically once, removed when pruned). A neighbour that
-        was offline in the node's next round can still be waiting for an older message when
-        the node crashes; the restarted node must serve it (``Fetch``) or that neighbour,
-        and the swarm, would wait forever."""
-        if self.cfg.mode != "lockstep" or self.cfg.checkpoint_dir is None:
-            return
-        for r, (header, payload) in self.outbox.items():
-            if r not in self._saved_out:
-                body = payload.join() if isinstance(payload, Chunked) else payload
-                write_atomic(self._outbox_path(r), msgpack.packb(
-                    {"round": r, "header": header, "payload": body,
-                     "expected": list(self._expected.get(r, ()))}, use_bin_type=True))
-                self._saved_out.add(r)
-        for r in sorted(self._saved_out - set(self.outbox)):
-            self._outbox_path(r).unlink(missing_ok=True)
-            self._saved_out.discard(r)
-
-    def _restore_outbox(self) -> None:
-        """The saved own messages of rounds before the checkpoint's (later ones are made again)."""
-        for f in self._checkpoint_dir.glob(f"node-{self.i}-out-*.msgpack"):
-            d = msgpack.unpackb(f.read_bytes(), raw=False, strict_map_key=False)
-            r = int(d["round"])
-            if r < self.state.t:
-                h = d["header"]  # one header, or one per neighbour (a liar's claims)
-                header = {int(j): bytes(v) for j, v in h.items()} if isinstance(h, dict) \
-                    else bytes(h)
-                self.outbox[r] = (header, bytes(d["payload"]))
-                self._expected[r] = [int(j) for j in d["expected"]]
-                self._saved_out.add(r)
-            else:
-                f.unlink(missing_ok=True)
-
-    def _restore(self) -> None:
-        path = self.checkpoint_path
-        if path is None or not path.is_file():
-            return  # nothing to resume from: start fresh
-        self.x, self.state, extra = load_checkpoint(path, self.layout)
-        self.loaded = (self.x.copy(), self.state)  # what the checkpoint held (for checks)
-        st = extra.get("stats", {})
-        for k, v in st.items():
-            setattr(self.stats, k, [tuple(e) for e in v] if k == "curve" else v)
-        if extra.get("t0") is not None:
-            self.t0 = float(extra["t0"])
-        self.round = self.state.t
-        self.restored = {"round": self.state.t, "age": self.state.age, "lag": self.state.lag,
-                         "missed": 0}
-        if self.cfg.mode == "lockstep":
-            self._restore_outbox()
-        if self._keeps_prev and extra.get("evidence") is not None:
-            self._restore_evidence(extra["evidence"])
-
-    def _catch_up_missed(self) -> None:
-        """Async resume: the own rounds whose wake-up passed while the node was down count
-        as unavailable rounds (age and lag + 1 each), as an offline wake does (SPEC §12.2); the
-        node goes on with the first round whose wake-up is still ahead. A node restarted
-        before its first checkpoint starts from the initial state, and its missed rounds
-        count all the same."""
-        if (self.restored is None and not self.cfg.resume) or self.t0 is None:
-            return
-        now = self.clock.time()
+    def wake_times(self) -> np.ndarray:
+        """Async: [T] the wake-up time of each round on this node's clock, ``t0 + r·P +
+        jitter`` (SPEC §12.2; the jitter keyed by (seed, node, round))."""
         T, P = self.world.rounds, self.cfg.period
         jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
-        wakes = self.t0 + P * np.arange(T) + jitter
-        missed = int(np.sum(wakes[self.state.t:] < now))
-        if self.restored is None:
-            if missed == 0:
-                return
-            self.restored = {"round": self.state.t, "age": self.state.age,
-                             "lag": self.state.lag, "missed": 0, "checkpoint": False}
-        for _ in range(missed):
-            self._offline_round()
-        if missed:
-            self._checkpoint()  # a second crash before the next round resumes from here
-        self.restored.update(missed=missed, age_after=self.state.age, lag_after=self.state.lag,
-                             at=now)
+        return float(self.t0 or 0.0) + P * np.arange(T) + jitter
 
     # ------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
         """Run the remaining rounds; returns this node's result (see :meth:`result`)."""
-        T = self.world.rounds
         if self.cfg.mode == "lockstep":
-            while self.state.t < T:
-                r = self.round = self.state.t
-                await self._lockstep_round(r)
-                self._end_round(r, bool(self.world.available[r, self.i]))
-            await self._drain()
-            # wait until every neighbour has the messages it needs (pushed or pulled); what is
-            # left stays served until the server stops: a pull's reply can be lost after this
-            # node handed it out, and the neighbour then pulls again
-            end = self.clock.monotonic() + self.cfg.deadline
-            while True:
-                self._prune_outbox()
-                if self._all_handed_out() or self.clock.monotonic() > end:
-                    break
-                await asyncio.sleep(0.05)
-            self._save_outbox()  # drop the saved messages nobody needs any more
+            await self._run_lockstep()
         else:
-            if self.t0 is None:
-                self.t0 = self.clock.time()
-            self._catch_up_missed()
-            self._log("start", t0=self.t0, restored=self.restored)
-            P = self.cfg.period
-            jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
-            while self.rounds_done < T:
-                r = self.round = self.rounds_done
-                wake = self.t0 + r * P + float(jitter[r])
-                delay = wake - self.clock.time()
-                if self.clock.virtual and (delay < 0 or (
-                        self.net is not None and self.net.busy_until(self.i) > wake)):
-                    # a wake while the node is still busy (training or sending) is skipped
-                    # (SPEC §12.2); on the wall clock a late node runs its due rounds back to
-                    # back instead (it cannot tell an overrun from the machine's load)
-                    self.stats.skipped += 1
-                    self.state = replace(self.state, t=self.state.t + 1)
-                    self.round = self.state.t
-                    self._end_round(r, False)
-                    continue
-                # always let the others (and the server) run in between
-                await self.clock.wake(r, delay)
-                await self._async_round(r)
-                self._end_round(r, bool(self.world.available[r, self.i]))
-            await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else P)
-            await self._drain()
+            await self._run_async()
         self._log("end", round=self.state.t, final=self.x)
         return self.result()
+
+    async def _run_lockstep(self) -> None:
+        T = self.world.rounds
+        while self.state.t < T:
+            r = self.round = self.state.t
+            await self._lockstep_round(r)
+            self._end_round(r, bool(self.world.available[r, self.i]))
+        await self._drain()
+        # wait until every neighbour has the messages it needs (pushed or pulled); what is
+        # left stays served until the server stops: a pull's reply can be lost after this
+        # node handed it out, and the neighbour then pulls again
+        end = self.clock.monotonic() + self.cfg.deadline
+        while True:
+            self._prune_outbox()
+            if self._all_handed_out() or self.clock.monotonic() > end:
+                break
+            await asyncio.sleep(0.05)
+        self.files.save_outbox(self.outbox, self.expected)  # drop what nobody needs any more
+
+    async def _run_async(self) -> None:
+        T = self.world.rounds
+        if self.t0 is None:
+            self.t0 = self.clock.time()
+        persist.catch_up_missed(self)
+        self._log("start", t0=self.t0, restored=self.restored)
+        wakes = self.wake_times()
+        while self.rounds_done < T:
+            r = self.round = self.rounds_done
+            wake = float(wakes[r])
+            delay = wake - self.clock.time()
+            if self.clock.virtual and (delay < 0 or (
+                    self.net is not None and self.net.busy_until(self.i) > wake)):
+                # a wake while the node is still busy (training or sending) is skipped
+                # (SPEC §12.2); on the wall clock a late node runs its due rounds back to
+                # back instead (it cannot tell an overrun from the machine's load)
+                self.stats.skipped += 1
+                self.state = replace(self.state, t=self.state.t + 1)
+                self.round = self.state.t
+                self._end_round(r, False)
+                continue
+            # always let the others (and the server) run in between
+            await self.clock.wake(r, delay)
+            await self._async_round(r)
+            self._end_round(r, bool(self.world.available[r, self.i]))
+        await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else self.cfg.period)
+        await self._drain()
 
     async def _drain(self) -> None:
         pending = [t for t in [*self._sends.values(), *self._backlog] if not t.done()]

@@ -450,7 +450,8 @@ def replay(rec: Recording, *, workdir: str | Path | None = None) -> dict[str, An
     the real run's final models where the log kept them, and ``params`` [N, D]."""
     import torch
 
-    from sfg.net.node import Node, NodeConfig, Partition
+    from sfg.net.cuts import Cut
+    from sfg.net.node import Node, NodeConfig
     from sfg.net.simclock import Deadlock, VirtualLoop
     from sfg.net.swarm import summarise
     from sfg.net.world import Trainer
@@ -459,7 +460,7 @@ def replay(rec: Recording, *, workdir: str | Path | None = None) -> dict[str, An
     world = _world(rec)
     plans, arrivals, restarts = _plan(rec, world)
     N, P = world.n, float(s["period"])
-    parts = tuple(Partition.parse(p) for p in s.get("partitions", []))
+    parts = tuple(Cut.parse_rounds(p) for p in s.get("partitions", []))
     ckdir = Path(workdir or tempfile.mkdtemp(prefix="sfg-replay-")) / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
     net = ReplayNetwork(arrivals, plans)

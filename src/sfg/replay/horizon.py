@@ -16,6 +16,7 @@ import numpy as np
 
 from sfg.round.compiled import Kernel
 from sfg.round.slots import RoundGraph
+from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 
 EXACT_PAIRS = 20_000
@@ -83,6 +84,108 @@ class HorizonPart:
                      self.recv, self.acc, self.ptr, self.pairs, self.out, self.h, tile)
 
 
+@njit(cache=True, nogil=True)
+def _adopter_rows(ws, ad, indptr, send, rowbuf, nz_row, nz_len, nz_j, nz_w,
+                  kmax):  # pragma: no cover - compiled
+    """The adopters' rows of one round's W (``ws`` [E], adopters ``ad`` [N]), nonzero entries
+    only, in slot order, as pool rows: adopter k is receiver nz_row[k], its entries
+    nz_j / nz_w[k·kmax : k·kmax + nz_len[k]]. Returns the number of adopters."""
+    n_ad = 0
+    for i in range(indptr.shape[0] - 1):
+        if ad[i]:
+            nz_row[n_ad] = i
+            d = 0
+            for e in range(indptr[i], indptr[i + 1]):
+                if ws[e] != 0.0:
+                    nz_j[n_ad * kmax + d] = rowbuf[send[e]]
+                    nz_w[n_ad * kmax + d] = ws[e]
+                    d += 1
+            nz_len[n_ad] = d
+            n_ad += 1
+    return n_ad
+
+
+@njit(cache=True, nogil=True)
+def _new_rows(C, spare, nz_len, nz_j, nz_w, n_ad, kmax, c0, c1):  # pragma: no cover - compiled
+    """Columns [c0, c1) of every adopter's new row, into its spare pool row: Σ_d w_d·(row
+    j_d) over its nonzero weights, summed in order d = 0, 1, … (as one accumulation at a time
+    would), up to four rows per pass over the tile."""
+    m = c1 - c0
+    for k in range(n_ad):
+        tk = C[spare[k], c0:c1]
+        js = nz_j[k * kmax:(k + 1) * kmax]
+        wk = nz_w[k * kmax:(k + 1) * kmax]
+        ln = nz_len[k]
+        x0 = C[js[0], c0:c1]
+        w0 = wk[0]
+        if ln == 1:
+            for c in range(m):
+                tk[c] = w0 * x0[c]
+            continue
+        x1 = C[js[1], c0:c1]
+        w1 = wk[1]
+        if ln == 2:
+            for c in range(m):
+                tk[c] = w0 * x0[c] + w1 * x1[c]
+            continue
+        x2 = C[js[2], c0:c1]
+        w2 = wk[2]
+        if ln == 3:
+            for c in range(m):
+                tk[c] = (w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]
+            continue
+        x3 = C[js[3], c0:c1]
+        w3 = wk[3]
+        for c in range(m):
+            tk[c] = ((w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
+        d = 4
+        while d + 4 <= ln:
+            x0 = C[js[d], c0:c1]
+            x1 = C[js[d + 1], c0:c1]
+            x2 = C[js[d + 2], c0:c1]
+            x3 = C[js[d + 3], c0:c1]
+            w0 = wk[d]
+            w1 = wk[d + 1]
+            w2 = wk[d + 2]
+            w3 = wk[d + 3]
+            for c in range(m):
+                tk[c] = (((tk[c] + w0 * x0[c]) + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
+            d += 4
+        while d < ln:
+            x0 = C[js[d], c0:c1]
+            w0 = wk[d]
+            for c in range(m):
+                tk[c] = tk[c] + w0 * x0[c]
+            d += 1
+
+
+@njit(cache=True, nogil=True)
+def _begin_start(s, C, rowbuf, recv, acc, ptr, pairs, out, h):  # pragma: no cover - compiled
+    """Start s begins: its columns are e_i (zeroed row by row, contiguous)."""
+    n = rowbuf.shape[0]
+    width = C.shape[1]
+    b0 = ptr[s] % width
+    nb = ptr[s + 1] - ptr[s]
+    for part in range(2):
+        c_lo = b0 if part == 0 else 0
+        c_hi = min(b0 + nb, width) if part == 0 else max(b0 + nb - width, 0)
+        if c_hi > c_lo:
+            for i in range(n):
+                row = C[rowbuf[i], c_lo:c_hi]
+                for c in range(c_hi - c_lo):
+                    row[c] = 0.0
+    c = b0
+    for p in range(ptr[s], ptr[s + 1]):
+        C[rowbuf[pairs[p]], c] = 1.0
+        recv[c] = pairs[p]
+        acc[c] = 1.0
+        if h == 1:
+            out[p] = 1.0
+        c += 1
+        if c == width:
+            c = 0
+
+
 def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, ptr, pairs,
                    out, h, tile):  # pragma: no cover - compiled
     """The self-return's rounds [t0, t1) for one set of (start, receiver) pairs, from the
@@ -93,20 +196,16 @@ def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, 
     (the kernel releases the GIL).
 
     One round s (SPEC §9): every tracked (start t, receiver i) pair p is a column of the
-    matrix X, started at e_i and multiplied by each later round's W; its entry i is then
-    [W^{s−1}⋯W^{t+1}]_ii. Pairs are numbered in start order (start t owns pairs
-    ptr[t]..ptr[t+1]−1) and pair p lives in column p mod width, so the live pairs always form
-    one circular range of columns (at most two contiguous ranges, ``part`` 0 and 1) and the
-    work is exactly (adopters' nonzero weights) × (live pairs): only adopters' rows change,
-    the others are identity rows.
+    matrix X, started at e_i (:func:`_begin_start`) and multiplied by each later round's W;
+    its entry i is then [W^{s−1}⋯W^{t+1}]_ii. Pairs are numbered in start order (start t owns
+    pairs ptr[t]..ptr[t+1]−1) and pair p lives in column p mod width, so the live pairs always
+    form one circular range of columns (at most two contiguous ranges, ``part`` 0 and 1) and
+    the work is exactly (adopters' nonzero weights) × (live pairs): only adopters' rows
+    change (:func:`_adopter_rows`), the others are identity rows.
 
     Row i of X is row ``rowbuf[i]`` of the pool ``C``; an adopter's new row is written into a
-    spare pool row, which then takes the old row's place (no copy). Columns are processed in
-    tiles of ``tile`` so that a tile of the rows stays in cache; a tile of a new row is
-    Σ_d w_d·(row j_d) over the adopter's nonzero weights, summed in order d = 0, 1, … (as
-    one accumulation at a time would), up to four rows per pass over the tile.
-
-    Written as one function, with no helper calls, because it compiles faster so."""
+    spare pool row (:func:`_new_rows`), which then takes the old row's place (no copy).
+    Columns are processed in tiles of ``tile`` so that a tile of the rows stays in cache."""
     n = indptr.shape[0] - 1
     kmax = 1
     for i in range(n):
@@ -121,79 +220,19 @@ def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, 
         return
     T = ptr.shape[0] - 1
     for s in range(t0, t1):
-        ws = w[s - t0]
-        ad = adopt[s - t0]
         lo = ptr[min(max(s - h + 1, 0), T)]
         hi = ptr[min(s, T)]
         if hi > lo:
-            # the adopters' rows of W, nonzero entries only, in slot order, as pool rows
-            n_ad = 0
-            for i in range(n):
-                if ad[i]:
-                    nz_row[n_ad] = i
-                    d = 0
-                    for e in range(indptr[i], indptr[i + 1]):
-                        if ws[e] != 0.0:
-                            nz_j[n_ad * kmax + d] = rowbuf[send[e]]
-                            nz_w[n_ad * kmax + d] = ws[e]
-                            d += 1
-                    nz_len[n_ad] = d
-                    n_ad += 1
+            n_ad = _adopter_rows(w[s - t0], adopt[s - t0], indptr, send, rowbuf, nz_row,
+                                 nz_len, nz_j, nz_w, kmax)
             a0 = lo % width
             n_live = hi - lo
             for part in range(2):  # the live columns: at most two contiguous ranges
                 c_lo = a0 if part == 0 else 0
                 c_hi = min(a0 + n_live, width) if part == 0 else max(a0 + n_live - width, 0)
                 for c0 in range(c_lo, c_hi, tile):
-                    c1 = min(c0 + tile, c_hi)
-                    m = c1 - c0
-                    for k in range(n_ad):
-                        tk = C[spare[k], c0:c1]
-                        js = nz_j[k * kmax:(k + 1) * kmax]
-                        wk = nz_w[k * kmax:(k + 1) * kmax]
-                        ln = nz_len[k]
-                        x0 = C[js[0], c0:c1]
-                        w0 = wk[0]
-                        if ln == 1:
-                            for c in range(m):
-                                tk[c] = w0 * x0[c]
-                            continue
-                        x1 = C[js[1], c0:c1]
-                        w1 = wk[1]
-                        if ln == 2:
-                            for c in range(m):
-                                tk[c] = w0 * x0[c] + w1 * x1[c]
-                            continue
-                        x2 = C[js[2], c0:c1]
-                        w2 = wk[2]
-                        if ln == 3:
-                            for c in range(m):
-                                tk[c] = (w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]
-                            continue
-                        x3 = C[js[3], c0:c1]
-                        w3 = wk[3]
-                        for c in range(m):
-                            tk[c] = ((w0 * x0[c] + w1 * x1[c]) + w2 * x2[c]) + w3 * x3[c]
-                        d = 4
-                        while d + 4 <= ln:
-                            x0 = C[js[d], c0:c1]
-                            x1 = C[js[d + 1], c0:c1]
-                            x2 = C[js[d + 2], c0:c1]
-                            x3 = C[js[d + 3], c0:c1]
-                            w0 = wk[d]
-                            w1 = wk[d + 1]
-                            w2 = wk[d + 2]
-                            w3 = wk[d + 3]
-                            for c in range(m):
-                                tk[c] = (((tk[c] + w0 * x0[c]) + w1 * x1[c]) + w2 * x2[c]) \
-                                    + w3 * x3[c]
-                            d += 4
-                        while d < ln:
-                            x0 = C[js[d], c0:c1]
-                            w0 = wk[d]
-                            for c in range(m):
-                                tk[c] = tk[c] + w0 * x0[c]
-                            d += 1
+                    _new_rows(C, spare, nz_len, nz_j, nz_w, n_ad, kmax, c0,
+                              min(c0 + tile, c_hi))
             for k in range(n_ad):
                 i = nz_row[k]
                 old = rowbuf[i]
@@ -215,28 +254,8 @@ def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, 
                 c += 1
                 if c == width:
                     c = 0
-        # start s begins: its columns are e_i (zeroed row by row, contiguous)
         if s < T and ptr[s + 1] > ptr[s]:
-            b0 = ptr[s] % width
-            nb = ptr[s + 1] - ptr[s]
-            for part in range(2):
-                c_lo = b0 if part == 0 else 0
-                c_hi = min(b0 + nb, width) if part == 0 else max(b0 + nb - width, 0)
-                if c_hi > c_lo:
-                    for i in range(n):
-                        row = C[rowbuf[i], c_lo:c_hi]
-                        for c in range(c_hi - c_lo):
-                            row[c] = 0.0
-            c = b0
-            for p in range(ptr[s], ptr[s + 1]):
-                C[rowbuf[pairs[p]], c] = 1.0
-                recv[c] = pairs[p]
-                acc[c] = 1.0
-                if h == 1:
-                    out[p] = 1.0
-                c += 1
-                if c == width:
-                    c = 0
+            _begin_start(s, C, rowbuf, recv, acc, ptr, pairs, out, h)
 
 
 def _signature():
