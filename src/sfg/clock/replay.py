@@ -25,14 +25,13 @@ import numpy as np
 from sfg.clock.schedule import LOCAL, Schedule, World, lockstep_rounds, make_schedule, make_world
 from sfg.clock.settings import ClockSettings, make_settings
 from sfg.errors import SfgError
-from sfg.round.attacks import Attack, check_rounds_only, parse_attack, place
+from sfg.round.attacks import Attack, check_rounds_only, parse_attack, place, random_claims_clock
 from sfg.round.certified import check_rounds_only as certified_in_rounds
 from sfg.round.defences import GUARD
-from sfg.round.kernel import FACTS, run_events
+from sfg.round.kernel import CLAIM_CODE, FACTS, HONEST, RANDOM, run_events
 from sfg.round.rules import Rule, parse_rule
 from sfg.util.rng import stream
 
-FORGE = {"honest": 0, "fresh": 1, "stale-others": 2, "random": 3}
 # schedule counts reported per device-hour
 PER_HOUR = ("local_rounds", "messages_sent", "delivered", "bytes_sent", "compute_seconds")
 
@@ -66,14 +65,14 @@ class EventStaleness:
 
             check_model_defences(rule, "the virtual clock's async and event protocols")
         self.attackers = place(attack, n, np.diff(rg.indptr) - 1, seed=seed)
-        self.forge = 0
+        self.forge = HONEST
         self.marks = np.zeros((2, n), bool)
         if attack is not None and self.attackers.any():
             self.marks[0] = self.attackers
             if attack.model == "constant":
                 self.marks[1] = self.attackers
-            self.forge = FORGE[attack.claim]
-        self.rnd = (stream(seed, "attack-claims-clock").random((3, R)) if self.forge == 3
+            self.forge = CLAIM_CODE[attack.claim]
+        self.rnd = (random_claims_clock(seed, sched.t) if self.forge == RANDOM
                     else np.zeros((0, 0)))
         self.u = self.key = np.zeros(0)
         if rule.random:

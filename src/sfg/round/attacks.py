@@ -20,7 +20,10 @@ max-inherited count n; SPEC §2). An attack is a component string::
   least, at most t + 1) that ``+guard``'s bounds accept; ``certified`` (knows the certified
   protocol, :mod:`sfg.round.certified`): the most damaging claim it can back with signed
   provenance — trained, with its sources' smallest lag and largest count, or "trained
-  alone" after sleeping, which only an absence witness refutes.
+  alone" after sleeping, which only an absence witness refutes. The claims that do not
+  depend on the receiver are one compiled definition, :func:`sfg.round.kernel.forged_claim`
+  (codes :data:`sfg.round.kernel.CLAIM_CODE`), which the rounds (:func:`claims`) and the
+  virtual clock's events share.
 * ``knowledge`` — what an attacker knows when it forges. ``observed`` (default): only what
   it received — per neighbour, the claim of the last message it got in a round it aggregated
   (:class:`Heard`), so an attacker that slept knows nothing newer; its own state. ``rushing``:
@@ -60,11 +63,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sfg.errors import SfgError
+from sfg.round.kernel import CLAIM_CODE, RANDOM, forge_slots
 from sfg.util.components import did_you_mean, parse_component
 from sfg.util.numba_start import njit
 from sfg.util.rng import stream
 
-CLAIMS = ("fresh", "stale-others", "random", "honest", "undercut", "certified")
+CLAIMS = tuple(CLAIM_CODE)  # the claims' names (their codes: sfg.round.kernel.CLAIM_CODE)
 MODELS = ("none", "sign-flip", "noise", "constant", "alie", "ipm", "dissensus")
 # attack models read in the round from the honest neighbours' models (sfg.sim.attack_train)
 ROUND_MODELS = ("alie", "ipm", "dissensus")
@@ -237,6 +241,23 @@ def true_claims(rg, state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             state.counts[rg.send].astype(np.int64))
 
 
+def random_claims(seed: int, t: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``claim=random``'s draws of round ``t`` in rounds, one per client [n] (stream
+    ``attack-claims``): age ~ U{0..t}, lag ~ U[0, t], count ~ U{1..t+1}."""
+    g = stream(seed, "attack-claims", t)
+    return g.integers(0, t + 1, n), g.random(n) * t, g.integers(1, t + 2, n)
+
+
+def random_claims_clock(seed: int, tt: np.ndarray) -> np.ndarray:
+    """``claim=random``'s draws on the virtual clock, one per event [3, R] (age, lag, count as
+    floats; stream ``attack-claims-clock``), the distributions of :func:`random_claims` at
+    each event's round ``tt`` [R], from uniforms u: age ⌊u·(t+1)⌋, lag u·t, count
+    1 + ⌊u·(t+1)⌋."""
+    u = stream(seed, "attack-claims-clock").random((3, tt.shape[0]))
+    t = np.asarray(tt, np.int64)
+    return np.stack([np.floor(u[0] * (t + 1)), u[1] * t, 1 + np.floor(u[2] * (t + 1))])
+
+
 def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
            ids: np.ndarray | None = None, n_all: int | None = None,
            heard: Heard | None = None, evidence=None, cand_now: np.ndarray | None = None):
@@ -254,6 +275,12 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
     forged = attackers[rg.send] & ~rg.is_self
     if not forged.any() or not attack.forges:
         return age, lag, count
+    if attack.claim == "undercut":
+        return _undercut(attack, rg, state, attackers, forged, age, lag, count, heard)
+    if attack.claim == "certified":
+        from sfg.round.certified import best_claims
+
+        return best_claims(attack, rg, state, attackers, evidence, cand_now, age, lag, count)
     rows = rg.indptr[:-1]
     if attack.knowledge == "rushing":  # own and every neighbour's count of this round [N]
         heard_count = np.maximum.reduceat(count, rows)
@@ -261,22 +288,17 @@ def claims(attack: Attack, rg, state, attackers: np.ndarray, *, seed: int,
         h_count = np.ones(rg.n_slots, np.int64) if heard is None else heard.count
         heard_count = np.maximum.reduceat(np.where(rg.is_self, count, h_count), rows)
     src = rg.send[forged]
-    if attack.claim == "undercut":
-        return _undercut(attack, rg, state, attackers, forged, age, lag, count, heard)
-    if attack.claim == "certified":
-        from sfg.round.certified import best_claims
-
-        return best_claims(attack, rg, state, attackers, evidence, cand_now, age, lag, count)
-    if attack.claim == "random":
-        g = stream(seed, "attack-claims", t)
-        n = rg.n if n_all is None else int(n_all)
-        ra, rl, rc = g.integers(0, t + 1, n), g.random(n) * t, g.integers(1, t + 2, n)
+    code = CLAIM_CODE[attack.claim]
+    if code == RANDOM:
+        ra, rl, rc = random_claims(seed, t, rg.n if n_all is None else int(n_all))
         gsrc = src if ids is None else np.asarray(ids, np.int64)[src]
-        age[forged], lag[forged], count[forged] = ra[gsrc], rl[gsrc], rc[gsrc]
-        return age, lag, count
-    age[forged] = 0
-    lag[forged] = 0.0
-    count[forged] = heard_count[src] + 1 + ((t + 1) if attack.claim == "stale-others" else 0)
+        ra, rl, rc = ra[gsrc], rl[gsrc], rc[gsrc]
+    else:
+        ra = rc = np.zeros(src.shape[0], np.int64)  # read by random only
+        rl = np.zeros(src.shape[0])
+    forge_slots(code, int(t), np.flatnonzero(forged), heard_count[src].astype(np.int64),
+                 ra.astype(np.int64), rl.astype(np.float64), rc.astype(np.int64), age, lag,
+                 count)
     return age, lag, count
 
 

@@ -79,6 +79,50 @@ NONE_B = np.zeros((0, 0), bool)
 _I64_MAX = np.iinfo(np.int64).max
 
 
+# ----------------------------------------------------------------------------- forged claims
+# The claims an attacker can forge (sfg.round.attacks, which parses them) and their codes, as
+# the compiled parts take them: one table, in the order attacks lists them; 0 = honest (the
+# true claim: nothing forged).
+CLAIM_CODE = {"fresh": 1, "stale-others": 2, "random": 3, "honest": 0, "undercut": 4,
+              "certified": 5}
+HONEST, FRESH, STALE_OTHERS, RANDOM = (CLAIM_CODE[c] for c in
+                                       ("honest", "fresh", "stale-others", "random"))
+
+
+@njit(cache=True, nogil=True)
+def forged_claim(code, t, heard, age, lag, count, r_age, r_lag, r_count):
+    """THE forged claim (age, lag, count) that an attacker sends in round ``t`` (its own
+    clock's round on the virtual clock) under claim ``code`` (:data:`CLAIM_CODE`), from its
+    true (``age``, ``lag``, ``count``), ``heard`` the largest count it knows of (its own and
+    what it received) and its random draw (``r_age``, ``r_lag``, ``r_count``) of the round
+    (:func:`sfg.round.attacks.random_claims`; read for ``random`` only):
+
+    * ``fresh``: age 0, lag 0, count heard + 1; ``stale-others``: that count + t + 1;
+    * ``random``: the draw (age in 0..t, lag in [0, t], count in 1..t+1);
+    * ``honest`` — and ``undercut``/``certified``, which forge per receiver
+      (:func:`sfg.round.attacks.claims`) and run in rounds only — the true claim.
+
+    The rounds (:func:`sfg.round.attacks.claims`, through :func:`forge_slots`), the virtual
+    clock's events (:func:`_events`) and so the model-free replay on the clock
+    (:mod:`sfg.clock.replay`) all send this claim."""
+    if code == FRESH or code == STALE_OTHERS:
+        extra = t + 1 if code == STALE_OTHERS else 0
+        return np.int64(0), 0.0, np.int64(heard + 1 + extra)
+    if code == RANDOM:
+        return np.int64(r_age), np.float64(r_lag), np.int64(r_count)
+    return np.int64(age), np.float64(lag), np.int64(count)
+
+
+@njit(cache=True, nogil=True)
+def forge_slots(code, t, slots, heard, r_age, r_lag, r_count, age, lag, count):
+    """:func:`forged_claim` on the ``slots`` (their senders' heard counts and draws given per
+    slot), in place on the slots' claims ``age``, ``lag``, ``count`` [E]."""
+    for k in range(slots.shape[0]):
+        e = slots[k]
+        age[e], lag[e], count[e] = forged_claim(code, t, heard[k], age[e], lag[e], count[e],
+                                                r_age[k], r_lag[k], r_count[k])
+
+
 def _c(a: Any, dtype: Any) -> np.ndarray:
     """``a`` as a C-contiguous, writeable array of ``dtype`` (what the compiled parts' one
     signature takes); no copy when it already is one."""
@@ -467,9 +511,11 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     train settles as untrained (age + 1, lag + 1 when alone).
 
     Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
-    attackers' claim on what they send (0 honest, 1 fresh: age 0, lag 0, count = the largest
-    count among its candidates + 1, 2 stale-others: that + t + 1, 3 random from rnd [3, R]).
-    An attacker knows only what it received (its candidates), not its neighbours' state.
+    code of the attackers' claim on what they send (:data:`CLAIM_CODE`;
+    :func:`forged_claim`, with the largest count among its candidates as
+    what it heard and, for ``random``, the event's draws rnd [3, R]
+    (:func:`sfg.round.attacks.random_claims_clock`), else [0, 0]). An attacker knows only
+    what it received (its candidates), not its neighbours' state.
     Defences: ``defend`` and ev [2, E] as in :func:`_rounds` (None without them)."""
     n = indptr.shape[0] - 1
     use_given = given.shape[0] > 0
@@ -608,15 +654,12 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
         hdr[3, r] = k - 1
         hdr[4, r] = versions[i]
         hdr_lag[r] = nl
-        if forge != 0 and marks[0, i]:
-            if forge == 3:
-                hdr[0, r] = np.int64(np.floor(rnd[0, r] * (t + 1)))
-                hdr_lag[r] = rnd[1, r] * t
-                hdr[1, r] = 1 + np.int64(np.floor(rnd[2, r] * (t + 1)))
-            else:
-                hdr[0, r] = 0
-                hdr_lag[r] = 0.0
-                hdr[1, r] = heard + 1 + ((t + 1) if forge == 2 else 0)
+        if forge != HONEST and marks[0, i]:
+            ra, rl, rc = 0.0, 0.0, 0.0
+            if forge == RANDOM:
+                ra, rl, rc = rnd[0, r], rnd[1, r], rnd[2, r]
+            hdr[0, r], hdr_lag[r], hdr[1, r] = forged_claim(forge, t, heard, na, nl, nc, ra,
+                                                            rl, rc)
     while s < S:
         curve[0, s] = np.mean(ages)
         curve[1, s] = np.mean(lags)
