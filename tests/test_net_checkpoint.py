@@ -72,6 +72,7 @@ _CHILD_HEAD = """
 import os, sys, time
 import numpy as np
 import sfg.net.checkpoints as S
+import sfg.util.atomic as A
 from sfg.net.checkpoints import NodeState
 from sfg.net.wire import Layout
 D = {D}
@@ -138,7 +139,7 @@ def test_sigkill_part_way_through_a_save_keeps_the_previous_checkpoint(tmp_path,
                 return getattr(self.f, name)
 
         if where == "mid-write":
-            S.open = lambda p, mode: HalfThenStop(builtins.open(p, mode))
+            A.open = lambda p, mode: HalfThenStop(builtins.open(p, mode))
         else:
             os.fsync = lambda fd: stop(f"fsync {os.fstat(fd).st_size}")
         S.save_checkpoint(path, x, layout, st, {"t0": 2.0})

@@ -10,7 +10,6 @@ as the round's scores. Only the node's own row of the result is kept.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 from sfg.round.kernel import play_round
 from sfg.round.slots import RoundGraph
 from sfg.round.staleness import StalenessState
+from sfg.util.atomic import write_bytes as write_atomic
 from sfg.world.outages.anatomy import Capabilities
 
 
@@ -197,28 +197,8 @@ class Star:
 
 
 # ----------------------------------------------------------------------------------- checkpoints
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, rename over ``path``, fsync the folder.
-
-    Until the rename, ``path`` keeps its previous content whole: a write or ``fsync`` that fails
-    part-way raises with the temporary file removed, and a process killed part-way leaves only
-    the temporary file (``.NAME.tmpPID``) beside it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+# write_atomic: sfg.util.atomic.write_bytes (imported above; the nodes and the event log call it
+# from here)
 
 
 def save_checkpoint(path: Path, params: np.ndarray, layout, state: NodeState,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from sfg.errors import SfgError, check
+from sfg.util.atomic import write_bytes
 from sfg.util.components import parse_component
 from sfg.util.rng import stream, torch_seed
 
@@ -104,12 +104,12 @@ def augment(x: torch.Tensor, g: np.random.Generator, *, crop: bool, flip: bool) 
 
 
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
+    """The tensors as safetensors with ``metadata``, written atomically
+    (:func:`sfg.util.atomic.write_bytes`)."""
+    from safetensors.torch import save
 
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-              metadata=metadata)
-    os.replace(tmp, path)
+    write_bytes(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                           metadata=metadata))
 
 
 def checkpoint_path(out: str | Path) -> Path:

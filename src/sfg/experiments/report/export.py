@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from sfg.errors import SfgError
+from sfg.util.atomic import write_via
 
 INSTALL_HINT = "pip install 'sfg[export]'"
 CURVE_PREFIX = "curve/"
@@ -291,10 +292,19 @@ def _events(run: ExportRun, event_pb2, summary_pb2, hparams) -> list:
     return events
 
 
+def _write_events(f, run: ExportRun, modules) -> None:
+    """The run's event records (:func:`_events`) to the binary file ``f``."""
+    event_pb2, summary_pb2, hparams, RecordWriter = modules
+    writer = RecordWriter(f)
+    for event in _events(run, event_pb2, summary_pb2, hparams):
+        writer.write(event.SerializeToString())
+    writer.flush()
+
+
 def to_tensorboard(runs: Iterable[ExportRun], logdir: str | os.PathLike) -> ExportSummary:
     """Write each run's event file under ``logdir`` (see the module doc); skip those present."""
     runs = list(runs)
-    event_pb2, summary_pb2, hparams, RecordWriter = _tensorboard_modules()
+    modules = _tensorboard_modules()
     root = Path(logdir)
     summary = ExportSummary("tensorboard", str(root))
     if root.exists() and not root.is_dir():
@@ -314,21 +324,10 @@ def to_tensorboard(runs: Iterable[ExportRun], logdir: str | os.PathLike) -> Expo
             if target.exists():
                 summary.skipped += 1
                 continue
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    writer = RecordWriter(f)
-                    for event in _events(run, event_pb2, summary_pb2, hparams):
-                        writer.write(event.SerializeToString())
-                    writer.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
+                write_via(target, lambda f, run=run: _write_events(f, run, modules))
             except OSError as e:
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
                 raise SfgError(f"cannot write TensorBoard events under {root} "
                                f"({e.strerror or e}: {e.filename or target}); give a writable "
                                "folder for --tensorboard") from None

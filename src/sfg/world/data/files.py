@@ -16,7 +16,6 @@ import json
 import os
 import re
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, BinaryIO, TypeVar
 import numpy as np
 
 from sfg.errors import SfgError
+from sfg.util.atomic import write_via
 from sfg.util.safety import check_memory, human_bytes, max_member, max_memory, max_ratio
 
 T = TypeVar("T")
@@ -567,13 +567,8 @@ def load_cached(path: Path) -> dict[str, np.ndarray] | None:
 
 
 def save_cached(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write a cache file atomically (a temporary file renamed into place)."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    """Write a cache file atomically (:func:`sfg.util.atomic.write_via`)."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_via(path, lambda fh: np.savez(fh, **arrays))
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise SfgError(f"cannot write cache file {path}: {exc}; pass cache_dir=PATH") from None
