@@ -56,6 +56,12 @@ def test_both_crash_syntaxes_give_one_type():
     assert f.crash_at == (crash, Crash(5, 20.0)) and all(type(c) is Crash for c in f.crash_at)
 
 
+def test_a_node_takes_cuts_in_rounds_only():
+    NodeConfig(partitions=(Cut.parse_rounds("0|1@2-3"),))
+    with pytest.raises(SfgError, match="in rounds, not seconds"):
+        NodeConfig(partitions=(Cut.parse_seconds("0|1@2-3"),))
+
+
 @pytest.mark.parametrize("parse,text,needle", [
     (Cut.parse_rounds, "0,1|1,2@5-9", "disjoint"),
     (Cut.parse_rounds, "0,1|2@9-5", "R1 <= R2"),

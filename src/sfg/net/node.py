@@ -159,6 +159,10 @@ class NodeConfig:
             raise SfgError(f"jitter must lie in [0, 1) (a fraction of the period), got {self.jitter}")
         if not self.window > 0:
             raise SfgError(f"window W must be > 0 periods, got {self.window}")
+        for p in self.partitions:
+            if p.unit != "rounds":
+                raise SfgError(f"a node's partitions are in rounds, not {p.unit} "
+                               f"({p.text()}); write --partition A|B@R1-R2")
 
 
 @dataclass
