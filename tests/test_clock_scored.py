@@ -1,4 +1,4 @@
-"""Rules that read models on the async and event protocols (sfg.clock.scored, issue 19 item 2):
+"""Rules that read models on the async and event protocols (sfg.clock.scored, sfg.sim.model_rules):
 the events' staleness run one dependency level at a time with scores computed from the
 models in between. Checked: level order gives exactly the time-order results (so running by
 levels changes nothing), pwg with ρ = 0 is dfedavg model for model, the scores equal
@@ -12,7 +12,7 @@ import torch
 
 from sfg.clock.replay import EventStaleness
 from sfg.clock.schedule import LOCAL, _levels, _offline_levels, make_schedule, make_world
-from sfg.clock.scored import PrecisionWeightedGossip, RelativeVariance
+from sfg.clock.scored import make_scorer
 from sfg.clock.settings import make_settings
 from sfg.clock.train import simulate_events
 from sfg.round.attacks import parse_attack
@@ -122,8 +122,8 @@ def test_model_reading_rules_run_on_async_and_event_paired_and_deterministic(rul
 def test_relative_variance_scores_by_hand():
     """Two receivers' local rounds: v starts at the first observation, then
     v ← (1 − ν) v + ν d²; h = 1/v; the previous aggregate is what it adopted last."""
-    rv = RelativeVariance(parse_rule("relative-variance:nu=0.5"), n_slots=6,
-                          X0=torch.tensor([[0.0, 0.0], [1.0, 1.0], [3.0, 0.0]]))
+    rv = make_scorer(parse_rule("relative-variance:nu=0.5"), n=3, n_slots=6,
+                     X0=torch.tensor([[0.0, 0.0], [1.0, 1.0], [3.0, 0.0]]))
     # receiver 0 (slots 0, 1): itself [1, 0] and a message [0, 2]; receiver 2 (slot 5): itself
     M = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
     row, first, devs = np.array([0, 0, 1]), np.array([0, 2]), np.array([0, 2])
@@ -139,7 +139,7 @@ def test_relative_variance_scores_by_hand():
 def test_pwg_scores_and_per_receiver_estimate_by_hand():
     """ρ̂ per receiver from its own pairs: m(0) from x = 0 pairs, m(x)/m(0) = 1 + (ρ/2)x;
     h = 1/(1 + ρ·relative age)."""
-    pwg = PrecisionWeightedGossip(parse_rule("pwg"), 2, on_lags=False)
+    pwg = make_scorer(parse_rule("pwg"), n=2, n_slots=3, X0=torch.zeros(2, 2))
     z = torch.zeros(1, 2)
     # receiver 0 sees: itself (age 0) and two messages, ages 0 and 2, distances² 1 and 4
     M = torch.cat([z, torch.tensor([[1.0, 0.0], [2.0, 0.0]])])
@@ -148,7 +148,7 @@ def test_pwg_scores_and_per_receiver_estimate_by_hand():
     # m(0) = 1, m(2) = 4: 4/1 = 1 + (ρ/2)·2 → ρ = 3; relative ages 0, 0, 2 → 1, 1, 1/7
     assert pwg.estimate(np.array([0, 1])).tolist() == [3.0, 0.0]
     assert np.allclose(h, [1.0, 1.0, 1 / 7])
-    fixed = PrecisionWeightedGossip(parse_rule("pwg:rho=0.5"), 1, on_lags=True)
+    fixed = make_scorer(parse_rule("pwg-l:rho=0.5"), n=1, n_slots=3, X0=torch.zeros(1, 2))
     h = fixed.scores(M, np.array([0, 0, 0]), np.array([0]), np.array([0]), np.arange(3),
                      None, np.array([1.0, 0.5, 3.0]))
     assert np.allclose(h, [1 / 1.25, 1.0, 1 / 2.25])  # relative lags 0.5, 0, 2.5
