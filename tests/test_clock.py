@@ -764,7 +764,10 @@ def _events(**kw):
     from sfg.clock.train import simulate_events
     from sfg.sim.run import resolve_config
 
-    return simulate_events(resolve_config({**EV, **kw}))
+    cfg = {**EV, **kw}
+    if cfg["protocol"] == "event":  # no timer: the event protocol refuses a jitter
+        cfg.pop("jitter")
+    return simulate_events(resolve_config(cfg))
 
 
 @pytest.mark.parametrize("protocol", ["async", "event"])

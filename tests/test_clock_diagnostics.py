@@ -37,8 +37,16 @@ BASE = dict(dataset="digits", model="mlp", n_clients=12, rounds=24, local_steps=
 ALL = "raw,lag,finetune,returning"
 
 
+def _settings(**over) -> dict:
+    """BASE with ``over``; the event protocol has no timer, so no jitter (it refuses one)."""
+    cfg = {**BASE, **over}
+    if cfg.get("protocol") == "event":
+        cfg.pop("jitter")
+    return cfg
+
+
 def _run(**over):
-    return simulate_events(resolve_config({**BASE, **over}))
+    return simulate_events(resolve_config(_settings(**over)))
 
 
 def _finite_block(block: dict) -> None:
@@ -118,7 +126,7 @@ def _captured(monkeypatch, **over):
                 models[i] = X[k].clone()
 
     monkeypatch.setattr(clock_train, "_Pool", Pool)
-    cfg = resolve_config({**BASE, **over})
+    cfg = resolve_config(_settings(**over))
     got = simulate_events(cfg)
     settings = make_settings(cfg)
     spec = ParamSpec.from_module(make_model("mlp", input_shape=(1, 8, 8), num_classes=10))
@@ -282,7 +290,6 @@ def test_a_grid_run_on_the_clock_keeps_its_diagnostics():
     from sfg.experiments.config import make_config
     from sfg.experiments.runner import run_config
 
-    cfg = make_config({**BASE, "rounds": 12, "protocol": "event", "diagnostics": "lag"},
-                      kind="train")
+    cfg = make_config(_settings(rounds=12, protocol="event", diagnostics="lag"), kind="train")
     out = run_config(cfg)
     assert out["diagnostics"]["kinds"] == ["lag"] and out["diagnostics"]["lag"]["snapshots"] > 0

@@ -47,9 +47,8 @@ from sfg.clock.schedule import (
     level_candidates,
     level_plan,
     make_schedule,
-    make_world,
 )
-from sfg.clock.settings import HEADER_BYTES, make_settings
+from sfg.clock.settings import make_settings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 
@@ -213,7 +212,7 @@ class EventLoop:
             from sfg.clock.scored import make_scorer
 
             make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
-        self.settings = settings.with_bytes(4.0 * run.spec.D + HEADER_BYTES)
+        self.settings = run.clock_settings(settings)
         self._schedule()
         self.X0 = run.initial()
         self.backend = run.backend
@@ -228,9 +227,8 @@ class EventLoop:
         from sfg.clock.replay import EventStaleness, staleness_events
 
         run, c, rule = self.run, self.c, self.rule
-        N, T, K, seed = run.n, run.rounds, run.K, run.seed
-        self.world = world = make_world(self.settings, process=c["process"], graph=c["graph"],
-                                        n=N, rounds=T, seed=seed)
+        K, seed = run.K, run.seed
+        self.world = world = run.world_in_time(self.settings)
         self.sched = sched = make_schedule(world, self.settings, local_steps=K, seed=seed,
                                            catchup=rule.catchup,
                                            link_failure=float(c["link_failure"]),

@@ -422,8 +422,8 @@ def _clock_network(world, opts, clock_settings, faults):
     """The clock world of the swarm (:func:`sfg.clock.schedule.make_world`, the clock's
     engine's: graph, trace, compute, uplink, latency, loss), the node world in it (lockstep:
     its participants) and the in-memory network between the nodes."""
-    from sfg.clock.schedule import check_period, make_world
-    from sfg.clock.settings import HEADER_BYTES, make_settings
+    from sfg.clock.schedule import check_period
+    from sfg.clock.settings import make_settings
     from sfg.net.memory import MemoryNetwork
     from sfg.world.timeline import Intervals
 
@@ -431,14 +431,11 @@ def _clock_network(world, opts, clock_settings, faults):
     if rule.catchup or rule.amplify is not None:
         raise SfgError(f"rule {str(rule)!r} changes local training by rounds (catch-up, "
                        "amplification); sfg swarm --clock virtual trains K steps per round")
-    N, T = world.n, world.rounds
-    P = float(opts.period)
-    cs = make_settings({**(clock_settings or {}), "clock": "virtual",
-                        "protocol": "async" if opts.mode == "async" else "lockstep",
-                        "round_seconds": P})
-    cs = cs.with_bytes(4.0 * int(world.x0.shape[0]) + HEADER_BYTES)
-    cw = make_world(cs, process=world.cfg["process"], graph=world.cfg["graph"], n=N, rounds=T,
-                    seed=world.seed)
+    N, P = world.n, float(opts.period)
+    cs = world.run.clock_settings(make_settings({
+        **(clock_settings or {}), "clock": "virtual",
+        "protocol": "async" if opts.mode == "async" else "lockstep", "round_seconds": P}))
+    cw = world.run.world_in_time(cs)
     if not np.array_equal(cw.graph.edges, world.graph.edges):
         raise SfgError("the virtual swarm needs the generated graph of --graph (not peers.yaml)")
     if opts.mode == "lockstep":

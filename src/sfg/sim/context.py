@@ -373,6 +373,23 @@ class Run:
         return {"kinds": kinds, "val": val, "train_batches": train_batches, "train": train}
 
     # -- availability
+    def clock_settings(self, settings=None):
+        """The virtual clock's settings of the run (:func:`sfg.clock.settings.make_settings`
+        of its settings, or ``settings`` as given), with the messages' size: the model's
+        float32 parameters and a header, unless ``message_bytes`` is set."""
+        from sfg.clock.settings import HEADER_BYTES, make_settings
+
+        cs = make_settings(self.c) if settings is None else settings
+        return cs.with_bytes(4.0 * self.spec.D + HEADER_BYTES)
+
+    def world_in_time(self, settings):
+        """The world in time (:func:`sfg.clock.schedule.make_world`: graph, trace, per-device
+        compute and uplink, per-link latency and loss) of the run under clock ``settings``."""
+        from sfg.clock.schedule import make_world
+
+        return make_world(settings, process=self.c["process"], graph=self.c["graph"], n=self.n,
+                          rounds=self.rounds, seed=self.seed)
+
     @cached_property
     def available(self) -> np.ndarray:
         """bool [T, N] the round trace: the caller's, or the outage process's from the seed;

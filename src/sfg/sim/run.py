@@ -124,14 +124,10 @@ class RoundLoop:
         if c.get("clock", "rounds") != "virtual":
             return {}, None
         from sfg.clock.replay import per_device_hour
-        from sfg.clock.schedule import lockstep_rounds, make_world
-        from sfg.clock.settings import HEADER_BYTES, make_settings
+        from sfg.clock.schedule import lockstep_rounds
 
-        cs = make_settings(c).with_bytes(4.0 * run.spec.D + HEADER_BYTES)
-        if cs.protocol != "lockstep":
-            raise SfgError(f"protocol {cs.protocol!r} trains through sfg.clock.train")
-        world = make_world(cs, process=c["process"], graph=c["graph"], n=run.n, rounds=run.rounds,
-                           seed=run.seed)
+        cs = run.clock_settings()
+        world = run.world_in_time(cs)
         lk = lockstep_rounds(world, cs, local_steps=run.K, rounds=run.rounds, seed=run.seed)
         self.available = availability(lk.available, self.attack, self.attackers)
         meta = {"clock": "virtual", "protocol": "lockstep", "schedule_digest": lk.digest,
