@@ -173,7 +173,7 @@ def _node_real(cfg):
     from sfg.net.swarm import run_nodes, summarise
     from sfg.net.world import build_world
 
-    world = build_world(cfg)
+    world = build_world(cfg, engine="real-nodes")  # as sfg swarm, sfg node and their workers
     nodes: list = []
     res = bounded(lambda: asyncio.run(asyncio.wait_for(run_nodes(
         world, range(world.n), lambda i: NodeConfig(mode="lockstep", deadline=60),

@@ -515,7 +515,7 @@ def test_cli_virtual_lockstep_runs_the_lockstep_schedule(capsys):
     (["--partition", "0|1@2-3"], "--faults"),
     (["--tls-dir", "/nonexistent"], "--tls-dir is for real nodes"),
     (["--mode", "lockstep", "--latency", "const:value=700"], "after their round's deadline"),
-    (["--mode", "lockstep", "--loss", "const:value=0.5"], "would be lost"),
+    (["--mode", "lockstep", "--loss", "const:value=0.5"], "does not implement loss="),
     (["--mode", "async", "--compute", "const:value=400"], "not longer than"),
     (["--compute", "const:value=-1"], "compute"),
     (["--period", "0"], "--period must be > 0"),

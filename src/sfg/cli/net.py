@@ -199,14 +199,17 @@ def _virtual_progress(total: int, enabled: bool):
 
 
 def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[str, Any], *,
-                   mode: str, period: float | None, jitter: float, window: float,
-                   deadline: float | None, faults: str | None, faults_seed: int | None,
-                   refused: list[str], store: str | None, as_json: bool) -> None:
+                   mode: str | None, period: float | None, jitter: float | None,
+                   window: float | None, deadline: float | None, faults: str | None,
+                   faults_seed: int | None, refused: list[str], store: str | None,
+                   as_json: bool) -> None:
     """``sfg swarm --clock virtual``: every node's own code in this process on the virtual
     clock, the in-memory network and the batched trainer (:func:`sfg.net.virtual.run_virtual_swarm`),
     in the clock world's settings (``--compute``, ``--uplink``, ``--latency``, ``--loss``,
-    ``--message-bytes``). Prints the swarm's JSON; it holds no wall time, so the same settings
-    print the same bytes."""
+    ``--message-bytes``). The run's settings — a ``--config`` file's protocol, period (also
+    Δ), jitter, window and faults included — are taken as ``sfg run`` takes them; a flag
+    overrides its setting. Prints the swarm's JSON; it holds no wall time, so the same
+    settings print the same bytes."""
     from sfg.clock.faults import Faults
     from sfg.net.swarm import SwarmOptions
     from sfg.net.virtual import run_virtual_swarm
@@ -216,21 +219,25 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
         raise SfgError(f"{refused[0]} is for real nodes; with --clock virtual, faults are events "
                        "of the schedule: --faults (e.g. faults:crash=3@1200 or "
                        "partition=0-3|4-7@1200-3600)")
-    P = 600.0 if period is None else float(period)
-    if not P > 0:
+    if period is not None and not period > 0:
         raise SfgError(f"--period must be > 0 seconds, got {period}")
     # the run's settings: sfg run's one schema, with the clock's keys (validated there)
-    on_clock = {k: v for k, v in world_flags.items() if v is not None}
-    cfg = _settings(config, {**flags, **on_clock, "clock": "virtual",
-                             "protocol": "async" if mode == "async" else "lockstep",
-                             "round_seconds": P, "period": P, "jitter": jitter,
-                             "window": window})
-    cfg["backend"] = "loop"
+    given = {"protocol": None if mode is None else "async" if mode == "async" else mode,
+             "round_seconds": period, "period": period, "jitter": jitter, "window": window,
+             "faults": faults, "faults_seed": faults_seed,
+             **{k: v for k, v in world_flags.items() if v is not None}}
+    cfg = _settings(config, {**flags, "clock": "virtual",
+                             **{k: v for k, v in given.items() if v is not None}})
+    # the node's period P is also Δ, the staleness unit (a period alone sets both)
+    P = float(cfg["period"] if cfg["period"] is not None else cfg["round_seconds"])
+    cfg.update(period=P, round_seconds=P, backend="loop")
+    mode = "async" if cfg["protocol"] == "async" else cfg["protocol"]
     clock_settings = {k: cfg[k] for k in WORLD_KEYS if cfg.get(k) is not None}
     T = int(cfg["rounds"])
-    opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=jitter, window=window,
+    opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=float(cfg["jitter"]),
+                        window=float(cfg["window"]),
                         deadline=float(T * P if deadline is None else deadline))
-    plan = Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
+    plan = Faults.parse(cfg["faults"], seed=int(cfg["faults_seed"]))
     world = build_world(cfg)
     prog, update = _virtual_progress(world.n * world.rounds, not as_json)
     kw = {"clock_settings": clock_settings, "faults": plan if plan.any else None}
@@ -263,7 +270,8 @@ def register(app: typer.Typer) -> None:
     @app.command("swarm")
     def swarm(
         nodes: int | None = typer.Option(None, "--nodes", "--clients", "-n", help="Number of nodes N"),
-        mode: str = typer.Option("lockstep", help=MODE_HELP),
+        mode: str | None = typer.Option(None, help=MODE_HELP + " (default lockstep, or the "
+                                         "--config file's protocol with --clock virtual)"),
         procs: int = typer.Option(2, help="Worker processes the nodes are spread over"),
         config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON settings as for `sfg run`"),
         dataset: str | None = typer.Option(None),
@@ -282,8 +290,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int | None = typer.Option(None),
         attack: str | None = typer.Option(None, "--attack", help="Forged staleness as in `sfg run`, e.g. forge:frac=0.2,claim=fresh: the attackers forge their header claims (model=none|constant)"),
         period: float | None = typer.Option(None, help="async: round period P in seconds (default 0.2; with --clock virtual 600, and P is also Δ, the lockstep round and the staleness unit)"),
-        jitter: float = typer.Option(0.0, help="async: start jitter, a fraction of P in [0, 1)"),
-        window: float = typer.Option(1.0, help="async: W, periods a neighbour's message stays live"),
+        jitter: float | None = typer.Option(None, help="async: start jitter, a fraction of P in [0, 1) (default 0)"),
+        window: float | None = typer.Option(None, help="async: W, periods a neighbour's message stays live (default 1)"),
         deadline: float | None = typer.Option(None, help="lockstep: longest wait for a round's models (s; default 60; with --clock virtual virtual seconds, default the run's T·P)"),
         kill: list[str] = typer.Option([], "--kill", help="NODE@ROUND: SIGKILL that node's process at that round; it restarts from its checkpoint (repeatable)"),
         partition: list[str] = typer.Option([], "--partition", help="A|B@R1-R2: drop traffic between node sets A and B in rounds R1..R2, e.g. 0,1|2,3@5-9"),
@@ -348,6 +356,9 @@ def register(app: typer.Typer) -> None:
                            "world; add --clock virtual (real nodes take their own time)")
         period = 0.2 if period is None else period
         deadline = 60.0 if deadline is None else deadline
+        mode = mode or "lockstep"
+        jitter = 0.0 if jitter is None else jitter
+        window = 1.0 if window is None else window
         cfg = _settings(config, flags)
         cfg["backend"] = "loop"
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
@@ -358,7 +369,7 @@ def register(app: typer.Typer) -> None:
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
                            f"with a bundle per node); create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
-        world = build_world(cfg)
+        world = build_world(cfg, engine="real-nodes")
         check_nodes(world, opts)
         prog, update = _progress_printer(world.n, world.rounds, not as_json)
         try:
@@ -441,7 +452,7 @@ def register(app: typer.Typer) -> None:
                  "attack": attack}
         tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
         cfg = _settings(config, flags)
-        world = build_world(cfg, edges=edges)
+        world = build_world(cfg, edges=edges, engine="real-nodes")
         if checkpoint_dir:
             Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
         nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,

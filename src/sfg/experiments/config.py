@@ -130,8 +130,9 @@ class RunConfig(BaseModel):
         if self.clock == "rounds":
             changed = [k for k in DEFAULTS if k != "clock" and getattr(self, k) != DEFAULTS[k]]
             if changed:
-                raise ValueError(f"{changed[0]} is a setting of the virtual clock; add "
-                                 "clock: virtual (--clock virtual) or drop it")
+                raise ValueError(f"{changed[0]} is a setting of the virtual clock, which the "
+                                 "engines on clock rounds (rounds, real-nodes) do not implement; "
+                                 "add clock: virtual (--clock virtual) or drop it")
             return self
         try:
             make_settings({k: getattr(self, k) for k in DEFAULTS})

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(a.spec).read_text())
     ids = [int(x) for x in a.nodes.split(",")]
     try:
-        world = build_world(spec["cfg"])
+        world = build_world(spec["cfg"], engine="real-nodes")
         parts = tuple(Partition.parse(p) for p in spec["partitions"])
         addresses = {i: f"127.0.0.1:{p}" for i, p in enumerate(spec["ports"])}
 
