@@ -21,7 +21,14 @@ from sfg.sim.run import resolve_config
 
 BASE = dict(dataset="digits", model="mlp", n_clients=16, rounds=16, local_steps=2,
             process="bursty:u=0.6", graph="knn:k=4", seed=2, eval_every=8, clock="virtual",
-            compute="const:value=30", latency="const:value=5", jitter=0.5)
+            compute="const:value=30", latency="const:value=5")
+
+
+def _cfg(protocol: str, **kw) -> dict:
+    """BASE on ``protocol``, with wake-up jitter where the protocol has periodic wakes (async;
+    the event protocol refuses a jitter)."""
+    return {**BASE, "protocol": protocol, **({"jitter": 0.5} if protocol == "async" else {}),
+            **kw}
 
 
 @pytest.mark.parametrize("protocol", ["async", "event"])
@@ -93,7 +100,7 @@ def test_pwg_with_rho_zero_is_dfedavg_model_for_model(protocol):
     """pwg:rho=0 scores every candidate 1: through the level-by-level path (scores given
     from outside, the rule's normalisation) it trains the same models as dfedavg through
     the model-free path."""
-    cfg = {**BASE, "protocol": protocol}
+    cfg = _cfg(protocol)
     a = simulate_events(resolve_config({**cfg, "rule": "pwg:rho=0"}))
     b = simulate_events(resolve_config({**cfg, "rule": "dfedavg"}))
     assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"]
@@ -108,7 +115,7 @@ def test_model_reading_rules_run_on_async_and_event_paired_and_deterministic(rul
     pwg under event, where a device's rounds follow each other within one Δ, so ages differ
     by whole units too rarely for a staleness difference to be seen (ρ̂ stays 0)."""
     for protocol in ("async", "event"):
-        cfg = {**BASE, "protocol": protocol, "rule": rule}
+        cfg = _cfg(protocol, rule=rule)
         a = simulate_events(resolve_config(cfg))
         b = simulate_events(resolve_config(cfg))
         d = simulate_events(resolve_config({**cfg, "rule": "dfedavg"}))
@@ -214,7 +221,7 @@ def test_oracles_run_on_the_clock_paired_and_their_two_passes_agree(protocol):
         assert np.array_equal(es.w, two["weights"]) and np.array_equal(es.facts, two["facts"])
         dfed = staleness_events(parse_rule("dfedavg"), world, sched, seed=3)
         assert np.abs(two["weights"] - dfed["weights"]).max() > 0.05
-    cfg = {**BASE, "protocol": protocol}
+    cfg = _cfg(protocol)
     a = simulate_events(resolve_config({**cfg, "rule": "oracle-gls"}))
     d = simulate_events(resolve_config({**cfg, "rule": "dfedavg"}))
     assert a["meta"]["schedule_digest"] == d["meta"]["schedule_digest"]
