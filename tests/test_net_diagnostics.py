@@ -16,7 +16,6 @@ import torch
 from running import bounded
 
 from sfg.net.diagnose import NodeDiagnostics, pool
-from sfg.net.node import Node
 from sfg.net.swarm import SwarmOptions
 from sfg.net.virtual import run_virtual_swarm
 from sfg.net.world import build_world
@@ -33,33 +32,7 @@ WORLD = {"compute": "const:value=30", "latency": "const:value=5"}
 OPTS = SwarmOptions(mode="async", period=P, jitter=0.5, window=4.0)
 ALL = "raw,lag,finetune,returning"
 
-
-@pytest.fixture(autouse=True)
-def _hook(monkeypatch):
-    """The node's call of its recorder (until node.py carries it)."""
-    if getattr(Node, "_records_diagnostics", False):
-        return
-    agg_, commit_ = Node._aggregate, Node._commit
-
-    def _aggregate(self, r, senders, msgs, ages, lags):
-        agg, full = agg_(self, r, senders, msgs, ages, lags)
-        order = sorted(range(len(senders)), key=lambda k: self.pos[senders[k]])
-        self._aggregated = (r, [msgs[k] for k in order], agg, self.clock.time())
-        return agg, full
-
-    def _commit(self, x, n_steps, full):
-        if not hasattr(self, "diagnostics"):
-            self.diagnostics = NodeDiagnostics.for_node(self)
-        if self.diagnostics is not None:
-            r, msgs, agg, start = self._aggregated
-            s = self.state
-            self.diagnostics.commit(r, own=self.x, age=s.age, lag=s.lag, full=full,
-                                    neighbours=self.nbrs, models=[m.params for m in msgs],
-                                    agg=agg, trained=x, start=start, end=self.clock.time())
-        commit_(self, x, n_steps, full)
-
-    monkeypatch.setattr(Node, "_aggregate", _aggregate)
-    monkeypatch.setattr(Node, "_commit", _commit)
+pytestmark = pytest.mark.crosspath
 
 
 def _swarm(diagnostics: str | None, nodes: list | None = None) -> dict:

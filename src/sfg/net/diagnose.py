@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from sfg.sim.diagnostics import (
     FINETUNE_COLUMNS,
@@ -92,7 +93,7 @@ class _Shared:
     """What all nodes of one world in this process share: the model, its spec and the
     single-client training backend (made on first use)."""
 
-    def __init__(self, world):
+    def __init__(self, world: Any):
         self.world = world
         self.model = world.model_factory()
         from sfg.sim.params import ParamSpec
@@ -101,7 +102,7 @@ class _Shared:
         self._backend: Any = None
 
     @property
-    def backend(self):
+    def backend(self) -> Any:
         if self._backend is None:  # the node's own training backend (sfg.net.world.Trainer's)
             from sfg.sim.backends import make_backend
 
@@ -113,7 +114,7 @@ class _Shared:
 _SHARED: dict[int, tuple[Any, _Shared]] = {}
 
 
-def _shared(world) -> _Shared:
+def _shared(world: Any) -> _Shared:
     got = _SHARED.get(id(world))
     if got is None or got[0]() is not world:
         got = (weakref.ref(world), _Shared(world))
@@ -122,7 +123,7 @@ def _shared(world) -> _Shared:
     return got[1]
 
 
-def node_tools(world, i: int, kinds: Iterable[str]) -> dict[str, Any]:
+def node_tools(world: Any, i: int, kinds: Iterable[str]) -> dict[str, Any]:
     """What node i's recorder reads besides the models: its own validation split ``val``
     (client id :data:`ME`), ``train_batches(ME, t)``: its fine-tuning minibatches of round t,
     ``train(P, xs, ys)``: the run's local training (lr, weight decay; nodes run no momentum)."""
@@ -167,7 +168,7 @@ class NodeDiagnostics(Recorder):
     origin + T·unit, lockstep round T − 1. ``tools``: :func:`node_tools`'s (default: node i's
     of ``world``)."""
 
-    def __init__(self, kinds: Iterable[str], *, world, i: int, lockstep: bool,
+    def __init__(self, kinds: Iterable[str], *, world: Any, i: int, lockstep: bool,
                  unit: float, rounds: int, origin: Callable[[], float] | None = None,
                  tools: Mapping[str, Any] | None = None):
         kinds = parse_diagnostics(list(kinds))
@@ -181,7 +182,7 @@ class NodeDiagnostics(Recorder):
         self._due: list[tuple[float, int]] = []  # returning rounds awaiting LATER: (q, D)
 
     @classmethod
-    def for_node(cls, node) -> NodeDiagnostics | None:
+    def for_node(cls, node: Any) -> NodeDiagnostics | None:
         """The recorder of a :class:`sfg.net.node.Node` (None when the run asks for no
         diagnostics)."""
         world = node.world
@@ -200,8 +201,8 @@ class NodeDiagnostics(Recorder):
 
     # -- the hook
     def local_round(self, r: int, *, own: np.ndarray, age: int, lag: float,
-                    senders: Sequence[int], models: Sequence[np.ndarray],
-                    ages: Sequence[int], lags: Sequence[float], self_weight: float,
+                    senders: ArrayLike, models: Sequence[np.ndarray],
+                    ages: ArrayLike, lags: ArrayLike, self_weight: float,
                     agg: np.ndarray, trained: np.ndarray, start: float | None = None,
                     end: float | None = None) -> None:
         """One local round r of the node that aggregated and trained: its model ``own`` and
@@ -213,18 +214,19 @@ class NodeDiagnostics(Recorder):
         r, age = int(r), int(age)
         start = float(r if start is None or self.lockstep else start)
         end = float(r if end is None or self.lockstep else end)
-        order = np.argsort(np.asarray(senders, np.int64), kind="stable")  # slot order
-        senders = np.asarray(senders, np.int64)[order]
+        ids = np.asarray(senders, np.int64).reshape(-1)
+        order = np.argsort(ids, kind="stable")  # slot order
+        ids = ids[order]
         a_j = np.asarray(ages, np.int64).reshape(-1)[order]
         l_j = np.asarray(lags, np.float64).reshape(-1)[order]
         X = _rows([own, *[models[k] for k in order]])  # own model first, then candidates
-        k = senders.size
+        k = ids.size
         law = r % LAW_EVERY == 0 and k > 0
         if "raw" in self.kinds and law and age == 0:
             self.record_raw(sq_dist(X, np.zeros(k, np.int64), np.arange(1, k + 1)),
                             np.zeros(k, np.int64), a_j)
         if "lag" in self.kinds and law:
-            pair = senders > self.i if self.lockstep else np.ones(k, bool)
+            pair = ids > self.i if self.lockstep else np.ones(k, bool)
             if pair.any():
                 nb = np.flatnonzero(pair) + 1
                 d = sq_dist(X, np.zeros(nb.size, np.int64), nb)
@@ -240,7 +242,7 @@ class NodeDiagnostics(Recorder):
             self._returning(r, age, start, end, X, self_weight, agg, trained)
 
     def commit(self, r: int, *, own: np.ndarray, age: int, lag: float, full: Mapping[str, Any],
-               neighbours: Sequence[int], models: Sequence[np.ndarray], agg: np.ndarray,
+               neighbours: ArrayLike, models: Sequence[np.ndarray], agg: np.ndarray,
                trained: np.ndarray, start: float | None = None,
                end: float | None = None) -> None:
         """:meth:`local_round` from the node's own record of the round: ``full`` per slot of

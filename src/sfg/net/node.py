@@ -71,6 +71,7 @@ from sfg.net import persist
 from sfg.net.checkpoints import NodeState, Star
 from sfg.net.claims import HonestClaims, claim_policy, own_claim
 from sfg.net.cuts import Cut
+from sfg.net.diagnose import NodeDiagnostics
 from sfg.net.evidence import CertifiedEvidence, GuardEvidence, Prev
 from sfg.net.simclock import WALL, NodeClock
 from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
@@ -234,6 +235,7 @@ class Node:
         self._arrived = asyncio.Event()
         self.round = 0
         self.t0 = self.cfg.t0
+        self.diagnostics = NodeDiagnostics.for_node(self)  # SPEC §10 (None: none asked for)
         self.files = persist.NodeFiles(self.cfg.checkpoint_dir, self.i)
         self._sends: dict[int, asyncio.Task] = {}
         self._backlog: list[asyncio.Task] = []
@@ -613,6 +615,8 @@ class Node:
         full["lags"][idx] = lags
         full["counts"][idx] = counts
         full["local_counts"][idx] = local
+        if self.diagnostics is not None:  # what this local round aggregated, for _commit
+            self._aggregated = (r, msgs, agg, self.clock.time())
         return agg, full
 
     async def _train(self, r: int, agg: np.ndarray) -> tuple[np.ndarray, int]:
@@ -624,6 +628,12 @@ class Node:
 
     def _commit(self, x: np.ndarray, n_steps: int, full: dict) -> None:
         """The local round's result becomes the node's model and state (SPEC §2)."""
+        if self.diagnostics is not None:  # SPEC §10: the local round, before the state changes
+            r, msgs, agg, start = self._aggregated
+            self.diagnostics.commit(r, own=self.x, age=self.state.age, lag=self.state.lag,
+                                    full=full, neighbours=self.nbrs, agg=agg, trained=x,
+                                    models=[m.params for m in msgs], start=start,
+                                    end=self.clock.time())
         self.x = x
         self.stats.steps += n_steps
         self.stats.trains += 1
@@ -853,6 +863,7 @@ class Node:
                 "trains": s.trains, "available_rounds": s.available_rounds,
                 "rejected": self.rejections.as_dict(), "state": self.state.as_dict(),
                 "restored": self.restored, "header_bytes": s.header_bytes, "headers": s.headers,
+                "diagnostics": None if self.diagnostics is None else self.diagnostics.result(),
                 "certified": None if not self.certified else {
                     "checked": s.checked, "refuted": s.refuted,
                     "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,
