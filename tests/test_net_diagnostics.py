@@ -52,7 +52,7 @@ def _engine(diagnostics: str) -> dict:
 
 def _node_diagnostics(nodes: list) -> list:
     last = {nd.i: nd for nd in nodes}  # a restarted node's last object
-    return [last[i].diagnostics.result() for i in sorted(last)]
+    return [last[i].result()["diagnostics"] for i in sorted(last)]
 
 
 # sums: every node adds its own measurements, the engine a batch of local rounds at a time:
