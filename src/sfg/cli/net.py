@@ -162,11 +162,10 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
         raise SfgError(f"--replay-log takes the run's settings from the log; drop {given[0]}")
     rec = read_logs(paths)
     res = replay(rec, workdir=workdir)
-    res.pop("params")
     s = rec.settings
     out = {"config": {**rec.world, "mode": "async", "period": s["period"],
                       "jitter": s["jitter"], "window": s["window"], "clock": "virtual",
-                      "replay_log": [str(p) for p in paths]}, **res}
+                      "replay_log": [str(p) for p in paths]}, **res.summary()}
     if as_json:
         console.print_json(out)
         return
@@ -246,21 +245,20 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
             res = run_virtual_swarm(world, opts, progress=update, **kw)
     else:
         res = run_virtual_swarm(world, opts, **kw)
-    res.pop("params")
     config_out = {**world.cfg, "mode": mode, "clock": "virtual", "period": P}
     if mode == "lockstep":
         config_out.update(deadline=opts.deadline)
     if plan.any:
         config_out.update(faults=plan.text, faults_seed=plan.seed)
     wall = res["metrics"].pop("wall_seconds")  # not in the JSON: the same run, the same bytes
-    out = {"config": config_out, **res}
+    out = {"config": config_out, **res.summary()}
     if store is not None:
         out["run_id"] = _store(store, world.cfg, f"virtual-{mode}",
-                               {**res, "metrics": {**res["metrics"], "wall_seconds": wall}})
+                               {**res.summary(), "metrics": {**res["metrics"], "wall_seconds": wall}})
     if as_json:
         console.print_json(out)
         return
-    _print_summary({**res, "metrics": {**res["metrics"], "wall_seconds": wall}},
+    _print_summary({**res.summary(), "metrics": {**res["metrics"], "wall_seconds": wall}},
                    f"sfg swarm --clock virtual ({mode}): {world.rule} under "
                    f"{world.cfg['process']}, {world.n} nodes, "
                    f"{res['metrics']['virtual_seconds']:.0f} virtual seconds")
@@ -383,9 +381,9 @@ def register(app: typer.Typer) -> None:
         config_out = {**world.cfg, "mode": mode, "procs": procs}
         if mode == "async":
             config_out.update(period=period, jitter=jitter, window=window)
-        out = {"config": config_out, **res}
+        out = {"config": config_out, **res.summary()}
         if store is not None:
-            out["run_id"] = _store(store, world.cfg, mode, res)
+            out["run_id"] = _store(store, world.cfg, mode, res.summary())
         if as_json:
             console.print_json(out)
             return

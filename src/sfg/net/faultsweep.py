@@ -454,4 +454,6 @@ def digest(summary: dict) -> str:
         if isinstance(v, np.ndarray):
             return v.tobytes().hex()
         return v
+    if not isinstance(summary, dict):  # a RunResult: its JSON and its final models
+        summary = {**summary.summary(), "params": summary.params}
     return hashlib.sha256(json.dumps(strip(summary), sort_keys=True).encode()).hexdigest()

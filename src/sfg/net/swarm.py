@@ -82,12 +82,13 @@ def free_ports(n: int) -> list[int]:
 
 
 def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
-              realised: np.ndarray | None = None) -> dict[str, Any]:
-    """Swarm results as ``sfg run --json`` metrics (SPEC §8) plus the swarm's own figures.
+              realised: np.ndarray | None = None):
+    """Swarm results as the one result type of a run (:class:`sfg.sim.context.RunResult`):
+    ``sfg run``'s metrics (SPEC §8) plus the swarm's own figures; the nodes under ``nodes``.
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
-    from sfg.sim.context import accuracy_metrics
+    from sfg.sim.context import RunResult, accuracy_metrics
 
     res = sorted(results, key=lambda r: r["node"])
     acc = np.array([r["acc"] for r in res], np.float64)
@@ -133,7 +134,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
               "restored": r["restored"]} for r in res]
     curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
-    return {"metrics": metrics, "curves": curves, "nodes": nodes}
+    return RunResult(metrics=metrics, curves=curves, accuracy=acc, extra={"nodes": nodes})
 
 
 # ----------------------------------------------------------------------------------- processes
