@@ -232,3 +232,30 @@ def test_lockstep_node_diagnostics_equal_sfg_runs():
     assert got["returning"]["returns"] == want["returning"]["returns"] > 0
     assert _same_block(got["returning"], want["returning"], RETURN_COLUMNS, "returning",
                        LOSSES) > 0
+
+
+def test_a_node_fine_tunes_at_every_eligible_local_round():
+    """Rounds and the clock fine-tune at most 16 receivers per round, chosen among all the
+    eligible ones, which no node sees (with more than 16 the two cannot coincide); a node
+    fine-tunes at each of its eligible local rounds: a multiple of 10, its own age 0, a
+    candidate of age 0 and one of age >= 1. Here the "training" halves every model: the
+    distances before (4 and 16) and after (1 and 4), each divided by the fresh one's."""
+    rec = NodeDiagnostics(["finetune"], world=SimpleNamespace(seed=1), i=0, lockstep=False,
+                          unit=1.0, rounds=100,
+                          tools={"val": _Val(), "train": lambda P, xs, ys: P * 0.5,
+                                 "train_batches": lambda i, t: (torch.zeros(2, 1, 1),
+                                                                torch.zeros(2, 1))})
+    o = _v(0, 0)
+    kw = dict(lag=0.0, senders=[2, 1], models=[_v(0, 4), _v(2, 0)], lags=[1.0, 0.0],
+              self_weight=0.5, agg=o, trained=o)
+    rec.local_round(20, own=o, age=0, ages=[1, 0], **kw)  # eligible
+    rec.local_round(25, own=o, age=0, ages=[1, 0], **kw)  # not a multiple of 10
+    rec.local_round(30, own=o, age=1, ages=[1, 0], **kw)  # its own age is 1
+    rec.local_round(40, own=o, age=0, ages=[0, 0], **kw)  # no candidate of age >= 1
+    got = rec.result()["finetune"]
+    assert got["receivers"] == 1
+    assert got["before"] == {"sum": [1.0, 4.0], "count": [1, 1]}
+    assert got["after"] == {"sum": [1.0, 4.0], "count": [1, 1]}
+    assert got["loss"] == {"sum": [1.0, 0.0], "count": [1, 1]}  # the halved (1, 0), (0, 2)
+    assert got["acc"] == {"sum": [0.0, 2.0], "count": [1, 1]}
+    assert got["own_loss"] == [0.0, 1]
