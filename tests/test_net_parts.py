@@ -105,10 +105,10 @@ def test_a_node_sends_what_the_policy_it_is_given_claims():
 
 # ------------------------------------------------------------------ async candidates
 def test_the_node_and_the_clocks_engine_select_the_same_async_candidates():
-    """The node's candidates and the engine's (sfg.clock.schedule._latest) come from one
+    """The node's candidates and the engine's (sfg.clock.schedule.held_latest) come from one
     definition (held_units): at the window's edge they agree to the last bit — d = 1.5 + 2⁻⁵¹
     periods is out for both, though the seconds compare (0.15 ≤ 1.5 · 0.1) would keep it."""
-    from sfg.clock.schedule import _latest
+    from sfg.clock.schedule import held_latest
 
     P, W = 0.1, 1.5
     world = build_world(WORLD, edges=np.array([[0, 1], [0, 2], [0, 3]]))
@@ -124,7 +124,7 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates():
     ptr = np.arange(4, dtype=np.int64)  # one message per slot (slots 0..2: neighbours 1..3)
     arrival = np.array([arrivals[j] for j in (1, 2, 3)])
     idx, wait = np.empty(3, np.int64), np.empty(3)
-    _latest(ptr, arrival, np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64),
+    held_latest(ptr, arrival, np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int64),
             np.full(3, now), W, P, idx, wait)
     engine = [j for j, k in zip((1, 2, 3), idx, strict=True) if k >= 0]
     assert senders == engine == [2, 3]

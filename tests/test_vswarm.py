@@ -159,19 +159,19 @@ def test_the_engine_keeps_a_neighbours_newest_model_when_an_older_one_arrives_la
     """Hand-built: device 0 sends rounds 0 and 1 to device 1; the first is held back past
     the second's arrival. At device 1's next wake the held message is round 1's (the newest),
     waited from its own arrival, and round 0's late arrival does not replace it."""
-    from sfg.clock.schedule import _latest, _newest_so_far
+    from sfg.clock.schedule import held_latest, newest_so_far
 
     ptr = np.array([0, 3])                     # one slot, three messages sorted by arrival
     arrival = np.array([10.0, 12.0, 20.0])     # rounds 1, 2 arrive; round 0 arrives last
     sender = np.array([5, 9, 2])               # sending events: 2 (round 0) < 5 < 9
     newest = np.empty(3, np.int64)
-    _newest_so_far(ptr, sender, newest)
+    newest_so_far(ptr, sender, newest)
     assert newest.tolist() == [0, 1, 1]
     idx, wait = np.empty(3, np.int64), np.empty(3)
-    _latest(ptr, arrival, newest, np.zeros(3, np.int64), np.array([11.0, 25.0, 9.0]), 100.0,
+    held_latest(ptr, arrival, newest, np.zeros(3, np.int64), np.array([11.0, 25.0, 9.0]), 100.0,
             1.0, idx, wait)
     assert idx.tolist() == [0, 1, -1] and wait.tolist() == [1.0, 13.0, 0.0]
-    _latest(ptr, arrival, newest, np.zeros(1, np.int64), np.array([25.0]), 6.0, 2.0, idx, wait)
+    held_latest(ptr, arrival, newest, np.zeros(1, np.int64), np.array([25.0]), 6.0, 2.0, idx, wait)
     assert idx[0] == -1  # the newest is older than the window: nothing (not round 0's copy)
 
 

@@ -301,7 +301,7 @@ class Schedule:
 
 
 @njit(cache=True, nogil=True)
-def _newest_so_far(ptr, sender_event, out):  # pragma: no cover
+def newest_so_far(ptr, sender_event, out):  # pragma: no cover
     """Per slot, over its messages sorted by arrival (between ptr[s] and ptr[s+1]): the index
     of the newest message (the latest sending local round, ``sender_event``) among those
     arrived so far. A receiver keeps a neighbour's newest model, not its last-arrived one
@@ -319,7 +319,7 @@ def _newest_so_far(ptr, sender_event, out):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
     """Async candidate selection (SPEC §11.2, §12.3), written once for the clock's engine
-    (:func:`_latest`) and the networked node (:class:`sfg.net.node.Node`): the units
+    (:func:`held_latest`) and the networked node (:class:`sfg.net.node.Node`): the units
     d = (now − arrival)/unit ≥ 0 that a neighbour's latest message has waited at ``now``, or
     −1.0 when it arrived more than ``window`` units ago (then it is no candidate). A
     candidate counts as older by d: :func:`sfg.round.staleness.waited`."""
@@ -328,9 +328,9 @@ def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _latest(ptr, arrival, newest, qslot, qtime, window, unit, out_idx,
+def held_latest(ptr, arrival, newest, qslot, qtime, window, unit, out_idx,
             out_wait):  # pragma: no cover
-    """For each query (slot, time): the newest message over the slot (:func:`_newest_so_far`)
+    """For each query (slot, time): the newest message over the slot (:func:`newest_so_far`)
     among those that arrived strictly before the time, if :func:`held_units` holds it a
     candidate (arrived within ``window`` units of ``unit`` seconds; index into ``arrival``,
     sorted per slot between ptr[s] and ptr[s+1]), or −1; and the units it waited."""
@@ -447,7 +447,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     mptr = np.zeros(rg.n_slots + 1, np.int64)
     np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
     newest = np.empty(m_src.size, np.int64)
-    _newest_so_far(mptr, m_src, newest)
+    newest_so_far(mptr, m_src, newest)
     # queries: every local round that aggregates × the receiver's incoming slots
     loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_AGGREGATE) != 0]
     nin = np.diff(rg.indptr) - 1
@@ -457,7 +457,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     qslot = rg.indptr[dev[qev]] + 1 + qk
     idx = np.empty(qev.size, np.int64)
     wait = np.empty(qev.size)
-    _latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window), unit, idx, wait)
+    held_latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window), unit, idx, wait)
     got = idx >= 0
     stats["candidates"] = float(got.sum())
     # candidates per event: the receiver first, then the messages held
