@@ -108,25 +108,6 @@ class _Pool:
 _UNBOUNDED = 1e12
 
 
-def _memory_kernel(rule):
-    """``model-memory`` (MIFA analogue, SPEC §3.2) on the async and event protocols: each
-    receiver keeps the latest model it received from every neighbour and aggregates all of
-    them whenever it aggregates — the async protocol with an unbounded window W, remembered
-    messages counted with their waited staleness (age τ + ⌊d⌋, lag ℓ + d, as SPEC §3.2's "age
-    or lag at reception plus the rounds since"). So it is its kernel — ``dfedavg`` (every
-    model undiscounted), ``sfg`` or ``sfg-l`` for ``model-memory+sfg``/``+sfg-l`` — on that
-    window; its candidates, and so its schedule's digest, are its own. None for other rules."""
-    from sfg.round.rules import parse_rule
-
-    kernels = {"model-memory": "dfedavg", "model-memory+sfg": "sfg", "model-memory+sfg-l": "sfg-l"}
-    if rule.name not in kernels:
-        return None
-    k = kernels[rule.name]
-    if k != "dfedavg":
-        k = f"{k}:gamma={rule.params['gamma']}"
-    return parse_rule(k)
-
-
 def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.ndarray,
               model: str, attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
     """The candidates' models as sent: an attacker's message poisoned by the attack's
@@ -202,7 +183,11 @@ class EventLoop:
         rule = run.rule
         if rule.robust:  # +clip runs here (below); the robust aggregators only in rounds
             check_model_defences(rule, f"the virtual clock's {self.c.get('protocol')} protocol")
-        memory = _memory_kernel(rule)
+        from sfg.sim.model_rules import memory_kernel
+
+        # model-memory (MIFA analogue, SPEC §3.2) on the clock: each receiver keeps the latest
+        # model of every neighbour and aggregates them all — its kernel on an unbounded window
+        memory = memory_kernel(rule)
         if memory is not None:  # model memory on the clock: its kernel, every message remembered
             rule = memory
             settings = replace(settings, window=_UNBOUNDED)

@@ -88,6 +88,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
+    from sfg.net.diagnose import pool as pool_diagnostics
     from sfg.sim.context import RunResult, accuracy_metrics
 
     res = sorted(results, key=lambda r: r["node"])
@@ -134,7 +135,10 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
               "restored": r["restored"]} for r in res]
     curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
-    return RunResult(metrics=metrics, curves=curves, accuracy=acc, extra={"nodes": nodes})
+    # SPEC §10: the nodes' per-bin sums added (sfg.net.diagnose); None when none recorded
+    diagnostics = pool_diagnostics(r.get("diagnostics") for r in res)
+    return RunResult(metrics=metrics, curves=curves, accuracy=acc, diagnostics=diagnostics,
+                     extra={"nodes": nodes})
 
 
 # ----------------------------------------------------------------------------------- processes

@@ -350,7 +350,7 @@ class Run:
         ``diagnostics-finetune-augment-<i>`` keyed by t, never the training's); ``train(P, xs,
         ys)``, the run's local training (lr, weight decay, momentum from a zero buffer). None
         when no diagnostic is asked for."""
-        from sfg.sim.diagnostics import ValidationLoss, parse_diagnostics
+        from sfg.sim.diagnostics import ValidationLoss, finetune_minibatches, parse_diagnostics
 
         kinds = parse_diagnostics(self.c.get("diagnostics") or "")
         if not kinds:
@@ -360,10 +360,8 @@ class Run:
         sizes, K, B, seed, clients = self.sizes, self.K, self.B, self.seed, self.clients
 
         def train_batches(i: int, t: int):
-            idx = minibatch_indices(sizes[i:i + 1], K, B, seed=seed,
-                                    stream_name=f"diagnostics-finetune-{i}", t=t)
-            flips = (stream(seed, f"diagnostics-finetune-augment-{i}", t).random((1, K, B)) < 0.5
-                     if clients.hflip else None)
+            idx, flips = finetune_minibatches(int(sizes[i]), i, t, K=K, B=B, seed=seed,
+                                              hflip=clients.hflip)
             xs, ys = clients.gather(np.array([i]), idx, flips)
             return xs[0], ys[0]
 
