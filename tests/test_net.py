@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from crosspath import assert_same_bits
 
-from sfg.net.node import Node, NodeConfig, Partition
+from sfg.net.cuts import Cut
+from sfg.net.node import Node, NodeConfig
 from sfg.net.swarm import SwarmOptions, run_nodes, run_swarm, summarise
 from sfg.net.world import build_world
 
@@ -49,7 +50,7 @@ def test_lockstep_swarm_equals_the_loop_simulator():
 def test_lockstep_partition_cuts_exactly_the_scheduled_links():
     cfg = {**LOCKSTEP, "process": "none", "rounds": 6, "eval_every": 6}
     world = build_world(cfg)
-    part = Partition.parse("0,1,2,3|4,5,6,7@2-3")
+    part = Cut.parse_rounds("0,1,2,3|4,5,6,7@2-3")
     res, nodes = _run(world, lambda i: NodeConfig(mode="lockstep", partitions=(part,),
                                                   record_headers=True))
     heads = [h for n in nodes for h in n.headers]

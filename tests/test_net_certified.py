@@ -418,12 +418,12 @@ def test_a_partition_makes_honest_senders_look_absent_across_the_cut(ca):
     """The limit, measured (as the rounds model's failed links): a scheduled partition cuts
     links, so an honest sender that trained looks absent to a witness across the cut — with
     no liar at all, some claims are refused; without the partition none is."""
-    from sfg.net.node import Partition
+    from sfg.net.cuts import Cut
 
     cfg = dict(n_clients=8, rounds=8, process="iid:u=0.5", graph="ring:k=2", local_steps=1,
                eval_every=8, rule="sfg-cut+certified", seed=1)
     world = build_world(cfg)
-    part = Partition.parse("0,1|2,3@2-3")
+    part = Cut.parse_rounds("0,1|2,3@2-3")
 
     def run(partitions):
         res = asyncio.run(asyncio.wait_for(run_nodes(

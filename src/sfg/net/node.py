@@ -117,13 +117,6 @@ def waited(age: int, lag: float, d: float) -> tuple[int, float]:
     return int(a), float(lg)
 
 
-class Partition:
-    """``Partition.parse(text)``: a real swarm's ``--partition`` as a
-    :class:`sfg.net.cuts.Cut` in rounds (:meth:`sfg.net.cuts.Cut.parse_rounds`)."""
-
-    parse = staticmethod(Cut.parse_rounds)
-
-
 @dataclass
 class NodeConfig:
     """How a node runs. Times in seconds."""

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.net.node import Node, NodeConfig, Partition
+from sfg.net.cuts import Crash, Cut
+from sfg.net.node import Node, NodeConfig
 from sfg.net.world import World
 
 
@@ -168,21 +169,14 @@ class SwarmOptions:
         if self.procs < 1:
             raise SfgError(f"--procs must be >= 1, got {self.procs}")
         for p in self.partitions:
-            Partition.parse(p)
+            Cut.parse_rounds(p)
         NodeConfig(mode=self.mode, period=self.period, jitter=self.jitter, window=self.window,
                    deadline=self.deadline)  # the same checks as every node's
 
 
 def parse_kill(text: str) -> tuple[int, int]:
-    """``"3@10"`` -> (node 3, round 10)."""
-    try:
-        node, r = text.split("@")
-        out = (int(node), int(r))
-    except ValueError:
-        raise SfgError(f"cannot read --kill {text!r}; write NODE@ROUND, e.g. --kill 3@10") from None
-    if out[0] < 0 or out[1] < 0:
-        raise SfgError(f"--kill {text!r}: node and round must be >= 0")
-    return out
+    """``"3@10"`` -> (node 3, round 10): a real swarm's ``--kill`` (:class:`sfg.net.cuts.Crash`)."""
+    return Crash.parse_round(text).pair
 
 
 def _rss_bytes(pid: int) -> float | None:
@@ -222,8 +216,8 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
         if node >= N:
             raise SfgError(f"--kill node {node} does not exist; nodes are 0..{N - 1}")
     for p in opts.partitions:
-        part = Partition.parse(p)
-        bad = sorted(x for x in part.a | part.b if x >= N)
+        part = Cut.parse_rounds(p)
+        bad = sorted(x for x in part.nodes if x >= N)
         if bad:
             raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
     from sfg.net.certify import NO_KEYS, Keys, check_run

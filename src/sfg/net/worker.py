@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from sfg.errors import SfgError
     from sfg.net.certify import keys_for
+    from sfg.net.cuts import Cut
     from sfg.net.eventlog import EventLog
-    from sfg.net.node import NodeConfig, Partition
+    from sfg.net.node import NodeConfig
     from sfg.net.swarm import run_nodes
     from sfg.net.transport import TlsFiles
     from sfg.net.world import build_world
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = [int(x) for x in a.nodes.split(",")]
     try:
         world = build_world(spec["cfg"], engine="real-nodes")
-        parts = tuple(Partition.parse(p) for p in spec["partitions"])
+        parts = tuple(Cut.parse_rounds(p) for p in spec["partitions"])
         addresses = {i: f"127.0.0.1:{p}" for i, p in enumerate(spec["ports"])}
 
         def on_round(i, r, available, acc):
