@@ -20,7 +20,10 @@ BASE = dict(dataset="digits", model="mlp", n_clients=16, rounds=16, local_steps=
 
 
 def _run(**over):
-    return simulate_events(resolve_config({**BASE, **over}))
+    cfg = {**BASE, **over}
+    if cfg.get("protocol") == "event":  # no timer: the event protocol refuses a jitter
+        cfg.pop("jitter")
+    return simulate_events(resolve_config(cfg))
 
 
 def _head_mask() -> np.ndarray:

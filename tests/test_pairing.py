@@ -46,7 +46,7 @@ def _record(monkeypatch, **cfg) -> dict:
                   "minibatches": {}}
     real = sfg.world.data.load_federated
     real_links = run.live_links_round
-    real_gather = run._ClientData.gather
+    real_gather = run.ClientData.gather
     K = TINY["local_steps"]
 
     def load_and_record(*args, **kwargs):
@@ -77,11 +77,11 @@ def _record(monkeypatch, **cfg) -> dict:
 
     monkeypatch.setattr(sfg.world.data, "load_federated", load_and_record)
     monkeypatch.setattr(run, "live_links_round", links_and_record)
-    monkeypatch.setattr(run._ClientData, "gather", gather_and_record)
+    monkeypatch.setattr(run.ClientData, "gather", gather_and_record)
     res = simulate({**TINY, **cfg}, observer=observe)
     monkeypatch.setattr(sfg.world.data, "load_federated", real)
     monkeypatch.setattr(run, "live_links_round", real_links)
-    monkeypatch.setattr(run._ClientData, "gather", real_gather)
+    monkeypatch.setattr(run.ClientData, "gather", real_gather)
     seen["minibatch_digest"] = res.meta["minibatch_digest"]
     seen["links"] = np.stack(seen["links"])
     for k in ("train", "send", "aggregate", "adopt"):

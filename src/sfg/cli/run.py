@@ -116,7 +116,7 @@ def run(
         "device": device, "precision": precision, "partition": partition, "backbone_from": backbone_from,
         "diagnostics": diagnostics, "attack": attack, **on_clock})
     from sfg.experiments.config import run_id
-    from sfg.sim.context import resolve_config, train
+    from sfg.sim.run import resolve_config, train
 
     settings = cfg.model_dump()
     events = cfg.clock == "virtual" and cfg.protocol != "lockstep"

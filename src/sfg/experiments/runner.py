@@ -52,12 +52,12 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
             out = replay_config(cfg.model_dump(), progress=progress)
     elif cfg.kind == "train":
         try:
-            from sfg.sim.context import resolve_config, train
+            from sfg.sim.run import resolve_config, train
         except ImportError as e:
             from sfg.util.extras import missing_extra
 
             raise (missing_extra(e, "a 'train' run")
-                   or broken_module("kind 'train' needs sfg.sim.context", e)) from None
+                   or broken_module("kind 'train' needs sfg.sim.run", e)) from None
         # the rounds or the clock (lockstep, async, event): one call, one result type
         out = train(resolve_config(cfg.model_dump()), progress=progress).summary()
     else:  # pragma: no cover - RunConfig's Literal rules this out

@@ -20,7 +20,8 @@ from sfg.errors import SfgError, check
 from sfg.net.wire import Layout
 from sfg.round.rules import Rule, check_model_defences
 from sfg.round.slots import RoundGraph
-from sfg.sim.context import Run, build_run, resolve_config
+from sfg.sim.context import Run, build_run
+from sfg.sim.run import resolve_config
 from sfg.world.graphs import Graph
 
 

@@ -274,7 +274,7 @@ def finetune_minibatches(size: int, i: int, t: int, *, K: int, B: int, seed: int
     local indices [1, K, B] from the stream ``diagnostics-finetune-<i>`` keyed by t, and
     horizontal flips [1, K, B] from ``diagnostics-finetune-augment-<i>`` (None without
     augmentation) — the diagnostics' own streams, never the training's."""
-    from sfg.sim.context import minibatch_indices
+    from sfg.sim.minibatches import minibatch_indices
 
     idx = minibatch_indices(np.array([size], np.int64), K, B, seed=seed,
                             stream_name=f"diagnostics-finetune-{i}", t=t)

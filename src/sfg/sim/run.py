@@ -47,20 +47,30 @@ from sfg.sim.context import (
     backbone_momentum,
     build_run,
     check_finite,
-    minibatch_indices,
     numerics,
-    resolve_config,
     single_threaded,
     time_to_target,
 )
 from sfg.sim.gossip import gossip_
+from sfg.sim.minibatches import minibatch_indices
 from sfg.world.outages.anatomy import capabilities
 from sfg.world.outages.links import live_links_round
 
 # the names other modules and users read from here (one definition each, in sfg.sim.context)
 SimResult = RunResult
 __all__ = ["BACKBONES", "ClientData", "RoundLoop", "RunResult", "SimResult", "backbone_momentum",
-           "minibatch_indices", "numerics", "resolve_config", "simulate", "simulate_config"]
+           "minibatch_indices", "numerics", "resolve_config", "simulate", "simulate_config",
+           "train"]
+
+
+def resolve_config(cfg: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """The run's settings, validated by the one schema of a run (:class:`sfg.experiments.config.RunConfig`):
+    ``cfg`` then ``overrides``; ``kind`` is taken as ``"train"``. Bad or unknown settings
+    raise a one-line :class:`SfgError` naming the key."""
+    from sfg.experiments.config import make_config
+
+    values = {k: v for k, v in {**(cfg or {}), **overrides}.items() if k != "kind"}
+    return make_config(values, kind="train").model_dump()
 
 
 class RoundLoop:
@@ -346,3 +356,15 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
 def simulate_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] | None = None) -> dict:
     """The grid runner's ``kind: train``: metrics and curves of one run."""
     return simulate(cfg, progress=progress).summary()
+
+
+def train(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None
+          ) -> RunResult:
+    """Train ``c`` (resolved settings) on the engine its ``clock``/``protocol`` name: the
+    rounds or the clock's lockstep (:func:`simulate`), the clock's async or event protocol
+    (:func:`sfg.clock.train.simulate_events`)."""
+    if c.get("clock", "rounds") == "virtual" and c.get("protocol", "lockstep") != "lockstep":
+        from sfg.clock.train import simulate_events
+
+        return simulate_events(c, progress=progress)
+    return simulate(c, progress=progress, validated=True)
