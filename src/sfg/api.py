@@ -1,0 +1,449 @@
+"""The front door: every job of sfg as one function, `import sfg` and call it.
+
+```python
+import sfg
+
+res = sfg.run(n_clients=8, rounds=5)          # train: the rounds, or the clock in one call
+res = sfg.replay(n_clients=16, rounds=10)      # model-free replay of the staleness state
+res = sfg.swarm(n_clients=8, rounds=5)         # the node's own code on the virtual clock
+out = sfg.grid("grid.yaml", store="results.sqlite")   # a grid into a results store
+```
+
+Every job takes the settings of one run as a `RunConfig` (positional), a mapping of its
+fields, keywords with `RunConfig`'s names (`n_clients`, `rounds`, `rule`, `process`,
+`seed`, …), or a mix (keywords override the config). A name that is not a setting of a
+run is one `SfgError` line naming it. `eval_every` and a replay's `horizon` that were
+left at their automatic values (`min(10, rounds)`, `min(50, rounds)`) follow a changed
+`rounds`.
+
+Every run returns one result type, `RunResult` (metrics, curves and the engine's own
+parts; readable as a mapping; `.summary()` is the JSON the commands print), with the
+run's settings and run id in `meta["config"]` and `meta["run_id"]`. A grid returns a
+`GridResult`: its store and the runs' `RunResult`s.
+
+Nothing heavy loads before a job runs: `import sfg` imports neither torch nor numba.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from sfg.errors import SfgError
+
+if TYPE_CHECKING:  # pragma: no cover - names for the annotations only
+    from sfg.experiments.config import RunConfig
+    from sfg.experiments.executors import GridSummary
+    from sfg.experiments.grid import Grid
+    from sfg.sim.context import RunResult
+
+Progress = Callable[[int, int], None]
+
+# spellings of other interfaces (the commands' flags, older functions) -> the setting's name
+_SPELLINGS = {"n": "n_clients", "N": "n_clients", "clients": "n_clients", "nodes": "n_clients",
+              "n_nodes": "n_clients", "T": "rounds", "seeds": "seed", "rules": "rule",
+              "processes": "process", "mode": "protocol", "datasets": "dataset"}
+# the clock world's settings a virtual swarm hands its network (the clock's own names)
+_WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
+# a real swarm's timing, under the clock's names (wall-clock seconds there)
+_REAL_TIMING = ("protocol", "period", "jitter", "window")
+
+
+# ----------------------------------------------------------------------------- settings
+def _fields() -> tuple[str, ...]:
+    from sfg.engines import FIELDS
+
+    return ("kind", *FIELDS)
+
+
+def _unknown(job: str, key: str) -> SfgError:
+    from sfg.util.components import did_you_mean
+
+    if key in _SPELLINGS:
+        hint = f"; did you mean {_SPELLINGS[key]!r}?"
+    else:
+        hint = did_you_mean(key, _fields())
+    return SfgError(f"sfg.{job}: unknown run setting {key!r}{hint}")
+
+
+def _given(job: str, config: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings given to ``job``: ``config`` (a RunConfig, a mapping or None), then the
+    keywords; every name checked against RunConfig's."""
+    if config is None:
+        base: dict[str, Any] = {}
+    elif isinstance(config, Mapping):
+        base = dict(config)
+    elif hasattr(config, "model_dump") and type(config).__name__ == "RunConfig":
+        base = config.model_dump()
+        rounds = int(base["rounds"])
+        if base.get("eval_every") == min(10, rounds):  # automatic: follows a new rounds
+            base.pop("eval_every")
+        if base.get("horizon") == (min(50, rounds) if base.get("kind") == "replay" else 50):
+            base.pop("horizon")
+    else:
+        raise SfgError(f"sfg.{job}: give the run's settings as a RunConfig, a mapping or "
+                       f"keywords, not a {type(config).__name__}")
+    values = {**base, **settings}
+    fields = _fields()
+    for key in values:
+        if key not in fields:
+            raise _unknown(job, str(key))
+    return values
+
+
+def config(config: RunConfig | Mapping[str, Any] | None = None, /,
+           **settings: Any) -> RunConfig:
+    """The validated settings of one run: a `RunConfig` from a config, a mapping and/or
+    keywords with `RunConfig`'s names (keywords win). A bad name or value is one
+    `SfgError` line naming it.
+
+    ```python
+    import sfg
+
+    c = sfg.config(n_clients=8, rounds=5, rule="sfg-cut")
+    print(c.rule, c.eval_every)          # sfg-cut 5
+    ```
+    """
+    return _make("config", config, settings)
+
+
+def _make(job: str, config: Any, settings: Mapping[str, Any], **forced: Any) -> RunConfig:
+    from sfg.experiments.config import make_config
+
+    return make_config({**_given(job, config, settings), **forced})
+
+
+# ----------------------------------------------------------------------------- one run
+def _run_result(out: Mapping[str, Any]) -> RunResult:
+    from sfg.sim.context import RunResult
+
+    return RunResult(metrics=dict(out["metrics"]), curves=dict(out["curves"]), accuracy=None,
+                     meta=dict(out.get("meta") or {}), diagnostics=out.get("diagnostics"))
+
+
+def _execute(cfg: RunConfig, progress: Progress | None) -> RunResult:
+    """Run ``cfg`` on the engine its kind, clock and protocol name (as a grid's worker does)."""
+    from sfg.experiments.config import run_id, validate_names
+
+    validate_names(cfg)
+    if cfg.kind == "train":
+        from sfg.sim.run import resolve_config, train
+
+        res = train(resolve_config(cfg.model_dump()), progress=progress)
+    elif cfg.kind == "replay":
+        if cfg.clock == "virtual":
+            from sfg.clock.replay import clock_replay_config as replay_of
+        else:
+            from sfg.replay.api import replay_config as replay_of
+        res = _run_result(replay_of(cfg.model_dump(), progress=progress))
+    else:
+        from sfg.experiments.runner import selftest_run
+
+        res = _run_result(selftest_run(cfg, progress=progress))
+    res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg))
+    return res
+
+
+def run(config: RunConfig | Mapping[str, Any] | None = None, /, *,
+        progress: Progress | None = None, **settings: Any) -> RunResult:
+    """Run one configuration and return its `RunResult`.
+
+    What runs is what the settings name, as in a grid: `kind="train"` (the default) trains
+    on the rounds, or on the virtual clock with `clock="virtual"` and `protocol` lockstep,
+    async or event — one call for all four; `kind="replay"` is `replay`; `kind="selftest"`
+    the built-in numpy workload that checks stores and executors. `progress(done, total)`
+    is called as the run goes.
+
+    ```python
+    import sfg
+
+    res = sfg.run(n_clients=8, rounds=5, rule="sfg-cut", seed=2)
+    print(res.metrics["acc_mean"], res.curves["round"])
+    on_clock = sfg.run(n_clients=8, rounds=5, clock="virtual", protocol="event",
+                       compute="const:value=30")
+    print(on_clock.metrics["acc_mean"], on_clock.curves["hours"])
+    ```
+    """
+    return _execute(_make("run", config, settings), progress)
+
+
+def replay(config: RunConfig | Mapping[str, Any] | None = None, /, *,
+           progress: Progress | None = None, **settings: Any) -> RunResult:
+    """Replay one configuration without models and return its `RunResult`.
+
+    The staleness state and the rule's weights on the outage trace (no training, no torch
+    needed for the replay itself): ages, lags, the premise, the spreads, the self-return `H`
+    over `horizon` rounds and the per-round mean age and lag. On the rounds by default; on the
+    virtual clock with `clock="virtual"` (its lockstep, async or event protocol). The
+    settings' `kind` is taken as `"replay"`; a model-reading rule is refused.
+
+    ```python
+    import sfg
+
+    res = sfg.replay(n_clients=16, rounds=10, rule="sfg-cut", process="bursty:u=0.5")
+    print(res.metrics["premise"], res.curves["mean_age"][:3])
+    ```
+    """
+    return _execute(_make("replay", config, settings, kind="replay"), progress)
+
+
+# ----------------------------------------------------------------------------- swarms
+def swarm(config: RunConfig | Mapping[str, Any] | None = None, /, *,
+          nodes: Literal["virtual", "real"] = "virtual", deadline: float | None = None,
+          procs: int = 2, workdir: str | os.PathLike | None = None,
+          progress: Progress | None = None, **settings: Any) -> RunResult:
+    """Run a swarm of networked nodes — every node the deployable node's own code — and
+    return its `RunResult` (the nodes' states under `res["nodes"]`, the final models in
+    `res.params`).
+
+    `nodes="virtual"` (the default): every node in this process on the virtual clock, the
+    in-memory network and a batched trainer; no sockets and no sleeping, so the same settings
+    give the same numbers. The settings are the clock's: `protocol` lockstep or async (the
+    node has no event protocol), `period` (also the staleness unit Δ; default
+    `round_seconds`), `jitter`, `window`, the world (`compute`, `uplink`, `latency`,
+    `loss`, `message_bytes`) and `faults` (crashes, cuts, loss bursts). `deadline`: a
+    lockstep round's wait in virtual seconds (default the run's `rounds · period`).
+
+    `nodes="real"`: real nodes over gRPC on loopback, in `procs` worker processes, in wall
+    time: `protocol`, `period` (default 0.2 s), `jitter` and `window` set the nodes' timing;
+    `deadline` (default 60 s) a lockstep round's wait; `workdir` keeps their checkpoints and
+    results (default a new temporary folder). A failed node raises `RuntimeError`.
+
+    ```python
+    import sfg
+
+    res = sfg.swarm(n_clients=8, rounds=5, protocol="async", period=600.0,
+                    compute="const:value=30", latency="const:value=2")
+    print(res.metrics["acc_mean"], res.metrics["virtual_seconds"], len(res["nodes"]))
+    ```
+    """
+    if nodes == "virtual":
+        return _virtual_swarm(config, settings, deadline, progress)
+    if nodes == "real":
+        return _real_swarm(config, settings, deadline, procs, workdir, progress)
+    raise SfgError(f"sfg.swarm: nodes {nodes!r} is not one of virtual (the node on the virtual "
+                   "clock, in this process) or real (real nodes over gRPC on loopback)")
+
+
+def _virtual_swarm(config: Any, settings: Mapping[str, Any], deadline: float | None,
+                   progress: Progress | None) -> RunResult:
+    from sfg.clock.faults import Faults
+    from sfg.experiments.config import run_id
+    from sfg.net.swarm import SwarmOptions
+    from sfg.net.virtual import run_virtual_swarm
+    from sfg.net.world import build_world
+
+    if settings.get("clock", "virtual") != "virtual":
+        raise SfgError("sfg.swarm: the virtual nodes run on the virtual clock; drop "
+                       f"clock={settings['clock']!r}, or give nodes='real'")
+    cfg = _make("swarm", config, settings, clock="virtual", kind="train")
+    c = cfg.model_dump()
+    if c["protocol"] not in ("lockstep", "async"):
+        raise SfgError(f"sfg.swarm: the node runs protocol lockstep or async, not "
+                       f"{c['protocol']!r}; the clock's event protocol trains with sfg.run")
+    P = float(c["period"] if c["period"] is not None else c["round_seconds"])
+    c.update(period=P, round_seconds=P)  # the node's period is also Δ, the staleness unit
+    if c["backend"] == "auto":
+        c["backend"] = "loop"  # one client at a time, as the command runs it
+    opts = SwarmOptions(mode=c["protocol"], procs=1, period=P, jitter=float(c["jitter"]),
+                        window=float(c["window"]),
+                        deadline=float(int(c["rounds"]) * P if deadline is None else deadline))
+    plan = Faults.parse(c["faults"], seed=int(c["faults_seed"]))
+    world = build_world(c)
+    res = run_virtual_swarm(world, opts, progress=progress,
+                            clock_settings={k: c[k] for k in _WORLD_KEYS if c.get(k) is not None},
+                            faults=plan if plan.any else None)
+    res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg),
+                    engine=f"node-{opts.mode}")
+    return res
+
+
+def _real_swarm(config: Any, settings: Mapping[str, Any], deadline: float | None, procs: int,
+                workdir: Any, progress: Progress | None) -> RunResult:
+    from sfg.experiments.config import run_id
+    from sfg.net.swarm import SwarmOptions, check_nodes, run_swarm
+    from sfg.net.world import build_world
+
+    values = _given("swarm", config, settings)
+    timing = {k: values.pop(k) for k in _REAL_TIMING if k in values}
+    values.pop("clock", None)
+    cfg = _make("swarm", values, {}, kind="train")
+    c = cfg.model_dump()
+    if c["backend"] == "auto":
+        c["backend"] = "loop"
+    period = timing.get("period")
+    opts = SwarmOptions(mode=str(timing.get("protocol", "lockstep")), procs=int(procs),
+                        period=0.2 if period is None else float(period),
+                        jitter=float(timing.get("jitter", 0.0)),
+                        window=float(timing.get("window", 1.0)),
+                        deadline=60.0 if deadline is None else float(deadline),
+                        workdir=None if workdir is None else str(workdir))
+    world = build_world(c, engine="real-nodes")
+    check_nodes(world, opts)
+    total, done = world.n * world.rounds, [0]
+
+    def rounds_done(event: dict) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(min(done[0], total), total)
+
+    res = run_swarm(world, opts, progress=rounds_done)
+    res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg),
+                    engine="real-nodes", mode=opts.mode, period=opts.period)
+    return res
+
+
+# ----------------------------------------------------------------------------- grids
+@dataclass
+class GridResult:
+    """What `grid` did: the grid's `name`, the `store` it wrote (a path), its `configs`
+    and `run_ids` in the grid's order, each run's `RunResult` in `results` (read back from
+    the store: metrics, curves, diagnostics, with `meta["config"]` and `meta["run_id"]`;
+    None for a run that failed or is not done) and the executor's `summary` (counts,
+    seconds, `failures` as `(run_id, error)`). Iterating gives the results."""
+
+    name: str
+    store: Path
+    configs: list[RunConfig]
+    run_ids: list[str]
+    results: list[RunResult | None]
+    summary: GridSummary
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every run is done."""
+        return all(r is not None for r in self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[RunResult | None]:
+        return iter(self.results)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per done run: `run_id`, `kind`, `rule`, `process`, `seed`,
+        `n_clients`, `rounds`, then its metrics (a table's rows, e.g. for pandas)."""
+        out = []
+        for cfg, rid, res in zip(self.configs, self.run_ids, self.results, strict=True):
+            if res is not None:
+                out.append({"run_id": rid, "kind": cfg.kind, "rule": cfg.rule,
+                            "process": cfg.process, "seed": cfg.seed,
+                            "n_clients": cfg.n_clients, "rounds": cfg.rounds, **res.metrics})
+        return out
+
+
+def _grid_of(spec: Any) -> Grid:
+    from sfg.experiments.grid import Grid, load_grid, parse_grid
+
+    if isinstance(spec, Grid):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        return load_grid(spec)
+    if isinstance(spec, Mapping):
+        import yaml
+
+        return parse_grid(yaml.safe_dump(dict(spec), sort_keys=False), source="<grid spec>")
+    if isinstance(spec, Sequence) and spec:
+        configs = tuple(_make("grid", c, {}) for c in spec)
+        return Grid(name="grid", configs=configs)
+    raise SfgError("sfg.grid: give a grid file's path, a grid spec (a mapping as in a grid "
+                   f"file: base, rules, processes, seeds, …) or a list of run configs, not "
+                   f"{type(spec).__name__ if spec is not None else 'None'}")
+
+
+def grid(spec: str | os.PathLike | Mapping[str, Any] | Sequence[Any], /, *,
+         store: str | os.PathLike | None = None, workers: int = 1, executor: str = "local",
+         address: str | None = None, retry_failed: bool = True,
+         progress: bool = False) -> GridResult:
+    """Run a grid into a results store and return its `GridResult`.
+
+    `spec`: a grid file's path (YAML, as `sfg grid run` takes), the same as a mapping
+    (`name`, `base`, `datasets`, `processes`, `rules`, `seeds`, `overrides`), an expanded
+    `Grid`, or a list of run configs (`RunConfig`s or mappings). Every run is validated
+    before any runs. `store`: the SQLite results store (default: a new one in a new
+    temporary folder, its path in the result); runs already done there are not run again,
+    so a grid resumes. `workers` local processes (0: one per CPU) or `executor="ray"` at
+    `address`; `progress` shows a progress bar.
+
+    ```python
+    import sfg
+
+    out = sfg.grid({"base": {"kind": "replay", "n_clients": 16, "rounds": 10},
+                    "rules": ["dfedavg", "sfg-cut"], "seeds": [1, 2]},
+                   store="results.sqlite")
+    for row in out.rows():
+        print(row["rule"], row["seed"], row["premise"])
+    ```
+    """
+    from sfg.experiments.config import run_id
+    from sfg.experiments.executors import run_grid
+    from sfg.experiments.store import Store
+
+    g = _grid_of(spec)
+    if store is None:
+        store = Path(tempfile.mkdtemp(prefix="sfg-grid-")) / "results.sqlite"
+    path = Path(store)
+    summary = run_grid(list(g.configs), path, executor=executor, workers=workers,
+                       address=address, retry_failed=retry_failed, show_progress=progress,
+                       label=g.name, grid=g.name)
+    ids = [run_id(c) for c in g.configs]
+    with Store(path, create=False, readonly=True) as s:
+        done = {r["run_id"]: r for r in s.records("done")}
+    results: list[RunResult | None] = []
+    for cfg, rid in zip(g.configs, ids, strict=True):
+        rec = done.get(rid)
+        if rec is None:
+            results.append(None)
+            continue
+        res = _run_result(rec)
+        res.meta.update(config=cfg.model_dump(mode="json"), run_id=rid)
+        results.append(res)
+    return GridResult(name=g.name, store=path, configs=list(g.configs), run_ids=ids,
+                      results=results, summary=summary, failures=list(summary.failures))
+
+
+# ----------------------------------------------------------------------------- rules
+def parse_rule(text: str):
+    """The `Rule` a rule string names (`"sfg-cut:L=2"`, `"sfg-l:gamma=0.3+ipw"`,
+    `"aoi+ipw"`), parameters checked against their ranges; an unknown name or parameter is
+    one `SfgError` line with a did-you-mean. `rule.weights_one(...)` is its one-receiver form.
+
+    ```python
+    import sfg
+
+    rule = sfg.parse_rule("sfg-cut:L=2")
+    print(rule.weights_one(ages=[3, 0, 1], lags=[3.0, 0.5, 1.2], counts=[4, 9, 8], t=10))
+    ```
+    """
+    from sfg.round.rules import parse_rule as parse
+
+    return parse(text)
+
+
+def rules(tag: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every registered aggregation rule (those of your own modules too, once imported):
+    `{name: {"params": {name: default}, "tags": [...], "doc": "..."}}` in the order
+    `sfg rules` lists them; `tag` keeps the rules with that tag (`"sfg"`, `"model"`, …).
+
+    ```python
+    import sfg
+
+    print(list(sfg.rules()))
+    print(sfg.rules()["sfg-cut"]["params"])
+    ```
+    """
+    from sfg.round.rules import RULES, rule_names
+
+    out = {}
+    for name in rule_names(tag):
+        e = RULES.entry(name)
+        out[name] = {"params": dict(e.params), "tags": sorted(e.tags), "doc": e.doc}
+    return out
+
+
+__all__ = ["GridResult", "config", "grid", "parse_rule", "replay", "rules", "run", "swarm"]
