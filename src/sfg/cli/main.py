@@ -27,6 +27,22 @@ from sfg.cli import traces as traces_cli
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sfg — decentralised learning when devices go offline.")
 
+
+
+@app.callback()
+def _plugins(
+    plugin: list[str] = typer.Option(
+        [], "--plugin", metavar="MODULE",
+        help="Import MODULE first: your own rules, datasets, models or outage processes "
+             "(repeatable; also SFG_PLUGINS=mod1,mod2; installed packages are found through "
+             "their sfg.rules / sfg.datasets / sfg.models / sfg.processes entry points)"),
+) -> None:
+    from sfg import plugins
+
+    plugins.add_to_env(plugin)  # the command's child processes load them too
+    plugins.load(plugin)
+
+
 replay_cli.register(app)  # replay, rules, processes
 
 

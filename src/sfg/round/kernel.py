@@ -15,17 +15,17 @@ replay (:mod:`sfg.replay`), the training simulator (:mod:`sfg.sim`) and
 
 Compiled once, for every rule: the round takes the rule as an argument, a first-class
 function of one signature (:func:`scorer`: the rule's function inlined into :func:`_score`,
-cached on disk under a name that includes the rule's name and a hash of its bytecode). A new
-rule therefore compiles only its own few lines, not the round. The round itself has up to four
+cached on disk under a name that includes the rule's name and a hash of its source: the rule,
+every helper it calls and their source files, :func:`sfg.round.jit.source_digest`). A new
+rule therefore compiles only its own few lines, not the round, and an edited rule or helper is
+compiled afresh on the next run. The round itself has up to four
 signatures, compiled on first use: with or without inputs from outside the round (scores
 computed outside, forged claims, remembered models, attackers) and with or without defences;
-the branches of what is absent are not compiled. Numba's cache does not see edits to helpers
-a rule calls; after changing one, clear ``__pycache__`` (as for any numba cache).
+the branches of what is absent are not compiled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 import types
@@ -745,20 +745,21 @@ def _rule_call(fn):
 def scorer(fn):
     """The rule function ``fn`` compiled as the round calls it (:func:`_score`, the rule
     inlined; as a first-class function, :func:`sfg.round.compiled.first_class`), cached on disk
-    under a name that includes the rule's name and a hash of its bytecode (loaded from there
-    when present), made once per process. The only compiled code made per rule."""
+    under a name that includes the rule's name and a hash of its source
+    (:func:`sfg.round.jit.source_digest`: the rule, every helper it calls, the constants they
+    read and their source files), so an edit to any of them compiles afresh on the next run;
+    loaded from there when present, made once per process. The only compiled code made per
+    rule."""
     got = _KERNELS.get(fn)
     if got is None:
         with _LOCK:
             got = _KERNELS.get(fn)
             if got is None:
-                from sfg.round.jit import materialise
+                from sfg.round.jit import materialise, source_digest
 
                 py = getattr(fn, "py_func", fn)
                 disp = materialise(fn)
-                code = py.__code__
-                digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()
-                                      + repr(code.co_names).encode()).hexdigest()[:10]
+                digest = source_digest(fn)
                 name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
                 got = first_class(_specialise(_score, f"{name}_{digest}",
                                               call_rule=_rule_call(disp)),

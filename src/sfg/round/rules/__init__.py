@@ -445,7 +445,10 @@ def rule_names(tag: str | None = None) -> list[str]:
 
 
 def _load_library() -> None:
+    from sfg.plugins import load
     from sfg.round.rules import library, oracles  # noqa: F401  (registers the rules on first use)
+
+    load()  # the plugins' rules (entry points, SFG_PLUGINS; sfg.plugins): once per process
 
 
 __all__ = ["RULES", "ROBUST", "MODEL_DEFENCES", "Range", "Rule", "Unit", "Discount",

@@ -1,0 +1,150 @@
+"""Plugins: your own rules, datasets, models and outage processes, loaded by every sfg process.
+
+A plugin is a Python module that registers components when it is imported (``@rule(...)``,
+``DATASETS.register(...)``, ``MODELS.register(...)``, ``PROCESSES.register(...)``). sfg imports
+
+* the modules named by the entry points of an installed distribution, in the groups
+  :data:`GROUPS` (``sfg.rules``, ``sfg.datasets``, ``sfg.models``, ``sfg.processes``); in a
+  ``pyproject.toml``::
+
+      [project.entry-points."sfg.rules"]
+      my-rules = "my_package.rules"
+
+* the modules named by ``--plugin MODULE`` (``sfg --plugin my_rules replay ...``, repeatable)
+  and by the environment variable ``SFG_PLUGINS`` (comma-separated module names), which must
+  be importable (on ``PYTHONPATH``).
+
+The command line loads them before a command runs (and passes ``--plugin`` on to its child
+processes through ``SFG_PLUGINS``); the grid's worker processes (in-process, the process
+pool, Ray tasks) and the networked nodes' workers load them again on start; in Python, the
+rule registry loads them on first use (:func:`sfg.round.rules.parse_rule`), or call
+:func:`load`. A plugin that fails to import is one :class:`PluginError` naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Iterable
+
+from sfg.errors import SfgError
+
+#: the entry-point groups sfg reads, one per kind of component
+GROUPS = ("sfg.rules", "sfg.datasets", "sfg.models", "sfg.processes")
+#: the environment variable naming plugin modules (comma-separated)
+ENV = "SFG_PLUGINS"
+
+_LOCK = threading.RLock()
+_DONE: set[str] = set()  # entry points and modules imported in this process
+_SCANNED: list[list[tuple[str, str, str]]] = []  # the entry points found, once per process
+_ACTIVE: list[bool] = []  # set while loading (a plugin's own import may ask for the rules)
+
+
+class PluginError(SfgError):
+    """A plugin could not be loaded (one line naming it)."""
+
+
+def env_modules(value: str | None = None) -> list[str]:
+    """The module names in ``SFG_PLUGINS`` (or ``value``), in order, without repeats."""
+    raw = os.environ.get(ENV, "") if value is None else value
+    out: list[str] = []
+    for item in raw.split(","):
+        name = item.strip()
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def add_to_env(modules: Iterable[str]) -> None:
+    """Add ``modules`` to ``SFG_PLUGINS`` in this process's environment, so that the child
+    processes it starts (grid workers, node workers, compile helpers) load them too."""
+    names = env_modules()
+    for m in modules:
+        m = m.strip()
+        if m and m not in names:
+            names.append(m)
+    if names:
+        os.environ[ENV] = ",".join(names)
+
+
+def entry_points() -> list[tuple[str, str, str]]:
+    """(group, name, value) of every installed entry point in :data:`GROUPS` (read once)."""
+    if not _SCANNED:
+        from importlib.metadata import entry_points as eps
+
+        found = []
+        for group in GROUPS:
+            for ep in eps(group=group):
+                found.append((group, ep.name, ep.value))
+        _SCANNED.append(found)
+    return _SCANNED[0]
+
+
+def _check_name(module: str, where: str) -> None:
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise PluginError(f"plugin {module!r} ({where}) is not a module name; give an "
+                          "importable module such as my_rules or my_package.rules")
+
+
+def _import(target: str, what: str) -> None:
+    """Import ``module`` or ``module:attr`` (an entry point's value); one error line if it
+    fails, naming ``what``."""
+    module, _, attr = target.partition(":")
+    try:
+        got = importlib.import_module(module.strip())
+        for part in filter(None, attr.strip().split(".")):
+            got = getattr(got, part)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module.strip() == e.name
+                                   or module.strip().startswith(e.name + ".")):
+            raise PluginError(f"plugin {what}: no module named {e.name!r}; install it or put "
+                              "its folder on PYTHONPATH") from None
+        raise PluginError(f"plugin {what} failed to import: {_line(e)}") from None
+    except SfgError as e:
+        raise PluginError(f"plugin {what} failed to import: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any error in a user's module is one line naming it
+        raise PluginError(f"plugin {what} failed to import: {_line(e)}") from None
+
+
+def _line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def load(modules: Iterable[str] = (), *, entry_points_too: bool = True) -> list[str]:
+    """Import the plugins: ``modules``, those in ``SFG_PLUGINS`` and (``entry_points_too``)
+    the installed entry points of :data:`GROUPS`. Each is imported once per process; the
+    built-in rules are registered first, so a plugin's name that clashes with one is an error
+    naming the plugin. Returns what this call imported. Raises :class:`PluginError`."""
+    with _LOCK:
+        if _ACTIVE:
+            return []
+        modules = [m.strip() for m in modules if m.strip()]
+        wanted: list[tuple[str, str, str]] = []  # (key, what to import, how it is named)
+        for m in dict.fromkeys([*modules, *env_modules()]):
+            where = "--plugin" if m in modules else ENV
+            _check_name(m, where)
+            wanted.append((f"module={m}", m, f"{m!r} ({where})"))
+        if entry_points_too:
+            for group, name, value in entry_points():
+                wanted.append((f"{group}:{name}={value}", value,
+                               f"{value!r} (entry point {name!r} in group {group!r})"))
+        todo = [w for w in wanted if w[0] not in _DONE]
+        if not todo:
+            return []
+        _ACTIVE.append(True)
+        try:
+            from sfg.round.rules import library, oracles  # noqa: F401 - built-ins first
+
+            done = []
+            for key, target, what in todo:
+                _import(target, what)
+                _DONE.add(key)
+                done.append(target)
+            return done
+        finally:
+            _ACTIVE.clear()
+
+__all__ = ["ENV", "GROUPS", "PluginError", "add_to_env", "entry_points", "env_modules", "load"]
