@@ -9,7 +9,8 @@
   heartbeats them, and writes every result to the store as its task finishes; tasks never
   touch the store, so the store only needs to be on the driver's disk (SQLite must not sit on
   a network filesystem anyway). Workers need ``sfg`` importable (same environment, or a Ray
-  ``runtime_env``). ``address``: None starts (or joins) a local instance, ``"auto"`` joins
+  ``runtime_env``), and so do the plugins (:mod:`sfg.plugins`: the driver's ``--plugin`` and
+  ``SFG_PLUGINS`` modules are passed to every task, entry points are read where it runs). ``address``: None starts (or joins) a local instance, ``"auto"`` joins
   the running cluster, ``"local"`` forces a new local instance, ``"ray://host:10001"`` uses
   Ray Client. If Ray is already initialised in this process it is used as it is.
 
@@ -128,7 +129,18 @@ def _worker_process(store_path: str, run_ids: list[str], lease: float, max_attem
 
     The parent sets OMP/MKL/OpenBLAS thread variables to ``threads`` before spawning, so
     numpy and torch (which reads OMP_NUM_THREADS) use ``cpu_count // workers`` threads each.
+    The plugins (:mod:`sfg.plugins`: entry points, and ``SFG_PLUGINS``, inherited from the
+    parent) are loaded first; one that fails is one error line and exit status 2.
     """
+    from sfg.plugins import load
+
+    try:
+        load()
+    except SfgError as e:
+        import sys
+
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     worker_loop(store_path, run_ids, lease=lease, max_attempts=max_attempts)
 
 
@@ -243,12 +255,16 @@ def _run_pool(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, work
             p.join()
 
 
-def _ray_task(config: dict) -> dict:
-    """One run inside a Ray worker: the result, or the one-line error (never raises)."""
+def _ray_task(config: dict, plugins: Sequence[str] = ()) -> dict:
+    """One run inside a Ray worker: the result, or the one-line error (never raises).
+    ``plugins``: the driver's plugin modules (``--plugin``, ``SFG_PLUGINS``), loaded first with
+    the worker's own entry points (:mod:`sfg.plugins`)."""
     from sfg.experiments.runner import run_config
+    from sfg.plugins import load
 
     t0 = time.perf_counter()
     try:
+        load(plugins)
         result = run_config(RunConfig(**config))
     except Exception as e:
         return {"ok": False, "error": one_line(e), "traceback": traceback.format_exc(),
@@ -363,6 +379,9 @@ def _run_ray(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, addre
             raise SfgError(f"--cpus-per-run {cpus_per_run} exceeds the Ray cluster's "
                            f"{have.get('CPU', 0)} CPUs")
         task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run)(_ray_task)
+        from sfg.plugins import env_modules
+
+        plugins = env_modules()  # Ray's workers do not inherit the driver's environment
         worker = new_worker_id()
         pending: dict[Any, str] = {}
         try:
@@ -370,7 +389,7 @@ def _run_ray(store_path: Path, ids: list[str], bar: _Bar, store: Store, *, addre
                 while (claimed := store.claim(ids, worker, lease=lease,
                                               max_attempts=max_attempts)) is not None:
                     rid, config = claimed
-                    pending[task.remote(config)] = rid
+                    pending[task.remote(config, plugins)] = rid
                 while pending:
                     ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
                     for ref in ready:
@@ -416,6 +435,9 @@ def run_grid(configs: Sequence[RunConfig], store_path: str | os.PathLike, *,
             raise SfgError(f"{cuda} runs use device cuda but --gpus-per-run is 0, so Ray would "
                            "give them no GPU; set --gpus-per-run (e.g. 0.25) or device: cpu")
     workers = workers or (os.cpu_count() or 1)
+    from sfg.plugins import load
+
+    load()  # the plugins' components, here and (through SFG_PLUGINS) in spawned workers
     by_id: dict[str, RunConfig] = {}
     for cfg in configs:  # duplicates run once, in order of first appearance
         by_id.setdefault(run_id(cfg), cfg)

@@ -31,10 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     from sfg.net.swarm import run_nodes
     from sfg.net.transport import TlsFiles
     from sfg.net.world import build_world
+    from sfg.plugins import load
 
     spec = json.loads(Path(a.spec).read_text())
     ids = [int(x) for x in a.nodes.split(",")]
     try:
+        load()  # the plugins' rules, datasets, models (entry points; SFG_PLUGINS, inherited)
         world = build_world(spec["cfg"], engine="real-nodes")
         parts = tuple(Cut.parse_rounds(p) for p in spec["partitions"])
         addresses = {i: f"127.0.0.1:{p}" for i, p in enumerate(spec["ports"])}

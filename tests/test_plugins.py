@@ -1,0 +1,232 @@
+"""Plugins end to end: a real package (a wheel with an ``sfg.rules`` entry point, installed
+with ``pip install --no-deps --target``) is found by the real command line in fresh processes
+— ``sfg replay``, ``sfg run`` and ``sfg grid run --workers 2`` (spawned workers) use its rule
+— and an edit to the helper its rule calls changes the numbers on the next run (the compiled
+rule is cached under a hash of its source, :func:`sfg.round.jit.source_digest`). A plain
+module works through ``--plugin`` and ``SFG_PLUGINS``; a broken plugin is one error line
+naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from sfg.round.jit import source_digest
+
+RULES = '''
+import numpy as np
+from numba import njit
+
+from sfg.round.rules import rule
+
+
+@njit(cache=True)
+def boost(age):
+    """The helper the rule calls."""
+    return 1.0 / (1.0 + age)
+
+
+@rule("plugin-fresh", tags=("control",))
+@njit(cache=True)
+def plugin_fresh(x):
+    """``plugin-fresh``: a candidate's score falls with its age (through a helper)."""
+    return boost(x.age.astype(np.float64))
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sfg-plugin-example"
+version = "0.1"
+
+[project.entry-points."sfg.rules"]
+fresh = "sfg_plugin_example.rules"
+
+[tool.setuptools]
+packages = ["sfg_plugin_example"]
+'''
+
+GRID = '''
+name: plugin
+base: {kind: replay, n_clients: 12, rounds: 10, horizon: 5, graph: "ring:k=1"}
+processes: ["bursty:u=0.8"]
+rules: [plugin-fresh]
+seeds: [1, 2]
+'''
+
+REPLAY = ["replay", "-p", "bursty:u=0.8", "-r", "plugin-fresh", "--seeds", "1", "-n", "16",
+          "-T", "10", "--horizon", "5", "--graph", "ring:k=1", "--json"]
+RUN = ["run", "--rule", "plugin-fresh", "-p", "bursty:u=0.5", "-n", "8", "-T", "5",
+       "--eval-every", "5", "--local-steps", "1", "--batch-size", "8", "--graph", "ring:k=1",
+       "--json"]
+
+
+def sfg(args, env, timeout=240):
+    return subprocess.run([sys.executable, "-m", "sfg", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def env_with(path, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("SFG_PLUGINS", "PYTHONPATH")}
+    return {**env, "PYTHONPATH": str(path), **extra}
+
+
+def ok(res):
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def replay_rows(out):
+    return json.loads(out)["rows"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The example plugin built as a wheel and installed into a folder of its own."""
+    root = tmp_path_factory.mktemp("plugin")
+    src = root / "src"
+    (src / "sfg_plugin_example").mkdir(parents=True)
+    (src / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    (src / "sfg_plugin_example" / "__init__.py").write_text("")
+    (src / "sfg_plugin_example" / "rules.py").write_text(textwrap.dedent(RULES))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                            "-w", str(root / "dist"), str(src)],
+                           capture_output=True, text=True, timeout=180)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheels = list((root / "dist").glob("sfg_plugin_example-0.1-*.whl"))
+    assert len(wheels) == 1
+    site = root / "site"
+    got = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site),
+                          str(wheels[0])], capture_output=True, text=True, timeout=180)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert (site / "sfg_plugin_example-0.1.dist-info" / "entry_points.txt").exists()
+    return site
+
+
+def test_an_installed_plugin_runs_everywhere_and_an_edited_helper_is_picked_up(installed,
+                                                                                tmp_path):
+    env = env_with(installed)
+    # the replay finds the rule through its entry point (no --plugin, no SFG_PLUGINS)
+    before = replay_rows(ok(sfg(REPLAY, env)))
+    assert before[0]["rule"] == "plugin-fresh"
+    # its numbers are the rule's: the same replay under a built-in rule differs
+    dfedavg = replay_rows(ok(sfg([*REPLAY[:4], "dfedavg", *REPLAY[5:]], env)))
+    assert dfedavg[0]["self_weight_return"] != before[0]["self_weight_return"]
+    # sfg rules lists it
+    assert "plugin-fresh" in ok(sfg(["rules"], env))
+
+    # training
+    trained = json.loads(ok(sfg(RUN, env)))
+    assert "plugin-fresh" in json.dumps(trained)
+
+    # a grid with two spawned worker processes: each loads the entry point itself
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID))
+    store = tmp_path / "grid.sqlite"
+    ok(sfg(["grid", "run", str(grid), "--store", str(store), "--workers", "2",
+            "--no-progress"], env))
+    from sfg.experiments.store import records
+
+    done = records(store)
+    assert len(done) == 2 and {r["config"]["rule"] for r in done} == {"plugin-fresh"}
+
+    # edit the helper in the installed module: the next run compiles it afresh
+    path = installed / "sfg_plugin_example" / "rules.py"
+    text = path.read_text()
+    assert "return 1.0 / (1.0 + age)" in text
+    path.write_text(text.replace("return 1.0 / (1.0 + age)", "return 1.0 / (1.0 + age) ** 3"))
+    after = replay_rows(ok(sfg(REPLAY, env)))
+    assert after[0]["self_weight_return"] != before[0]["self_weight_return"]
+    retrained = json.loads(ok(sfg(RUN, env)))
+    assert retrained != trained
+    # and the edit undone gives the first numbers again
+    path.write_text(text + "\n")
+    assert replay_rows(ok(sfg(REPLAY, env))) == before
+
+
+def test_a_plain_module_through_plugin_and_the_environment(tmp_path):
+    (tmp_path / "plain_rules.py").write_text(textwrap.dedent(RULES).replace(
+        "plugin-fresh", "plain-fresh"))
+    args = [*REPLAY[:4], "plain-fresh", *REPLAY[5:]]
+    env = env_with(tmp_path)
+    missing = sfg(args, env)  # not imported: an unknown rule
+    assert missing.returncode == 2 and "plain-fresh" in missing.stderr
+    by_option = replay_rows(ok(sfg(["--plugin", "plain_rules", *args], env)))
+    by_env = replay_rows(ok(sfg(args, env_with(tmp_path, SFG_PLUGINS="plain_rules"))))
+    assert by_option == by_env and by_option[0]["rule"] == "plain-fresh"
+
+
+@pytest.mark.parametrize("how", ["option", "env", "missing"])
+def test_a_broken_plugin_is_one_error_line_naming_it(tmp_path, how):
+    (tmp_path / "broken_rules.py").write_text("import numpy\nraise RuntimeError('no luck')\n")
+    if how == "option":
+        res = sfg(["--plugin", "broken_rules", "rules"], env_with(tmp_path))
+        want = ["'broken_rules'", "--plugin", "RuntimeError: no luck"]
+    elif how == "env":
+        res = sfg(["rules"], env_with(tmp_path, SFG_PLUGINS="numpy, broken_rules"))
+        want = ["'broken_rules'", "SFG_PLUGINS", "RuntimeError: no luck"]
+    else:
+        res = sfg(["--plugin", "no_such_plugin", "rules"], env_with(tmp_path))
+        want = ["'no_such_plugin'", "no module named"]
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: plugin "), res.stderr
+    for w in want:
+        assert w in lines[0]
+
+
+# ------------------------------------------------------------------ the compiled cache's key
+def _module(name, source):
+    mod = types.ModuleType(name)
+    mod.__file__ = f"<{name}>"
+    exec(compile(textwrap.dedent(source), mod.__file__, "exec"), mod.__dict__)  # noqa: S102
+    return mod
+
+
+RULE = '''
+import helpers
+
+LIMIT = 2.0
+
+def rule(x):
+    return helpers.boost(x) + LIMIT
+'''
+
+
+@pytest.mark.parametrize("edit", ["helper", "constant", "helper_constant", "nothing"])
+def test_the_cache_key_follows_the_rule_and_its_helpers(edit, monkeypatch):
+    """The key changes with the rule's helper in another module, a constant it reads (numba
+    freezes globals) and a constant its helper reads; it does not change for nothing."""
+    helpers = _module("helpers", "SCALE = 3.0\ndef boost(x):\n    return x * SCALE\n")
+    monkeypatch.setitem(sys.modules, "helpers", helpers)
+    fn = _module("user_rule", RULE).rule
+    key = source_digest(fn)
+    assert source_digest(fn) == key
+    if edit == "helper":
+        helpers.boost = _module("helpers", "def boost(x):\n    return x * 4.0\n").boost
+    elif edit == "constant":
+        fn.__globals__["LIMIT"] = 2.5
+    elif edit == "helper_constant":
+        helpers.SCALE = 3.5
+    changed = source_digest(fn) != key
+    assert changed == (edit != "nothing")
+
+
+def test_the_built_in_rules_keys_are_stable_across_processes():
+    code = ("from sfg.round.rules import parse_rule; from sfg.round.jit import source_digest; "
+            "print(source_digest(parse_rule('sfg-cut').fn))")
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120).stdout.strip() for _ in range(2)}
+    from sfg.round.rules import parse_rule
+
+    assert keys == {source_digest(parse_rule("sfg-cut").fn)}
