@@ -161,6 +161,10 @@ def test_readme_is_a_landing_page():
     for link in links:
         assert (ROOT / link).exists(), link
     assert "make demo" in text and "make test" in text
+    # the measured numbers and findings live in the docs; the README points to them
+    assert "docs/figures.md" in text and "docs/findings/" in text
+    assert "docs/concepts/" in text  # the model's reference pages
+    assert not re.search(r"\d+(\.\d+)?\s?(pp|%)\b|\[[+-]\d", text), "numbers belong in docs/"
 
 
 def test_mkdocs_build_strict(tmp_path):
