@@ -265,8 +265,8 @@ def _examples() -> list:
     from sfg import api
 
     out = []
-    for name in api.__all__:
-        doc = inspect.getdoc(getattr(api, name)) or ""
+    for name in ["module", *api.__all__]:
+        doc = inspect.getdoc(api if name == "module" else getattr(api, name)) or ""
         for k, code in enumerate(re.findall(r"```python\n(.*?)```", doc, flags=re.S)):
             out.append(pytest.param(code, id=f"{name}-{k}"))
     return out
@@ -276,7 +276,8 @@ def test_every_job_has_an_example():
     from sfg import api
 
     documented = {p.id.split("-")[0] for p in _examples()}
-    assert documented >= {"run", "replay", "swarm", "grid", "parse_rule", "rules", "config"}
+    assert documented >= {"module", "run", "replay", "swarm", "grid", "parse_rule", "rules",
+                          "config"}
     assert all(len(inspect.getdoc(getattr(api, n)) or "") > 200 for n in api.__all__)
 
 

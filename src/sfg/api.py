@@ -3,10 +3,12 @@
 ```python
 import sfg
 
-res = sfg.run(n_clients=8, rounds=5)          # train: the rounds, or the clock in one call
-res = sfg.replay(n_clients=16, rounds=10)      # model-free replay of the staleness state
-res = sfg.swarm(n_clients=8, rounds=5)         # the node's own code on the virtual clock
-out = sfg.grid("grid.yaml", store="results.sqlite")   # a grid into a results store
+trained = sfg.run(n_clients=8, rounds=5)        # train: the rounds, or the clock in one call
+replayed = sfg.replay(n_clients=16, rounds=10)  # model-free replay of the staleness state
+nodes = sfg.swarm(n_clients=8, rounds=5)        # the node's own code on the virtual clock
+out = sfg.grid({"base": {"kind": "replay", "n_clients": 16, "rounds": 10},
+                "rules": ["dfedavg", "sfg-cut"]}, store="results.sqlite")  # a grid, stored
+print(trained.metrics["acc_mean"], replayed.metrics["premise"], len(out))
 ```
 
 Every job takes the settings of one run as a `RunConfig` (positional), a mapping of its
@@ -93,22 +95,6 @@ def _given(job: str, config: Any, settings: Mapping[str, Any]) -> dict[str, Any]
         if key not in fields:
             raise _unknown(job, str(key))
     return values
-
-
-def config(config: RunConfig | Mapping[str, Any] | None = None, /,
-           **settings: Any) -> RunConfig:
-    """The validated settings of one run: a `RunConfig` from a config, a mapping and/or
-    keywords with `RunConfig`'s names (keywords win). A bad name or value is one
-    `SfgError` line naming it.
-
-    ```python
-    import sfg
-
-    c = sfg.config(n_clients=8, rounds=5, rule="sfg-cut")
-    print(c.rule, c.eval_every)          # sfg-cut 5
-    ```
-    """
-    return _make("config", config, settings)
 
 
 def _make(job: str, config: Any, settings: Mapping[str, Any], **forced: Any) -> RunConfig:
@@ -298,45 +284,6 @@ def _real_swarm(config: Any, settings: Mapping[str, Any], deadline: float | None
 
 
 # ----------------------------------------------------------------------------- grids
-@dataclass
-class GridResult:
-    """What `grid` did: the grid's `name`, the `store` it wrote (a path), its `configs`
-    and `run_ids` in the grid's order, each run's `RunResult` in `results` (read back from
-    the store: metrics, curves, diagnostics, with `meta["config"]` and `meta["run_id"]`;
-    None for a run that failed or is not done) and the executor's `summary` (counts,
-    seconds, `failures` as `(run_id, error)`). Iterating gives the results."""
-
-    name: str
-    store: Path
-    configs: list[RunConfig]
-    run_ids: list[str]
-    results: list[RunResult | None]
-    summary: GridSummary
-    failures: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """Every run is done."""
-        return all(r is not None for r in self.results)
-
-    def __len__(self) -> int:
-        return len(self.results)
-
-    def __iter__(self) -> Iterator[RunResult | None]:
-        return iter(self.results)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One flat dict per done run: `run_id`, `kind`, `rule`, `process`, `seed`,
-        `n_clients`, `rounds`, then its metrics (a table's rows, e.g. for pandas)."""
-        out = []
-        for cfg, rid, res in zip(self.configs, self.run_ids, self.results, strict=True):
-            if res is not None:
-                out.append({"run_id": rid, "kind": cfg.kind, "rule": cfg.rule,
-                            "process": cfg.process, "seed": cfg.seed,
-                            "n_clients": cfg.n_clients, "rounds": cfg.rounds, **res.metrics})
-        return out
-
-
 def _grid_of(spec: Any) -> Grid:
     from sfg.experiments.grid import Grid, load_grid, parse_grid
 
@@ -405,6 +352,62 @@ def grid(spec: str | os.PathLike | Mapping[str, Any] | Sequence[Any], /, *,
         results.append(res)
     return GridResult(name=g.name, store=path, configs=list(g.configs), run_ids=ids,
                       results=results, summary=summary, failures=list(summary.failures))
+
+
+@dataclass
+class GridResult:
+    """What `grid` did: the grid's `name`, the `store` it wrote (a path), its `configs`
+    and `run_ids` in the grid's order, each run's `RunResult` in `results` (read back from
+    the store: metrics, curves, diagnostics, with `meta["config"]` and `meta["run_id"]`;
+    None for a run that failed or is not done) and the executor's `summary` (counts,
+    seconds, `failures` as `(run_id, error)`). Iterating gives the results."""
+
+    name: str
+    store: Path
+    configs: list[RunConfig]
+    run_ids: list[str]
+    results: list[RunResult | None]
+    summary: GridSummary
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every run is done."""
+        return all(r is not None for r in self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[RunResult | None]:
+        return iter(self.results)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per done run: `run_id`, `kind`, `rule`, `process`, `seed`,
+        `n_clients`, `rounds`, then its metrics (a table's rows, e.g. for pandas)."""
+        out = []
+        for cfg, rid, res in zip(self.configs, self.run_ids, self.results, strict=True):
+            if res is not None:
+                out.append({"run_id": rid, "kind": cfg.kind, "rule": cfg.rule,
+                            "process": cfg.process, "seed": cfg.seed,
+                            "n_clients": cfg.n_clients, "rounds": cfg.rounds, **res.metrics})
+        return out
+
+
+
+def config(config: RunConfig | Mapping[str, Any] | None = None, /,
+           **settings: Any) -> RunConfig:
+    """The validated settings of one run: a `RunConfig` from a config, a mapping and/or
+    keywords with `RunConfig`'s names (keywords win). A bad name or value is one
+    `SfgError` line naming it.
+
+    ```python
+    import sfg
+
+    c = sfg.config(n_clients=8, rounds=5, rule="sfg-cut")
+    print(c.rule, c.eval_every)          # sfg-cut 5
+    ```
+    """
+    return _make("config", config, settings)
 
 
 # ----------------------------------------------------------------------------- rules
