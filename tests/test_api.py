@@ -113,9 +113,14 @@ def test_automatic_eval_every_and_horizon_follow_a_new_rounds():
         sfg.run(sfg.config(n_clients=8, rounds=300, eval_every=20), rounds=5)
 
 
-def test_selftest_kind_runs_without_torch_work():
-    res = sfg.run(kind="selftest", n_clients=8, rounds=5)
+def test_selftest_kind_runs_and_progress_is_reported():
+    seen: list[tuple[int, int]] = []
+    res = sfg.run(kind="selftest", n_clients=8, rounds=5, progress=lambda d, t: seen.append((d, t)))
     assert set(res.metrics) >= {"final_acc", "messages"} and res.accuracy is None
+    assert seen == [(t, 5) for t in range(1, 6)]
+    seen.clear()
+    sfg.run(**TINY, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (5, 5)
 
 
 # ------------------------------------------------------------------------ replay

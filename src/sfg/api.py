@@ -75,11 +75,13 @@ def _unknown(job: str, key: str) -> SfgError:
 def _given(job: str, config: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The settings given to ``job``: ``config`` (a RunConfig, a mapping or None), then the
     keywords; every name checked against RunConfig's."""
+    from sfg.experiments.config import RunConfig
+
     if config is None:
         base: dict[str, Any] = {}
     elif isinstance(config, Mapping):
         base = dict(config)
-    elif hasattr(config, "model_dump") and type(config).__name__ == "RunConfig":
+    elif isinstance(config, RunConfig):
         base = config.model_dump()
         rounds = int(base["rounds"])
         if base.get("eval_every") == min(10, rounds):  # automatic: follows a new rounds
