@@ -15,7 +15,7 @@ OTHER_ARITH := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 FLOAT_TESTS := tests/test_sim_baseline.py tests/test_backends.py tests/test_baseline.py \
 	tests/test_backends_device.py tests/test_precision.py
 
-# Lower bounds that are tested (make test-lowest, issue 32): the lowest numpy, numba, scipy,
+# Lower bounds that are tested (make test-lowest): the lowest numpy, numba, scipy,
 # pydantic and typer that pyproject.toml allows (tests/lowest.py reads them from there), in a
 # virtual environment of their own, built once; torch is the CPU build pinned below. The core
 # and training smoke tests run there, with numba's cache apart from .venv's.

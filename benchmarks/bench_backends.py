@@ -1,4 +1,4 @@
-"""Local-training throughput of every backend (SPEC §6), side by side with a plain loop.
+"""Local-training throughput of every backend (docs/concepts/training.md#the-training-protocol), side by side with a plain loop.
 
 For each model, n clients (default 100) each run K SGD steps on batches of 32; the table
 shows client-steps per second per backend, the ratio to a straightforward per-client loop
@@ -7,7 +7,7 @@ shows client-steps per second per backend, the ratio to a straightforward per-cl
 (forward + backward ≈ 3 × 2 × forward MACs per example) as a fraction of this machine's fp32
 matmul peak, measured in the same run with a large ``torch.mm``.
 
-    .venv/bin/python benchmarks/bench_backends.py            # full: K = 10 (SPEC §6), ~5 min
+    .venv/bin/python benchmarks/bench_backends.py            # full: K = 10 (docs/concepts/training.md#the-training-protocol), ~5 min
     .venv/bin/python benchmarks/bench_backends.py --quick    # K = 2: ~1 minute
     .venv/bin/python benchmarks/bench_backends.py --device cuda --clients 100
 

@@ -1,4 +1,4 @@
-"""What ``+certified`` costs between networked nodes (issue 21, item 3; sfg.net.certify).
+"""What ``+certified`` costs between networked nodes (sfg.net.certify).
 
 Two measurements, side by side in one run:
 

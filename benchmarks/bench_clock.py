@@ -1,4 +1,4 @@
-"""The virtual clock (SPEC §12), measured side by side in one run (issue 19).
+"""The virtual clock (docs/concepts/clock.md#the-virtual-clock), measured side by side in one run.
 
 1. **Model-free replay on the clock** (:func:`sfg.clock.replay.replay_clock`), bursty u = 0.8,
    kNN k = 6, ``sfg-cut``, 300 periods (T·Δ of virtual time), K = 10:

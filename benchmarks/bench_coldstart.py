@@ -1,4 +1,4 @@
-"""First use of ``sfg replay`` on a cold numba cache, as whole processes (issue 17, item 3).
+"""First use of ``sfg replay`` on a cold numba cache, as whole processes.
 
 Every measurement is a fresh ``sfg`` process (what a user waits for) with its own fresh
 ``NUMBA_CACHE_DIR``, so that nothing compiled by an earlier measurement is reused:

@@ -1,4 +1,4 @@
-"""Data loading speed: decode once, then cached reloads (SPEC §6 data; issue 4).
+"""Data loading speed: decode once, then cached reloads (docs/concepts/training.md#the-training-protocol data).
 
 1. The CIFAR-10 image folder (all 60,000 JPEGs in ``cifar10_jpeg_q75_raw.tar.gz``): first
    decode into an empty cache with the default worker processes (and, with

@@ -1,4 +1,4 @@
-"""Fault-sweep throughput (issue 20): simulated node-rounds per second of the seeded sweep of
+"""Fault-sweep throughput: simulated node-rounds per second of the seeded sweep of
 :mod:`sfg.net.faultsweep` — the deployable node on the virtual clock under random faults, with
 every property check of the sweep (the network's log of every delivery, the nodes' records).
 

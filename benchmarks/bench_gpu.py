@@ -1,4 +1,4 @@
-"""The CUDA path checked and measured in one call (issue 22): prints ONE JSON line.
+"""The CUDA path checked and measured in one call: prints ONE JSON line.
 
     PYTHONPATH=src python benchmarks/bench_gpu.py            # on a CUDA machine, <= 8 minutes
     PYTHONPATH=src python benchmarks/bench_gpu.py --smoke    # anywhere (CPU): tiny sizes, ~30 s

@@ -1,4 +1,4 @@
-"""Networked nodes (SPEC §11), measured side by side in one run.
+"""Networked nodes (docs/concepts/nodes.md#networked-nodes), measured side by side in one run.
 
 1. **Model exchange throughput on localhost**: the paper CNN (878,538 parameters, 3.5 MB of
    float32) delivered over sfg's gRPC transport — header + safetensors payload streamed in
@@ -8,7 +8,7 @@
    bytes), and a full exchange (encode, send, receive, validate: digest,
    names/shapes/dtype, finiteness).
    **Fetch** (a lockstep node's pull): the same message pulled with ``Peer.fetch`` — bounded
-   (issue 32: the header read first, the stream stopped at the first chunk past the
+   (the header read first, the stream stopped at the first chunk past the
    announced length or the node's limit) — versus the unbounded read it replaced (every
    chunk appended, then joined), interleaved in one run.
 2. **Lockstep overhead**: ``N = 8`` digits MLP nodes in one process in lockstep mode versus
@@ -211,7 +211,7 @@ def bench_throughput(repeats: int) -> dict:
 
 
 async def unbounded_fetch(peer, t: int, me: int, timeout: float = 10.0):
-    """The fetch before issue 32: every streamed chunk appended, nothing checked."""
+    """The fetch before bounded transfers: every streamed chunk appended, nothing checked."""
     import grpc
     import msgpack
 

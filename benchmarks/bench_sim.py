@@ -5,7 +5,7 @@
    the simulator's own time (``meta.seconds``: data, set-up and the round loop). With
    ``--before SRC`` an older source tree (e.g. a ``git worktree`` of the commit before the
    round loop was optimised) runs the same command in alternation, so both see the same
-   machine load. Target (issue 9, item 6): the default run <= 4 s whole-process.
+   machine load. Target: the default run <= 4 s whole-process.
 2. **Per useful client-step.** In this process: the simulator's time divided by the local
    steps actually taken by available clients (``meta.client_steps``), next to a plain
    per-client loop (an ``nn.Module`` and a ``torch.optim.SGD`` per client, one minibatch per

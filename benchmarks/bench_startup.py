@@ -3,8 +3,8 @@
 Every command runs as a fresh subprocess (what a user waits for), several times in interleaved
 order, after one warm-up pass that fills numba's on-disk cache; the table gives the median wall
 time and its ratio to ``python -c "import numpy"`` measured in the same run (so a loaded or slow
-machine shifts both). Targets (issue 9, item 5): ``sfg --help`` <= 0.5 s, the N = 100 replay
-<= 1.2 s, the N = 2,000 two-process replay <= 1.5 s; item 6: the default ``sfg run`` <= 4 s.
+machine shifts both). Targets: ``sfg --help`` <= 0.5 s, the N = 100 replay
+<= 1.2 s, the N = 2,000 two-process replay <= 1.5 s; the default ``sfg run`` <= 4 s.
 
     PYTHONPATH=src python benchmarks/bench_startup.py [--repeats 7] [--json]
 

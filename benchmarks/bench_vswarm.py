@@ -1,4 +1,4 @@
-"""The networked node on the virtual clock (issue 20, "Measure"): ``sfg swarm --clock virtual``
+"""The networked node on the virtual clock: ``sfg swarm --clock virtual``
 (:func:`sfg.net.virtual.run_virtual_swarm`: every node's own code in one process, on the
 virtual loop, the in-memory network and the batched trainer) next to the synchronous ``sfg run``
 (:func:`sfg.sim.run.simulate`) of the same settings.
