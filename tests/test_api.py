@@ -62,6 +62,21 @@ def test_replay_is_the_job_and_the_package_whatever_is_imported_first():
     assert r.stdout.split() == ["RunResult", "True"]
 
 
+def test_a_job_without_its_extra_is_one_line_naming_it():
+    r = _python("""
+        import sys
+        sys.modules["torch"] = None      # as if the 'train' extra were not installed
+        import sfg
+        try:
+            sfg.run(n_clients=8, rounds=5)
+        except sfg.SfgError as e:
+            print(e)
+        """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().startswith("sfg.run needs the 'train' extra"), r.stdout
+    assert len(r.stdout.strip().splitlines()) == 1
+
+
 def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'simulate'"):
         sfg.simulate  # noqa: B018

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -105,6 +106,21 @@ def _make(job: str, config: Any, settings: Mapping[str, Any], **forced: Any) -> 
     return make_config({**_given(job, config, settings), **forced})
 
 
+@contextmanager
+def _extras(job: str) -> Iterator[None]:
+    """An optional dependency the job needs but that is not installed: one `SfgError` line
+    naming the extra to install (any other import error keeps its traceback)."""
+    try:
+        yield
+    except ImportError as e:
+        from sfg.util.extras import missing_extra
+
+        err = missing_extra(e, f"sfg.{job}")
+        if err is None:
+            raise
+        raise err from None
+
+
 # ----------------------------------------------------------------------------- one run
 def _run_result(out: Mapping[str, Any]) -> RunResult:
     from sfg.sim.context import RunResult
@@ -156,7 +172,8 @@ def run(config: RunConfig | Mapping[str, Any] | None = None, /, *,
     print(on_clock.metrics["acc_mean"], on_clock.curves["hours"])
     ```
     """
-    return _execute(_make("run", config, settings), progress)
+    with _extras("run"):
+        return _execute(_make("run", config, settings), progress)
 
 
 def replay(config: RunConfig | Mapping[str, Any] | None = None, /, *,
@@ -176,7 +193,8 @@ def replay(config: RunConfig | Mapping[str, Any] | None = None, /, *,
     print(res.metrics["premise"], res.curves["mean_age"][:3])
     ```
     """
-    return _execute(_make("replay", config, settings, kind="replay"), progress)
+    with _extras("replay"):
+        return _execute(_make("replay", config, settings, kind="replay"), progress)
 
 
 # ----------------------------------------------------------------------------- swarms
@@ -210,9 +228,11 @@ def swarm(config: RunConfig | Mapping[str, Any] | None = None, /, *,
     ```
     """
     if nodes == "virtual":
-        return _virtual_swarm(config, settings, deadline, progress)
+        with _extras("swarm"):
+            return _virtual_swarm(config, settings, deadline, progress)
     if nodes == "real":
-        return _real_swarm(config, settings, deadline, procs, workdir, progress)
+        with _extras("swarm"):
+            return _real_swarm(config, settings, deadline, procs, workdir, progress)
     raise SfgError(f"sfg.swarm: nodes {nodes!r} is not one of virtual (the node on the virtual "
                    "clock, in this process) or real (real nodes over gRPC on loopback)")
 
