@@ -116,6 +116,19 @@ def test_keywords_a_mapping_and_a_run_config_give_the_same_run():
     assert not np.array_equal(np.asarray(e.params), np.asarray(a.params))
 
 
+def test_a_settings_file_is_a_config(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("kind: selftest\nn_clients: 8\nrounds: 5\nseed: 3\n")
+    res = sfg.run(path, rounds=4)
+    assert res.meta["config"]["seed"] == 3 and res.meta["config"]["rounds"] == 4
+    assert res.metrics == sfg.run(kind="selftest", n_clients=8, rounds=4, seed=3).metrics
+    path.write_text("n_clients: 8\nrondz: 5\n")
+    with pytest.raises(SfgError, match=r"'rondz'; did you mean 'rounds'\? \(config file "):
+        sfg.run(str(path))
+    with pytest.raises(SfgError, match="does not exist|not found|no such"):
+        sfg.run(tmp_path / "missing.yaml")
+
+
 def test_automatic_eval_every_and_horizon_follow_a_new_rounds():
     cfg = sfg.config(n_clients=8, rounds=300)
     assert cfg.eval_every == 10
@@ -216,6 +229,7 @@ def test_bad_values_and_bad_configs_are_one_line():
         (lambda: sfg.run(rule="no-such-rule", **TINY), "no-such-rule"),
         (lambda: sfg.run({"n_clients": 8, "rondz": 3}), "'rondz'; did you mean 'rounds'"),
         (lambda: sfg.run(42), "not a int"),
+        (lambda: sfg.run(["n_clients"]), "not a list"),
     ]:
         with pytest.raises(SfgError, match=match) as e:
             call()

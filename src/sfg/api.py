@@ -12,7 +12,8 @@ print(trained.metrics["acc_mean"], replayed.metrics["premise"], len(out))
 ```
 
 Every job takes the settings of one run as a `RunConfig` (positional), a mapping of its
-fields, keywords with `RunConfig`'s names (`n_clients`, `rounds`, `rule`, `process`,
+fields, the path of a YAML or JSON file of them (as `sfg run --config` reads), keywords
+with `RunConfig`'s names (`n_clients`, `rounds`, `rule`, `process`,
 `seed`, …), or a mix (keywords override the config). A name that is not a setting of a
 run is one `SfgError` line naming it. `eval_every` and a replay's `horizon` that were
 left at their automatic values (`min(10, rounds)`, `min(50, rounds)`) follow a changed
@@ -74,14 +75,19 @@ def _unknown(job: str, key: str) -> SfgError:
 
 
 def _given(job: str, config: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings given to ``job``: ``config`` (a RunConfig, a mapping or None), then the
-    keywords; every name checked against RunConfig's."""
+    """The settings given to ``job``: ``config`` (a RunConfig, a mapping, a settings file's
+    path or None), then the keywords; every name checked against RunConfig's."""
     from sfg.experiments.config import RunConfig
 
+    where = ""
     if config is None:
         base: dict[str, Any] = {}
     elif isinstance(config, Mapping):
         base = dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        from sfg.util.safety import load_settings_file
+
+        base, where = load_settings_file(config), f" (config file {config})"
     elif isinstance(config, RunConfig):
         base = config.model_dump()
         rounds = int(base["rounds"])
@@ -90,14 +96,16 @@ def _given(job: str, config: Any, settings: Mapping[str, Any]) -> dict[str, Any]
         if base.get("horizon") == (min(50, rounds) if base.get("kind") == "replay" else 50):
             base.pop("horizon")
     else:
-        raise SfgError(f"sfg.{job}: give the run's settings as a RunConfig, a mapping or "
-                       f"keywords, not a {type(config).__name__}")
-    values = {**base, **settings}
+        raise SfgError(f"sfg.{job}: give the run's settings as a RunConfig, a mapping, a "
+                       f"YAML or JSON file's path or keywords, not a {type(config).__name__}")
     fields = _fields()
-    for key in values:
+    for key in base:
+        if key not in fields:
+            raise SfgError(f"{_unknown(job, str(key))}{where}")
+    for key in settings:
         if key not in fields:
             raise _unknown(job, str(key))
-    return values
+    return {**base, **settings}
 
 
 def _make(job: str, config: Any, settings: Mapping[str, Any], **forced: Any) -> RunConfig:
