@@ -260,6 +260,17 @@ def test_grid_to_a_sqlite_store_returns_its_results(tmp_path):
     assert [r.metrics for r in again] == [r.metrics for r in out]
 
 
+def test_a_training_grid_gives_what_sfg_run_gives(tmp_path):
+    out = sfg.grid({"base": {**TINY, "process": "bursty:u=0.5"}, "rules": ["dfedavg", "sfg-cut"]},
+                   store=tmp_path / "train.sqlite")
+    assert out.ok and [r["rule"] for r in out.rows()] == ["dfedavg", "sfg-cut"]
+    for cfg, res in zip(out.configs, out, strict=True):
+        alone = sfg.run(cfg)
+        assert res.metrics == pytest.approx(alone.metrics, nan_ok=True)
+        assert res.curves["acc_mean"] == pytest.approx(alone.curves["acc_mean"])
+    assert out.results[0].metrics["acc_mean"] != out.results[1].metrics["acc_mean"]
+
+
 def test_grid_from_a_file_a_list_of_configs_and_a_default_store(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text("base: {kind: selftest, n_clients: 8, rounds: 5}\nseeds: [1, 2]\n")
