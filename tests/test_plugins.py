@@ -230,3 +230,28 @@ def test_the_built_in_rules_keys_are_stable_across_processes():
     from sfg.round.rules import parse_rule
 
     assert keys == {source_digest(parse_rule("sfg-cut").fn)}
+
+
+DATASET = '''
+from sfg.world.data import DATASETS
+from sfg.world.data.digits import load_digits_federated
+
+
+def tiny_digits(**kw):
+    """The digits, as a dataset of one's own."""
+    return load_digits_federated(**kw)
+
+
+DATASETS.register("plugin-digits", tiny_digits, params={"test_fraction": 0.3, "balance": True},
+                  doc="the digits again, from a plugin", tags=("image",))
+'''
+
+
+def test_a_dataset_from_a_plugin_module(tmp_path):
+    (tmp_path / "plugin_data.py").write_text(textwrap.dedent(DATASET))
+    args = ["run", "--dataset", "plugin-digits", "--rule", "sfg-cut", *RUN[3:]]
+    env = env_with(tmp_path)
+    unknown = sfg(args, env)
+    assert unknown.returncode == 2 and "plugin-digits" in unknown.stderr
+    out = json.loads(ok(sfg(["--plugin", "plugin_data", *args], env)))
+    assert "plugin-digits" in json.dumps(out)

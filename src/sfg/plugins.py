@@ -73,10 +73,9 @@ def entry_points() -> list[tuple[str, str, str]]:
     if not _SCANNED:
         from importlib.metadata import entry_points as eps
 
-        found = []
-        for group in GROUPS:
-            for ep in eps(group=group):
-                found.append((group, ep.name, ep.value))
+        every = eps()  # one scan of the installed distributions (each group's would rescan)
+        found = [(group, ep.name, ep.value) for group in GROUPS
+                 for ep in every.select(group=group)]
         _SCANNED.append(found)
     return _SCANNED[0]
 
