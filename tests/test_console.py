@@ -225,14 +225,14 @@ def test_traces_exit_0_and_2_and_literal_paths(tmp_path, capsys):
     assert main(["traces", "stats", "--source", "flash", "--path", str(link)]) == 0
     out = "".join(capsys.readouterr().out.split())  # the caption may wrap
     assert "[red]trace[dim].json" in out and "flashtrace" in out
-    assert main(["traces", "stats", "-s", "flash", "-p", str(link), "--json"]) == 0
+    assert main(["traces", "stats", "--source", "flash", "--path", str(link), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["source"] == "flash"
-    assert main(["traces", "stats", "-s", "flash", "-p", str(tmp_path / "[/x].json")]) == 2
+    assert main(["traces", "stats", "--source", "flash", "--path", str(tmp_path / "[/x].json")]) == 2
     assert "[/x].json" in error_line(capsys.readouterr().err)
-    assert main(["traces", "plot", "-s", "flash", "-p", str(link), "-o", str(tmp_path / "p")]) == 0
+    assert main(["traces", "plot", "--source", "flash", "--path", str(link), "-o", str(tmp_path / "p")]) == 0
     pngs = capsys.readouterr().out.split()
     assert pngs and all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
-    assert main(["traces", "plot", "-s", "nope", "-p", str(link), "-o", str(tmp_path)]) == 2
+    assert main(["traces", "plot", "--source", "nope", "--path", str(link), "-o", str(tmp_path)]) == 2
     assert "nope" in error_line(capsys.readouterr().err)
 
 
@@ -406,7 +406,7 @@ def test_help_and_listings_import_no_library():
 
 
 def test_traces_and_report_import_no_torch(tmp_path):
-    loaded = imports_of(["traces", "stats", "-s", "flash", "-p", str(FLASH), "--json"])
+    loaded = imports_of(["traces", "stats", "--source", "flash", "--path", str(FLASH), "--json"])
     assert not loaded & {"torch", "matplotlib", "scipy.sparse", "scipy.stats", "numba"}, loaded
     store = finished_store(tmp_path / "s.sqlite")
     loaded = imports_of(["report", "--store", store, "--out", str(tmp_path / "r")])

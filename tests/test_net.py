@@ -230,10 +230,10 @@ def _cli(args, capsys):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["swarm", "--mode", "sideways", "-n", "8", "-T", "20"], "lockstep or async"),
-    (["swarm", "--kill", "3", "-n", "8", "-T", "20"], "NODE@ROUND"),
-    (["swarm", "--kill", "9@2", "-n", "8", "-T", "20"], "does not exist"),
-    (["swarm", "--partition", "0,1|1,2@3-4", "-n", "8", "-T", "20"], "disjoint"),
+    (["swarm", "--protocol", "sideways", "-n", "8", "-T", "20"], "lockstep or async"),
+    (["swarm", "--crash", "3", "-n", "8", "-T", "20"], "NODE@ROUND"),
+    (["swarm", "--crash", "9@2r", "-n", "8", "-T", "20"], "does not exist"),
+    (["swarm", "--cut", "0,1|1,2@3r-4r", "-n", "8", "-T", "20"], "disjoint"),
     (["swarm", "--rule", "model-memory", "-n", "8", "-T", "20"], "staleness scalars"),
     (["swarm", "--tls-dir", "/nonexistent", "-n", "8", "-T", "20"], "sfg tls-ca"),
 ])

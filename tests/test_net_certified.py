@@ -291,7 +291,7 @@ def _cli(args, capsys):
 
 @pytest.mark.parametrize("extra,needle", [
     ([], "give --tls-dir"),
-    (["--mode", "async", "--tls-dir", "CA"], "runs in lockstep mode"),
+    (["--protocol", "async", "--tls-dir", "CA"], "runs in lockstep mode"),
 ])
 def test_swarm_cli_refuses_what_certified_cannot_do_in_one_line(ca, extra, needle, capsys):
     extra = [str(ca) if a == "CA" else a for a in extra]

@@ -200,7 +200,7 @@ def test_a_truncated_or_malformed_log_is_error_exit_2(recorded, tmp_path, capsys
     (["--replay-log", "{log}"], "--clock virtual"),
     (["--replay-log", "{log}", "--clock", "virtual", "--rule", "local"], "drop --rule"),
     (["--replay-log", "/nonexistent.jsonl", "--clock", "virtual"], "not found"),
-    (["--mode", "lockstep", "--record-log", "x.jsonl", "-n", "4", "-T", "20"], "--mode async"),
+    (["--protocol", "lockstep", "--record-log", "x.jsonl", "-n", "4", "-T", "20"], "--protocol async"),
 ])
 def test_replay_and_record_flags_are_checked(recorded, capsys, args, needle):
     _, _, log, _ = recorded

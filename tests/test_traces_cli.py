@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def test_stats_json():
-    r = runner.invoke(app, ["stats", "--source", "flash", "--path", FLASH, "--rule", "relaxed",
+    r = runner.invoke(app, ["stats", "--source", "flash", "--path", FLASH, "--availability", "relaxed",
                             "--json"])
     assert r.exit_code == 0, r.output
     s = json.loads(r.output)
@@ -27,7 +27,7 @@ def test_stats_json():
 
 def test_stats_table_stunner():
     path = str(DATA / "stunner" / "peersim_session_100.txt")
-    r = runner.invoke(app, ["stats", "-s", "stunner", "-p", path, "--variant", "10min"])
+    r = runner.invoke(app, ["stats", "--source", "stunner", "--path", path, "--variant", "10min"])
     assert r.exit_code == 0, r.output
     assert "mean_availability" in r.output and "outage_longest_rounds" in r.output
 

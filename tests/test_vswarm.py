@@ -476,7 +476,7 @@ SWARM = ["swarm", "--clock", "virtual", "-n", "8", "-T", "12", "--eval-every", "
 
 
 def test_cli_virtual_swarm_prints_the_swarms_json_and_is_byte_identical_across_runs(capsys):
-    args = [*SWARM, "--mode", "async", "--jitter", "0.5", "--compute", "const:value=30",
+    args = [*SWARM, "--protocol", "async", "--jitter", "0.5", "--compute", "const:value=30",
             "--latency", "const:value=2", "--loss", "const:value=0.1",
             "--faults", "faults:delay=5,dup=0.1", "--faults-seed", "3", "--json"]
     first = _bounded(lambda: _cli(args, capsys))
@@ -498,7 +498,7 @@ def test_cli_virtual_swarm_prints_the_swarms_json_and_is_byte_identical_across_r
 
 
 def test_cli_virtual_lockstep_runs_the_lockstep_schedule(capsys):
-    code, out, err = _bounded(lambda: _cli([*SWARM, "--mode", "lockstep", "--rule", "dfedavg",
+    code, out, err = _bounded(lambda: _cli([*SWARM, "--protocol", "lockstep", "--rule", "dfedavg",
                                              "--json"], capsys))
     assert code == 0, err
     from sfg.sim.run import simulate
@@ -511,12 +511,12 @@ def test_cli_virtual_lockstep_runs_the_lockstep_schedule(capsys):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["--kill", "1@3"], "--kill is for real nodes"),
-    (["--partition", "0|1@2-3"], "--faults"),
+    (["--crash", "1@3r"], "--crash in rounds is for real nodes"),
+    (["--cut", "0|1@2r-3r"], "--cut in rounds is for real nodes"),
     (["--tls-dir", "/nonexistent"], "--tls-dir is for real nodes"),
-    (["--mode", "lockstep", "--latency", "const:value=700"], "after their round's deadline"),
-    (["--mode", "lockstep", "--loss", "const:value=0.5"], "does not implement loss="),
-    (["--mode", "async", "--compute", "const:value=400"], "not longer than"),
+    (["--protocol", "lockstep", "--latency", "const:value=700"], "after their round's deadline"),
+    (["--protocol", "lockstep", "--loss", "const:value=0.5"], "does not implement loss="),
+    (["--protocol", "async", "--compute", "const:value=400"], "not longer than"),
     (["--compute", "const:value=-1"], "compute"),
     (["--period", "0"], "--period must be > 0"),
     (["--jitter", "1.5"], "jitter"),
@@ -530,7 +530,7 @@ def test_cli_virtual_swarm_bad_input_is_one_line_and_exit_2(extra, needle, capsy
 
 @pytest.mark.parametrize("args,needle", [
     (["swarm", "-n", "8", "--compute", "const:value=3"], "add --clock virtual"),
-    (["swarm", "-n", "8", "--clock", "sundial"], "choose wall"),
+    (["swarm", "-n", "8", "--clock", "sundial"], "choose rounds"),
 ])
 def test_cli_world_flags_need_the_virtual_clock(args, needle, capsys):
     code, _, err = _cli(args, capsys)

@@ -10,12 +10,41 @@ from typing import Any
 import typer
 
 from sfg.cli import clockflags, console
+from sfg.cli.options import (
+    DEADLINE,
+    REAL_PANEL,
+    REAL_PERIOD,
+    cuts_and_crashes,
+    deprecated,
+    faults_with,
+    opt,
+    protocol_of,
+)
 from sfg.errors import SfgError
 from sfg.util.extras import require
 
 NET_MODULES = ("torch", "grpc", "msgpack", "safetensors")  # what a node imports
 
-MODE_HELP = "lockstep (SPEC §11.1: equals `sfg run --backend loop`) or async (SPEC §11.2)"
+
+
+def _split_or_cut(values: list[str]) -> tuple[str | None, list]:
+    """``--partition``: the data split (``dirichlet``, ``classes:k=2``); a value with ``@`` is
+    the old spelling of a network cut in rounds (``A|B@R1-R2``), kept for one minor version."""
+    from sfg.net.cuts import Cut
+
+    split, cuts = [], []
+    for v in values:
+        if "@" in v:
+            cut = Cut.parse_rounds(v)
+            deprecated(f"--partition {v} (a network cut)", f"--cut {v.split('@')[0]}@"
+                       f"{int(cut.start)}r-{cut.last_round}r", "swarm")
+            cuts.append(cut)
+        else:
+            split.append(v)
+    if len(split) > 1:
+        raise SfgError(f"--partition is the data split, given once; got {', '.join(split)} "
+                       "(a network cut is --cut A|B@5r-9r)")
+    return (split[0] if split else None), cuts
 
 
 def _settings(config: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +172,7 @@ def _node_log(path: str | None, mode: str):
         return None
     if mode != "async":
         raise SfgError("--record-log records async runs (a lockstep run's models do not "
-                       "depend on its timing); add --mode async")
+                       "depend on its timing); add --protocol async")
     from sfg.net.eventlog import EventLog
 
     return EventLog(path)
@@ -267,60 +296,78 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
 def register(app: typer.Typer) -> None:
     @app.command("swarm")
     def swarm(
-        nodes: int | None = typer.Option(None, "--nodes", "--clients", "-n", help="Number of nodes N"),
-        mode: str | None = typer.Option(None, help=MODE_HELP + " (default lockstep, or the "
-                                         "--config file's protocol with --clock virtual)"),
-        procs: int = typer.Option(2, help="Worker processes the nodes are spread over"),
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON settings as for `sfg run`"),
-        dataset: str | None = typer.Option(None),
-        data_root: str | None = typer.Option(None),
-        model: str | None = typer.Option(None),
-        process: str | None = typer.Option(None, "--process", "-p", help="Outage process or trace: bursty:u=0.8, flash:..., trace:path=fleet.csv"),
-        rule: str | None = typer.Option(None, "--rule", "-r"),
-        graph: str | None = typer.Option(None),
-        seed: int | None = typer.Option(None),
-        rounds: int | None = typer.Option(None, "--rounds", "-T"),
-        local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
-        batch_size: int | None = typer.Option(None),
-        lr: float | None = typer.Option(None),
-        weight_decay: float | None = typer.Option(None),
-        alpha: float | None = typer.Option(None),
-        eval_every: int | None = typer.Option(None),
-        attack: str | None = typer.Option(None, "--attack", help="Forged staleness as in `sfg run`, e.g. forge:frac=0.2,claim=fresh: the attackers forge their header claims (model=none|constant)"),
-        period: float | None = typer.Option(None, help="async: round period P in seconds (default 0.2; with --clock virtual 600, and P is also Δ, the lockstep round and the staleness unit)"),
-        jitter: float | None = typer.Option(None, help="async: start jitter, a fraction of P in [0, 1) (default 0)"),
-        window: float | None = typer.Option(None, help="async: W, periods a neighbour's message stays live (default 1)"),
-        deadline: float | None = typer.Option(None, help="lockstep: longest wait for a round's models (s; default 60; with --clock virtual virtual seconds, default the run's T·P)"),
-        kill: list[str] = typer.Option([], "--kill", help="NODE@ROUND: SIGKILL that node's process at that round; it restarts from its checkpoint (repeatable)"),
-        partition: list[str] = typer.Option([], "--partition", help="A|B@R1-R2: drop traffic between node sets A and B in rounds R1..R2, e.g. 0,1|2,3@5-9"),
-        tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)"),
+        nodes: int | None = opt("clients", also=("--nodes",)),
+        protocol: str | None = clockflags.PROTOCOL,
+        mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
+        procs: int = typer.Option(2, help="Worker processes the nodes are spread over", rich_help_panel=REAL_PANEL),
+        config: Path | None = opt("config"),
+        dataset: str | None = opt("dataset"),
+        data_root: str | None = opt("data_root"),
+        model: str | None = opt("model"),
+        process: str | None = opt("process"),
+        rule: str | None = opt("rule"),
+        graph: str | None = opt("graph"),
+        seed: int | None = opt("seed"),
+        rounds: int | None = opt("rounds"),
+        local_steps: int | None = opt("local_steps"),
+        batch_size: int | None = opt("batch_size"),
+        lr: float | None = opt("lr"),
+        weight_decay: float | None = opt("weight_decay"),
+        alpha: float | None = opt("alpha"),
+        partition: list[str] = opt("partition", []),
+        eval_every: int | None = opt("eval_every"),
+        attack: str | None = opt("attack"),
+        period: float | None = clockflags.PERIOD,
+        jitter: float | None = clockflags.JITTER,
+        window: float | None = clockflags.WINDOW,
+        deadline: float | None = clockflags.DEADLINE,
+        cut: list[str] = clockflags.CUT,
+        crash: list[str] = clockflags.CRASH,
+        kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
+        tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)", rich_help_panel=REAL_PANEL),
         workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
         store: str | None = typer.Option(None, "--store", help="Write the run to this SQLite results store"),
-        record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it"),
+        record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it", rich_help_panel=REAL_PANEL),
         replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
-        clock: str = typer.Option("wall", "--clock", help="wall (real nodes over gRPC) or virtual (the node code on the virtual clock)"),
-        faults: str | None = typer.Option(None, "--faults", help="virtual clock: faults as events of the schedule, e.g. faults:loss=0.1,delay=2,dup=0.05,reorder=0.1,corrupt=0.01,misroute=0.01,drift=0.001,crashes=2,downtime=900,partition=0-3|4-7@1200-3600 (none: no faults)"),
-        faults_seed: int | None = typer.Option(None, "--faults-seed", help="Seed of the faults' own streams (default 0), independent of --seed: a failing seed replays exactly"),
+        clock: str = opt("clock", "rounds"),
+        round_seconds: float | None = clockflags.ROUND_SECONDS,
+        faults: str | None = clockflags.FAULTS,
+        faults_seed: int | None = clockflags.FAULTS_SEED,
         compute: str | None = clockflags.COMPUTE,
         uplink: str | None = clockflags.UPLINK,
         latency: str | None = clockflags.LATENCY,
-        loss: str | None = typer.Option(None, "--loss", help="With --clock virtual, async: probability per directed link that a message is lost, e.g. const:value=0.1 (the same links and the same messages lost as `sfg run --clock virtual --loss`)", rich_help_panel="Virtual clock"),
+        loss: str | None = clockflags.LOSS,
         message_bytes: float | None = clockflags.MESSAGE_BYTES,
-        as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
+        as_json: bool = opt("json", False),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
+        protocol = protocol_of(protocol, mode, "swarm")
+        if clock == "wall":
+            deprecated("--clock wall", "--clock rounds (real nodes)", "swarm")
+            clock = "rounds"
+        if clock not in ("rounds", "virtual"):
+            raise SfgError(f"unknown --clock {clock!r}; choose rounds (real nodes over gRPC) or "
+                           "virtual (the node code on the virtual clock)")
+        split, old_cuts = _split_or_cut(partition)
+        for k in kill:
+            deprecated(f"--kill {k}", f"--crash {k}r", "swarm")
+        from sfg.net.cuts import Crash
+
+        cuts, crashes = cuts_and_crashes(cut, crash)
+        cuts += old_cuts
+        crashes += [Crash.parse_round(k) for k in kill]
         require("sfg swarm", *NET_MODULES, extra="net")
-        from sfg.net.swarm import SwarmOptions, check_nodes, parse_kill, run_swarm
+        from sfg.net.swarm import SwarmOptions, check_nodes, run_swarm
         from sfg.net.world import build_world
 
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
-                 "attack": attack}
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
+                 "eval_every": eval_every, "attack": attack, "partition": split}
         if replay_log:
             given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
-                     "--config": config, "--kill": kill, "--partition": partition,
+                     "--config": config, "--crash": crashes, "--cut": cuts,
                      "--store": store, "--record-log": record_log, "--tls-dir": tls_dir,
                      "--faults": faults, "--faults-seed": faults_seed}
             _replay_swarm(replay_log, clock, [k for k, v in given.items() if v], workdir,
@@ -334,40 +381,58 @@ def register(app: typer.Typer) -> None:
             Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
             if clock != "virtual":
                 raise SfgError("--faults are events of the virtual clock's schedule; add "
-                               "--clock virtual (real nodes: --kill and --partition)")
+                               "--clock virtual (real nodes: --crash and --cut in rounds)")
         world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
                        "message_bytes": message_bytes}
         if clock == "virtual":
-            refused = {"--kill": kill, "--partition": partition, "--tls-dir": tls_dir,
-                       "--record-log": record_log}
-            _virtual_swarm(config, flags, world_flags, mode=mode, period=period, jitter=jitter,
-                           window=window, deadline=deadline, faults=faults,
-                           faults_seed=faults_seed, refused=[k for k, v in refused.items() if v],
+            refused = {"--tls-dir": tls_dir, "--record-log": record_log}
+            if round_seconds is not None:
+                if period is not None and period != round_seconds:
+                    raise SfgError(f"--round-seconds {round_seconds:g} and --period {period:g} "
+                                   "disagree: in `sfg swarm --clock virtual` the period P is "
+                                   "also Δ; give one")
+                period = round_seconds
+            _virtual_swarm(config, flags, world_flags, mode=protocol, period=period,
+                           jitter=jitter, window=window, deadline=deadline,
+                           faults=faults_with(faults, cuts, crashes), faults_seed=faults_seed,
+                           refused=[k for k, v in refused.items() if v],
                            store=store, as_json=as_json)
             return
-        if clock != "wall":
-            raise SfgError(f"unknown --clock {clock!r}; choose wall (real nodes over gRPC) or "
-                           "virtual (the node code on the virtual clock)")
-        given = [k for k, v in world_flags.items() if v is not None]
+        given = [k for k, v in {**world_flags, "round_seconds": round_seconds}.items()
+                 if v is not None]
         if given:
-            raise SfgError(f"--{given[0].replace('_', '-')} is a setting of the virtual clock's "
-                           "world; add --clock virtual (real nodes take their own time)")
-        period = 0.2 if period is None else period
-        deadline = 60.0 if deadline is None else deadline
-        mode = mode or "lockstep"
+            raise SfgError(f"--{given[0].replace('_', '-')} is a setting of the virtual clock; "
+                           "add --clock virtual (real nodes take their own time)")
+        for x, flag, example in [*((c, "--cut", "0,1|2,3@5r-9r") for c in cuts),
+                                 *((c, "--crash", "3@10r") for c in crashes)]:
+            if x.unit != "rounds":
+                raise SfgError(f"{flag} in seconds is for the virtual clock; real nodes count "
+                               f"rounds: write e.g. {flag} {example}, or add --clock virtual")
+        if protocol == "event":
+            raise SfgError("--protocol event runs on the virtual clock only; real nodes run "
+                           "lockstep or async (or add --clock virtual)")
+        period = REAL_PERIOD if period is None else period
+        deadline = DEADLINE if deadline is None else deadline
+        mode = protocol or "lockstep"
         jitter = 0.0 if jitter is None else jitter
         window = 1.0 if window is None else window
         cfg = _settings(config, flags)
         cfg["backend"] = "loop"
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
-                            deadline=deadline, kills=[parse_kill(k) for k in kill],
-                            partitions=list(partition), tls_dir=tls_dir, workdir=workdir,
-                            record_log=record_log)
+                            deadline=deadline, kills=[c.pair for c in crashes],
+                            partitions=[c.text() for c in cuts], tls_dir=tls_dir,
+                            workdir=workdir, record_log=record_log)
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
                            f"with a bundle per node); create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
         world = build_world(cfg, engine="real-nodes")
+        for c in cuts:
+            c.check_nodes(world.n, f"--cut {c.text()}")
+        for c in crashes:
+            if c.node >= world.n:
+                raise SfgError(f"--crash {c.node}@{int(c.at)}r: node {c.node} does not exist; "
+                               f"nodes are 0..{world.n - 1}")
         check_nodes(world, opts)
         prog, update = _progress_printer(world.n, world.rounds, not as_json)
         try:
@@ -395,35 +460,45 @@ def register(app: typer.Typer) -> None:
         id: int = typer.Option(..., "--id", help="This node's id (a key of peers.yaml)"),
         listen: str = typer.Option(..., "--listen", help="HOST:PORT to serve on, e.g. 0.0.0.0:7000"),
         peers: Path = typer.Option(..., "--peers", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...]"),
-        mode: str = typer.Option("lockstep", help=MODE_HELP),
-        config: Path | None = typer.Option(None, "--config", "-c"),
-        dataset: str | None = typer.Option(None),
-        data_root: str | None = typer.Option(None),
-        model: str | None = typer.Option(None),
-        process: str | None = typer.Option(None, "--process", "-p"),
-        rule: str | None = typer.Option(None, "--rule", "-r"),
-        graph: str | None = typer.Option(None, help="Used when peers.yaml lists no edges"),
-        seed: int | None = typer.Option(None),
-        rounds: int | None = typer.Option(None, "--rounds", "-T"),
-        local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
-        batch_size: int | None = typer.Option(None),
-        lr: float | None = typer.Option(None),
-        weight_decay: float | None = typer.Option(None),
-        alpha: float | None = typer.Option(None),
-        eval_every: int | None = typer.Option(None),
-        attack: str | None = typer.Option(None, "--attack", help="Forged staleness, as for `sfg swarm`"),
-        period: float = typer.Option(0.2),
-        jitter: float = typer.Option(0.0),
-        window: float = typer.Option(1.0),
-        deadline: float = typer.Option(300.0),
+        protocol: str | None = clockflags.PROTOCOL,
+        mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
+        config: Path | None = opt("config"),
+        dataset: str | None = opt("dataset"),
+        data_root: str | None = opt("data_root"),
+        model: str | None = opt("model"),
+        process: str | None = opt("process"),
+        rule: str | None = opt("rule"),
+        graph: str | None = opt("graph"),
+        seed: int | None = opt("seed"),
+        rounds: int | None = opt("rounds"),
+        local_steps: int | None = opt("local_steps"),
+        batch_size: int | None = opt("batch_size"),
+        lr: float | None = opt("lr"),
+        weight_decay: float | None = opt("weight_decay"),
+        alpha: float | None = opt("alpha"),
+        partition: str | None = opt("partition"),
+        eval_every: int | None = opt("eval_every"),
+        attack: str | None = opt("attack"),
+        period: float | None = clockflags.PERIOD,
+        jitter: float | None = clockflags.JITTER,
+        window: float | None = clockflags.WINDOW,
+        deadline: float | None = clockflags.DEADLINE,
         tls_dir: str | None = typer.Option(None, help="Mutual TLS with this node's bundle from `sfg tls-ca` (DIR/node-<id>; with a +certified rule also its header-signing key)"),
         insecure: bool = typer.Option(False, "--insecure", help="Serve and accept models in plaintext on a non-loopback --listen address (without --tls-dir); loopback needs no flag"),
         checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
         resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
         record_log: str | None = typer.Option(None, "--record-log", help="async: append this node's event log to this file (a restarted node continues it); replay the run's logs with `sfg swarm --replay-log ... --clock virtual`"),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = opt("json", False),
     ) -> None:
         """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
+        mode = protocol_of(protocol, mode, "node") or "lockstep"
+        if mode == "event":
+            raise SfgError("--protocol event runs on the virtual clock only; a node runs "
+                           "lockstep or async")
+        period = REAL_PERIOD if period is None else period
+        deadline = DEADLINE if deadline is None else deadline
+        jitter = 0.0 if jitter is None else jitter
+        window = 1.0 if window is None else window
         require("sfg node", *NET_MODULES, extra="net")
         import asyncio
 
@@ -446,8 +521,8 @@ def register(app: typer.Typer) -> None:
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha, "eval_every": eval_every,
-                 "attack": attack}
+                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
+                 "eval_every": eval_every, "attack": attack, "partition": partition}
         tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
         cfg = _settings(config, flags)
         world = build_world(cfg, edges=edges, engine="real-nodes")

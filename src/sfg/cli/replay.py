@@ -8,11 +8,13 @@ with ``--plot``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from sfg.cli import clockflags, console
+from sfg.cli.options import cuts_and_crashes, faults_with, opt
 from sfg.errors import SfgError
 from sfg.util.safety import max_runs
 
@@ -105,23 +107,73 @@ def register(app: typer.Typer) -> None:
     app.command("processes")(list_processes)
 
 
+#: replay's own defaults (a replay is cheap: N and T larger than a training run's)
+REPLAY_DEFAULTS: dict[str, Any] = {"process": ["bursty:u=0.8"],
+                                   "rule": ["dfedavg", "sfg", "sfg-l", "sfg-cut"],
+                                   "seeds": "1,2,3", "clients": 100, "rounds": 300,
+                                   "graph": "knn:k=6", "anatomy": "full", "link_failure": 0.0,
+                                   "local_steps": 10}
+# a replay config file's keys (RunConfig's names) -> this command's parameters
+_FROM_FILE = {"process": "process", "rule": "rule", "seed": "seeds", "n_clients": "clients",
+              "rounds": "rounds", "graph": "graph", "anatomy": "anatomy",
+              "link_failure": "link_failure", "local_steps": "local_steps", "horizon": "horizon",
+              "attack": "attack"}
+
+
+def _shown(key: str) -> str:
+    v = REPLAY_DEFAULTS[key]
+    return ", ".join(v) if isinstance(v, list) else str(v)
+
+
+def replay_file(path) -> dict[str, Any]:
+    """The settings of a ``kind: replay`` config file (RunConfig's names, checked by its schema),
+    as this command's parameters; the clock's keys as they are."""
+    from sfg.cli.run import _load_config
+    from sfg.clock.settings import DEFAULTS as CLOCK_KEYS
+    from sfg.experiments.config import ConfigError, make_config
+
+    values = _load_config(path)
+    kind = values.get("kind", "replay")
+    if kind != "replay":
+        raise SfgError(f"config file {path}: kind {kind!r} cannot run with `sfg replay` (it "
+                       "trains nothing); use `sfg run --config` for kind: train")
+    try:
+        # a replay's axes may be lists (process, rule); the schema checks one of each
+        make_config({**{k: (v[0] if isinstance(v, list) and v and k in ("process", "rule")
+                            else v) for k, v in values.items()}, "kind": "replay"})
+    except ConfigError as e:
+        raise SfgError(f"config file {path}: {str(e).removeprefix('bad run config: ')}") from None
+    out: dict[str, Any] = {}
+    for key, v in values.items():
+        if key in _FROM_FILE:
+            name = _FROM_FILE[key]
+            out[name] = ([v] if isinstance(v, str) else list(v)) if name in ("process", "rule") \
+                else [v] if name == "attack" and v is not None else str(v) if name == "seeds" \
+                else v
+        elif key in CLOCK_KEYS:
+            out[key] = v
+        elif key != "kind":
+            raise SfgError(f"config file {path}: {key!r} is a training setting; `sfg replay` "
+                           f"takes {', '.join(sorted([*_FROM_FILE, *CLOCK_KEYS]))}")
+    return out
+
+
 def replay(
-    process: list[str] = typer.Option(["bursty:u=0.8"], "--process", "-p",
-                                      help="Outage process, e.g. iid:u=0.6, bursty:u=0.8, flash:rule=strict,path=FILE (repeatable)"),
-    rule: list[str] = typer.Option(["dfedavg", "sfg", "sfg-l", "sfg-cut"], "--rule", "-r",
-                                   help="Aggregation rule, e.g. sfg-cut:L=2, sfg-l:gamma=0.3+ipw (repeatable)"),
-    seeds: str = typer.Option("1,2,3", help="Seeds: 1,2,3 or 1-5"),
-    clients: int = typer.Option(100, "--clients", "-n", help="Number of clients N"),
-    rounds: int = typer.Option(300, "--rounds", "-T", help="Number of rounds T"),
-    graph: str = typer.Option("knn:k=6", help="Graph: knn:k=6, erdos-renyi:mean_degree=6, regular:d=6, ring:k=1"),
-    anatomy: str = typer.Option("full", help="What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
-    link_failure: float = typer.Option(0.0, help="Per-round probability that each link fails"),
+    config: Path | None = opt("config"),
+    process: list[str] = opt("process", [], show_default=_shown("process")),
+    rule: list[str] = opt("rule", [], show_default=_shown("rule")),
+    seeds: str | None = typer.Option(None, show_default=_shown("seeds"), help="Seeds: 1,2,3 or 1-5 (a config file's seed: that one)"),
+    clients: int | None = opt("clients", show_default=_shown("clients")),
+    rounds: int | None = opt("rounds", show_default=_shown("rounds")),
+    graph: str | None = opt("graph", show_default=_shown("graph")),
+    anatomy: str | None = opt("anatomy", show_default=_shown("anatomy")),
+    link_failure: float | None = opt("link_failure", show_default=_shown("link_failure")),
     horizon: int | None = typer.Option(None, show_default="50, or T when T < 50", help="Horizon h of the self-return H (0 = skip)"),
     engine: str | None = typer.Option(None, hidden=True, help="Deprecated, does nothing (one compiled round runs every rule); removed in 0.4"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (per-seed rows and summary)"),
     plot: str | None = typer.Option(None, "--plot", help="Write a PNG of mean age and lag over rounds, e.g. staleness.png"),
-    attack: list[str] = typer.Option([], "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh or none (repeatable: one more axis)"),
-    local_steps: int = typer.Option(10, "--local-steps", "-K", help="On the virtual clock: K local steps per local round (K × compute seconds)", rich_help_panel="Virtual clock"),
+    attack: list[str] = opt("attack", []),
+    local_steps: int | None = opt("local_steps", show_default=_shown("local_steps")),
     clock: str | None = clockflags.CLOCK,
     protocol: str | None = clockflags.PROTOCOL,
     round_seconds: float | None = clockflags.ROUND_SECONDS,
@@ -135,13 +187,31 @@ def replay(
     message_bytes: float | None = clockflags.MESSAGE_BYTES,
     faults: str | None = clockflags.FAULTS,
     faults_seed: int | None = clockflags.FAULTS_SEED,
+    cut: list[str] = clockflags.CUT,
+    crash: list[str] = clockflags.CRASH,
 ) -> None:
     """Replay outage processes × rules × seeds with no training (SPEC §9)."""
+    filed = replay_file(config) if config is not None else {}
+    flags = {"process": process or None, "rule": rule or None, "seeds": seeds,
+             "clients": clients, "rounds": rounds, "graph": graph, "anatomy": anatomy,
+             "link_failure": link_failure, "local_steps": local_steps, "horizon": horizon,
+             "attack": attack or None}
+    got = {**REPLAY_DEFAULTS, "horizon": None, "attack": []}
+    got.update({k: v for k, v in filed.items() if k in got and v is not None})
+    got.update({k: v for k, v in flags.items() if v is not None})
+    process, rule, seeds, clients, rounds, graph, anatomy, link_failure, local_steps, \
+        horizon, attack = (got[k] for k in ("process", "rule", "seeds", "clients", "rounds",
+                                            "graph", "anatomy", "link_failure", "local_steps",
+                                            "horizon", "attack"))
     seed_list = parse_seeds(seeds)
-    on_clock = clockflags.clock_values(
+    faults = faults_with(faults, *cuts_and_crashes(cut, crash))
+    on_clock = {k: v for k, v in filed.items() if k not in got}
+    on_clock.update(clockflags.clock_values(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
         jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
-        loss=loss, message_bytes=message_bytes, faults=faults, faults_seed=faults_seed)
+        loss=loss, message_bytes=message_bytes, faults=faults, faults_seed=faults_seed))
+    if on_clock.get("clock") == "rounds" and len(on_clock) == 1:
+        on_clock = {}
     clock_settings = None
     if on_clock:
         from sfg.clock.settings import make_settings

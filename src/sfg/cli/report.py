@@ -21,7 +21,8 @@ def report(
     baseline: str = typer.Option("dfedavg", help="Rule every other rule is compared with"),
     metric: str = typer.Option("acc_mean", help="Metric compared (acc_mean, acc_p10, acc_time_avg, ...)"),
     rule: list[str] = typer.Option([], "--rule", "-r", help="Rules to compare (default: all in the store)"),
-    alpha: float = typer.Option(0.05, help="Family-wise error rate (Holm)"),
+    fwer: float = typer.Option(0.05, "--fwer", help="Family-wise error rate of the comparisons (Holm)"),
+    alpha: float | None = typer.Option(None, "--alpha", hidden=True, help="Deprecated: --fwer (--alpha is the data split's Dirichlet concentration elsewhere)"),
     tensorboard: Path | None = typer.Option(None, "--tensorboard", metavar="DIR", help="Write every finished run's curves and final metrics as TensorBoard event files under DIR (one folder per run: grid/dataset/process/rule/seed)"),
     mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI", help="Log every finished run (settings as parameters, final metrics, curves by round) to the MLflow tracking store at URI (file:./mlruns, http://host:5000), one experiment per grid"),
 ) -> None:
@@ -30,6 +31,12 @@ def report(
     With --tensorboard or --mlflow (and no --out) the runs are exported and no report is
     written; runs exported before are skipped.
     """
+    if alpha is not None:
+        from sfg.cli.options import deprecated
+
+        deprecated(f"--alpha {alpha:g}", f"--fwer {alpha:g} (--alpha is the data split's "
+                   "concentration in every other command)", "report")
+        fwer = alpha
     if not store.exists():
         raise SfgError(f"results store {store} does not exist; run `sfg grid run GRID.yaml --store {store}` first")
     if tensorboard is not None or mlflow is not None:
@@ -72,7 +79,7 @@ def report(
                 if (r.get("config") or {}).get("kind", "train") == "train"]
     if recs or not files:
         rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
-                           rules=rule or None, alpha=alpha)
+                           rules=rule or None, alpha=fwer)
         print_report(rep, console=console.stdout())
         files = {**rep.files, **files}
     console.note(f"wrote {', '.join(str(p) for p in files.values())}")

@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from sfg.cli import clockflags, console
+from sfg.cli.options import cuts_and_crashes, faults_with, opt
 from sfg.errors import SfgError
 from sfg.util.extras import require
 
@@ -38,7 +39,8 @@ def run_config(config: Path | None, flags: dict[str, Any]):
     kind = values.pop("kind", "train")
     if kind != "train":
         raise SfgError(f"config file {config}: kind {kind!r} cannot run with `sfg run` (it "
-                       "trains); use `sfg replay` or put the config in a grid for `sfg grid run`")
+                       f"trains); use `sfg replay --config {config}` for kind: replay, or put "
+                       "the config in a grid for `sfg grid run`")
     try:
         if config is not None:
             make_config(values, kind="train")  # the file alone, so errors name the file
@@ -54,35 +56,35 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML/JSON file of settings; flags given explicitly override it"),
-    dataset: str | None = typer.Option(None, help="digits (embedded), cifar10, cifar100, femnist"),
-    data_root: str | None = typer.Option(None, help="Path to the dataset in its standard format"),
-    model: str | None = typer.Option(None, help="mlp, small-cnn, cnn, resnet18-gn"),
-    process: str | None = typer.Option(None, "--process", "-p", help="Outage process, e.g. bursty:u=0.8"),
-    rule: str | None = typer.Option(None, "--rule", "-r", help="Aggregation rule, e.g. sfg-cut"),
-    graph: str | None = typer.Option(None, help="Graph, e.g. knn:k=6"),
-    seed: int | None = typer.Option(None, help="Seed (pairs graph, data, trace, minibatches)"),
-    clients: int | None = typer.Option(None, "--clients", "-n", help="Number of clients N"),
-    rounds: int | None = typer.Option(None, "--rounds", "-T"),
-    local_steps: int | None = typer.Option(None, "--local-steps", "-K"),
-    batch_size: int | None = typer.Option(None),
-    lr: float | None = typer.Option(None),
-    weight_decay: float | None = typer.Option(None),
-    momentum: float | None = typer.Option(None),
-    alpha: float | None = typer.Option(None, help="Dirichlet label-skew concentration"),
-    partition: str | None = typer.Option(None, help="dirichlet (uses --alpha) or classes:k=2 (each client exactly k classes)"),
+    config: Path | None = opt("config"),
+    dataset: str | None = opt("dataset"),
+    data_root: str | None = opt("data_root"),
+    model: str | None = opt("model"),
+    process: str | None = opt("process"),
+    rule: str | None = opt("rule"),
+    graph: str | None = opt("graph"),
+    seed: int | None = opt("seed"),
+    clients: int | None = opt("clients"),
+    rounds: int | None = opt("rounds"),
+    local_steps: int | None = opt("local_steps"),
+    batch_size: int | None = opt("batch_size"),
+    lr: float | None = opt("lr"),
+    weight_decay: float | None = opt("weight_decay"),
+    momentum: float | None = opt("momentum"),
+    alpha: float | None = opt("alpha"),
+    partition: str | None = opt("partition"),
     backbone_from: str | None = typer.Option(None, help="Start every client from this pretrained backbone (.safetensors from `sfg pretrain`), head re-initialised"),
     diagnostics: str | None = typer.Option(None, help="Training diagnostics to record: raw,lag,finetune,returning or all"),
     backbone: str | None = typer.Option(None, help="full, personal-head, dfedavgm, ditto"),
-    ditto_lambda: float | None = typer.Option(None),
-    anatomy: str | None = typer.Option(None, help="full, cannot-communicate, cannot-train-shares, cannot-train-adopts"),
-    link_failure: float | None = typer.Option(None),
-    eval_every: int | None = typer.Option(None, help="Evaluate every this many rounds and at the end (default 10, or T when T < 10)"),
+    ditto_lambda: float | None = typer.Option(None, help="Ditto's proximal weight λ (with --backbone ditto)"),
+    anatomy: str | None = opt("anatomy"),
+    link_failure: float | None = opt("link_failure"),
+    eval_every: int | None = opt("eval_every"),
     backend: str | None = typer.Option(None, help="auto, loop, vmap, batched"),
     device: str | None = typer.Option(None, help="cpu, cuda, auto"),
     precision: str | None = typer.Option(None, help="Local training's arithmetic: fp32 (default), tf32 (CUDA only; a no-op on CPU), bf16 (autocast; parameters stay fp32)"),
-    attack: str | None = typer.Option(None, "--attack", help="Forged-staleness attack, e.g. forge:frac=0.1,claim=fresh,model=sign-flip (default none)"),
-    as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON"),
+    attack: str | None = opt("attack"),
+    as_json: bool = opt("json", False),
     clock: str | None = clockflags.CLOCK,
     protocol: str | None = clockflags.PROTOCOL,
     round_seconds: float | None = clockflags.ROUND_SECONDS,
@@ -98,8 +100,11 @@ def run(
     target_accuracy: float | None = clockflags.TARGET,
     faults: str | None = clockflags.FAULTS,
     faults_seed: int | None = clockflags.FAULTS_SEED,
+    cut: list[str] = clockflags.CUT,
+    crash: list[str] = clockflags.CRASH,
 ) -> None:
     """Train N personalised models under outages with one rule; print the metrics."""
+    faults = faults_with(faults, *cuts_and_crashes(cut, crash))
     require("sfg run", "torch")
     on_clock = clockflags.clock_values(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,

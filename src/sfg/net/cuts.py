@@ -16,6 +16,16 @@ The two cut syntaxes::
 
 A cut is held as the half-open span [start, end) of its unit: the round span R1..R2 is
 [R1, R2 + 1).
+
+The one grammar of the command line (``--cut``, ``--crash``) writes the unit on every number
+(:meth:`Cut.parse`, :meth:`Crash.parse`)::
+
+    0,1|2,3@5r-9r         rounds 5..9 (both included: a round is one step)
+    0-3|4-7@1200s-3600s   seconds [1200, 3600) of virtual time
+    3@10r  /  3@1500s     node 3 crashes at the start of round 10 / at 1500 s
+
+A node set is ids and ranges joined by ``,`` or ``.`` (``0-3``, ``0,2,5-7``), or ``*`` (every
+node not in the other set; seconds only).
 """
 
 from __future__ import annotations
@@ -127,11 +137,57 @@ class Cut:
             raise SfgError(f"partition {text!r}: the window T1-T2 needs 0 <= T1 < T2 seconds")
         return cls(a, b, t1, t2, "seconds")
 
+    @classmethod
+    def parse(cls, text: str) -> Cut:
+        """``"0,1|2,3@5r-9r"`` (rounds 5..9) or ``"0-3|4-7@1200s-3600s"`` (seconds [1200,
+        3600)): the command line's ``--cut``, its unit written on both ends."""
+        sets, at, span = str(text).partition("@")
+        lo, dash, hi = span.strip().partition("-")
+        unit = _unit(lo, text, "cut") if at and dash else ""
+        if not unit or _unit(hi, text, "cut") != unit:
+            raise SfgError(f"cannot read --cut {text!r}; write A|B@R1r-R2r (rounds, both "
+                           "included) or A|B@T1s-T2s (seconds), e.g. 0,1|2,3@5r-9r or "
+                           "0-3|4-7@1200s-3600s")
+        sides = sets.split("|")
+        if len(sides) != 2:
+            raise SfgError(f"cannot read --cut {text!r}: the node sets are two, A|B, e.g. "
+                           "0,1|2,3@5r-9r")
+        a, b = (_node_set(side.replace(",", "."), text) for side in sides)
+        if unit == "rounds" and (a is None or b is None):
+            raise SfgError(f"--cut {text!r}: '*' (the other nodes) is for cuts in seconds; "
+                           "name both node sets of a cut in rounds")
+        try:
+            if unit == "seconds":
+                return cls.parse_seconds(f"{_side(a)}|{_side(b)}@{lo.strip()[:-1]}-"
+                                         f"{hi.strip()[:-1]}")
+            return cls.parse_rounds(f"{_side(a, ',')}|{_side(b, ',')}@{lo.strip()[:-1]}-"
+                                    f"{hi.strip()[:-1]}")
+        except SfgError:
+            raise SfgError(f"--cut {text!r} needs two disjoint non-empty node sets and a span "
+                           "start <= end (seconds: start < end), both >= 0, e.g. "
+                           "0,1|2,3@5r-9r or 0-3|4-7@1200s-3600s") from None
+
     def check_nodes(self, n: int, where: str) -> None:
         """One ``error:`` line if the cut names a node outside 0..n-1."""
         big = max(self.nodes, default=-1)
         if big >= n:
             raise SfgError(f"{where} names node {big}, but the run has nodes 0..{n - 1}")
+
+
+def _unit(text: str, where: str, what: str) -> str:
+    """``rounds`` for ``5r``, ``seconds`` for ``1200s``; one error line otherwise."""
+    t = text.strip().lower()
+    if t.endswith("r") and t[:-1].strip():
+        return "rounds"
+    if t.endswith("s") and t[:-1].strip():
+        return "seconds"
+    example = "0,1|2,3@5r-9r or 0-3|4-7@1200s-3600s" if what == "cut" else "3@10r or 3@1500s"
+    raise SfgError(f"--{what} {where!r}: write the unit on every number, r (rounds) or s "
+                   f"(seconds), e.g. {example}")
+
+
+def _side(s: frozenset[int] | None, sep: str = ".") -> str:
+    return "*" if s is None else sep.join(map(str, sorted(s)))
 
 
 def _inside(i: int, s: frozenset[int] | None, other: frozenset[int] | None) -> bool:
@@ -173,6 +229,23 @@ class Crash:
     def pair(self) -> tuple[int, float]:
         """(node, at): a round as an int, seconds as a float."""
         return self.node, (int(self.at) if self.unit == "rounds" else float(self.at))
+
+    @classmethod
+    def parse(cls, text: str) -> Crash:
+        """``"3@10r"`` (node 3 at the start of round 10) or ``"3@1500s"`` (at 1500 s of
+        virtual time): the command line's ``--crash``, its unit written."""
+        node, at, when = str(text).partition("@")
+        if not at:
+            raise SfgError(f"cannot read --crash {text!r}; write NODE@ROUNDr or NODE@SECONDSs, "
+                           "e.g. 3@10r or 3@1500s")
+        unit = _unit(when, text, "crash")
+        inner = f"{node.strip()}@{when.strip()[:-1]}"
+        try:
+            return cls.parse_seconds(inner) if unit == "seconds" else cls.parse_round(inner)
+        except SfgError:
+            raise SfgError(f"cannot read --crash {text!r}; write NODE@ROUNDr or NODE@SECONDSs "
+                           "with a node id >= 0 and a round (an integer) or time >= 0, e.g. "
+                           "3@10r or 3@1500s") from None
 
     @classmethod
     def parse_round(cls, text: str) -> Crash:
