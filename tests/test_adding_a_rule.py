@@ -1,5 +1,6 @@
-"""Adding a rule touches one place: a function and its registration in one module (README,
-"Adding a rule"). This test writes exactly that into a temporary module, imports it, and
+"""Adding a rule touches one place: a function and its registration in one module (the how-to
+docs/howto/add-rule.md; how sfg loads such a module, and how an edit is picked up:
+tests/test_plugins.py). This test writes exactly that into a temporary module, imports it, and
 checks the rule runs in the replay, in training, in ``weights_one``, and in the conformance
 suite — with no other file changed."""
 

@@ -255,3 +255,32 @@ def test_a_dataset_from_a_plugin_module(tmp_path):
     assert unknown.returncode == 2 and "plugin-digits" in unknown.stderr
     out = json.loads(ok(sfg(["--plugin", "plugin_data", *args], env)))
     assert "plugin-digits" in json.dumps(out)
+
+
+def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path, monkeypatch):
+    """The Ray executor's task (called here without Ray): the driver's plugin modules are
+    loaded before the run; one that fails is the run's one-line error."""
+    from sfg.experiments.config import make_config
+    from sfg.experiments.executors import _ray_task
+
+    (tmp_path / "ray_rules.py").write_text(textwrap.dedent(RULES).replace(
+        "plugin-fresh", "ray-fresh"))
+    (tmp_path / "ray_broken.py").write_text("raise RuntimeError('no luck')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SFG_PLUGINS", raising=False)
+    from sfg.round.rules import RULES as registry
+
+    try:
+        config = make_config(kind="replay", n_clients=8, rounds=10, horizon=5,
+                             graph="ring:k=1", process="bursty:u=0.5",
+                             rule="dfedavg", seed=1).model_dump(mode="json")
+        broken = _ray_task(config, ["ray_broken"])
+        assert not broken["ok"] and "plugin 'ray_broken'" in broken["error"]
+        assert "RuntimeError: no luck" in broken["error"]
+        assert "ray-fresh" not in registry
+        done = _ray_task({**config, "rule": "ray-fresh"}, ["ray_rules"])
+        assert done["ok"], done.get("error")
+        assert "ray-fresh" in registry
+    finally:
+        registry._entries.pop("ray-fresh", None)
+        sys.modules.pop("ray_rules", None)
