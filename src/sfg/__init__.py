@@ -49,7 +49,7 @@ from sfg.util.lazy import lazy_exports as _lazy_exports  # noqa: E402
 _EXPORTS = {
     "run": "api", "swarm": "api", "grid": "api", "config": "api", "parse_rule": "api",
     "rules": "api", "GridResult": "api",
-    "RunConfig": "experiments.config", "RunResult": "sim.context", "Rule": "round.rules",
+    "RunConfig": "experiments.config", "RunResult": "result", "Rule": "round.rules",
     "Store": "experiments.store", "SfgError": "errors",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for the annotations only
     from sfg.experiments.config import RunConfig
     from sfg.experiments.executors import GridSummary
     from sfg.experiments.grid import Grid
-    from sfg.sim.context import RunResult
+    from sfg.result import RunResult
 
 Progress = Callable[[int, int], None]
 
@@ -131,7 +131,7 @@ def _extras(job: str) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- one run
 def _run_result(out: Mapping[str, Any]) -> RunResult:
-    from sfg.sim.context import RunResult
+    from sfg.result import RunResult
 
     return RunResult(metrics=dict(out["metrics"]), curves=dict(out["curves"]), accuracy=None,
                      meta=dict(out.get("meta") or {}), diagnostics=out.get("diagnostics"))

@@ -425,10 +425,10 @@ class EventLoop:
             self.progress(L, self.n_levels)
 
     def result(self):
-        """The run's :class:`~sfg.sim.context.RunResult`."""
+        """The run's :class:`~sfg.result.RunResult`."""
         from sfg.clock.replay import per_device_hour
+        from sfg.result import RunResult
         from sfg.sim.context import (
-            RunResult,
             accuracy_metrics,
             check_finite,
             numerics,
@@ -470,7 +470,7 @@ class EventLoop:
 
 def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None):
     """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
-    config. Returns the run's :class:`~sfg.sim.context.RunResult` (``metrics``, ``curves``,
+    config. Returns the run's :class:`~sfg.result.RunResult` (``metrics``, ``curves``,
     ``meta``, ``accuracy``, ``params``, ``diagnostics``: SPEC §10's on the clock,
     :mod:`sfg.clock.diagnostics`, or None)."""
     from sfg.sim.context import build_run, single_threaded

@@ -84,13 +84,14 @@ def free_ports(n: int) -> list[int]:
 
 def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
               realised: np.ndarray | None = None):
-    """Swarm results as the one result type of a run (:class:`sfg.sim.context.RunResult`):
+    """Swarm results as the one result type of a run (:class:`sfg.result.RunResult`):
     ``sfg run``'s metrics (SPEC §8) plus the swarm's own figures; the nodes under ``nodes``.
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
     from sfg.net.diagnose import pool as pool_diagnostics
-    from sfg.sim.context import RunResult, accuracy_metrics
+    from sfg.result import RunResult
+    from sfg.sim.context import accuracy_metrics
 
     res = sorted(results, key=lambda r: r["node"])
     acc = np.array([r["acc"] for r in res], np.float64)
@@ -165,7 +166,7 @@ class SwarmOptions:
             raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
         if self.record_log is not None and self.mode != "async":
             raise SfgError("--record-log records async runs (a lockstep run's models do not "
-                           "depend on its timing); add --mode async")
+                           "depend on its timing); add --protocol async")
         if self.procs < 1:
             raise SfgError(f"--procs must be >= 1, got {self.procs}")
         for p in self.partitions:
@@ -212,14 +213,16 @@ async def _launch(spec_path: Path, ids: list[int], resume: bool) -> asyncio.subp
 
 def check_nodes(world: World, opts: SwarmOptions) -> None:
     N = world.n
-    for node, _ in opts.kills:
+    for node, r in opts.kills:
         if node >= N:
-            raise SfgError(f"--kill node {node} does not exist; nodes are 0..{N - 1}")
+            raise SfgError(f"--crash {node}@{r}r: node {node} does not exist; nodes are "
+                           f"0..{N - 1}")
     for p in opts.partitions:
         part = Cut.parse_rounds(p)
         bad = sorted(x for x in part.nodes if x >= N)
         if bad:
-            raise SfgError(f"--partition {p!r}: node {bad[0]} does not exist; nodes are 0..{N - 1}")
+            raise SfgError(f"--cut {Cut.parse_rounds(p).text()!r}: node {bad[0]} does not "
+                           f"exist; nodes are 0..{N - 1}")
     from sfg.net.certify import NO_KEYS, Keys, check_run
 
     check_run(world, opts.mode)

@@ -13,7 +13,7 @@ Heavy parts (the initial models, the backend, the clients' data on the device, t
 the availability trace) are built on first use, so a node that trains one client builds only
 what it reads.
 
-Every engine's result is one :class:`RunResult` with one accuracy summary
+Every engine's result is one :class:`sfg.result.RunResult` with one accuracy summary
 (:func:`accuracy_metrics`, :func:`time_to_target`); :func:`sfg.sim.run.train` trains a run on
 the engine its settings name.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -400,61 +400,3 @@ def time_to_target(hours: list[float], curve_mean: list[float], target: float) -
     hit = [h for h, a in zip(hours, curve_mean, strict=True) if a >= target]
     return {"time_to_accuracy_h": hit[0] if hit else float("nan"),
             "reached_target": 1.0 if hit else 0.0}
-
-
-@dataclass
-class RunResult:
-    """What a training run produced, whatever the engine.
-
-    ``metrics`` (named floats), ``curves`` (``acc_mean``/``acc_p10`` against ``round`` and/or
-    ``hours``), ``accuracy`` ([N] final personalised test accuracy), ``params`` ([N, D] final
-    models), ``personal`` (ditto's personal models or None), ``meta`` (timings, digests, the
-    numerics), ``diagnostics`` (or None), for the rounds ``state`` (the final staleness state)
-    and ``weights_log``, and ``extra``: an engine's own JSON-able parts (a swarm's ``nodes``,
-    ``faults``, ``replay``…). Readable as a mapping too: ``res["metrics"]``, ``res["nodes"]``
-    (an ``extra`` key), ``res.get("faults")``. :meth:`summary` is the JSON a command prints."""
-
-    metrics: dict[str, float]
-    curves: dict[str, list[float]]
-    accuracy: Any
-    params: Any = None
-    personal: Any = None
-    state: Any = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    weights_log: list[np.ndarray] | None = None
-    diagnostics: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        if key in self.extra:
-            return self.extra[key]
-        if key in self.__dataclass_fields__ and key != "extra":
-            return getattr(self, key)
-        raise KeyError(key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in self.__dataclass_fields__ and key != "extra":
-            setattr(self, key, value)
-        else:
-            self.extra[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.extra or (key in self.__dataclass_fields__ and key != "extra"
-                                     and getattr(self, key) is not None)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
-
-    def keys(self) -> list[str]:
-        """The parts that are there (fields not None, then ``extra``'s): ``{**res}`` is a
-        plain dict of them."""
-        return [k for k in self.__dataclass_fields__ if k != "extra" and k in self] + \
-            list(self.extra)
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON-able part: metrics, curves, diagnostics when recorded, and the engine's
-        own parts (``extra``)."""
-        out: dict[str, Any] = {"metrics": self.metrics, "curves": self.curves}
-        if self.diagnostics is not None:
-            out["diagnostics"] = self.diagnostics
-        return {**out, **self.extra}

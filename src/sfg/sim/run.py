@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from sfg.errors import SfgError, check
+from sfg.result import RunResult
 from sfg.round.attacks import Heard, availability, claims, true_claims
 from sfg.round.certified import evidence_for
 from sfg.round.kernel import RoundResult, candidate_mask, caps_at, play_round
@@ -42,7 +43,6 @@ from sfg.sim.context import (
     BACKBONES,
     ClientData,
     Run,
-    RunResult,
     accuracy_metrics,
     backbone_momentum,
     build_run,
