@@ -153,6 +153,15 @@ def test_an_installed_plugin_runs_everywhere_and_an_edited_helper_is_picked_up(i
     path.write_text(text + "\n")
     assert replay_rows(ok(sfg(REPLAY, env))) == before
 
+    # a broken entry point: one error line naming it and its package, for any command
+    path.write_text("raise ImportError('a missing piece')\n")
+    res = sfg(["processes"], env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    for w in ("error: plugin 'sfg_plugin_example.rules'", "entry point 'fresh'", "'sfg.rules'",
+              "sfg-plugin-example", "ImportError: a missing piece"):
+        assert w in lines[0]
+
 
 def test_a_plain_module_through_plugin_and_the_environment(tmp_path):
     (tmp_path / "plain_rules.py").write_text(textwrap.dedent(RULES).replace(
@@ -284,3 +293,18 @@ def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path,
     finally:
         registry._entries.pop("ray-fresh", None)
         sys.modules.pop("ray_rules", None)
+
+
+def test_a_node_worker_loads_the_plugins_first(tmp_path, monkeypatch, capsys):
+    """A swarm's node worker process (``python -m sfg.net.worker``) loads ``SFG_PLUGINS``
+    (inherited from the command) before it builds its nodes; a broken one is one line."""
+    from sfg.net import worker
+
+    (tmp_path / "node_broken.py").write_text("raise RuntimeError('no luck')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SFG_PLUGINS", "node_broken")
+    spec = tmp_path / "swarm.json"
+    spec.write_text("{}")
+    assert worker.main([str(spec), "--nodes", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: plugin 'node_broken' (SFG_PLUGINS)")

@@ -37,7 +37,7 @@ ENV = "SFG_PLUGINS"
 
 _LOCK = threading.RLock()
 _DONE: set[str] = set()  # entry points and modules imported in this process
-_SCANNED: list[list[tuple[str, str, str]]] = []  # the entry points found, once per process
+_SCANNED: list[list[tuple[str, str, str, str]]] = []  # the entry points found, once per process
 _ACTIVE: list[bool] = []  # set while loading (a plugin's own import may ask for the rules)
 
 
@@ -68,14 +68,15 @@ def add_to_env(modules: Iterable[str]) -> None:
         os.environ[ENV] = ",".join(names)
 
 
-def entry_points() -> list[tuple[str, str, str]]:
-    """(group, name, value) of every installed entry point in :data:`GROUPS` (read once)."""
+def entry_points() -> list[tuple[str, str, str, str]]:
+    """(group, name, value, distribution) of every installed entry point in :data:`GROUPS`
+    (read once per process)."""
     if not _SCANNED:
         from importlib.metadata import entry_points as eps
 
         every = eps()  # one scan of the installed distributions (each group's would rescan)
-        found = [(group, ep.name, ep.value) for group in GROUPS
-                 for ep in every.select(group=group)]
+        found = [(group, ep.name, ep.value, getattr(getattr(ep, "dist", None), "name", "?"))
+                 for group in GROUPS for ep in every.select(group=group)]
         _SCANNED.append(found)
     return _SCANNED[0]
 
@@ -127,9 +128,10 @@ def load(modules: Iterable[str] = (), *, entry_points_too: bool = True) -> list[
             _check_name(m, where)
             wanted.append((f"module={m}", m, f"{m!r} ({where})"))
         if entry_points_too:
-            for group, name, value in entry_points():
+            for group, name, value, dist in entry_points():
                 wanted.append((f"{group}:{name}={value}", value,
-                               f"{value!r} (entry point {name!r} in group {group!r})"))
+                               f"{value!r} (entry point {name!r} in group {group!r} of the "
+                               f"package {dist})"))
         todo = [w for w in wanted if w[0] not in _DONE]
         if not todo:
             return []
