@@ -253,17 +253,35 @@ def tiny_digits(**kw):
 
 DATASETS.register("plugin-digits", tiny_digits, params={"test_fraction": 0.3, "balance": True},
                   doc="the digits again, from a plugin", tags=("image",))
+
+
+from sfg.world.models import MODELS, mlp
+
+
+def plugin_mlp(**kw):
+    return mlp(**kw)
+
+
+MODELS.register("plugin-mlp", plugin_mlp, params={"hidden": "16", "backbone": ""},
+                doc="a small MLP, from a plugin")
+
+
+from sfg.world.outages.registry import PROCESSES
+from sfg.world.outages.synthetic import Iid
+
+PROCESSES.register("plugin-iid", Iid, params={"u": None}, doc="iid, from a plugin")
 '''
 
 
-def test_a_dataset_from_a_plugin_module(tmp_path):
+def test_a_dataset_model_and_outage_process_from_a_plugin_module(tmp_path):
     (tmp_path / "plugin_data.py").write_text(textwrap.dedent(DATASET))
-    args = ["run", "--dataset", "plugin-digits", "--rule", "sfg-cut", *RUN[3:]]
-    env = env_with(tmp_path)
-    unknown = sfg(args, env)
+    args = ["run", "--dataset", "plugin-digits", "--model", "plugin-mlp", "--rule", "sfg-cut",
+            "-p", "plugin-iid:u=0.5", *RUN[5:]]
+    unknown = sfg(args, env_with(tmp_path))
     assert unknown.returncode == 2 and "plugin-digits" in unknown.stderr
-    out = json.loads(ok(sfg(["--plugin", "plugin_data", *args], env)))
-    assert "plugin-digits" in json.dumps(out)
+    out = json.dumps(json.loads(ok(sfg(args, env_with(tmp_path, SFG_PLUGINS="plugin_data")))))
+    for name in ("plugin-digits", "plugin-mlp", "plugin-iid:u=0.5"):
+        assert name in out
 
 
 def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path, monkeypatch):
