@@ -257,3 +257,43 @@ def test_options_table_is_current_and_complete():
     marked = {c for c, cell in zip(commands, cells, strict=True) if "✓" in cell}
     assert marked == set(SHARED_COMMANDS), marked
     assert "reference/options.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_virtual_swarm_cuts_and_crashes_in_seconds_are_its_faults(capsys):
+    """`sfg swarm --clock virtual --cut ...s --crash ...s` runs the same swarm as the same cut
+    and crash written inside --faults."""
+    pytest.importorskip("torch")
+    swarm = ["swarm", "--clock", "virtual", "-n", "8", "-T", "8", "--eval-every", "4", "-K", "1",
+             "-p", "bursty:u=0.5", "--protocol", "async", "--compute", "const:value=30",
+             "--json"]
+    code, new, lines = _cli([*swarm, "--cut", "0-3|4-7@600s-3000s", "--crash", "2@1200s"],
+                            capsys)
+    assert code == 0, lines
+    code, old, lines = _cli([*swarm, "--faults", "faults:partition=0-3|4-7@600-3000,"
+                                                 "crash=2@1200"], capsys)
+    assert code == 0, lines
+    new, old = json.loads(new), json.loads(old)
+    assert new["metrics"] == old["metrics"]
+    assert new["faults"]["partitioned"] == old["faults"]["partitioned"] > 0
+    assert new["faults"]["crash_log"] == old["faults"]["crash_log"]
+    assert [c["node"] for c in new["faults"]["crash_log"]] == [2]
+
+
+def test_no_short_option_has_two_meanings():
+    gen = _gen("gen_cli")
+    meaning: dict[str, set[str]] = {}
+    for _path, cmd in gen.walk(gen.command_tree()):
+        for p in getattr(cmd, "params", []):
+            if p.param_type_name != "option" or p.hidden:
+                continue
+            longs = [o for o in p.opts if o.startswith("--")]
+            for short in (o for o in p.opts if not o.startswith("--")):
+                meaning.setdefault(short, set()).add(longs[-1])
+    assert meaning["-p"] == {"--process"} and meaning["-s"] == {"--store"}
+    assert {s: m for s, m in meaning.items() if len(m) > 1} == {}
+
+
+def test_replay_takes_one_seed_as_run_does(capsys):
+    code, out, _ = _cli(["replay", "--seed", "4", "-n", "12", "-T", "10", "-r", "sfg", "-p",
+                         "none", "--json"], capsys)
+    assert code == 0 and [r["seed"] for r in json.loads(out)["rows"]] == [4]

@@ -21,6 +21,7 @@ from pathlib import Path
 import typer
 
 from sfg.cli import console
+from sfg.cli.options import opt
 
 app = typer.Typer(help="Run experiment grids into a results store (SPEC §7-8).",
                   no_args_is_help=True, add_completion=False)
@@ -29,7 +30,7 @@ app = typer.Typer(help="Run experiment grids into a results store (SPEC §7-8)."
 @app.command("run")
 def run_cmd(
     grid: Path = typer.Argument(..., help="grid YAML file, e.g. examples/demo.yaml"),
-    store: Path = typer.Option(..., "--store", help="results SQLite file (created if missing)"),
+    store: Path = opt("store", ...),
     executor: str = typer.Option("local", help="local or ray"),
     workers: int = typer.Option(1, help="local worker processes; 0 = one per CPU"),
     address: str | None = typer.Option(
@@ -100,7 +101,7 @@ def run_cmd(
 
 @app.command("status")
 def status_cmd(
-    store: Path = typer.Option(..., "--store", help="results SQLite file"),
+    store: Path = opt("store", ...),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Show how many runs are queued, running, done and failed, and why runs failed."""

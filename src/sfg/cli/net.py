@@ -326,7 +326,7 @@ def register(app: typer.Typer) -> None:
         kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
         tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)", rich_help_panel=REAL_PANEL),
         workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
-        store: str | None = typer.Option(None, "--store", help="Write the run to this SQLite results store"),
+        store: str | None = opt("store"),
         record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it", rich_help_panel=REAL_PANEL),
         replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
         clock: str = opt("clock", "rounds"),

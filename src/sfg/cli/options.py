@@ -54,6 +54,7 @@ SPECS: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "anatomy": (("--anatomy",), "What an outage disables: full, cannot-communicate, cannot-train-shares, cannot-train-adopts", None),
     "link_failure": (("--link-failure",), "Rounds: the probability, each round, that each link of the graph fails (both directions, that round only); the round-based counterpart of --loss", None),
     "json": (("--json",), "Print JSON", None),
+    "store": (("--store", "-s"), "SQLite results store (`sfg grid run` and `sfg swarm` write runs into it, created if missing; `sfg grid status` and `sfg report` read it)", None),
     # the clock and the protocol
     "clock": (("--clock",), "rounds (default: time counted in rounds — `sfg run`/`sfg replay` synchronous rounds, `sfg swarm` real nodes over gRPC on their own time) or virtual (time in seconds on the virtual clock)", CLOCK_PANEL),
     "protocol": (("--protocol",), "lockstep (rounds: every node waits for its neighbours' models up to --deadline), async (every node on its own timer, period --period) or event (train-send-repeat; the virtual clock only). Default lockstep; `sfg run`/`sfg replay` need --clock virtual for async and event", CLOCK_PANEL),
@@ -92,8 +93,8 @@ def opt(name: str, default: Any = None, *, also: tuple[str, ...] = (), **extra: 
 
 def deprecated(old: str, new: str, command: str) -> None:
     """The one-line notice of an old spelling (it keeps working for one minor version)."""
-    console.note(f"warning: {old} is deprecated in `sfg {command}`; use {new} (the old spelling "
-                 "goes in the next minor version)")
+    console.note(f"warning: {old} is deprecated; use {new} (`sfg {command}` reads the old "
+                 "spelling until the next minor version)")
 
 
 def given(**values: Any) -> dict[str, Any]:

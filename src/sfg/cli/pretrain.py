@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from sfg.cli import console
+from sfg.cli.options import opt
 
 
 def register(app: typer.Typer) -> None:
@@ -17,14 +18,14 @@ def register(app: typer.Typer) -> None:
 def pretrain_cmd(
     dataset: str = typer.Option("cifar100", help="cifar100, cifar10, imagefolder or digits"),
     model: str = typer.Option("resnet18-gn", help="Model to pre-train (its head is replaced later)"),
-    data_root: str | None = typer.Option(None, help="Path to the dataset in its standard format"),
+    data_root: str | None = opt("data_root"),
     out: Path = typer.Option(Path("backbone.safetensors"), "--out", "-o", help="Backbone file to write (.safetensors)"),
     epochs: int = typer.Option(40, help="Epochs (one-cycle schedule over all of them)"),
-    batch_size: int = typer.Option(256),
+    batch_size: int = opt("batch_size", 256),
     lr: float = typer.Option(0.1, help="Peak learning rate of the one-cycle schedule"),
     momentum: float = typer.Option(0.9, help="Nesterov momentum"),
-    weight_decay: float = typer.Option(5e-4),
-    seed: int = typer.Option(0),
+    weight_decay: float = opt("weight_decay", 5e-4),
+    seed: int = opt("seed", 0),
     device: str = typer.Option("cpu", help="cpu or cuda"),
 ) -> None:
     """Pre-train a backbone on a whole training split; rerun the same command to resume."""

@@ -162,7 +162,7 @@ def replay(
     config: Path | None = opt("config"),
     process: list[str] = opt("process", [], show_default=_shown("process")),
     rule: list[str] = opt("rule", [], show_default=_shown("rule")),
-    seeds: str | None = typer.Option(None, show_default=_shown("seeds"), help="Seeds: 1,2,3 or 1-5 (a config file's seed: that one)"),
+    seeds: str | None = typer.Option(None, "--seeds", "--seed", show_default=_shown("seeds"), help="Seeds: 1,2,3 or 1-5, or one seed as in `sfg run --seed` (a config file's seed: that one)"),
     clients: int | None = opt("clients", show_default=_shown("clients")),
     rounds: int | None = opt("rounds", show_default=_shown("rounds")),
     graph: str | None = opt("graph", show_default=_shown("graph")),

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from sfg.cli import console
+from sfg.cli.options import opt
 from sfg.errors import SfgError
 
 
@@ -16,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    store: Path = typer.Option(..., "--store", "-s", help="SQLite results store written by `sfg grid run`"),
+    store: Path = opt("store", ...),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder for report.md, comparisons.csv and PNG plots [default: report; none when only exporting]"),
     baseline: str = typer.Option("dfedavg", help="Rule every other rule is compared with"),
     metric: str = typer.Option("acc_mean", help="Metric compared (acc_mean, acc_p10, acc_time_avg, ...)"),

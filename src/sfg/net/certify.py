@@ -248,7 +248,7 @@ def check_run(world, mode: str) -> None:
         what = "+certified" if world.rule.certified else "attack claim=certified"
         if mode != "lockstep":
             raise SfgError(f"{what} runs in lockstep mode (its evidence is the previous "
-                           "round's); drop --mode async, or the certification")
+                           "round's); drop --protocol async, or the certification")
 
 
 def keys_for(world, tls_dir: str | Path | None, node: int) -> Keys | None:

@@ -197,7 +197,7 @@ class Recording:
 def _bad(path: Path, k: int | None, what: str) -> SfgError:
     where = f"{path}" if k is None else f"{path} line {k}"
     return SfgError(f"event log {where}: {what}; record it again with "
-                    "`sfg swarm --mode async --record-log FILE`")
+                    "`sfg swarm --protocol async --record-log FILE`")
 
 
 def _check_event(path: Path, k: int, ev: Any) -> dict:

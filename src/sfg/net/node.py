@@ -156,7 +156,7 @@ class NodeConfig:
         for p in self.partitions:
             if p.unit != "rounds":
                 raise SfgError(f"a node's partitions are in rounds, not {p.unit} "
-                               f"({p.text()}); write --partition A|B@R1-R2")
+                               f"({p.text()}); write --cut A|B@R1r-R2r")
 
 
 @dataclass

@@ -336,7 +336,7 @@ def _settings(rec: Recording) -> dict[str, Any]:
     if s.get("mode") != "async":
         raise SfgError(f"the event log records a {s.get('mode')!r} run; only async runs are "
                        "replayed (a lockstep run's models do not depend on its timing: "
-                       "`sfg swarm --clock virtual --mode lockstep` gives them)")
+                       "`sfg swarm --clock virtual --protocol lockstep` gives them)")
     for key in ("period", "jitter", "window"):
         v = s.get(key)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):

@@ -257,7 +257,7 @@ def lockstep_world(world, cw, cs):
         raise SfgError(
             f"lockstep on the virtual clock: with these --latency/--uplink/--loss settings "
             f"{what}, but the node's lockstep waits for every message of a round (a missing one "
-            "past its deadline is an error); use --mode async, or a lower latency, a faster "
+            "past its deadline is an error); use --protocol async, or a lower latency, a faster "
             "uplink, no --loss (lost pushes: --faults loss=P, which the node recovers by pulling)")
     return replace(world, available=availability(lk.available, world.attack, world.attackers))
 
