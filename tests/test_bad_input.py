@@ -197,7 +197,7 @@ FLASH_CASES = cases_for("flash", [
     (_flash(flash_json({"a": GOOD_FLASH_MSG}), "--rounds", "0"), "rounds"),
     (_flash(flash_json({"a": GOOD_FLASH_MSG}), "--round-minutes", "2.5"), "round_minutes"),
     (_flash(flash_json({"a": GOOD_FLASH_MSG}), "--min-availability", "1.5"), "min_availability"),
-    (_flash(flash_json({"a": GOOD_FLASH_MSG}), "--rule", "lenient"), "unknown FLASH rule"),
+    (_flash(flash_json({"a": GOOD_FLASH_MSG}), "--availability", "lenient"), "unknown FLASH rule"),
     # a few hundred KB asking for tens of GiB: 2,000 devices x 399 days of minutes
     (_flash(flash_json({f"d{i}": "2021-01-01 00:00:00\twifi\n2022-02-03 00:00:00\twifi"
                         for i in range(2000)})), "over the limit.*SFG_MAX_MEMORY",
