@@ -38,8 +38,8 @@ ENGINE_COMMANDS: dict[str, str] = {
     "clock-lockstep": "sfg run --clock virtual --protocol lockstep",
     "clock-async": "sfg run --clock virtual --protocol async",
     "clock-event": "sfg run --clock virtual --protocol event",
-    "node-lockstep": "sfg swarm --clock virtual --mode lockstep",
-    "node-async": "sfg swarm --clock virtual --mode async",
+    "node-lockstep": "sfg swarm --clock virtual --protocol lockstep",
+    "node-async": "sfg swarm --clock virtual --protocol async",
     "real-nodes": "sfg swarm / sfg node, over gRPC",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_COMMANDS)
