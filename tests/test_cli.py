@@ -185,3 +185,14 @@ def test_replay_engine_is_deprecated_with_one_line_and_changes_nothing(capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {r["rule"] for r in rows} == {"oracle-gls", "sfg"}
     assert all(r["H"] is not None for r in rows)
+
+
+def test_an_option_given_twice_is_refused_after_a_top_level_option(capsys):
+    """``sfg --plugin MODULE replay ...``: the module is --plugin's value, not the command,
+    so the replay's options are still checked for repeats."""
+    from sfg.cli.main import main
+
+    code = main(["--plugin", "sfg.round.rules", "replay", "-n", "20", "-T", "5",
+                 "--seeds", "1", "--seeds", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--seeds is given twice" in err[0], err

@@ -334,12 +334,23 @@ def check_repeated_options(command: Any, args: list[str]) -> None:
 
     cmd, rest, path = command, list(args), []
     while isinstance(getattr(cmd, "commands", None), dict):
-        names = [a for a in rest if not a.startswith("-")]
-        if not names or names[0] not in cmd.commands:
+        # the sub-command: the first word that is not an option of the group nor its value
+        # (``sfg --plugin mod replay``: ``mod`` is --plugin's)
+        group_values = {o for p in getattr(cmd, "params", ()) if is_option(p) and not p.is_flag
+                        for o in p.opts}
+        i, skip = None, False
+        for k, tok in enumerate(rest):
+            if skip:
+                skip = False
+            elif tok in group_values:
+                skip = True
+            elif not tok.startswith("-"):
+                i = k
+                break
+        if i is None or rest[i] not in cmd.commands:
             return
-        i = rest.index(names[0])
-        path.append(names[0])
-        cmd, rest = cmd.commands[names[0]], rest[i + 1:]
+        path.append(rest[i])
+        cmd, rest = cmd.commands[rest[i]], rest[i + 1:]
     single: dict[str, Any] = {}
     for p in cmd.params:
         if is_option(p) and not p.multiple and not getattr(p, "count", False):
