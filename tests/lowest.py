@@ -2,7 +2,7 @@
 ``make test-lowest`` installs them (``python tests/lowest.py --install``: this checkout with
 :data:`EXTRAS`, the pins and the test tools; without arguments it prints the pins) in a
 virtual environment of its own, ``.venv-lowest``, and runs the core and training smoke tests
-there (the Makefile's ``LOWEST_TESTS``; issue 32: lower bounds that are tested); ``--check``
+there (the Makefile's ``LOWEST_TESTS``: lower bounds that are tested); ``--check``
 there confirms that the lowest versions are the ones installed.
 
 Lowered: numpy, numba, scipy, pydantic and typer (the rest install as pip resolves them

@@ -1,12 +1,12 @@
 """A straightforward per-client Python loop of the replay: the test oracle for :mod:`sfg.round.kernel`.
 
 Deliberately simple and independent of the library's round: dicts and lists, one receiver at
-a time, every rule's score written again from SPEC §3 in plain Python (:data:`SCORES`), the
-modifiers, the normalisation (SPEC §1) and the staleness update (SPEC §2) spelled out, dense
+a time, every rule's score written again from docs/concepts/rules.md#scores-and-weights in plain Python (:data:`SCORES`), the
+modifiers, the normalisation (docs/concepts/round.md#one-round) and the staleness update (docs/concepts/staleness.md#the-staleness-state) spelled out, dense
 products for the self-return H. It shares only the inputs with the library: the anatomy
 mode's capabilities, link failures and the rules' random draws (same streams). The tests
 compare it with the compiled round weight by weight; ``benchmarks/bench_replay.py`` times both.
-Oracles (SPEC §3.4) are not here (they are checked against hand cases and a QP solver).
+Oracles (docs/concepts/rules.md#oracles) are not here (they are checked against hand cases and a QP solver).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ OWN_C = {"self-weight", "update-amplification"}  # rules whose parameter c is no
 
 
 def reference_weights(rule: Rule, C: list[dict], t: int, u: float) -> list[float]:
-    """One receiver's weights: scores, modifiers, normalisation (SPEC §1, §3)."""
+    """One receiver's weights: scores, modifiers, normalisation (docs/concepts/round.md#one-round, docs/concepts/rules.md#scores-and-weights)."""
     if "rounded" in rule.modifiers:
         C = [{**c, "lag": float(round(c["lag"]))} for c in C]
     h = list(SCORES[rule.name](C, t, u, rule.params))
@@ -114,7 +114,7 @@ def reference_weights(rule: Rule, C: list[dict], t: int, u: float) -> list[float
 def replay_reference(available: np.ndarray, graph: Graph, rule: Rule | str, *, seed: int,
                      anatomy: str = "full", link_failure: float = 0.0, horizon: int = 50,
                      weights_out: list | None = None) -> dict[str, float]:
-    """Metrics of SPEC §9 by a per-client loop; ``weights_out`` gets each round's dense W."""
+    """Metrics of docs/concepts/replay.md#model-free-analyses by a per-client loop; ``weights_out`` gets each round's dense W."""
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     available = np.asarray(available, bool)
     T, N = available.shape

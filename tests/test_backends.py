@@ -1,4 +1,4 @@
-"""The flat parameter store and the local-training backends (SPEC §1.3, §6).
+"""The flat parameter store and the local-training backends (docs/concepts/round.md#local-training, docs/concepts/training.md#the-training-protocol).
 
 Every backend must equal a plain per-client ``torch.optim.SGD`` loop, be deterministic, and
 respect momentum buffers, the Ditto proximal term and trainable masks.
@@ -354,7 +354,7 @@ def test_training_is_bit_for_bit_deterministic(backend):
 @pytest.mark.crosspath
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
 def test_loop_client_result_does_not_depend_on_who_else_trains(name):
-    """Pairing (SPEC §7): a client's trained model is bit-identical whether it trains alone or
+    """Pairing (docs/concepts/training.md#pairing): a client's trained model is bit-identical whether it trains alone or
     with others (every worker chunk is single-threaded, even for one client)."""
     model, P, xs, ys = problem(name, n=4, K=2)
     be = make_backend("loop:workers=2", model)

@@ -1,7 +1,7 @@
 """The fused backends (``vmap``, ``batched``) equal the per-client ``loop`` on one device.
 
 The device is ``SFG_TEST_DEVICE`` (default ``cpu``): ``benchmarks/bench_gpu.py`` runs this file
-with ``SFG_TEST_DEVICE=cuda`` on a GPU machine, the CUDA test subset of issue 22. Nothing here
+with ``SFG_TEST_DEVICE=cuda`` on a GPU machine, the CUDA test subset. Nothing here
 is skipped: a device that is asked for and missing fails the tests. Needs torch and pytest only
 (no pydantic: the device machine has none).
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gpu.py, the device script of issue 22, runs on the CPU too (``--smoke``).
+"""benchmarks/bench_gpu.py, the device script, runs on the CPU too (``--smoke``).
 
 The device machine has no pydantic or cryptography: the smoke run blocks both
 (``sys.modules[name] = None`` makes any import of them fail) and must still finish every part,

@@ -114,7 +114,7 @@ def test_provenance_refuses_a_claim_no_source_gives():
 @pytest.mark.parametrize("anatomy", ["full", "cannot-train-shares", "cannot-train-adopts",
                                      "cannot-communicate"])
 def test_certified_never_refuses_an_honest_claim(anatomy):
-    """Honest claims are their sources' SPEC §2 update and an awake client is heard by
+    """Honest claims are their sources' docs/concepts/staleness.md#the-staleness-state update and an awake client is heard by
     every online neighbour: +certified gives the rule's weights bit for bit, every
     model-free rule, refusing nothing (the witness is off under cannot-communicate)."""
     for rule in DEFENDABLE:

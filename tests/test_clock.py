@@ -1,12 +1,12 @@
-"""The virtual clock (SPEC §12) against the round-based system and its own guarantees.
+"""The virtual clock (docs/concepts/clock.md#the-virtual-clock) against the round-based system and its own guarantees.
 
 * lockstep with zero compute time and latency is ``sfg run`` / the round-based replay, number
-  for number, for rules, anatomy modes, link failures and attacks (§12.2);
+  for number, for rules, anatomy modes, link failures and attacks (docs/concepts/clock.md#the-three-protocols);
 * stragglers, late and lost messages really drop out, in the replay and in training;
 * the schedule's digest is the same for every rule and changes with the schedule's settings;
-  same seed ⇒ bit-identical results, whatever the thread count (§12.4);
-* §2's invariants in every candidate and every header on random small worlds (hypothesis);
-* pairing on the clock (§7, §12.4): what the rule can and cannot change under async and event;
+  same seed ⇒ bit-identical results, whatever the thread count (docs/concepts/clock.md#pairing-and-the-schedule-digest);
+* the invariants of docs/concepts/staleness.md#invariants in every candidate and every header on random small worlds (hypothesis);
+* pairing on the clock (docs/concepts/training.md#pairing, docs/concepts/clock.md#pairing-and-the-schedule-digest): what the rule can and cannot change under async and event;
 * bad settings: one ``error:`` line, exit status 2, through the command line;
 * grids with ``clock: virtual``, and run ids of round-based configs unchanged by the new keys.
 
@@ -71,7 +71,7 @@ LATE_OK = {"latency": "const:value=1"}  # every message in time, through per-slo
                                   "limited-merging:L=2"])
 @pytest.mark.crosspath
 def test_lockstep_with_zero_time_is_sfg_run(rule):
-    """SPEC §12.2: with zero compute time and latency the lockstep clock gives sfg run's
+    """docs/concepts/clock.md#the-three-protocols: with zero compute time and latency the lockstep clock gives sfg run's
     numbers, bit for bit; so does a latency far below Δ (every message in time), which takes
     the per-slot delivery path through the round."""
     for anatomy, lf, worlds in [("full", 0.0, [{}]), ("full", 0.4, [{}, LATE_OK]),
@@ -124,7 +124,7 @@ def _compute_csv(tmp_path: Path, slow: dict[int, float], n: int, fast: float) ->
 
 
 def test_straggler_is_never_a_participant(tmp_path):
-    """A device whose K·compute exceeds Δ never takes part (SPEC §12.2): it never trains, its
+    """A device whose K·compute exceeds Δ never takes part (docs/concepts/clock.md#the-three-protocols): it never trains, its
     model stays the initial one, nobody hears it, and the replay counts it as unavailable."""
     n, T, K = 12, 6, 2
     compute = _compute_csv(tmp_path, {3: 400.0, 7: 301.0}, n, 10.0)  # 2 · 301 > 600
@@ -257,7 +257,7 @@ def _rep(protocol: str, rule: str = "dfedavg", seed: int = 1, **kw) -> dict:
 
 @pytest.mark.parametrize("protocol", ["lockstep", "async", "event"])
 def test_schedule_digest_is_the_rules_and_the_settings(protocol):
-    """SPEC §12.4: the same digest for every rule of a seed; another digest when a schedule
+    """docs/concepts/clock.md#pairing-and-the-schedule-digest: the same digest for every rule of a seed; another digest when a schedule
     setting or the seed changes; the training run reports the replay's schedule."""
     digests = {r: _rep(protocol, r)["meta"]["schedule_digest"]
                for r in ["dfedavg", "sfg", "sfg-l", "sfg-cut", "aoi+ipw", "copy-random"]}
@@ -334,9 +334,9 @@ def test_lockstep_same_seed_is_bit_identical_whatever_the_threads():
     assert a.metrics["clock_lost"] > 0
 
 
-# ------------------------------------------------------------- 4. §2's invariants
+# ------------------------------------------------------------- 4. the invariants of docs/concepts/staleness.md#invariants
 def _check_events(rule_name: str, world, sched, seed: int, attack, window: float) -> int:
-    """Every candidate as the kernel saw it and every header sent obey §2: τ ≤ ℓ, ℓ ≥ 0, τ ≥ 0,
+    """Every candidate as the kernel saw it and every header sent obey docs/concepts/staleness.md#the-staleness-state: τ ≤ ℓ, ℓ ≥ 0, τ ≥ 0,
     counts ≥ 1; weights non-negative, summing to 1; messages causal and within the window.
     Returns the number of neighbour candidates checked."""
     rule = parse_rule(rule_name)
@@ -376,7 +376,7 @@ def _check_events(rule_name: str, world, sched, seed: int, attack, window: float
 
 
 def _check_lockstep(rule_name: str, world, s, K: int, T: int, seed: int) -> int:
-    """§2 on the lockstep clock, round by round through the round itself."""
+    """docs/concepts/staleness.md#the-staleness-state on the lockstep clock, round by round through the round itself."""
     from sfg.clock.schedule import directed
 
     rule = parse_rule(rule_name)
@@ -525,7 +525,7 @@ def test_async_pairing_without_outages():
     * the count-based members (sfg-counts, limited-merging, gl-age) see equal counts and give
       dfedavg bit for bit — but the age- and lag-based ones (sfg, sfg-l, sfg-cut, aoi) do NOT:
       every neighbour is one period older than the receiver, so sfg weighs itself 1/(1+kγ)
-      and each neighbour γ/(1+kγ). SPEC §7's "every SFG member reproduces DFedAvg" is a
+      and each neighbour γ/(1+kγ). The pairing consequence "every SFG member reproduces DFedAvg" (docs/concepts/training.md#pairing) is a
       statement about synchronous rounds; on the async clock waiting is staleness."""
     family = ["sfg", "sfg-l", "sfg-cut", "aoi", "sfg-counts", "limited-merging:L=2", "gl-age"]
     res = {r: _train("async", r) for r in ["dfedavg", "local", *family]}
@@ -755,7 +755,7 @@ def test_round_based_run_ids_unchanged_by_the_clock_keys():
 
 
 # ----------------------------------------------------------------------------- async/event:
-# the rounds' modifiers, link failures and poisoned models (SPEC §3.1, §4.2, attacks)
+# the rounds' modifiers, link failures and poisoned models (docs/concepts/rules.md#the-sfg-family, docs/concepts/outages.md#link-failures, attacks)
 EV = {**TINY, "clock": "virtual", "protocol": "async", "jitter": 0.5, "rounds": 12,
       "compute": "const:value=30", "process": "bursty:u=0.6", "eval_every": 12}
 
@@ -811,7 +811,7 @@ def test_amplification_on_the_clock():
 
 
 def test_link_failures_on_the_clock():
-    """SPEC §4.2 on the clock: a message whose transfer ends in a Δ-round in which its link is
+    """docs/concepts/outages.md#link-failures on the clock: a message whose transfer ends in a Δ-round in which its link is
     down is lost; no candidate ever crosses such a link."""
     from sfg.clock.schedule import make_schedule, make_world
     from sfg.clock.settings import make_settings

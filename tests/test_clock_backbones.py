@@ -1,4 +1,4 @@
-"""Backbones (SPEC §6) and anatomy modes (SPEC §4.1) on the async (and event) protocols (sfg.clock.train): personal-head,
+"""Backbones (docs/concepts/training.md#the-training-protocol) and anatomy modes (docs/concepts/outages.md#anatomy-modes) on the async (and event) protocols (sfg.clock.train): personal-head,
 dfedavgm and ditto train there as in rounds. Each check can fail: a head that mixed, a
 momentum that differs from the explicit one, a ditto that changed the shared models or
 evaluated them instead of the personal ones."""

@@ -1,4 +1,4 @@
-"""SPEC §10's training diagnostics on the virtual clock's async and event protocols
+"""The training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) on the virtual clock's async and event protocols
 (sfg.clock.diagnostics): every kind runs and carries the rounds' JSON shape; training is bit
 for bit the same with and without them; the raw law, the lag law and the returning clients
 equal slow oracles written here from the schedule, the staleness run and the models the run

@@ -1,4 +1,4 @@
-"""The async and event protocols on hand-built worlds (SPEC §12.1–12.3), against schedules and
+"""The async and event protocols on hand-built worlds (docs/concepts/clock.md#the-virtual-clock), against schedules and
 staleness worked out by hand in the comments: wake-ups, an interrupted local round, skipped
 wakes, a lost message, waited age and lag, offline spans.
 
@@ -240,7 +240,7 @@ def test_returns_heard_by_hand():
 # The path 0 – 1 – 2, P = Δ = 10 s, W = 2 periods, K = 1 step of 2 s on every device, latency
 # 1 s, horizon 40. Device 1 is offline in [12, 25); 0 and 2 always online. Every device wakes
 # at 0, 10, 20, 30. Online rounds: wake w trains to w + 2 and sends, arriving at w + 3.
-# Device 1's wake 20 is offline; what it still does (SPEC §4.1):
+# Device 1's wake 20 is offline; what it still does (docs/concepts/outages.md#anatomy-modes):
 #   full:                 an offline span (+1 age and lag); messages to it at 23 are lost
 #   cannot-communicate:   trains alone 20 → 22 (age 0, count + 1), sends nothing; messages to
 #                         it while offline are lost
@@ -318,7 +318,7 @@ def test_anatomy_modes_on_async_by_hand(mode):
 # Device 1 online in [0, 13) and [25, 40): rounds 0 → 4, 4 → 8, 8 → 12 (arriving 5, 9, 13),
 # alone each time (nothing has arrived yet), so age 0, lag 0 and count 1 + 3; 12 → 16
 # interrupted at 13.
-# Offline 13 → 25, what it still does (SPEC §4.1; no timer, so it keeps the pace of what
+# Offline 13 → 25, what it still does (docs/concepts/outages.md#anatomy-modes; no timer, so it keeps the pace of what
 # it does, sfg.clock.schedule.event_schedule):
 #   full:                 back at 25: an offline span of 1.2 units (age 1, lag 1.2); the
 #                         messages at 21 are lost

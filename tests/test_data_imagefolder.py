@@ -161,7 +161,7 @@ def test_read_image_folder_arrays(tmp_path):
 
 def test_images_over_the_pixel_budget_are_refused_before_decoding(tmp_path, monkeypatch):
     """Seven 81-megapixel PNGs (a few hundred KB each): refused at the first one's header,
-    with the figure and the budget, before any of them is decoded (issue 32: a folder's
+    with the figure and the budget, before any of them is decoded (a folder's
     decode time is bounded like its memory)."""
     from PIL import ImageFile
 

@@ -1,4 +1,4 @@
-"""Devices and links in time (SPEC §12.1): compute, uplink, latency, loss (sfg.world.devices)."""
+"""Devices and links in time (docs/concepts/clock.md#the-world-in-time): compute, uplink, latency, loss (sfg.world.devices)."""
 
 from __future__ import annotations
 

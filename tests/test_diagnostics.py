@@ -1,4 +1,4 @@
-"""Training diagnostics (SPEC §10.1–10.3): hand-computed laws on N = 4, a planted ρ, returning
+"""Training diagnostics (docs/concepts/diagnostics.md#training-diagnostics): hand-computed laws on N = 4, a planted ρ, returning
 clients and fine-tuned geometry against direct computations, and bit-identical training."""
 
 from __future__ import annotations

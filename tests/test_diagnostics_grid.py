@@ -1,5 +1,5 @@
 """Diagnostics through a grid: the real SQLite store keeps them per run, `sfg report` exports
-pooled CSV tables and PNG plots (SPEC §10)."""
+pooled CSV tables and PNG plots (docs/concepts/diagnostics.md#training-diagnostics)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RunConfig: SPEC §6 defaults, validation messages, canonical run ids, registry checks."""
+"""RunConfig: docs/concepts/training.md#the-training-protocol defaults, validation messages, canonical run ids, registry checks."""
 
 from __future__ import annotations
 

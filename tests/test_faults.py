@@ -1,4 +1,4 @@
-"""Deterministic faults (SPEC §12.6, issue 20 items 3 and 5): the faults' component string and
+"""Deterministic faults (docs/concepts/clock.md#the-node-on-the-clock): the faults' component string and
 streams, the protocol properties of the node under a seeded sweep of random faults, planted
 protocol bugs that the sweep must catch, determinism, and bounded waits and memory.
 
@@ -141,7 +141,7 @@ def test_a_corrupted_payload_stays_finite_and_only_its_digest_gives_it_away():
 # ------------------------------------------------------------------ the sweep
 def test_protocol_properties_hold_under_a_seeded_sweep_of_random_faults(capsys):
     """No corrupted or non-neighbour message is accepted or aggregated, every header obeys
-    SPEC §2, a restarted node resumes its checkpoint plus exactly the rounds it missed, async
+    docs/concepts/staleness.md#the-staleness-state, a restarted node resumes its checkpoint plus exactly the rounds it missed, async
     never blocks, lockstep ends with the fault-free models, memory stays bounded under a
     flood; and the sweep really exercised every kind of fault (see sfg.net.faultsweep)."""
     cases = sweep_cases()

@@ -1,4 +1,4 @@
-"""FLASH screen readings (issue 11 item 6): what "idle" means, on a hand-computed event log."""
+"""FLASH screen readings: what "idle" means, on a hand-computed event log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for sfg.world.graphs (SPEC §6): generators, connectivity, invariants, registry, errors."""
+"""Tests for sfg.world.graphs (docs/concepts/training.md#the-training-protocol): generators, connectivity, invariants, registry, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Safe to upgrade (issue 32, item 4): every private internal of another package that sfg uses
+"""Safe to upgrade: every private internal of another package that sfg uses
 is feature-tested where it is used and has a fallback on public API (sfg.util.internals).
 Each test forces the fallback — ``SFG_PUBLIC_API=1``, or an internal made to look missing —
 checks that the fallback was taken, and that the numbers are the same as with the internal."""

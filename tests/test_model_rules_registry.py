@@ -1,4 +1,4 @@
-"""The model-reading rules (SPEC §3.2) as one registered object each (sfg.sim.model_rules):
+"""The model-reading rules (docs/concepts/rules.md#baselines) as one registered object each (sfg.sim.model_rules):
 one registry keyed by rule name that the rounds (make_model_rule) and the virtual clock
 (sfg.clock.scored.make_scorer) both dispatch through, and one formula per rule that gives the
 hand-computed value on either path."""

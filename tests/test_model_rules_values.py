@@ -2,7 +2,7 @@
 
 A star of three clients (0 is the hub; 1 and 2 are its leaves) with small models of known
 parameters and known staleness. Every expected weight below is worked out by hand from the
-formulas of SPEC §3.2 (module docstring of ``sfg.sim.model_rules``); inverting a rule's
+formulas of docs/concepts/rules.md#baselines (module docstring of ``sfg.sim.model_rules``); inverting a rule's
 weights (favouring the stale or distant model) fails these tests.
 """
 

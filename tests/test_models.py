@@ -1,4 +1,4 @@
-"""Models (SPEC §6): sizes, heads, forward shapes, backbones, registry errors."""
+"""Models (docs/concepts/training.md#the-training-protocol): sizes, heads, forward shapes, backbones, registry errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Networked nodes (SPEC §11): lockstep equals the simulator, async learns, crashes recover,
+"""Networked nodes (docs/concepts/nodes.md#networked-nodes): lockstep equals the simulator, async learns, crashes recover,
 TLS keeps strangers out. Real gRPC servers on 127.0.0.1 only; every run is bounded in time."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _run(world, make_config, timeout=300.0):
     return sorted(res, key=lambda r: r["node"]), sorted(nodes, key=lambda n: n.i)
 
 
-# ------------------------------------------------------------------ lockstep (SPEC §11.1)
+# ------------------------------------------------------------------ lockstep (docs/concepts/nodes.md#lockstep-mode)
 def test_lockstep_swarm_equals_the_loop_simulator():
     from sfg.sim.run import simulate
 
@@ -62,7 +62,7 @@ def test_lockstep_partition_cuts_exactly_the_scheduled_links():
     assert summarise(world, res, wall=0)["metrics"]["messages"] == 6 * deg - 2 * 2 * cut
 
 
-# ------------------------------------------------------------------ async (SPEC §11.2)
+# ------------------------------------------------------------------ async (docs/concepts/nodes.md#asynchronous-mode)
 ASYNC = dict(n_clients=16, rounds=30, local_steps=5, process="bursty:u=0.8", seed=3,
              eval_every=10)
 
@@ -113,7 +113,7 @@ def test_async_sfg_cut_learns_better_than_local_training_on_the_virtual_clock():
 
 def test_async_sfg_cut_over_grpc_exchanges_models_and_scalars_obey_spec():
     """The real-time async run over gRPC: models cross, nothing is rejected, every header
-    and final state obeys SPEC §2 (no learning comparison here: that one is on the virtual
+    and final state obeys docs/concepts/staleness.md#the-staleness-state (no learning comparison here: that one is on the virtual
     clock, above)."""
     period = _async_period()
     world, (res_cut, nodes) = _async_run("sfg-cut", period)
@@ -328,7 +328,7 @@ def test_store_writes_an_in_process_swarm_run_into_the_results_store(tmp_path):
     assert curves[rid]["acc_mean"] == pytest.approx(out["curves"]["acc_mean"])
 
 
-# ------------------------------------------------------------------ forged claims (issue 13)
+# ------------------------------------------------------------------ forged claims
 FORGE = dict(n_clients=6, rounds=10, process="iid:u=0.5", rule="sfg-cut", model="mlp",
              dataset="digits", seed=1, eval_every=10, graph="ring:k=1", local_steps=2,
              attack="forge:frac=0.2,claim=fresh,model=constant,always_on=true")
@@ -377,7 +377,7 @@ def test_swarm_fresh_claiming_node_takes_all_weight_and_guard_stops_it():
 
 
 def _hand_node_and_round(rule: str):
-    """The hand-built 4-client case of issue 13 on a real Node under ``rule``: receiver 0
+    """The hand-built 4-client case of forged claims on a real Node under ``rule``: receiver 0
     (age 1, lag 4, count 7 at t = 10), honest neighbours 1 and 2 (the same claims) and the
     fresh-claiming attacker 3; and the compiled round on the same case. Returns (node, msg
     (a message factory), the node's aggregation, the round's result, its graph, t)."""
@@ -420,7 +420,7 @@ def _hand_node_and_round(rule: str):
 
 
 def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state():
-    """The hand-built 4-client case of issue 13 on a real Node: receiver 0, honest neighbours 1
+    """The hand-built 4-client case of forged claims on a real Node: receiver 0, honest neighbours 1
     and 2, attacker 3. The node's weights and its next staleness state equal the compiled
     round's (play_round with +guard: forged lag 0 clamped to 1 + t − count = 3); with the same
     content seen again 6 rounds later, the evidence bound clamps the attacker's age to 6."""

@@ -1,5 +1,5 @@
 """Certified claims between networked nodes (``+certified`` in sfg swarm / sfg node,
-sfg.net.certify; issue 21, item 3): signing keys bound to the TLS certificates, hand-built
+sfg.net.certify): signing keys bound to the TLS certificates, hand-built
 witnesses and provenance on real Ed25519 stamps, forged signatures, replayed headers and
 provenance digests that do not match rejected on a real Node, and the swarm equal to
 ``sfg run`` model for model, with and without liars. Loopback only; every run is bounded."""

@@ -1,4 +1,4 @@
-"""A node checkpoint is replaced atomically (SPEC §11.3): a save that fails or is killed part-way
+"""A node checkpoint is replaced atomically (docs/concepts/nodes.md#wire-format-and-trust): a save that fails or is killed part-way
 leaves the previous checkpoint loadable, bit for bit.
 
 The faults are real: a write past the process's file-size limit (``RLIMIT_FSIZE``, the kernel

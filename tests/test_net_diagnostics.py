@@ -1,5 +1,5 @@
-"""SPEC §10's training diagnostics measured by the networked nodes (sfg.net.diagnose): the
-node on the virtual clock under async runs the clock engine's schedule (SPEC §12.6), so its
+"""The training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) measured by the networked nodes (sfg.net.diagnose): the
+node on the virtual clock under async runs the clock engine's schedule (docs/concepts/clock.md#the-node-on-the-clock), so its
 pooled diagnostics equal the engine's (sfg.clock.diagnostics) — counts exactly, sums up to the
 order of addition; recording them never changes training; the lag law's per-round
 normalisation over all nodes' pairs and the LATER rule are checked on hand-made local rounds."""
@@ -208,7 +208,7 @@ def test_returning_rounds_and_the_model_later():
 
 
 def test_lockstep_node_diagnostics_equal_sfg_runs():
-    """Lockstep (SPEC §11.1) is the rounds' protocol: with zero compute time the nodes on the
+    """Lockstep (docs/concepts/nodes.md#lockstep-mode) is the rounds' protocol: with zero compute time the nodes on the
     virtual clock give sfg run's models, and their pooled diagnostics are sfg run's (pairs
     once, by the lower id; LATER = the model after round t + 5)."""
     from sfg.sim.run import simulate

@@ -1,4 +1,4 @@
-"""Safe to deploy (issue 32): bounded transfers, identities taken from certificates, no
+"""Safe to deploy: bounded transfers, identities taken from certificates, no
 plaintext by accident, one key bundle per node, certificates checked against their validity.
 Hostile peers are real gRPC servers on 127.0.0.1; every call has a deadline."""
 

@@ -1,4 +1,4 @@
-"""Wire format and trust (SPEC §11.3): every bad message is rejected, counted, and changes nothing.
+"""Wire format and trust (docs/concepts/nodes.md#wire-format-and-trust): every bad message is rejected, counted, and changes nothing.
 
 The rejection tests deliver over a real gRPC server on 127.0.0.1.
 """
@@ -201,7 +201,7 @@ def test_waited_messages_age_by_whole_rounds_and_lag_by_real_periods():
     assert waited(2, 3.0, 1.5) == (3, 4.5)
     assert waited(0, 0.0, 3.0) == (3, 3.0)
     age, lag = waited(4, 4.0, 2.3)
-    assert age <= lag  # SPEC §2's τ ≤ ℓ is kept
+    assert age <= lag  # the invariant τ ≤ ℓ of docs/concepts/staleness.md#invariants is kept
 
 
 def test_checkpoint_roundtrip_is_atomic_and_exact(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for sfg.world.outages: synthetic processes (SPEC §4), anatomy modes (§4.1), link failures (§4.2)."""
+"""Tests for sfg.world.outages: synthetic processes (docs/concepts/outages.md#outage-processes), anatomy modes (docs/concepts/outages.md#anatomy-modes), link failures (docs/concepts/outages.md#link-failures)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_realised_unavailability_within_tolerance(spec, positions):
 
 
 def test_heterogeneous_high_target_is_structurally_unreachable_but_accepted():
-    # SPEC §4: heterogeneous u = 0.8 realises about 0.77 (rates clipped at 0.98; a chain with
+    # docs/concepts/outages.md#outage-processes: heterogeneous u = 0.8 realises about 0.77 (rates clipped at 0.98; a chain with
     # mean outage 5 is offline at most 5/6 of the time).
     for seed in (1, 2, 3):
         x = unavailability(make_process("heterogeneous:u=0.8").sample(T, N, seed=seed))

@@ -1,4 +1,4 @@
-"""Pairing across rules in training (SPEC §7): runs of different rules at one seed share every
+"""Pairing across rules in training (docs/concepts/training.md#pairing): runs of different rules at one seed share every
 paired input — the graph, the availability trace, the link failures, the data split (training,
 validation and test sets), the initial parameters and the minibatch of every (client, round,
 step) — exactly.

@@ -1,4 +1,4 @@
-"""The pathological split ``classes:k=2`` (issue 11 item 3): shards of single classes."""
+"""The pathological split ``classes:k=2``: shards of single classes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sfg pretrain` (SPEC §6 pretrained backbone): one epoch on a tiny image folder, the backbone
+"""`sfg pretrain` (docs/concepts/training.md#the-training-protocol pretrained backbone): one epoch on a tiny image folder, the backbone
 loads into `sfg run` with a fresh head, resuming after a kill continues from the saved epoch."""
 
 from __future__ import annotations

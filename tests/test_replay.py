@@ -1,4 +1,4 @@
-"""The vectorised replay against the per-client reference loop, and its analyses (SPEC §9)."""
+"""The vectorised replay against the per-client reference loop, and its analyses (docs/concepts/replay.md#model-free-analyses)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Real runs replayed (SPEC §12.6, issue 20 item 4): a real async swarm over gRPC on 127.0.0.1
+"""Real runs replayed (docs/concepts/clock.md#the-node-on-the-clock): a real async swarm over gRPC on 127.0.0.1
 records its event log; ``sfg swarm --replay-log FILE --clock virtual`` re-executes it with the
 same node code on the virtual clock and reproduces its final models. A tampered, truncated or
 foreign log is one ``error:`` line (exit 2). Every real run is bounded in time."""

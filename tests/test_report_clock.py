@@ -1,4 +1,4 @@
-"""`sfg report` on runs of the virtual clock (SPEC §12.5 with the statistics of §8).
+"""`sfg report` on runs of the virtual clock (docs/concepts/clock.md#metrics with the statistics of docs/concepts/statistics.md#paired-statistics).
 
 A tiny real grid (digits, N = 10, 4 rounds, K = 1, two rules, two seeds) runs on three
 protocols into a real SQLite store, then `sfg report` reads it back. Checked against the stored
@@ -216,7 +216,7 @@ def test_clock_counts_per_device_hour(grid):
         60 * float(ev["local_rounds_per_device_hour"]))
     assert math.isnan(float(ev["late"])) and math.isnan(float(ev["skipped"]))
     md = (grid["out"] / "report.md").read_text()
-    assert "## The clock's counts (SPEC §12.5)" in md
+    assert "## The clock's counts (docs/concepts/clock.md#metrics)" in md
     assert f"| digits | bursty:u=0.8 | {EVENT} | all 2: dfedavg, sfg-cut | 4 |" in md
 
 

@@ -1,4 +1,4 @@
-"""Design sensitivity, share of the outage gap closed and quartile gains (SPEC §10.4),
+"""Design sensitivity, share of the outage gap closed and quartile gains (docs/concepts/statistics.md#report-additions),
 on a small synthetic record set whose figures are computed by hand below."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Registry-wide conformance suite and hand-computed cases for the weight rules (SPEC §3)."""
+"""Registry-wide conformance suite and hand-computed cases for the weight rules (docs/concepts/rules.md#scores-and-weights)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def check_conformance(name: str, x: dict) -> None:
 @given(x=candidates(), name=st.sampled_from(VARIANTS))
 def test_conformance_one_receiver(x, name):
     """Every rule: weights over exactly its candidates, non-negative, finite, summing to 1,
-    deterministic (SPEC §1)."""
+    deterministic (docs/concepts/round.md#one-round)."""
     check_conformance(name, x)
 
 
@@ -78,7 +78,7 @@ def test_conformance_covers_every_registered_rule():
 @pytest.mark.parametrize("scores", [[0.0, 0.0, 0.0], [np.nan, np.inf, -1.0], [-2.0, 0.0, -0.0]])
 def test_all_zero_or_invalid_scores_fall_back_to_self(scores):
     """The shared normalisation: non-finite or negative scores count as 0; an all-zero row
-    keeps the own model, never NaN (SPEC §1)."""
+    keeps the own model, never NaN (docs/concepts/round.md#one-round)."""
     from sfg.round.kernel import _generic, scorer
 
     def weights(given, adopt=True):  # the round's own weights (sfg.round.kernel._weights)
@@ -132,7 +132,7 @@ def random_round(rng: np.random.Generator, n: int, p_edge: float = 0.4):
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 9), name=st.sampled_from(VARIANTS))
 def test_round_equals_one_receiver(seed, n, name):
     """The round's weights for every receiver equal the one-receiver form on its candidates;
-    the round's candidate sets equal S_i^t (SPEC §1)."""
+    the round's candidate sets equal S_i^t (docs/concepts/round.md#one-round)."""
     from sfg.round.kernel import rule_draws
 
     rule = parse_rule(name)
@@ -396,7 +396,7 @@ def test_dfedavg_local_and_update_amplification_hand_cases():
 
 def test_two_random_hand_cases():
     """Two distinct candidates with the smallest keys of the rule's own stream, equal weights;
-    the own model alone without a live neighbour (SPEC §3.3)."""
+    the own model alone without a live neighbour (docs/concepts/rules.md#controls-and-ablations)."""
     np.testing.assert_array_equal(one("two-random", ages=[4, 0, 1, 2], keys=[0.7, 0.2, 0.9, 0.1]),
                                   [0, 0.5, 0, 0.5])
     np.testing.assert_array_equal(one("two-random", ages=[4, 0, 1], keys=[0.1, 0.2, 0.9]),
@@ -407,7 +407,7 @@ def test_two_random_hand_cases():
 
 
 def test_metropolis_hastings_hand_case():
-    """w_ij = 1/(1 + max(d_i, d_j)) with d the live-neighbour counts, w_ii = 1 − Σ (SPEC §3.3);
+    """w_ij = 1/(1 + max(d_i, d_j)) with d the live-neighbour counts, w_ii = 1 − Σ (docs/concepts/rules.md#controls-and-ablations);
     not 1/(1 + d_j) nor 1/max(d_i, d_j)."""
     w = one("metropolis-hastings", ages=[9, 0, 0], degrees=[2, 1, 3])
     np.testing.assert_allclose(w, [1 - 1 / 3 - 1 / 4, 1 / 3, 1 / 4])

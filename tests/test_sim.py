@@ -1,4 +1,4 @@
-"""The training simulator (SPEC §1, §6, §7): pairing, backbones, catch-up, model-reading rules."""
+"""The training simulator (docs/concepts/round.md#one-round, docs/concepts/training.md#the-training-protocol, docs/concepts/training.md#pairing): pairing, backbones, catch-up, model-reading rules."""
 
 from __future__ import annotations
 

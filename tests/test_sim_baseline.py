@@ -164,7 +164,7 @@ def test_simulator_reproduces_the_recorded_baseline(name):
 
 @pytest.mark.parametrize("name", ["auto-sfg-cut", "small-cnn-loop", "ditto"])
 def test_same_run_twice_is_bit_identical(name):
-    """Same machine, same process, same config and seed: the same bits (SPEC §7)."""
+    """Same machine, same process, same config and seed: the same bits (docs/concepts/training.md#pairing)."""
     a, b = figures(name), figures(name)
     assert a["params_digest"] == b["params_digest"]
     assert a.get("personal_digest") == b.get("personal_digest")

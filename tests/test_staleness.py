@@ -1,4 +1,4 @@
-"""Staleness invariants (SPEC §2): τ ≤ ℓ, lags = row sums of A, lag mass conservation.
+"""Staleness invariants (docs/concepts/staleness.md#the-staleness-state): τ ≤ ℓ, lags = row sums of A, lag mass conservation.
 
 The update is part of the shared round (:func:`sfg.round.kernel.play_round`); these tests drive it
 with rules, or with given scores to impose hand-chosen weights."""
@@ -63,7 +63,7 @@ def test_doubly_stochastic_total_lag_grows_by_offline_count(seed, n):
     rng = np.random.default_rng(seed)
     rg = random_graph(rng, n)
     state = init_state(rg)
-    mh = parse_rule("metropolis-hastings")  # symmetric and doubly stochastic (SPEC §3.3)
+    mh = parse_rule("metropolis-hastings")  # symmetric and doubly stochastic (docs/concepts/rules.md#controls-and-ablations)
     for _ in range(20):
         avail = rng.random(n) < 0.5
         before = state.lags.sum()

@@ -1,4 +1,4 @@
-"""Tests for sfg.experiments.stats: paired comparisons (SPEC §8), with hand-computed cases."""
+"""Tests for sfg.experiments.stats: paired comparisons (docs/concepts/statistics.md#paired-statistics), with hand-computed cases."""
 
 from __future__ import annotations
 

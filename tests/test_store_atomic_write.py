@@ -1,4 +1,4 @@
-"""The store's one-transaction write (SPEC §7): a run's metrics, curves and ``status='done'``
+"""The store's one-transaction write (docs/concepts/training.md#pairing): a run's metrics, curves and ``status='done'``
 are committed together or not at all.
 
 Failures are injected *inside* :meth:`Store.finish`'s transaction with real SQLite: a temporary

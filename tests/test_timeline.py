@@ -1,4 +1,4 @@
-"""Availability as online intervals on the virtual clock (SPEC §12.1): sfg.world.timeline."""
+"""Availability as online intervals on the virtual clock (docs/concepts/clock.md#the-world-in-time): sfg.world.timeline."""
 
 from __future__ import annotations
 

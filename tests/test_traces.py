@@ -1,4 +1,4 @@
-"""The common Trace type and the half-the-minutes round rule (SPEC §5)."""
+"""The common Trace type and the half-the-minutes round rule (docs/concepts/traces.md#real-availability-traces)."""
 
 from __future__ import annotations
 

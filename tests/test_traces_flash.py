@@ -1,4 +1,4 @@
-"""FLASH pipeline (SPEC §5): hand-computed event logs, the real 100-device subset, bad input."""
+"""FLASH pipeline (docs/concepts/traces.md#real-availability-traces): hand-computed event logs, the real 100-device subset, bad input."""
 
 from __future__ import annotations
 
@@ -167,10 +167,10 @@ def test_real_subset_both_rules(real_states):
     assert set(strict.devices) <= set(relaxed.devices)
     assert relaxed.available.mean() >= strict.available.mean()
     s, r = trace_stats(strict), trace_stats(relaxed)
-    assert 0.12 < s["mean_availability"] < 0.25  # SPEC §5 full trace: 0.180
-    assert 0.30 < r["mean_availability"] < 0.48  # SPEC §5 full trace: 0.384
+    assert 0.12 < s["mean_availability"] < 0.25  # docs/concepts/traces.md#real-availability-traces full trace: 0.180
+    assert 0.30 < r["mean_availability"] < 0.48  # docs/concepts/traces.md#real-availability-traces full trace: 0.384
     assert s["outage_mean_rounds"] > r["outage_mean_rounds"]
-    assert 0.2 < strict.meta["share_never"] < 0.45  # SPEC §5 full trace: 0.295
+    assert 0.2 < strict.meta["share_never"] < 0.45  # docs/concepts/traces.md#real-availability-traces full trace: 0.295
     assert strict.meta["share_never"] > relaxed.meta["share_never"]
     assert all(x.endswith("T00:00") for x in strict.start)  # windows start at local midnight
     assert (strict.device_availability() >= 0.05).all()

@@ -1,4 +1,4 @@
-"""Real traces as outage processes (SPEC §4 "Real traces"): draws, determinism, errors."""
+"""Real traces as outage processes (docs/concepts/outages.md#outage-processes "Real traces"): draws, determinism, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""STUNner session pipeline (SPEC §5): hand-computed lines, the real files, bad input."""
+"""STUNner session pipeline (docs/concepts/traces.md#real-availability-traces): hand-computed lines, the real files, bad input."""
 
 from __future__ import annotations
 

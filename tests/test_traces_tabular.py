@@ -1,4 +1,4 @@
-"""Tabular user traces (SPEC §5 "Any user trace"): both forms, round trips, bad input."""
+"""Tabular user traces (docs/concepts/traces.md#real-availability-traces "Any user trace"): both forms, round trips, bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The networked node on the virtual clock (SPEC §12.6, issue 20 items 1-2): ``sfg swarm
+"""The networked node on the virtual clock (docs/concepts/clock.md#the-node-on-the-clock): ``sfg swarm
 --clock virtual`` runs the deployable node's code (sfg.net.node) on the virtual loop, the
 in-memory network and the batched trainer, and gives the same models as the clock's own engine
 (async) and as ``sfg run`` (lockstep). Everything runs in this process on virtual time: no
@@ -26,7 +26,7 @@ P = 600.0
 BASE = dict(rounds=30, local_steps=2, process="bursty:u=0.5", graph="knn:k=6", seed=1,
             eval_every=10, dataset="digits", model="mlp", backend="loop")
 WORLD = {"compute": "const:value=30", "latency": "const:value=2"}
-# lockstep rounds follow the messages (SPEC §11.1): a node may wait for a neighbour many rounds
+# lockstep rounds follow the messages (docs/concepts/nodes.md#lockstep-mode): a node may wait for a neighbour many rounds
 # behind, so the deadline (virtual seconds) is the run's T·P, as sfg swarm --clock virtual sets it
 DEADLINE = BASE["rounds"] * P
 
@@ -266,7 +266,7 @@ def lockstep_under_every_fault(world) -> dict:
 
 @pytest.mark.parametrize("n", [8, 32])
 def test_lockstep_node_under_every_fault_still_equals_sfg_run(n):
-    """Lockstep rounds follow the messages (SPEC §11.1): a lost, delayed, duplicated,
+    """Lockstep rounds follow the messages (docs/concepts/nodes.md#lockstep-mode): a lost, delayed, duplicated,
     corrupted or misrouted push is pulled again, a crashed node resumes from its checkpoint
     and redoes its round, clocks drift. The models are sfg run's, faults or not."""
     from sfg.sim.run import simulate

@@ -80,9 +80,9 @@ _TRAINING = ("dataset", "alpha", "model", "process", "rule", "graph", "seed", "n
              "partition", "attack", "precision", "diagnostics", "backbone_from")
 # the same arithmetic, the same data
 _SAME = ("data_root", "backend", "horizon")
-# the simulators' local training (SPEC §6 backbones, §4.1 anatomy, §4.2 link failures)
+# the simulators' local training (docs/concepts/training.md#the-training-protocol backbones, docs/concepts/outages.md#anatomy-modes anatomy, docs/concepts/outages.md#link-failures link failures)
 _SIMULATOR = ("backbone", "momentum", "ditto_lambda", "anatomy", "link_failure")
-# the virtual clock's settings (SPEC §12), clock and protocol aside
+# the virtual clock's settings (docs/concepts/clock.md#the-virtual-clock), clock and protocol aside
 _CLOCK = ("round_seconds", "period", "jitter", "window", "compute", "uplink", "latency", "loss",
           "message_bytes", "eval_seconds", "target_accuracy", "faults", "faults_seed")
 

@@ -1,18 +1,18 @@
 """``make demo`` / ``sfg demo``: the main job on data that ships inside a package (no download).
 
-1. **Pilot** (seed 0, SPEC §7: seeds 1–5 evaluate, seed 0 is for pilots): DFedAvg with and
+1. **Pilot** (seed 0, docs/concepts/training.md#pairing: seeds 1–5 evaluate, seed 0 is for pilots): DFedAvg with and
    without outages, to show the accuracy gap that outages cost and that the rules can recover.
    The demo's scale (T = 60 rounds, K = 5 local steps, α = 0.3) was chosen by this pilot:
    on seed 0 bursty outages (u = 0.8) cost DFedAvg about 13 points of mean accuracy (at
    T = 100 the gap was 7 points, at T = 300 smaller still: the outage cost is largest early).
 2. **Replay** of the demo's outage process: how stale models get and what each rule does with
-   them (SPEC §9), in a second or two.
+   them (docs/concepts/replay.md#model-free-analyses), in a second or two.
 3. **The paired grid**: digits (scikit-learn's bundled 8×8 images), N = 100 clients on a 6-NN
    graph, processes ``none`` and ``bursty:u=0.8``, the rules below, seeds 1–8 (eight units, so
    that the exact sign-flip test can pass a Holm correction over six comparisons); run with the
    local process-pool executor into a SQLite store (``sfg-out/demo.sqlite``).
 4. **The report**: paired gains over DFedAvg with stratified intervals, sign-flip and Wilcoxon
-   tests with Holm correction (SPEC §8), the comparisons CSV and PNG plots in
+   tests with Holm correction (docs/concepts/statistics.md#paired-statistics), the comparisons CSV and PNG plots in
    ``sfg-out/demo-report/``. Accuracies print in %, gains in percentage points; the CSV keeps
    fractions.
 """

@@ -23,7 +23,7 @@ import typer
 from sfg.cli import console
 from sfg.cli.options import opt
 
-app = typer.Typer(help="Run experiment grids into a results store (SPEC §7-8).",
+app = typer.Typer(help="Run experiment grids into a results store (see docs/concepts/training.md#pairing).",
                   no_args_is_help=True, add_completion=False)
 
 

@@ -205,7 +205,7 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
                                      f"max |replay - recorded run| = {diff:.3g}"))
 
 
-# the virtual clock's world settings the node under the virtual clock takes (SPEC §12.1)
+# the virtual clock's world settings the node under the virtual clock takes (docs/concepts/clock.md#the-world-in-time)
 WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
 
 

@@ -1,4 +1,4 @@
-"""``sfg replay``, ``sfg rules``, ``sfg processes``: model-free replay and the registries (SPEC §9).
+"""``sfg replay``, ``sfg rules``, ``sfg processes``: model-free replay and the registries (docs/concepts/replay.md#model-free-analyses).
 
 Thin: parse, call :func:`sfg.replay.replay`, print. The library (numpy, numba, the graph and
 outage code) is imported inside the commands, so ``sfg --help`` stays fast; matplotlib only
@@ -190,7 +190,7 @@ def replay(
     cut: list[str] = clockflags.CUT,
     crash: list[str] = clockflags.CRASH,
 ) -> None:
-    """Replay outage processes × rules × seeds with no training (SPEC §9)."""
+    """Replay outage processes × rules × seeds with no training (see docs/concepts/replay.md#model-free-analyses)."""
     filed = replay_file(config) if config is not None else {}
     flags = {"process": process or None, "rule": rule or None, "seeds": seeds,
              "clients": clients, "rounds": rounds, "graph": graph, "anatomy": anatomy,

@@ -1,4 +1,4 @@
-"""``sfg report``: paired comparisons, tables and plots from a results store (SPEC §8)."""
+"""``sfg report``: paired comparisons, tables and plots from a results store (docs/concepts/statistics.md#paired-statistics)."""
 
 from __future__ import annotations
 

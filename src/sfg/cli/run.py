@@ -185,7 +185,7 @@ def _show_events(cfg, got) -> None:
 
 
 def _rate_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The table rows of the lag law's fitted rates (SPEC §10.1) as the run recorded them
+    """The table rows of the lag law's fitted rates (docs/concepts/diagnostics.md#distance-laws) as the run recorded them
     (:func:`sfg.sim.diagnostics.law_rates`, the fit the report uses); none without ``lag``."""
     lag = (diagnostics or {}).get("lag")
     if not lag:

@@ -1,4 +1,4 @@
-"""``sfg traces``: statistics and plots of real availability traces (SPEC §5).
+"""``sfg traces``: statistics and plots of real availability traces (docs/concepts/traces.md#real-availability-traces).
 
     sfg traces stats --source flash --path FILE --availability strict [--json]
     sfg traces stats --source stunner --path FILE --variant 6day

@@ -1,4 +1,4 @@
-"""The virtual clock (SPEC §12): the same clients, rules and staleness in seconds of virtual
+"""The virtual clock (docs/concepts/clock.md#the-virtual-clock): the same clients, rules and staleness in seconds of virtual
 time, so that asynchrony, device speed and the network can be studied deterministically and
 paired across rules.
 
@@ -6,7 +6,7 @@ paired across rules.
 * :mod:`sfg.clock.schedule` — the world in time and the rule-independent schedule of each
   protocol (lockstep rounds with deadlines; async and event local rounds with their
   candidates);
-* :mod:`sfg.clock.replay` — the model-free replay on the clock (SPEC §9 metrics);
+* :mod:`sfg.clock.replay` — the model-free replay on the clock (docs/concepts/replay.md#model-free-analyses metrics);
 * :mod:`sfg.clock.train` — training on the clock, batched across devices.
 
 Every rule runs through the round's compiled parts (:mod:`sfg.round.kernel`): lockstep through

@@ -1,10 +1,10 @@
-"""Training diagnostics on the virtual clock's async and event protocols (SPEC §10 on §12).
+"""Training diagnostics on the virtual clock's async and event protocols (docs/concepts/diagnostics.md#training-diagnostics on docs/concepts/clock.md#the-virtual-clock).
 
-SPEC §10 counts in rounds; here a *round* is one staleness unit (the period P under
+docs/concepts/diagnostics.md#training-diagnostics counts in rounds; here a *round* is one staleness unit (the period P under
 ``async``, Δ under ``event``): a local round's unit index is its ``t`` in the schedule
 (:class:`sfg.clock.schedule.Schedule`; its wake index under async, ⌊time/Δ⌋ under event). A
 *live neighbour* of a receiver is a candidate message held at its aggregation, with the
-claims its header made, waited (SPEC §12.2–12.3: age τ + ⌊d⌋, lag ℓ + d for d units waited,
+claims its header made, waited (docs/concepts/clock.md#the-virtual-clock: age τ + ⌊d⌋, lag ℓ + d for d units waited,
 :func:`sfg.round.staleness.waited`); the receiver's own age and lag are its state before the
 local round. The receiver's model is its pre-aggregation model (its previous local round's
 output, or its initial model); a candidate's model is its sending local round's output (as

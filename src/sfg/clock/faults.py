@@ -1,4 +1,4 @@
-"""Deterministic faults for the node on the virtual clock (SPEC §12.6).
+"""Deterministic faults for the node on the virtual clock (docs/concepts/clock.md#the-node-on-the-clock).
 
 ``sfg swarm --clock virtual --faults faults:loss=0.1,delay=2.0 --faults-seed 7`` runs the
 deployable node (:class:`sfg.net.node.Node`) on the in-memory network of

@@ -1,5 +1,5 @@
-"""The oracles (SPEC §3.4) on the async and event protocols: the missed-fraction matrix A
-(SPEC §2) in time, and the oracles' scores from it.
+"""The oracles (docs/concepts/rules.md#oracles) on the async and event protocols: the missed-fraction matrix A
+(docs/concepts/staleness.md#the-staleness-state) in time, and the oracles' scores from it.
 
 In rounds, row A_i[t] is the fraction of round t's update missing from model i's lineage:
 each round the adopters' rows become Σ_j w_ij A_j and column t is 1 for the clients that did
@@ -66,7 +66,7 @@ class MissedRows:
     def adopted(self, devs: np.ndarray, agg: Any, *, ev: np.ndarray, cidx: np.ndarray,
                 row: np.ndarray, weights: np.ndarray) -> None:
         """The level's new rows: Σ_c w_c A_c, then the local round's own unit: 0 if it
-        trained, 1 if it could not (an anatomy mode's offline local round, SPEC §4.1)."""
+        trained, 1 if it could not (an anatomy mode's offline local round, docs/concepts/outages.md#anatomy-modes)."""
         assert self._stacked is not None
         new = np.zeros((ev.size, self.T))
         np.add.at(new, row, weights[cidx][:, None] * self._stacked)

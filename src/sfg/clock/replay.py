@@ -1,8 +1,8 @@
-"""Model-free replay on the virtual clock (SPEC §9 on the clock of §12): staleness, weights
+"""Model-free replay on the virtual clock (docs/concepts/replay.md#model-free-analyses on the clock of docs/concepts/clock.md#the-virtual-clock): staleness, weights
 and the replay metrics for the three protocols, without training.
 
 * ``lockstep`` runs the round-based replay (:func:`sfg.replay.driver.run_lane`) on the
-  lockstep schedule's participants and deliveries: every metric of SPEC §9, the self-return H
+  lockstep schedule's participants and deliveries: every metric of docs/concepts/replay.md#model-free-analyses, the self-return H
   and the attackers' reach included.
 * ``async`` and ``event`` run the schedule's events through the round's compiled parts
   (:func:`sfg.round.kernel.run_events`); the metrics are the same facts summarised the same

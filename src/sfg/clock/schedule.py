@@ -1,4 +1,4 @@
-"""The schedule: who acts when on the virtual clock (SPEC §12.1–12.4), model-free and
+"""The schedule: who acts when on the virtual clock (docs/concepts/clock.md#the-virtual-clock), model-free and
 rule-independent.
 
 A :class:`World` is one seed's world in time: the graph, every device's online intervals,
@@ -9,11 +9,11 @@ before any rule is consulted:
 * ``lockstep`` (:func:`lockstep_rounds`): global rounds [rΔ, (r+1)Δ). Device i takes part in
   round r when it is online from rΔ until it has sent its start-of-round model to each of
   its neighbours (back to back on its uplink, k·bytes/uplink) and trained K steps
-  (K·c_i), all by (r+1)Δ; otherwise it is a straggler and counts as unavailable (SPEC §12.2).
+  (K·c_i), all by (r+1)Δ; otherwise it is a straggler and counts as unavailable (docs/concepts/clock.md#the-three-protocols).
   The message of j reaches i when both take part, it arrives (its transfer end plus the
   link's latency) while i is online and early enough for i to train K steps by the deadline,
   and it is not lost; a message that arrives later is *late*. The result is the round-based
-  availability [T, N] and the per-slot deliveries [T, E] that the round (SPEC §1) runs on, so
+  availability [T, N] and the per-slot deliveries [T, E] that the round (docs/concepts/round.md#one-round) runs on, so
   every rule, modifier, anatomy mode, defence and attack runs there unchanged; with zero
   compute time, latency and transfer time it is exactly ``sfg run``'s availability.
 * ``async`` (:func:`async_schedule`): device i wakes at rP + jitter_ir (jitter uniform in
@@ -21,7 +21,7 @@ before any rule is consulted:
   its age and lag; a wake while it is still busy is skipped; otherwise it starts a local
   round: aggregate at the wake, train K·c_i seconds, then send to every neighbour (in the
   order of their ids, back to back). Busy lasts until the last transfer ends (or the device
-  goes offline). Under an anatomy mode (SPEC §4.1) an offline wake is a local round of what
+  goes offline). Under an anatomy mode (docs/concepts/outages.md#anatomy-modes) an offline wake is a local round of what
   the mode keeps (``Schedule.caps``; see :func:`async_schedule`).
 * ``event`` (:func:`event_schedule`): no timer; an online, idle device starts a local round at
   once and starts the next one as soon as its sends are done. Offline time adds
@@ -29,7 +29,7 @@ before any rule is consulted:
   Under an anatomy mode an offline device keeps the pace of what it still does (training
   back to back, or ticks one Δ apart when it cannot train; see :func:`event_schedule`).
 
-Shared rules of time (SPEC §12.1): a local round that the device cannot finish online (it
+Shared rules of time (docs/concepts/clock.md#the-world-in-time): a local round that the device cannot finish online (it
 goes offline, or the run ends, before its K steps are done) is *interrupted*: discarded,
 nothing sent, state unchanged (its wake then adds nothing). A message is lost when its sender
 goes offline before its transfer ends, when the receiver is offline at its arrival, or with
@@ -41,7 +41,7 @@ within the last W units; it waited d = (now − arrival)/unit units.
 The result (:class:`Schedule`) lists the events in the order the staleness runs through them
 (time, then device, an offline span before a local round), each local round with its candidates (the receiver first, then the
 messages: slot, sending local round, waited units), plus the counts of what happened and a
-digest (:func:`Schedule.digest`). Nothing in it depends on the rule (SPEC §12.4).
+digest (:func:`Schedule.digest`). Nothing in it depends on the rule (docs/concepts/clock.md#pairing-and-the-schedule-digest).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ MAX_EVENTS = 30_000_000
 
 @dataclass(frozen=True, eq=False)
 class World:
-    """One seed's world in time (SPEC §12.1).
+    """One seed's world in time (docs/concepts/clock.md#the-world-in-time).
 
     graph: the graph; rg: its round slots; online: :class:`sfg.world.timeline.Intervals` [N];
     available: bool[T, N] the round-based process as ``sfg run`` samples it (the reference);
@@ -107,7 +107,7 @@ def make_world(settings: ClockSettings, *, process: str, graph: str, n: int, rou
                seed: int) -> World:
     """The world of one seed: graph and trace as the round-based run draws them (same
     devices on the same nodes), availability as online intervals at the trace's own
-    resolution, devices' and links' quantities from their own streams (SPEC §12.1)."""
+    resolution, devices' and links' quantities from their own streams (docs/concepts/clock.md#the-world-in-time)."""
     from sfg.world.devices import device_quantity, link_quantity
     from sfg.world.graphs import make_graph
     from sfg.world.outages import make_process
@@ -159,7 +159,7 @@ def _out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- lockstep
 @dataclass(frozen=True, eq=False)
 class Rounds:
-    """Lockstep on the clock: the round-based inputs of SPEC §1.
+    """Lockstep on the clock: the round-based inputs of docs/concepts/round.md#one-round.
 
     available: bool[T, N] participants (online through their sends and K steps, by the
     deadline); live: bool[T, E] per slot, whether the message over it was delivered in time
@@ -237,7 +237,7 @@ def directed(rg: RoundGraph) -> RoundGraph:
 
 
 def per_slot_live(rg: RoundGraph, delivered: np.ndarray, links: np.ndarray | None) -> np.ndarray:
-    """bool[T, E] per slot: the lockstep deliveries, and the link failures of SPEC §4.2
+    """bool[T, E] per slot: the lockstep deliveries, and the link failures of docs/concepts/outages.md#link-failures
     (``links`` [T, M] per undirected edge, or None), for a :func:`directed` round graph."""
     out = np.ascontiguousarray(delivered, bool).copy()
     if links is not None:
@@ -249,7 +249,7 @@ def per_slot_live(rg: RoundGraph, delivered: np.ndarray, links: np.ndarray | Non
 # ----------------------------------------------------------------------------- events
 @dataclass(frozen=True, eq=False)
 class Schedule:
-    """Events of the async or event protocol in processing order (SPEC §12.2–12.4).
+    """Events of the async or event protocol in processing order (docs/concepts/clock.md#the-virtual-clock).
 
     time [R] when a local round aggregates or an offline span is counted; dev [R]; kind [R]
     (:data:`LOCAL` or :data:`OFFLINE`); t [R] the receiver's round index as its rule sees it
@@ -285,13 +285,13 @@ class Schedule:
         return int(self.time.shape[0])
 
     def digest(self) -> str:
-        """A digest of every event and candidate (SPEC §12.4: the same for every rule)."""
+        """A digest of every event and candidate (docs/concepts/clock.md#pairing-and-the-schedule-digest: the same for every rule)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(self.protocol.encode())
         for a in (self.time, self.dev, self.kind, self.t, self.amount, self.end, self.step,
                   self.cptr, self.cslot, self.cmsg, self.cwait):
             h.update(np.ascontiguousarray(a).tobytes())
-        if self.nsteps is not None:  # +catchup: the schedule of its own compute (SPEC §12.4)
+        if self.nsteps is not None:  # +catchup: the schedule of its own compute (docs/concepts/clock.md#pairing-and-the-schedule-digest)
             h.update(b"catchup")
             h.update(np.ascontiguousarray(self.nsteps).tobytes())
         if self.caps is not None:  # an anatomy mode's capabilities
@@ -318,7 +318,7 @@ def newest_so_far(ptr, sender_event, out):  # pragma: no cover
 
 @njit(cache=True, nogil=True)
 def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
-    """Async candidate selection (SPEC §11.2, §12.3), written once for the clock's engine
+    """Async candidate selection (docs/concepts/nodes.md#asynchronous-mode, docs/concepts/clock.md#staleness-on-the-clock), written once for the clock's engine
     (:func:`held_latest`) and the networked node (:class:`sfg.net.node.Node`): the units
     d = (now − arrival)/unit ≥ 0 that a neighbour's latest message has waited at ``now``, or
     −1.0 when it arrived more than ``window`` units ago (then it is no candidate). A
@@ -412,7 +412,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
             < world.loss[slot]
     plan = fault_plan(settings, world.n)
     bad = np.zeros(src.size, bool)
-    if plan is not None:  # SPEC §12.6: the faults as events of the schedule
+    if plan is not None:  # docs/concepts/clock.md#the-node-on-the-clock: the faults as events of the schedule
         fcut, flost, extra, bad = plan.fates(snd, rcv, nth, tx_end)
         ok_sent = sent & ~dropped
         stats.update(fault_partitioned=float((ok_sent & fcut).sum()),
@@ -425,7 +425,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     if plan is not None:  # a flipped byte: the receiver's digest check refuses the message
         stats["fault_corrupted"] = float((sent & rx & ~dropped & bad).sum())
     cut = np.zeros(src.size, bool)
-    if link_failure > 0:  # SPEC §4.2 per Δ-round: a message sent while its link is down is lost
+    if link_failure > 0:  # docs/concepts/outages.md#link-failures per Δ-round: a message sent while its link is down is lost
         from sfg.world.outages.links import link_failures
 
         delta = float(settings.round_seconds)
@@ -519,7 +519,7 @@ def _check_budget(n_events: float, what: str) -> None:
 
 
 def _catchup_steps(K: int, tau: np.ndarray) -> np.ndarray:
-    """``+catchup``'s local steps (SPEC §3.1): K·(1 + min(τ, 3)) for a returning device
+    """``+catchup``'s local steps (docs/concepts/rules.md#the-sfg-family): K·(1 + min(τ, 3)) for a returning device
     (τ ≥ 1), else K — the rule's own definition (:meth:`sfg.round.rules.Rule.local_steps`)."""
     from sfg.round.rules import CATCHUP_CAP
 
@@ -537,7 +537,7 @@ def check_period(train: np.ndarray, P: float) -> None:
 
 
 def _offline_keeps(anatomy: str) -> int:
-    """The capabilities (EV_* bits) an offline device keeps under an anatomy mode (SPEC §4.1,
+    """The capabilities (EV_* bits) an offline device keeps under an anatomy mode (docs/concepts/outages.md#anatomy-modes,
     :mod:`sfg.world.outages.anatomy`): 0 under ``full``."""
     from sfg.world.outages.anatomy import capabilities
 
@@ -551,8 +551,8 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    anatomy: str = "full") -> Schedule:
     """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
     of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
-    which says so: SPEC §12.4); ``link_failure``: SPEC §4.2's per-round link failures, per
-    Δ-round of virtual time. ``anatomy`` (SPEC §4.1): what an offline wake still does —
+    which says so: docs/concepts/clock.md#pairing-and-the-schedule-digest); ``link_failure``: the per-round link failures of docs/concepts/outages.md#link-failures, per
+    Δ-round of virtual time. ``anatomy`` (docs/concepts/outages.md#anatomy-modes): what an offline wake still does —
     ``cannot-communicate`` trains K steps alone (no candidates, nothing sent),
     ``cannot-train-shares`` sends its model as it is, ``cannot-train-adopts`` aggregates what
     it holds, adopts it untrained and sends it; under the last two a device keeps
@@ -646,7 +646,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     """The event protocol's schedule (see the module docstring; ``catchup`` and
     ``link_failure`` as for :func:`async_schedule`).
 
-    ``anatomy`` (SPEC §4.1): what an offline device still does. The event protocol has no
+    ``anatomy`` (docs/concepts/outages.md#anatomy-modes): what an offline device still does. The event protocol has no
     timer, so an offline device keeps the pace of what it still does:
 
     * ``cannot-communicate`` trains alone, back to back, as it does online: a local round of

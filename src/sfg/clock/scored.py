@@ -1,4 +1,4 @@
-"""The scores of the rules that read models (SPEC §3.2) and of the oracles on the async and
+"""The scores of the rules that read models (docs/concepts/rules.md#baselines) and of the oracles on the async and
 event protocols, computed from the candidates' models (or the missed-fraction rows) one
 dependency level at a time (:func:`sfg.clock.train.simulate_events`); they enter the
 events' compiled weights as given scores (:func:`sfg.round.kernel.run_events`), which apply

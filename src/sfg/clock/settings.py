@@ -1,11 +1,11 @@
-"""The virtual clock's settings (SPEC §12): protocol, the unit Δ, the async timer and the
+"""The virtual clock's settings (docs/concepts/clock.md#the-virtual-clock): protocol, the unit Δ, the async timer and the
 world's device and network quantities, validated once.
 
 Defaults, chosen so that a clock run with nothing else set is the round-based run
 (``--protocol lockstep`` with zero compute time, zero latency, instant transfers and no loss
 gives exactly ``sfg run``'s numbers, tested):
 
-* ``round_seconds`` Δ = 600 s (the 10-minute rounds of SPEC §5): the unit in which staleness is
+* ``round_seconds`` Δ = 600 s (the 10-minute rounds of docs/concepts/traces.md#real-availability-traces): the unit in which staleness is
   counted on the clock (one period P under ``async``), and the length of a lockstep round;
 * ``period`` P = Δ, ``jitter`` 0 (a fraction of P in [0, 1)), ``window`` W = 1 (periods under
   ``async``, units of Δ under ``event``);
@@ -19,7 +19,7 @@ gives exactly ``sfg run``'s numbers, tested):
 * ``faults`` ``none``, ``faults_seed`` 0: message faults as events of the schedule
   (:mod:`sfg.clock.faults`; async and event protocols), drawn per message from the faults
   seed's own counter-based draws, the same draws the node's network makes under ``sfg swarm
-  --clock virtual`` (SPEC §12.6).
+  --clock virtual`` (docs/concepts/clock.md#the-node-on-the-clock).
 """
 
 from __future__ import annotations

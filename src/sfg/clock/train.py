@@ -1,9 +1,9 @@
-"""Training on the virtual clock (SPEC §12 with the training protocol of §6).
+"""Training on the virtual clock (docs/concepts/clock.md#the-virtual-clock with the training protocol of docs/concepts/training.md#the-training-protocol).
 
 ``lockstep`` is ``sfg run`` itself (:func:`sfg.sim.run.simulate`) on the lockstep schedule's
 participants and deliveries, so every rule, backbone and diagnostic runs there (the async
 and event protocols take the backbones, the model-reading rules, the oracles, the anatomy
-modes and the training diagnostics too: below; the diagnostics, SPEC §10 with one staleness
+modes and the training diagnostics too: below; the diagnostics, docs/concepts/diagnostics.md#training-diagnostics with one staleness
 unit for a round, in :mod:`sfg.clock.diagnostics`, read every batch's models as they are
 computed and change nothing).
 
@@ -17,7 +17,7 @@ level aggregate and train together, as one batch through the training backend. A
 therefore never falls back to one client at a time: the batches are about as large as the
 synchronous run's rounds.
 
-Pairing (SPEC §7, §12.4): data, graph, initial models, world and schedule come from the seed
+Pairing (docs/concepts/training.md#pairing, docs/concepts/clock.md#pairing-and-the-schedule-digest): data, graph, initial models, world and schedule come from the seed
 (the run every engine builds, :func:`sfg.sim.context.build_run`); device i's local round keyed
 ``step`` (its wake index under async, its count of completed local rounds under event) trains
 on the minibatches ``sfg run`` draws for client i in round ``step``
@@ -111,7 +111,7 @@ _UNBOUNDED = 1e12
 def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.ndarray,
               model: str, attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
     """The candidates' models as sent: an attacker's message poisoned by the attack's
-    ``model`` (SPEC-level definitions of :func:`sfg.sim.attack_train.sent_models`):
+    ``model`` (the model's definitions of :func:`sfg.sim.attack_train.sent_models`):
     ``sign-flip`` −x, ``noise`` x + σ·N(0, 1) (stream ``attack-noise`` keyed by the seed and
     the sending local round), ``constant`` its initial model."""
     from sfg.util.rng import stream
@@ -185,7 +185,7 @@ class EventLoop:
             check_model_defences(rule, f"the virtual clock's {self.c.get('protocol')} protocol")
         from sfg.sim.model_rules import memory_kernel
 
-        # model-memory (MIFA analogue, SPEC §3.2) on the clock: each receiver keeps the latest
+        # model-memory (MIFA analogue, docs/concepts/rules.md#baselines) on the clock: each receiver keeps the latest
         # model of every neighbour and aggregates them all — its kernel on an unbounded window
         memory = memory_kernel(rule)
         if memory is not None:  # model memory on the clock: its kernel, every message remembered
@@ -269,7 +269,7 @@ class EventLoop:
                                            side="right")
         self.eval_order = np.argsort(self.eval_level, kind="stable")
         self.pool = _Pool(self.X0, N + R)
-        # ditto (SPEC §6 backbones): a personal model per device beside the shared one,
+        # ditto (docs/concepts/training.md#the-training-protocol backbones): a personal model per device beside the shared one,
         # trained from its own previous personal model towards the local round's aggregate
         self.personal = _Pool(self.X0, N + R) if self.run.backbone == "ditto" else None
         self.diag = self._diagnostics()
@@ -287,7 +287,7 @@ class EventLoop:
         self.next_eval = 0
 
     def _diagnostics(self):
-        """SPEC §10's diagnostics on the clock (:mod:`sfg.clock.diagnostics`): read the
+        """The training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) on the clock (:mod:`sfg.clock.diagnostics`): read the
         models, never change them. None when none are asked for."""
         tools = self.run.diagnostic_tools()
         if tools is None:
@@ -403,7 +403,7 @@ class EventLoop:
             ev = self.loc[self.by_level[self.bounds[L - 1]: self.bounds[L]]]
             agg, seen = self._aggregate(L, ev)
             out, pers = self._train(ev, agg)
-            if self.diag is not None:  # SPEC §10 on the clock: reads, never writes
+            if self.diag is not None:  # docs/concepts/diagnostics.md#training-diagnostics on the clock: reads, never writes
                 cidx, row, first, sent = seen
                 self.diag.batch(ev, cidx, row, first, sent, agg, out)
             self.pool.put(self.run.n + ev, out)
@@ -471,7 +471,7 @@ class EventLoop:
 def simulate_events(c: dict[str, Any], *, progress: Callable[[int, int], None] | None = None):
     """Train on the async or event protocol (see the module docstring); ``c`` a resolved run
     config. Returns the run's :class:`~sfg.result.RunResult` (``metrics``, ``curves``,
-    ``meta``, ``accuracy``, ``params``, ``diagnostics``: SPEC §10's on the clock,
+    ``meta``, ``accuracy``, ``params``, ``diagnostics``: the training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) on the clock,
     :mod:`sfg.clock.diagnostics`, or None)."""
     from sfg.sim.context import build_run, single_threaded
 

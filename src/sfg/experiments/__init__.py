@@ -1,4 +1,4 @@
-"""Experiments (SPEC §7-8): run configs, grid files, the SQLite results store, executors.
+"""Experiments (docs/concepts/training.md#pairing, docs/concepts/statistics.md#paired-statistics): run configs, grid files, the SQLite results store, executors.
 
 ::
 

@@ -1,9 +1,9 @@
-"""One run's configuration (SPEC §6), its content hash, and name checks against the registries.
+"""One run's configuration (docs/concepts/training.md#the-training-protocol), its content hash, and name checks against the registries.
 
 :class:`RunConfig` is a frozen, strictly typed pydantic model; every field has the reference
-default of SPEC §6. ``run_id(cfg)`` is the first 16 hex digits of the SHA-256 of the canonical
+default of docs/concepts/training.md#the-training-protocol. ``run_id(cfg)`` is the first 16 hex digits of the SHA-256 of the canonical
 JSON of the fully resolved config (all fields, sorted keys), so the same experiment always
-gets the same id and a results store can skip runs it already has (SPEC §7).
+gets the same id and a results store can skip runs it already has (docs/concepts/training.md#pairing).
 
 Component strings (``rule``, ``process``, ``graph``, ``dataset``, ``model``) are stripped and
 put in canonical form (lower-case names, parameters in sorted order: ``"SFG-L:gamma=0.30"`` ->
@@ -61,10 +61,10 @@ def _canonical_component(text: str, kind: str) -> str:
 
 
 class RunConfig(BaseModel):
-    """Everything that determines one run (SPEC §6 defaults).
+    """Everything that determines one run (docs/concepts/training.md#the-training-protocol defaults).
 
     ``kind``: ``"train"`` (simulation with models, ``sfg.sim``), ``"replay"`` (model-free
-    trace replay, SPEC §9) or ``"selftest"`` (a built-in, deterministic numpy diagnostic
+    trace replay, docs/concepts/replay.md#model-free-analyses) or ``"selftest"`` (a built-in, deterministic numpy diagnostic
     workload for checking executors, stores and clusters; see :mod:`sfg.experiments.runner`).
     """
 
@@ -103,7 +103,7 @@ class RunConfig(BaseModel):
     # Left out of the dump (and so of the run id) when None: ids of runs without attacks are
     # those they had before the field existed.
     attack: str | None = None
-    # the virtual clock (SPEC §12, sfg.clock.settings): "rounds" (the default, SPEC §1) or
+    # the virtual clock (docs/concepts/clock.md#the-virtual-clock, sfg.clock.settings): "rounds" (the default, docs/concepts/round.md#one-round) or
     # "virtual". Its settings are left out of the dump (and the run id) with clock "rounds",
     # so run ids of round-based runs are those they had before the clock existed.
     # (defaults: the clock's own, sfg.clock.settings.DEFAULTS)
@@ -287,7 +287,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _link(cls, v: float) -> float:
         if not 0 <= v < 1:
-            raise ValueError(f"link_failure must lie in [0, 1) (got {v}); SPEC §4.2 uses 0.3-0.6")
+            raise ValueError(f"link_failure must lie in [0, 1) (got {v}); the study used 0.3-0.6, docs/concepts/outages.md#link-failures")
         return v
 
     @field_validator("device")
@@ -340,7 +340,7 @@ class RunConfig(BaseModel):
         if self.kind == "replay" and self.horizon > self.rounds:
             raise ValueError(
                 f"replay horizon ({self.horizon}) is longer than rounds ({self.rounds}); "
-                "set horizon <= rounds (SPEC §9 averages over t <= T - h)"
+                "set horizon <= rounds (docs/concepts/replay.md#model-free-analyses averages over t <= T - h)"
             )
         return self
 
@@ -456,7 +456,7 @@ def validate_names(cfg: RunConfig) -> None:
     run names the extra to install); a module that fails to import otherwise is an
     :class:`SfgError` naming it. Datasets and models are checked for ``train`` runs only
     (replay and selftest never load them). A ``replay`` run with a rule whose parsed object has
-    ``reads_models`` true is rejected: model-free replay cannot evaluate it (SPEC §9).
+    ``reads_models`` true is rejected: model-free replay cannot evaluate it (docs/concepts/replay.md#model-free-analyses).
     """
     from sfg.util.extras import missing_extra
 

@@ -1,4 +1,4 @@
-"""Executors: run a grid's configs into a results store, locally or on Ray (SPEC §7).
+"""Executors: run a grid's configs into a results store, locally or on Ray (docs/concepts/training.md#pairing).
 
 * ``local``: ``workers=1`` runs in this process; ``workers=N`` (``0`` = one per CPU) starts N
   worker processes (spawned, each with ``cpu_count // N`` BLAS/torch threads). Every worker

@@ -5,7 +5,7 @@ sampled by the producer (train runs every ``eval_every`` rounds). ``progress(don
 is called with rounds done so far.
 
 ``kind: selftest`` is a built-in diagnostic workload for checking executors, results stores
-and clusters without data or torch: a toy gossip-consensus problem (SPEC §1 round structure)
+and clusters without data or torch: a toy gossip-consensus problem (docs/concepts/round.md#one-round round structure)
 with iid outages at the process's ``u``, vectorised numpy, no BLAS (so results are
 bit-identical across thread counts and machines with the same numpy), about 2-4 ms per round
 at N = 100. Its rule handling is a stand-in: ``dfedavg`` averages uniformly, ``local`` keeps
@@ -74,7 +74,7 @@ def normalise_result(out: Any) -> dict:
     curves = {str(k): [float(x) for x in np.asarray(v, dtype=np.float64).reshape(-1)]
               for k, v in dict(out["curves"]).items()}
     result = {"metrics": metrics, "curves": curves}
-    if isinstance(out.get("diagnostics"), dict):  # training diagnostics (SPEC §10), JSON-ready
+    if isinstance(out.get("diagnostics"), dict):  # training diagnostics (docs/concepts/diagnostics.md#training-diagnostics), JSON-ready
         result["diagnostics"] = out["diagnostics"]
     return result
 

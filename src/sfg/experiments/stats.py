@@ -1,4 +1,4 @@
-"""Paired comparisons of rules against a baseline (SPEC §8).
+"""Paired comparisons of rules against a baseline (docs/concepts/statistics.md#paired-statistics).
 
 Pipeline for one comparison, rule R against baseline B on metric m:
 
@@ -9,7 +9,7 @@ Pipeline for one comparison, rule R against baseline B on metric m:
    mean of its paired differences over the processes present for both rules.
 3. **Interval.** Stratified t-interval over units, variance pooled within datasets:
    ``s² = Σ_h Σ_{u∈h} (d_u − d̄_h)² / (U − H)``, ``df = U − H``. The point estimate is a weighted
-   mean of unit differences. *Weighting* (SPEC §8 is silent): ``"unit"`` (default) gives every
+   mean of unit differences. *Weighting* (left open by docs/concepts/statistics.md#paired-statistics): ``"unit"`` (default) gives every
    unit the same weight ``1/U`` (datasets count in proportion to their units);
    ``"dataset"`` gives every dataset the same total weight (``1/(H·n_h)`` per unit). Either way
    ``SE = s·sqrt(Σ_u w_u²)``. If ``df ≤ 0`` the interval is undefined (NaN).
@@ -28,7 +28,7 @@ Pipeline for one comparison, rule R against baseline B on metric m:
    ``"unresolved"`` when they disagree or the interval is undefined.
 
 **Settings.** A run's setting (:func:`setting_labels`) is what it was run under besides the
-grid's axes: on the virtual clock (SPEC §12) its protocol and every clock setting away from its
+grid's axes: on the virtual clock (docs/concepts/clock.md#the-virtual-clock) its protocol and every clock setting away from its
 default (``"async, jitter 0.5, compute lognormal:median=30,sigma=1"``), and any other setting
 that tells apart runs of one (dataset, process, rule, seed) — an override such as
 ``local_steps 3``; round-based runs of a grid without such overrides have the setting ``""``.
@@ -42,7 +42,7 @@ better (``messages``, ``scalars``, ``local_steps_rel``, ``time_to_accuracy_h``; 
 ``higher_is_better``).
 ``mean_gain`` and the interval are always the raw difference ``m(R) − m(B)``.
 
-**Design sensitivity and the outage gap** (SPEC §10.4), per comparison, every mean pooled like
+**Design sensitivity and the outage gap** (docs/concepts/statistics.md#report-additions), per comparison, every mean pooled like
 the gain (unit mean over the processes kept, weighted mean over units):
 
 * ``processes`` / ``positive_processes``: processes present, and those whose pooled mean gain
@@ -113,7 +113,7 @@ def _describe(record: Any, index: int) -> str:
 
 
 def run_values(records: Iterable[Mapping[str, Any]], metric: str) -> list[RunValue]:
-    """Validate records and extract ``metric`` from each (SPEC §8).
+    """Validate records and extract ``metric`` from each (docs/concepts/statistics.md#paired-statistics).
 
     Each record needs ``dataset``, ``process``, ``rule`` (strings), ``seed`` (int) and a
     ``metrics`` mapping holding ``metric``; ``None`` or a non-finite value becomes NaN (the run
@@ -172,7 +172,7 @@ AXIS_KEYS = ("dataset", "process", "rule", "seed")
 
 
 def _clock_defaults() -> dict[str, Any]:
-    """The virtual clock's settings (SPEC §12) with their defaults, protocol first."""
+    """The virtual clock's settings (docs/concepts/clock.md#the-virtual-clock) with their defaults, protocol first."""
     from sfg.clock.settings import DEFAULTS
     from sfg.experiments.config import RunConfig
 
@@ -194,7 +194,7 @@ def setting_value(v: Any) -> str:
 
 
 def clock_setting(config: Any) -> str:
-    """The clock part of a run's setting: ``""`` for a round-based run (SPEC §1), else its
+    """The clock part of a run's setting: ``""`` for a round-based run (docs/concepts/round.md#one-round), else its
     protocol and each clock setting away from its default, ``"async, jitter 0.5"``."""
     if not isinstance(config, Mapping) or config.get("clock", "rounds") != "virtual":
         return ""
@@ -263,7 +263,7 @@ def settings_in_order(values: Iterable[RunValue]) -> list[str]:
 
 @dataclass(frozen=True)
 class PairedDifferences:
-    """Paired differences ``m(rule) − m(baseline)`` of one comparison (SPEC §8).
+    """Paired differences ``m(rule) − m(baseline)`` of one comparison (docs/concepts/statistics.md#paired-statistics).
 
     ``P`` paired runs, ``U`` units (dataset, seed), ``C`` cells (dataset, process).
     """
@@ -295,7 +295,7 @@ def _group_mean(keys: Sequence[tuple], values: np.ndarray) -> tuple[list[tuple],
 
 def pair_values(values: Sequence[RunValue], *, rule: str, baseline: str,
                 metric: str = "", setting: str | None = None) -> PairedDifferences:
-    """Pair ``rule`` with ``baseline`` per (dataset, process, seed) and aggregate (SPEC §8).
+    """Pair ``rule`` with ``baseline`` per (dataset, process, seed) and aggregate (docs/concepts/statistics.md#paired-statistics).
 
     Pairs form within one setting: ``setting`` (the values of other settings are left out),
     or, when None, the one setting the two rules' values have (several raise
@@ -334,7 +334,7 @@ def pair_values(values: Sequence[RunValue], *, rule: str, baseline: str,
 def paired_differences(records: Iterable[Mapping[str, Any]], *, rule: str,
                        baseline: str = "dfedavg", metric: str = "acc_mean",
                        setting: str | None = None) -> PairedDifferences:
-    """Validate ``records`` and pair ``rule`` against ``baseline`` on ``metric`` (SPEC §8)
+    """Validate ``records`` and pair ``rule`` against ``baseline`` on ``metric`` (docs/concepts/statistics.md#paired-statistics)
     within ``setting`` (see :func:`pair_values`)."""
     return pair_values(run_values(records, metric), rule=rule, baseline=baseline, metric=metric,
                        setting=setting)
@@ -358,7 +358,7 @@ def unit_weights(strata: np.ndarray, *, weighting: str = "unit") -> np.ndarray:
 
 @dataclass(frozen=True)
 class Interval:
-    """A stratified t-interval for the mean unit difference (SPEC §8)."""
+    """A stratified t-interval for the mean unit difference (docs/concepts/statistics.md#paired-statistics)."""
 
     mean: float
     low: float  # NaN when df ≤ 0
@@ -370,7 +370,7 @@ class Interval:
 
 def stratified_interval(diffs: np.ndarray, strata: np.ndarray, *, confidence: float = 0.95,
                         weighting: str = "unit") -> Interval:
-    """Stratified t-interval with variance pooled within strata (datasets), SPEC §8.
+    """Stratified t-interval with variance pooled within strata (datasets), docs/concepts/statistics.md#paired-statistics.
 
     ``diffs``: [U] float64 unit differences; ``strata``: [U] int dataset label per unit.
     ``df = U − H``; ``s² = Σ_h Σ_{u∈h} (d_u − d̄_h)² / df``; ``SE = s·sqrt(Σ w_u²)``.
@@ -410,7 +410,7 @@ def _sign_flip_sums(values: np.ndarray) -> np.ndarray:
 def sign_flip_pvalue(diffs: np.ndarray, *, weights: np.ndarray | None = None,
                      exact_max_units: int = EXACT_MAX_UNITS, draws: int = MONTE_CARLO_DRAWS,
                      seed: int = 0) -> tuple[float, str]:
-    """Two-sided sign-flip permutation p-value of the weighted mean of ``diffs`` (SPEC §8).
+    """Two-sided sign-flip permutation p-value of the weighted mean of ``diffs`` (docs/concepts/statistics.md#paired-statistics).
 
     ``diffs``: [U] unit differences; ``weights``: [U] (default ``1/U``, the plain mean).
     Exact over all ``2^U`` patterns when ``U ≤ exact_max_units``; otherwise ``draws`` random
@@ -446,7 +446,7 @@ def sign_flip_pvalue(diffs: np.ndarray, *, weights: np.ndarray | None = None,
 
 
 def wilcoxon_pvalue(cell_means: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p-value of ``cell_means`` [C] (SPEC §8).
+    """Two-sided Wilcoxon signed-rank p-value of ``cell_means`` [C] (docs/concepts/statistics.md#paired-statistics).
 
     ``scipy.stats.wilcoxon`` with its defaults; all-zero differences give 1.0, no cells NaN.
     Values are first rounded to 12 significant digits of the largest ``|x|`` so that ties and
@@ -464,7 +464,7 @@ def wilcoxon_pvalue(cell_means: np.ndarray) -> float:
 
 
 def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Holm step-down adjusted p-values [M] over one family (SPEC §8).
+    """Holm step-down adjusted p-values [M] over one family (docs/concepts/statistics.md#paired-statistics).
 
     Sort ascending, ``adj_(k) = max_{j≤k} min(1, (m − j + 1)·p_(j))`` (1-based), returned in
     the input order. NaN entries stay NaN and do not count towards ``m``.
@@ -489,7 +489,7 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def verdict(*, mean: float, low: float, high: float, p_adjusted: float, alpha: float,
             higher_is_better: bool = True) -> str:
-    """``better``/``worse``/``no difference``/``unresolved`` (SPEC §8).
+    """``better``/``worse``/``no difference``/``unresolved`` (docs/concepts/statistics.md#paired-statistics).
 
     The interval "rejects" when it excludes 0, the test when ``p_adjusted < alpha``; agreement
     on rejection gives the direction of ``mean``, agreement on no rejection "no difference",
@@ -511,7 +511,7 @@ def verdict(*, mean: float, low: float, high: float, p_adjusted: float, alpha: f
 
 @dataclass(frozen=True)
 class Comparison:
-    """One rule-versus-baseline comparison on one metric (SPEC §8); a row of the CSV."""
+    """One rule-versus-baseline comparison on one metric (docs/concepts/statistics.md#paired-statistics); a row of the CSV."""
 
     rule: str
     baseline: str
@@ -538,7 +538,7 @@ class Comparison:
     weighting: str
     permutation: str  # "exact(2^U)" or "monte-carlo(draws, seed=...)"
     higher_is_better: bool
-    # design sensitivity and the outage gap (SPEC §10.4; module docstring)
+    # design sensitivity and the outage gap (docs/concepts/statistics.md#report-additions; module docstring)
     processes: int = 0
     positive_processes: int = 0
     loo_min: float = math.nan
@@ -583,7 +583,7 @@ def _is_iid(process: str) -> bool:
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """Design sensitivity and outage-gap figures of one comparison (SPEC §10.4)."""
+    """Design sensitivity and outage-gap figures of one comparison (docs/concepts/statistics.md#report-additions)."""
 
     processes: int
     positive_processes: int
@@ -601,7 +601,7 @@ def design_sensitivity(pd: PairedDifferences, values: Sequence[RunValue], *,
                        seed: int = 0) -> Sensitivity:
     """Processes with a positive mean, leave-one-process-out range, the mean without i.i.d.
     outages with its uncorrected sign-flip p, and the share of the outage gap closed
-    (SPEC §10.4; module docstring). ``values``: every run's value of the compared metric."""
+    (docs/concepts/statistics.md#report-additions; module docstring). ``values``: every run's value of the compared metric."""
     keys, diffs = list(pd.run_keys), pd.run_diffs
     procs = np.array([p for _, p, _ in keys], dtype=object)
     distinct = sorted(set(procs.tolist()))
@@ -642,7 +642,7 @@ def design_sensitivity(pd: PairedDifferences, values: Sequence[RunValue], *,
 
 def quartile_gains(records: Sequence[Mapping[str, Any]], *, rule: str, baseline: str,
                    weighting: str = "unit", setting: str | None = None) -> list[float]:
-    """Pooled mean gains of ``acc_q1`` … ``acc_q4`` (SPEC §8, §10.4) within ``setting`` (see
+    """Pooled mean gains of ``acc_q1`` … ``acc_q4`` (docs/concepts/statistics.md#paired-statistics, docs/concepts/statistics.md#report-additions) within ``setting`` (see
     :func:`pair_values`); NaNs when a run of ``rule`` or ``baseline`` there lacks a quartile
     metric."""
     records = with_settings(records)
@@ -664,7 +664,7 @@ def compare(records: Iterable[Mapping[str, Any]], *, rules: Sequence[str] | None
             confidence: float = 0.95, weighting: str = "unit",
             higher_is_better: bool | None = None, exact_max_units: int = EXACT_MAX_UNITS,
             draws: int = MONTE_CARLO_DRAWS, seed: int = 0) -> list[Comparison]:
-    """Compare every rule in ``rules`` with ``baseline`` on ``metric`` (SPEC §8).
+    """Compare every rule in ``rules`` with ``baseline`` on ``metric`` (docs/concepts/statistics.md#paired-statistics).
 
     ``rules`` default: every rule in the records except the baseline (sorted). One
     comparison per setting (module docstring) in which the rule has runs, settings in the
@@ -744,7 +744,7 @@ def _partial(values: Sequence[RunValue], records: Sequence[Mapping[str, Any]], *
 
 
 def comparisons_to_csv(comparisons: Sequence[Comparison], path: str | Path) -> Path:
-    """Write one CSV row per comparison with columns :data:`CSV_COLUMNS` (SPEC §8).
+    """Write one CSV row per comparison with columns :data:`CSV_COLUMNS` (docs/concepts/statistics.md#paired-statistics).
 
     Floats are written with ``repr`` precision; undefined values as ``nan``.
     """

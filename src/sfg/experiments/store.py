@@ -1,4 +1,4 @@
-"""Crash-safe SQLite results store (SPEC §7-8): runs, their status, metrics and curves.
+"""Crash-safe SQLite results store (docs/concepts/training.md#pairing, docs/concepts/statistics.md#paired-statistics): runs, their status, metrics and curves.
 
 Tables::
 
@@ -7,7 +7,7 @@ Tables::
             traceback, worker, attempts, queued, started, heartbeat, finished, seconds,
             metrics JSON, dataset, process, rule, seed)
     curves (run_id, name, round, value)  round = position in the run's curve list
-    diagnostics (run_id PRIMARY KEY, data JSON)  training diagnostics (SPEC §10) of runs that
+    diagnostics (run_id PRIMARY KEY, data JSON)  training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) of runs that
                                          recorded them; created with the first such run
     grid_runs (grid, run_id)             which named grids queued which runs (a run shared by
                                          two grids is listed under both); created with the

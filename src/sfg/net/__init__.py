@@ -1,4 +1,4 @@
-"""Networked nodes: the rules on separately running processes and machines (SPEC §11).
+"""Networked nodes: the rules on separately running processes and machines (docs/concepts/nodes.md#networked-nodes).
 
 * :mod:`sfg.net.wire` — message format (msgpack header + safetensors payload) and validation;
 * :mod:`sfg.net.transport` — gRPC (asyncio) server and client, chunked streaming, mutual TLS;

@@ -1,5 +1,5 @@
 """Certified claims between networked nodes: ``+certified`` in ``sfg swarm`` / ``sfg node``
-(lockstep; issue 21, item 3) — the protocol :mod:`sfg.round.certified` models in rounds, with
+(lockstep) — the protocol :mod:`sfg.round.certified` models in rounds, with
 its evidence signed and carried on the wire.
 
 **Keys.** Every node has an Ed25519 header-signing key (``node-<id>.sign`` from ``sfg
@@ -26,7 +26,7 @@ sender's of round r − 1, every source is a stamp of round r − 1 by a distinc
 neighbour of the sender, listed by its digest, and the heard-set names exactly the sources'
 authors (``provenance``). The node itself refuses a header of an earlier round it never
 accepted, or a second, different header for a (sender, round) it holds (``replayed``).
-When it aggregates (:func:`refuted`): the claim must follow from its sources by SPEC §2 (the
+When it aggregates (:func:`refuted`): the claim must follow from its sources by docs/concepts/staleness.md#the-staleness-state (the
 hull of :func:`sfg.round.certified.verdict`) — the prior being the stamp the receiver itself
 accepted from the sender in round r − 1 if it has one, else the cited one — and a claim that
 can only be a trained one is refuted when the receiver, or a candidate of this round that is
@@ -402,7 +402,7 @@ def read_cert(header: Header, keys: Keys, neighbours) -> Cert:
 def refuted(first: bool, certs: dict[int, Cert], *, known: dict[int, Stamp],
             me_heard: frozenset[int] | None, neighbours) -> dict[int, bool]:
     """Per candidate sender j of this round (``certs``: its verified evidence): whether its
-    claim is refuted — SPEC §2's hull of its sources and the absence witnesses, with the one
+    claim is refuted — the hull of its sources under the staleness update (docs/concepts/staleness.md#the-staleness-state) and the absence witnesses, with the one
     verdict of the rounds model (:func:`sfg.round.certified.verdict`). ``first``: round 0
     (any claim but the initial model's is refuted); ``known``: the round r − 1 stamps this
     node accepted and did not refuse, by sender (the sender's prior as this node knows it);

@@ -1,4 +1,4 @@
-"""One node's staleness state (SPEC §2) and its checkpoint (SPEC §11.3).
+"""One node's staleness state (docs/concepts/staleness.md#the-staleness-state) and its checkpoint (docs/concepts/nodes.md#wire-format-and-trust).
 
 The update is the compiled round itself (:func:`sfg.round.kernel.play_round`, written once for the
 replay, the simulator and the one-receiver form), played on the node's *star*: the node
@@ -24,7 +24,7 @@ from sfg.world.outages.anatomy import Capabilities
 
 @dataclass
 class NodeState:
-    """A node's staleness scalars at the start of its round ``t`` (SPEC §2).
+    """A node's staleness scalars at the start of its round ``t`` (docs/concepts/staleness.md#the-staleness-state).
 
     q_hat: float64 [deg] link-reception estimate per neighbour (increasing id order).
     """
@@ -133,7 +133,7 @@ class Star:
     def advance(self, s: NodeState, *, available: bool, cand: np.ndarray, weights: np.ndarray,
                 ages: np.ndarray, lags: np.ndarray, counts: np.ndarray,
                 local_counts: np.ndarray) -> NodeState:
-        """The state after round ``s.t`` (SPEC §2).
+        """The state after round ``s.t`` (docs/concepts/staleness.md#the-staleness-state).
 
         available: the node trained, sent and aggregated this round (else it was offline).
         cand, weights, ages, lags, counts, local_counts: [deg + 1] over (self, neighbours...) —

@@ -1,8 +1,8 @@
 """Network cuts and crashes: one parsed type each, whatever syntax they were written in.
 
 A **cut** (:class:`Cut`) drops the traffic between two node sets during a span of time, in
-rounds (a real swarm's ``--partition A|B@R1-R2``, SPEC §11) or in seconds of virtual time (the
-clock's ``--faults ...,partition=A|B@T1-T2``, SPEC §12.6). A **crash** (:class:`Crash`) stops a
+rounds (a real swarm's ``--partition A|B@R1-R2``, docs/concepts/nodes.md#networked-nodes) or in seconds of virtual time (the
+clock's ``--faults ...,partition=A|B@T1-T2``, docs/concepts/clock.md#the-node-on-the-clock). A **crash** (:class:`Crash`) stops a
 node at a round (``--kill NODE@ROUND``) or at a time (``crash=NODE@SECONDS``). The parsers
 (:meth:`Cut.parse_rounds`, :meth:`Cut.parse_seconds`, :meth:`Crash.parse_round`,
 :meth:`Crash.parse_seconds`) read the syntaxes users type; every consumer — the node, the

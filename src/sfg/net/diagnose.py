@@ -1,4 +1,4 @@
-"""SPEC §10's training diagnostics measured by a networked node (SPEC §11, §12.6).
+"""The training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) measured by a networked node (docs/concepts/nodes.md#networked-nodes, docs/concepts/clock.md#the-node-on-the-clock).
 
 A node sees one receiver: itself. At each of its local rounds that aggregates and trains
 (a local round discarded because the node went offline before its K steps were done records
@@ -20,7 +20,7 @@ period P under ``async``):
   So a node stores the snapshot's distances unnormalised (per-bin sums and counts of round
   r), the swarm adds them over nodes per round (:func:`pool`) and then normalises each
   round by its own zero-difference pairs (:func:`sfg.sim.diagnostics.lag_law`): the rounds'
-  and the clock's law. Lockstep (SPEC §11.1): the two ends of a pair see each other's
+  and the clock's law. Lockstep (docs/concepts/nodes.md#lockstep-mode): the two ends of a pair see each other's
   start-of-round models and scalars, so each unordered pair is measured once, by its lower
   id, as in rounds. Async: every receiver–candidate pair, as the clock's engine counts them
   (the two directions are two measurements: each receiver's view of an older model of the

@@ -1,4 +1,4 @@
-"""Event logs of real runs (SPEC §12.6): what a deployed node saw, in the order and at the times
+"""Event logs of real runs (docs/concepts/clock.md#the-node-on-the-clock): what a deployed node saw, in the order and at the times
 it saw it, so that ``sfg swarm --replay-log FILE --clock virtual`` (:mod:`sfg.net.replaylog`)
 can re-execute the run with the same node code under the virtual clock.
 

@@ -11,7 +11,7 @@ hold whatever the faults:
   header announced and one its sender really sent; the receivers' :class:`Rejections` count
   exactly the misrouted copies they answered "non-neighbour", and no other reason than the
   faults can cause appears;
-* **staleness** (SPEC §2, §12.3): every header sent has τ ≤ ℓ, ℓ ≥ 0 finite, counts ≥ 1;
+* **staleness** (docs/concepts/staleness.md#the-staleness-state, docs/concepts/clock.md#staleness-on-the-clock): every header sent has τ ≤ ℓ, ℓ ≥ 0 finite, counts ≥ 1;
   an async node never aggregates an older round of a neighbour after a newer one; a
   lockstep node aggregates exactly round r in round r;
 * **restarts**: a restarted node resumes exactly the state its crashed predecessor had
@@ -80,7 +80,7 @@ class Case:
 
     def clock_settings(self) -> dict[str, Any] | None:
         if self.mode == "lockstep":
-            return None  # lockstep rounds follow the messages, not the clock (SPEC §11.1)
+            return None  # lockstep rounds follow the messages, not the clock (docs/concepts/nodes.md#lockstep-mode)
         return {"compute": self.compute, "latency": self.latency}
 
 
@@ -211,7 +211,7 @@ def _run(case: Case, world: Any, faults: Any, plan: Any, out: Outcome,
 
 
 def _check_headers(log: list[dict], fail: Fail) -> set[tuple[int, bytes]]:
-    """Headers sent (SPEC §2): τ ≤ ℓ, ℓ ≥ 0 finite, counts ≥ 1, the sender its own; returns
+    """Headers sent (docs/concepts/staleness.md#the-staleness-state): τ ≤ ℓ, ℓ ≥ 0 finite, counts ≥ 1, the sender its own; returns
     the (sender, payload SHA-256) of every model really sent."""
     genuine: set[tuple[int, bytes]] = set()
     for e in log:
@@ -223,7 +223,7 @@ def _check_headers(log: list[dict], fail: Fail) -> set[tuple[int, bytes]]:
         if not (isinstance(lag, (int, float)) and math.isfinite(lag) and lag >= 0):
             fail(f"node {e['src']} sent lag {lag!r}")
         elif age > lag + 1e-9:
-            fail(f"node {e['src']} sent age {age} > lag {lag} (SPEC §2: τ ≤ ℓ)")
+            fail(f"node {e['src']} sent age {age} > lag {lag} (τ ≤ ℓ: docs/concepts/staleness.md#invariants)")
         if cnt < 1 or loc < 1:
             fail(f"node {e['src']} sent counts {cnt}, {loc} < 1")
         if h["sender"] != e["src"]:

@@ -1,10 +1,10 @@
-"""An in-memory network for nodes on the virtual clock (SPEC §12.6), with the gRPC transport's
+"""An in-memory network for nodes on the virtual clock (docs/concepts/clock.md#the-node-on-the-clock), with the gRPC transport's
 interface (:class:`sfg.net.transport.Server`, :class:`~sfg.net.transport.Peer`).
 
 The node encodes its messages exactly as for gRPC (msgpack header + safetensors payload in
 chunks) and the receiving node runs the same handler on the same bytes (header checks,
 neighbour and identity, size, digest, tensor layout, finite values): nothing of the protocol or
-its acceptance checks is re-implemented here. What the network adds is time (SPEC §12.1): a
+its acceptance checks is re-implemented here. What the network adds is time (docs/concepts/clock.md#the-world-in-time): a
 message from j to i leaves j's uplink after the messages queued before it (one at a time,
 size ÷ uplink rate each), arrives after the link's latency, and is lost when the sender goes
 offline before its transfer ends; a receiver that is offline at the arrival refuses it (its
@@ -44,7 +44,7 @@ class MemoryNetwork:
     online(i, t0, t1): whether device i is online during [t0, t1) of virtual time (the
     sender-side loss rule); faults: None or an object with ``decide(src, dst, t)`` returning
     ``(drop, extra_delay, copies)``; message_bytes: the size a transfer takes on the uplink
-    (the world's message size, SPEC §12.1, as the clock's engine charges it; None: the
+    (the world's message size, docs/concepts/clock.md#the-world-in-time, as the clock's engine charges it; None: the
     encoded message's own length).
     """
 
@@ -54,7 +54,7 @@ class MemoryNetwork:
                  faults: Any = None, message_bytes: float | None = None,
                  loss: Callable[[int, int], float] | None = None, loss_seed: int = 0):
         self.n = int(n)
-        # the world's per-link loss probability (SPEC §12.1), drawn per message as the clock's
+        # the world's per-link loss probability (docs/concepts/clock.md#the-world-in-time), drawn per message as the clock's
         # engine draws it (sfg.clock.schedule: key "clock-loss" of the run's seed)
         self.loss = loss
         self.loss_key = counter_key(loss_seed, "clock-loss")

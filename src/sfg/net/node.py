@@ -1,4 +1,4 @@
-"""A networked node: one model, its data, its staleness state and a round clock (SPEC §11).
+"""A networked node: one model, its data, its staleness state and a round clock (docs/concepts/nodes.md#networked-nodes).
 
 ::
 
@@ -8,19 +8,19 @@
     node.connect({j: f"127.0.0.1:{port_j}" ...})   # neighbours' addresses
     result = await node.run()
 
-Each round the node trains (SPEC §1 step 3, the simulator's own training pieces via
+Each round the node trains (docs/concepts/round.md#one-round step 3, the simulator's own training pieces via
 :class:`~sfg.net.world.Trainer`), sends its model with its staleness scalars to its
 neighbours, and aggregates what it holds with the rule's one-receiver form
 :meth:`sfg.round.rules.Rule.weights_one` — the rule code ``sfg run`` and ``sfg replay`` use.
 Everything is asyncio; a send never blocks the round on a neighbour that is gone.
 
-**Lockstep** (SPEC §11.1): at round t an available node sends its start-of-round model and
+**Lockstep** (docs/concepts/nodes.md#lockstep-mode): at round t an available node sends its start-of-round model and
 scalars (τ, ℓ, n, local count) to every neighbour that is available and linked at t (the trace
 is common knowledge), waits (with a deadline) for those neighbours' round-t messages, pulling
 any that were not pushed (``Fetch``), then aggregates, trains and updates its state — exactly
-SPEC §1–§2, so the models equal ``sfg run --backend loop``.
+docs/concepts/round.md#one-round, docs/concepts/staleness.md#the-staleness-state, so the models equal ``sfg run --backend loop``.
 
-**Async** (SPEC §11.2): node i's round r starts at ``t0 + r·P + jitter`` on its own clock
+**Async** (docs/concepts/nodes.md#asynchronous-mode): node i's round r starts at ``t0 + r·P + jitter`` on its own clock
 (jitter uniform in [0, jitter·P), keyed by (seed, i, r)). Availability is row r of the trace.
 An available node takes as candidates itself and every neighbour whose latest message arrived
 within the last W periods; a message that waited d = (now − arrival)/P periods is used with
@@ -111,7 +111,7 @@ MODES = ("lockstep", "async")
 
 
 def waited(age: int, lag: float, d: float) -> tuple[int, float]:
-    """Scalars of a message that sat in the inbox for ``d`` periods (SPEC §11.2):
+    """Scalars of a message that sat in the inbox for ``d`` periods (docs/concepts/nodes.md#asynchronous-mode):
     :func:`sfg.round.staleness.waited`, the clock's own definition, on d ≥ 0."""
     a, lg = _waited(np.int64(age), float(lag), max(0.0, float(d)))
     return int(a), float(lg)
@@ -228,7 +228,7 @@ class Node:
         self._arrived = asyncio.Event()
         self.round = 0
         self.t0 = self.cfg.t0
-        self.diagnostics = NodeDiagnostics.for_node(self)  # SPEC §10 (None: none asked for)
+        self.diagnostics = NodeDiagnostics.for_node(self)  # docs/concepts/diagnostics.md#training-diagnostics (None: none asked for)
         self.files = persist.NodeFiles(self.cfg.checkpoint_dir, self.i)
         self._sends: dict[int, asyncio.Task] = {}
         self._backlog: list[asyncio.Task] = []
@@ -264,7 +264,7 @@ class Node:
 
     @property
     def state(self) -> NodeState:
-        """The node's staleness state (SPEC §2). Offline rounds are owed, not applied one at
+        """The node's staleness state (docs/concepts/staleness.md#the-staleness-state). Offline rounds are owed, not applied one at
         a time: the first read after a run of them applies them all in one call of the
         compiled round (:meth:`Star.advance_offline`; the same state as one call per round,
         tested), since nothing reads the state while a node is offline."""
@@ -333,7 +333,7 @@ class Node:
     # ------------------------------------------------------------------ availability in time
     def _row(self, t: float) -> int:
         """Async: the trace row in force at time ``t`` of this node's clock: row r covers
-        [t0 + r·P, t0 + (r+1)·P) (SPEC §12.1: a round-based trace as online intervals)."""
+        [t0 + r·P, t0 + (r+1)·P) (docs/concepts/clock.md#the-world-in-time: a round-based trace as online intervals)."""
         return int(math.floor((t - float(self.t0 or 0.0)) / self.cfg.period))
 
     def _available_at(self, t: float) -> bool:
@@ -620,8 +620,8 @@ class Node:
         return x, n_steps
 
     def _commit(self, x: np.ndarray, n_steps: int, full: dict) -> None:
-        """The local round's result becomes the node's model and state (SPEC §2)."""
-        if self.diagnostics is not None:  # SPEC §10: the local round, before the state changes
+        """The local round's result becomes the node's model and state (docs/concepts/staleness.md#the-staleness-state)."""
+        if self.diagnostics is not None:  # docs/concepts/diagnostics.md#training-diagnostics: the local round, before the state changes
             r, msgs, agg, start = self._aggregated
             self.diagnostics.commit(r, own=self.x, age=self.state.age, lag=self.state.lag,
                                     full=full, neighbours=self.nbrs, agg=agg, trained=x,
@@ -634,7 +634,7 @@ class Node:
         self.state = self.star.advance(self.state, available=True, **full)
 
     def offline_round(self) -> None:
-        """A round in which the node is unavailable (SPEC §2: age and lag + 1)."""
+        """A round in which the node is unavailable (docs/concepts/staleness.md#the-staleness-state: age and lag + 1)."""
         self._owed += 1  # applied when the state is next read (the state property)
 
     def _end_round(self, r: int, available: bool) -> None:
@@ -763,7 +763,7 @@ class Node:
         online = self._online_through(start, end)
         self._log("trained", t=end, round=r, interrupted=not online)
         if not online:
-            # offline before its K steps were done (SPEC §12.1): the local round is
+            # offline before its K steps were done (docs/concepts/clock.md#the-world-in-time): the local round is
             # discarded — model and staleness as they were, nothing sent
             self.stats.interrupted += 1
             self.state = replace(self.state, t=self.state.t + 1)
@@ -778,7 +778,7 @@ class Node:
 
     def wake_times(self) -> np.ndarray:
         """Async: [T] the wake-up time of each round on this node's clock, ``t0 + r·P +
-        jitter`` (SPEC §12.2; the jitter keyed by (seed, node, round))."""
+        jitter`` (docs/concepts/clock.md#the-three-protocols; the jitter keyed by (seed, node, round))."""
         T, P = self.world.rounds, self.cfg.period
         jitter = self.cfg.jitter * P * wake_jitter(self.world.seed, T, self.world.n)[:, self.i]
         return float(self.t0 or 0.0) + P * np.arange(T) + jitter
@@ -825,7 +825,7 @@ class Node:
             if self.clock.virtual and (delay < 0 or (
                     self.net is not None and self.net.busy_until(self.i) > wake)):
                 # a wake while the node is still busy (training or sending) is skipped
-                # (SPEC §12.2); on the wall clock a late node runs its due rounds back to
+                # (docs/concepts/clock.md#the-three-protocols); on the wall clock a late node runs its due rounds back to
                 # back instead (it cannot tell an overrun from the machine's load)
                 self.stats.skipped += 1
                 self.state = replace(self.state, t=self.state.t + 1)

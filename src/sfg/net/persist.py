@@ -122,7 +122,7 @@ def restore(node: Any) -> None:
 
 def catch_up_missed(node: Any) -> None:
     """Async resume: the own rounds whose wake-up passed while the node was down count as
-    unavailable rounds (age and lag + 1 each), as an offline wake does (SPEC §12.2); the node
+    unavailable rounds (age and lag + 1 each), as an offline wake does (docs/concepts/clock.md#the-three-protocols); the node
     goes on with the first round whose wake-up is still ahead. A node restarted before its
     first checkpoint starts from the initial state, and its missed rounds count all the
     same."""

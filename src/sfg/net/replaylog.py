@@ -1,5 +1,5 @@
 """``sfg swarm --replay-log FILE --clock virtual``: a real run, re-executed from its event log by
-the same node code under the virtual clock (SPEC §12.6) — the test that the simulation is the
+the same node code under the virtual clock (docs/concepts/clock.md#the-node-on-the-clock) — the test that the simulation is the
 deployment.
 
 The log (:mod:`sfg.net.eventlog`) holds, per node, every wake-up, every accepted arrival with

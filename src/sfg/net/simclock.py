@@ -1,4 +1,4 @@
-"""A virtual-time asyncio event loop (SPEC §12.6): the node's own asyncio code, unchanged, on a
+"""A virtual-time asyncio event loop (docs/concepts/clock.md#the-node-on-the-clock): the node's own asyncio code, unchanged, on a
 clock that jumps to the next timer instead of waiting for it.
 
 :class:`VirtualLoop` is asyncio's selector loop with two differences: ``loop.time()`` is a
@@ -23,7 +23,7 @@ resolution can no longer tell an instant from the next) and a run that would pas
 with an error instead of spinning.
 
 Per-node clocks (:class:`NodeClock`) read the loop's clock through a drift rate and an offset,
-as a device's own clock would (SPEC §11.2: timestamps are the receiver's own clock only).
+as a device's own clock would (docs/concepts/nodes.md#asynchronous-mode: timestamps are the receiver's own clock only).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Running many nodes: in one asyncio loop, or over worker processes with a churn controller.
 
 * :func:`run_nodes` — nodes of one process: start their servers, connect, run, close.
-* :func:`summarise` — the nodes' results as the metrics of ``sfg run --json`` (SPEC §8) plus
+* :func:`summarise` — the nodes' results as the metrics of ``sfg run --json`` (docs/concepts/statistics.md#paired-statistics) plus
   wall time, messages rejected, restarts and per-node final staleness.
 * :func:`run_swarm` — ``sfg swarm``: N nodes over P worker processes (``python -m
   sfg.net.worker``), each node with its own server port on 127.0.0.1. The controller reads the
@@ -85,7 +85,7 @@ def free_ports(n: int) -> list[int]:
 def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
               realised: np.ndarray | None = None):
     """Swarm results as the one result type of a run (:class:`sfg.result.RunResult`):
-    ``sfg run``'s metrics (SPEC §8) plus the swarm's own figures; the nodes under ``nodes``.
+    ``sfg run``'s metrics (docs/concepts/statistics.md#paired-statistics) plus the swarm's own figures; the nodes under ``nodes``.
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
     """
@@ -137,7 +137,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
               "restored": r["restored"]} for r in res]
     curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
-    # SPEC §10: the nodes' per-bin sums added (sfg.net.diagnose); None when none recorded
+    # docs/concepts/diagnostics.md#training-diagnostics: the nodes' per-bin sums added (sfg.net.diagnose); None when none recorded
     diagnostics = pool_diagnostics(r.get("diagnostics") for r in res)
     return RunResult(metrics=metrics, curves=curves, accuracy=acc, diagnostics=diagnostics,
                      extra={"nodes": nodes})

@@ -13,7 +13,7 @@
   one could mint certificates for any node id.
 
 Each certificate is EC P-256, signed by the CA, with the common name ``node-<id>`` — the
-identity a receiver checks against the message header and a ``Fetch`` request (SPEC §11.3) —
+identity a receiver checks against the message header and a ``Fetch`` request (docs/concepts/nodes.md#wire-format-and-trust) —
 and names ``localhost``, ``127.0.0.1``, ``::1`` and any extra hosts (``--host``). A node's
 header-signing key's public half is an extension of its certificate (:data:`SIGNING_KEY_OID`),
 so the CA's signature binds it to the TLS identity ``node-<id>``.

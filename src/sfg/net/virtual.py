@@ -1,5 +1,5 @@
 """``sfg swarm --clock virtual``: the networked node's own code (:class:`sfg.net.node.Node`,
-lockstep and async) run by the thousand in one process under the virtual clock (SPEC §12.6).
+lockstep and async) run by the thousand in one process under the virtual clock (docs/concepts/clock.md#the-node-on-the-clock).
 
 Every node is the deployable node — its protocol, claims, defences, acceptance checks,
 checkpoints and restore — with three parts swapped for the simulation: the clock
@@ -239,7 +239,7 @@ def lockstep_world(world, cw, cs):
     :func:`sfg.clock.schedule.lockstep_rounds` on the clock world ``cw`` with settings ``cs``
     (a device online at rΔ whose sends and K steps cannot finish online by (r+1)Δ is a
     straggler, unavailable in round r: a function of the world, so common knowledge as the
-    trace is, SPEC §11.1), attackers made always-on as in ``sfg run``. The node's lockstep
+    trace is, docs/concepts/nodes.md#lockstep-mode), attackers made always-on as in ``sfg run``. The node's lockstep
     waits for every expected message (a missing one past its deadline is an error), so a
     world in which the clock's lockstep would count a message late or lost is refused."""
     from dataclasses import replace
@@ -283,7 +283,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     for checks).
 
     ``opts.deadline`` is in virtual seconds. Lockstep rounds follow the messages, not the
-    clock (SPEC §11.1): a node can wait for a neighbour several rounds of training behind, so
+    clock (docs/concepts/nodes.md#lockstep-mode): a node can wait for a neighbour several rounds of training behind, so
     give at least the run's T·P (what ``sfg swarm --clock virtual`` sets by default)."""
     import contextlib
     import os

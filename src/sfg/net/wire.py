@@ -1,4 +1,4 @@
-"""The wire format between nodes and its validation (SPEC §11.3).
+"""The wire format between nodes and its validation (docs/concepts/nodes.md#wire-format-and-trust).
 
 A message is two parts:
 
@@ -52,7 +52,7 @@ class Rejected(Exception):
 
 @dataclass(frozen=True)
 class Header:
-    """What travels with a model (SPEC §11.3). ``lag`` is real-valued; the rest are ints."""
+    """What travels with a model (docs/concepts/nodes.md#wire-format-and-trust). ``lag`` is real-valued; the rest are ints."""
 
     sender: int
     round: int
@@ -123,7 +123,7 @@ def unpack_header(raw: bytes) -> Header:
     if not isinstance(d["lag"], (int, float)) or not math.isfinite(d["lag"]) or d["lag"] < 0:
         raise Rejected("staleness", f"lag {d['lag']!r} must be a finite number >= 0")
     if d["age"] > d["lag"] + 1e-9:
-        raise Rejected("staleness", f"age {d['age']} exceeds lag {d['lag']} (SPEC §2: τ ≤ ℓ)")
+        raise Rejected("staleness", f"age {d['age']} exceeds lag {d['lag']} (τ ≤ ℓ: docs/concepts/staleness.md#invariants)")
     if d["count"] < 1 or d["local_count"] < 1:
         raise Rejected("staleness", "update counts start at 1")
     if not isinstance(d["sha256"], bytes) or len(d["sha256"]) != 32:
@@ -324,7 +324,7 @@ def check_header(header: Header, *, neighbours, max_bytes: int = DEFAULT_MAX_BYT
 def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbours,
                   max_bytes: int = DEFAULT_MAX_BYTES, identity: int | None = None,
                   parsed: Header | None = None) -> Message:
-    """Every check of SPEC §11.3 on a received message; :class:`Rejected` on the first failure.
+    """Every check of docs/concepts/nodes.md#wire-format-and-trust on a received message; :class:`Rejected` on the first failure.
     ``parsed``: ``unpack_header(raw_header)`` when the caller already has it (not parsed
     twice); every check on it is made here all the same."""
     header = unpack_header(raw_header) if parsed is None else parsed

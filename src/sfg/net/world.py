@@ -1,4 +1,4 @@
-"""What every node of a swarm derives from the run settings and the seed alone (SPEC §7).
+"""What every node of a swarm derives from the run settings and the seed alone (docs/concepts/training.md#pairing).
 
 A node builds the run every engine builds (:func:`sfg.sim.context.build_run`: the data
 partition, the graph, the outage trace, the attackers, the initial model — a pretrained
@@ -84,7 +84,7 @@ def node_engine(c: dict[str, Any]) -> str:
 def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | None = None,
                 edges: np.ndarray | None = None, engine: str | None = None,
                 **overrides: Any) -> World:
-    """Everything a swarm's nodes share, from ``sfg run`` settings (SPEC §6–7).
+    """Everything a swarm's nodes share, from ``sfg run`` settings (docs/concepts/training.md#the-training-protocol).
 
     ``available`` overrides the trace the outage process would give; ``edges`` ([M, 2] node
     ids, e.g. from peers.yaml) override the generated graph's edges; ``engine`` (default: from
@@ -118,7 +118,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
 
 
 class Trainer:
-    """Local training and evaluation of one client with the run's pieces (SPEC §1 step 3).
+    """Local training and evaluation of one client with the run's pieces (docs/concepts/round.md#one-round step 3).
 
     Minibatches are the run's (:class:`sfg.sim.context.Minibatches`), drawn for all clients
     keyed by (seed, round), of which this client takes its own row, so they equal the

@@ -1,4 +1,4 @@
-"""Model-free replay (SPEC §9): the public API (:mod:`.api`), one lane's driver (:mod:`.driver`),
+"""Model-free replay (docs/concepts/replay.md#model-free-analyses): the public API (:mod:`.api`), one lane's driver (:mod:`.driver`),
 the self-return H (:mod:`.horizon`), the metrics (:mod:`.metrics`) and plots (:mod:`.plot`).
 
 Names are imported on first use, so that reading :mod:`.metrics` (the command line's table)

@@ -1,4 +1,4 @@
-"""Model-free replay (SPEC §9): ages, lags, counts and every model-free rule's weights on a trace.
+"""Model-free replay (docs/concepts/replay.md#model-free-analyses): ages, lags, counts and every model-free rule's weights on a trace.
 
 No training, no models: given an availability trace, a graph and a rule, replay the staleness
 state and the weights with the shared round (:mod:`sfg.round.kernel`), and measure the metrics of
@@ -126,7 +126,7 @@ def replay_trace(
 
 
 def build_scenario(process: str, *, n: int, T: int, graph: str, seed: int) -> tuple[Graph, np.ndarray]:
-    """The graph and trace of a (process, seed) pair: shared by every rule (SPEC §7)."""
+    """The graph and trace of a (process, seed) pair: shared by every rule (docs/concepts/training.md#pairing)."""
     check(n >= 2, f"need at least 2 clients, got N={n}")
     check(T >= 1, f"need at least 1 round, got T={T}")
     g = make_graph(graph, n, seed=seed)

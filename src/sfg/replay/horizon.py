@@ -1,4 +1,4 @@
-"""The self-return H (SPEC §9): which (round, receiver) pairs, and the compiled kernel that
+"""The self-return H (docs/concepts/replay.md#model-free-analyses): which (round, receiver) pairs, and the compiled kernel that
 follows them through the realised weights.
 
 H_i^t = Σ_{s=t+1}^{t+h} [W^{s−1}⋯W^{t+1}]_ii, averaged over the available receivers of every
@@ -195,7 +195,7 @@ def horizon_rounds(t0, t1, indptr, send, w, adopt, C, rowbuf, spare, recv, acc, 
     to ``out``. Disjoint sets of pairs are independent, so several threads can each run one
     (the kernel releases the GIL).
 
-    One round s (SPEC §9): every tracked (start t, receiver i) pair p is a column of the
+    One round s (docs/concepts/replay.md#model-free-analyses): every tracked (start t, receiver i) pair p is a column of the
     matrix X, started at e_i (:func:`_begin_start`) and multiplied by each later round's W;
     its entry i is then [W^{s−1}⋯W^{t+1}]_ii. Pairs are numbered in start order (start t owns
     pairs ptr[t]..ptr[t+1]−1) and pair p lives in column p mod width, so the live pairs always

@@ -1,4 +1,4 @@
-"""Replay metrics (SPEC §9), each defined once: name, table label, legend, accumulation, summary.
+"""Replay metrics (docs/concepts/replay.md#model-free-analyses), each defined once: name, table label, legend, accumulation, summary.
 
 The round (:mod:`sfg.round.kernel`) records per-receiver facts (:data:`sfg.round.kernel.FACTS`) on the state
 before each round; a metric here says how its total accumulates over (round, receiver) facts

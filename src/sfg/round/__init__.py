@@ -1,9 +1,9 @@
-"""The round (SPEC §1, §2): the centre of sfg, which every engine runs.
+"""The round (docs/concepts/round.md#one-round, docs/concepts/staleness.md#the-staleness-state): the centre of sfg, which every engine runs.
 
 * :mod:`~sfg.round.slots` — the graph as receiver slots (:class:`RoundGraph`);
-* :mod:`~sfg.round.staleness` — the staleness state carried with every model (SPEC §2);
+* :mod:`~sfg.round.staleness` — the staleness state carried with every model (docs/concepts/staleness.md#the-staleness-state);
 * :mod:`~sfg.round.rules` — the aggregation rules, each one compiled one-receiver function
-  (SPEC §3);
+  (docs/concepts/rules.md#scores-and-weights);
 * :mod:`~sfg.round.defences` and :mod:`~sfg.round.attacks` — claim checks and forged claims;
 * :mod:`~sfg.round.kernel` — the compiled round itself (:func:`play_round`,
   :func:`one_receiver`), and :mod:`~sfg.round.jit`, its lazy compiler.

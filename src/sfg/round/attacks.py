@@ -2,7 +2,7 @@
 staleness; defences in :mod:`sfg.round.defences`).
 
 Every staleness-aware rule trusts what a sender claims about its own model (age τ, lag ℓ,
-max-inherited count n; SPEC §2). An attack is a component string::
+max-inherited count n; docs/concepts/staleness.md#the-staleness-state). An attack is a component string::
 
     forge:frac=0.1,claim=fresh,model=sign-flip,placement=degree,always_on=true
 
@@ -43,7 +43,7 @@ max-inherited count n; SPEC §2). An attack is a component string::
   ``degree`` (the highest-degree clients, ties by index).
 * ``always_on`` — attackers never go offline (their availability row is set to 1).
 
-Pairing (SPEC §7): graph, trace, data and minibatches are keyed by the seed alone; the attack
+Pairing (docs/concepts/training.md#pairing): graph, trace, data and minibatches are keyed by the seed alone; the attack
 draws only from its own streams (``attack-placement``, ``attack-claims``, ``attack-noise``),
 so honest clients see the same world with and without it. An attacker's own true state
 evolves by the round as usual; only what it sends is forged. Honest receivers' bookkeeping

@@ -1,4 +1,4 @@
-"""Certified claims, modelled in rounds (``+certified``; issue 21, item 3).
+"""Certified claims, modelled in rounds (``+certified``).
 
 The certified protocol this models: every header is signed by its sender and stamped with
 its round; a claim carries its *provenance* — the signed headers of the previous round it
@@ -7,7 +7,7 @@ and every message carries the sender's signed *heard-set* of the previous round 
 neighbours whose messages it aggregated), an absence witness. A receiver refuses (excludes
 from its aggregation, as a lost message) a claim that its evidence refutes:
 
-* **provenance**: the claim must be SPEC §2's update of the sender's sources — its *prior*
+* **provenance**: the claim must be the staleness update (docs/concepts/staleness.md#the-staleness-state) of the sender's sources — its *prior*
   (its state at the start of the previous round: the claim it delivered to this receiver
   then, if the receiver got it and did not refuse it; else the prior it cites, which only
   it signs) and, if it aggregated then, the claims its candidates delivered —
@@ -176,8 +176,8 @@ class Evidence:
 def verdict(a, lg, c, amin, amax, lmin, lmax, cmin, cmax, *, absent, witness: bool):
     """Whether claims (ages ``a``, lags ``lg``, counts ``c``, arrays) are refuted by their
     sources' hull (min/max of the sources' ages, lags and counts, per claim) and, with
-    ``witness``, the absence witnesses ``absent`` (bool per claim): a claim must be SPEC §2's
-    update of a source — trained (age 0, lag within the sources' lags, count one more than a
+    ``witness``, the absence witnesses ``absent`` (bool per claim): a claim must be the staleness
+    update (docs/concepts/staleness.md#the-staleness-state) of a source — trained (age 0, lag within the sources' lags, count one more than a
     source's) or not (age one more than a source's, lag one more than within their lags, count
     a source's) — and a claim that can only be a trained one is refuted where the sender was
     absent. The one definition, for the rounds model and the networked nodes

@@ -2,7 +2,7 @@
 modifier (``sfg-cut:L=2+guard``, ``sfg+relative+cap``; see :mod:`sfg.round.attacks` for the attacks).
 
 A rule trusts the scalars each sender claims about its own model (age τ, effective lag ℓ,
-max-inherited count n; SPEC §2). The defences below run inside the shared round
+max-inherited count n; docs/concepts/staleness.md#the-staleness-state). The defences below run inside the shared round
 (:mod:`sfg.round.kernel`) on one receiver's candidates (index 0 = the receiver, whose own state is
 never touched), before the rule scores them (claims) or after the shared normalisation
 (weights). Clamped claims are what the receiver then also uses for its own bookkeeping (its
@@ -17,7 +17,7 @@ lag is the weighted mean of the clamped lags, its count the max of the clamped c
     (an unchanged model was not trained since the receiver first saw it);
   - count ≤ t + 1 (counts start at 1 and grow by at most one per round; inheriting takes a
     max, which cannot exceed that bound either), count ≥ 1;
-  - lag ≥ age (SPEC §2: τ ≤ ℓ), lag ≥ 1 + t − count (the max-inherited count is at least the
+  - lag ≥ age (τ ≤ ℓ: docs/concepts/staleness.md#invariants), lag ≥ 1 + t − count (the max-inherited count is at least the
     mean-inherited count n̄ = 1 + t − ℓ, by induction over the rounds), lag ≥ 0.
 
   A tighter count bound from the sender's last claim ("rounds elapsed plus what the receiver
@@ -89,7 +89,7 @@ def clamp_claims(t, flags, margin, k, age, raw, count, min_age):  # pragma: no c
             if c < 1:
                 c = 1
             lo = max(float(a), 0.0)
-            if not flags & TIMED:  # rounds: at most one count per round (SPEC §2)
+            if not flags & TIMED:  # rounds: at most one count per round (docs/concepts/staleness.md#the-staleness-state)
                 lo = max(lo, 1.0 + t - c)
             if lg < lo - TOL:
                 lg = lo

@@ -1,4 +1,4 @@
-"""THE round (SPEC §1, §2, §9): candidates → weights → staleness update → per-receiver facts.
+"""THE round (docs/concepts/round.md#one-round, docs/concepts/staleness.md#the-staleness-state, docs/concepts/replay.md#model-free-analyses): candidates → weights → staleness update → per-receiver facts.
 
 One compiled function, :func:`_rounds`, plays rounds for every receiver: it forms the
 candidate set S_i^t (anatomy modes through the round's capabilities, link failures), gathers
@@ -6,7 +6,7 @@ the candidates' staleness into short arrays (index 0 = the receiver), calls the 
 one-receiver function, applies the modifiers and the shared normalisation (:func:`_weights`:
 ``c``, ``+ipw``, non-finite or negative scores → 0, all-zero rows and non-adopters keep their
 own model), updates the staleness state (ages, lags, counts, local counts, q̂) and records
-the facts that the replay analyses (SPEC §9) are computed from (:data:`FACTS`).
+the facts that the replay analyses (docs/concepts/replay.md#model-free-analyses) are computed from (:data:`FACTS`).
 
 :func:`play_round` runs it for one round and :func:`run_rounds` for a stretch of rounds; the
 replay (:mod:`sfg.replay`), the training simulator (:mod:`sfg.sim`) and
@@ -57,14 +57,14 @@ t: round index; u: the receiver's uniform draw (random rules); age [k] int64; la
 q̂_ij (q[0] = 1); degree [k] int64 live-neighbour counts; key [k] float64 uniform keys (random
 rules); given [k] float64 scores computed outside (model-reading rules, oracles)."""
 
-# Per-receiver facts of a round, on the state before it (SPEC §9); metrics are defined on them
+# Per-receiver facts of a round, on the state before it (docs/concepts/replay.md#model-free-analyses); metrics are defined on them
 # in sfg.replay.metrics.
 FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age", "spread_lag",
          "kept", "self_weight", "attacker_weight", "honest", "clamped")
 (F_ADOPT, F_AGE, F_LAG, F_NB, F_MAX_NB_AGE, F_SPREAD_AGE, F_SPREAD_LAG, F_KEPT,
  F_SELF_W, F_ATT_W, F_HONEST, F_CLAMPED) = range(len(FACTS))
 
-# a local round's capabilities on the clock (anatomy modes, SPEC §4.1; sfg.clock.schedule)
+# a local round's capabilities on the clock (anatomy modes, docs/concepts/outages.md#anatomy-modes; sfg.clock.schedule)
 EV_TRAIN, EV_SEND, EV_AGGREGATE = 1, 2, 4
 EV_ALL = EV_TRAIN | EV_SEND | EV_AGGREGATE
 # The compiled parts' placeholders for an absent input (one signature takes arrays, never
@@ -186,7 +186,7 @@ WEIGHTS_GIVEN = -1.0
 def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - compiled
     """One receiver's weights, written to ``w`` [k]: the rule's scores (``score``, see
     :func:`scorer`), the modifiers (base self-weight c on the receiver, +ipw on neighbours),
-    non-finite or negative scores → 0, then the shared normalisation (SPEC §1); an all-zero
+    non-finite or negative scores → 0, then the shared normalisation (docs/concepts/round.md#one-round); an all-zero
     row, or a receiver that does not adopt, keeps its own model (w_ii = 1); with ``c_self`` =
     :data:`WEIGHTS_GIVEN` an adopting receiver's scores are its weights, as given. Returns 0,
     or 1 if the rule raised (``w`` is then undefined)."""
@@ -219,7 +219,7 @@ def _weights(score, x, params, c_self, ipw, adopt, w):  # pragma: no cover - com
 
 @njit(cache=True, nogil=True)
 def _settle(trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr):  # pragma: no cover
-    """The staleness update of one receiver that adopts its aggregate (SPEC §2), from its
+    """The staleness update of one receiver that adopts its aggregate (docs/concepts/staleness.md#the-staleness-state), from its
     candidates' claims as used (``b_age``, ``b_raw`` lags, ``b_count`` [k], index 0 = the
     receiver) and its weights ``wk`` [k]: returns (age, lag, count) after the round — lag the
     weighted mean of the candidates' lags (+1 if it did not train), age 0 after training (else
@@ -270,7 +270,7 @@ def _settle(trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr):  # pragma
 
 @njit(inline="always")
 def _update_q(q, a, b, cand):  # pragma: no cover - compiled
-    """q̂ of receiver slots a+1..b−1 after an aggregation (SPEC §2): EWMA of "is a candidate",
+    """q̂ of receiver slots a+1..b−1 after an aggregation (docs/concepts/staleness.md#the-staleness-state): EWMA of "is a candidate",
     floored."""
     for e in range(a + 1, b):
         qe = (1.0 - Q_HAT_BETA) * q[e] + Q_HAT_BETA * (1.0 if cand[e] else 0.0)
@@ -280,7 +280,7 @@ def _update_q(q, a, b, cand):  # pragma: no cover - compiled
 def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, indptr, send,
             edge_id, caps, live, u, key, st, lags, q, w, cand, facts, given, claim_ic,
             claim_lag, extra, marks, defend, ev):  # pragma: no cover - compiled once
-    """Rounds t0, t0 + 1, … of every receiver (SPEC §1, §2), updating the state in place; the
+    """Rounds t0, t0 + 1, … of every receiver (docs/concepts/round.md#one-round, docs/concepts/staleness.md#the-staleness-state), updating the state in place; the
     rule is ``score`` (see :func:`scorer`) with its ``params``. Returns 0, or 1 + r·N + i for
     the first receiver i (of row r) whose rule raised (the results are then undefined).
 
@@ -445,7 +445,7 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
                 if marks is not None:
                     if marks.shape[0] > 0 and d > 0 and marks[0, send[e]]:
                         b_att[d] = True
-            # the staleness update of an adopter (SPEC §2), facts (SPEC §9)
+            # the staleness update of an adopter (docs/concepts/staleness.md#the-staleness-state), facts (docs/concepts/replay.md#model-free-analyses)
             if adopts[i]:
                 new_age[i], new_lag[i], new_count[i] = _settle(
                     trained, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr[i])
@@ -479,7 +479,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags, q, hdr, hdr_lag,
             w, facts, marks, forge, rnd, samples, curve, order, given, caps, defend,
             ev):  # pragma: no cover
-    """The virtual clock's events in order (SPEC §12), one receiver each, through the round's
+    """The virtual clock's events in order (docs/concepts/clock.md#the-virtual-clock), one receiver each, through the round's
     own parts: the rule (``score``), :func:`_weights`, the defences, :func:`_settle` (the
     staleness update) and :func:`_update_q`. Returns 0, or 1 + r for the first event r whose
     rule raised.
@@ -505,7 +505,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     sending events wrote, so any order that keeps those before it gives the same results;
     the sampled curves need time order and all events). given [C] or [0]: the candidates'
     scores computed outside (``score`` is then :func:`given_scores`). caps [R] or [0] (all
-    capabilities): a local round's capabilities under an anatomy mode (SPEC §4.1; bits
+    capabilities): a local round's capabilities under an anatomy mode (docs/concepts/outages.md#anatomy-modes; bits
     :data:`EV_TRAIN`, :data:`EV_SEND`, :data:`EV_AGGREGATE`): one that does not aggregate has
     only itself as candidate and keeps its model (weight 1, q̂ unchanged), one that does not
     train settles as untrained (age + 1, lag + 1 when alone).
@@ -917,7 +917,7 @@ class RoundResult:
 
     weights:   [E] float64 slot weights (rows sum to 1; identity rows for non-adopters)
     candidate: [E] bool    slots in S_i^t (empty rows for clients that do not aggregate)
-    state:     the staleness state after the round (SPEC §2)
+    state:     the staleness state after the round (docs/concepts/staleness.md#the-staleness-state)
     facts:     [N, len(FACTS)] float64 per-receiver facts on the state before the round
     """
 

@@ -1,4 +1,4 @@
-"""The round's edge structure (SPEC §1): directed candidate edges plus self-loops, grouped by receiver.
+"""The round's edge structure (docs/concepts/round.md#one-round): directed candidate edges plus self-loops, grouped by receiver.
 
 A round is represented by ``E = N + 2M`` *slots*: one self-loop per client and one directed edge
 ``send -> recv`` for each direction of each undirected graph edge. Slots are sorted by receiver

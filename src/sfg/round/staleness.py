@@ -1,4 +1,4 @@
-"""Staleness state (SPEC §2): one scalar per model, piggybacked on messages.
+"""Staleness state (docs/concepts/staleness.md#the-staleness-state): one scalar per model, piggybacked on messages.
 
 The one-round update is part of the compiled round (:func:`sfg.round.kernel.play_round`), written
 once for the replay, the simulator and the one-receiver form.
@@ -19,7 +19,7 @@ Q_HAT_FLOOR = 0.05
 
 @dataclass(frozen=True)
 class StalenessState:
-    """Per-client staleness at the start of round ``t`` (SPEC §2).
+    """Per-client staleness at the start of round ``t`` (docs/concepts/staleness.md#the-staleness-state).
 
     t:            round index
     ages:         [N] int64  τ_i, rounds since the model was last trained
@@ -46,7 +46,7 @@ class StalenessState:
 
     @property
     def mean_counts(self) -> np.ndarray:
-        """Mean-inherited counts n̄_j = 1 + t − ℓ_j (SPEC §2)."""
+        """Mean-inherited counts n̄_j = 1 + t − ℓ_j (docs/concepts/staleness.md#the-staleness-state)."""
         return 1.0 + self.t - self.lags
 
 
@@ -71,8 +71,8 @@ def init_state(rg: RoundGraph, *, rounds: int | None = None, track_missed: bool 
 
 @njit(inline="always", cache=True)
 def waited(age, lag, d):  # pragma: no cover - compiled (inlined into the clock's events)
-    """The scalars of a message that waited ``d`` ≥ 0 units since it arrived (SPEC §11.2,
-    §12.3): it counts as older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by
+    """The scalars of a message that waited ``d`` ≥ 0 units since it arrived (docs/concepts/nodes.md#asynchronous-mode,
+    docs/concepts/clock.md#staleness-on-the-clock): it counts as older by ⌊d⌋ rounds — age τ + ⌊d⌋ — and its real-valued lag grows by
     d: ℓ + d; counts are unchanged. Written once for the virtual clock's events
     (:func:`sfg.round.kernel._events`) and the networked node (:mod:`sfg.net.node`)."""
     return age + np.int64(np.floor(d)), lag + d
@@ -80,7 +80,7 @@ def waited(age, lag, d):  # pragma: no cover - compiled (inlined into the clock'
 
 def wake_jitter(seed: int, wakes: int, n: int) -> np.ndarray:
     """[wakes, n] uniforms in [0, 1): the async protocol's wake-up jitter of device i at wake
-    r is ``jitter · P · u[r, i]`` (SPEC §12.2; stream ``clock-jitter`` keyed by the seed),
+    r is ``jitter · P · u[r, i]`` (docs/concepts/clock.md#the-three-protocols; stream ``clock-jitter`` keyed by the seed),
     the same for the virtual clock's engine and the networked node."""
     from sfg.util.rng import stream
 

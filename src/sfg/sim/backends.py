@@ -1,4 +1,4 @@
-"""Interchangeable local-training backends (SPEC §1 step 3, §6).
+"""Interchangeable local-training backends (docs/concepts/round.md#one-round step 3, docs/concepts/training.md#the-training-protocol).
 
 A backend runs K SGD steps for each of n clients at once, on rows of the flat ``[N, D]`` store
 (:mod:`sfg.sim.params`), and evaluates many clients' models::
@@ -642,7 +642,7 @@ class _BackendBase:
               momentum: float = 0.0, momentum_buf: Tensor | None = None,
               prox_center: Tensor | None = None, prox_lam: float = 0.0,
               trainable_mask: Tensor | None = None) -> Tensor:
-        """K SGD steps for each of n clients (SPEC §1.3).
+        """K SGD steps for each of n clients (docs/concepts/round.md#local-training).
 
         params: [n, D] float32 (the aggregated models x̃; not modified);
         xs: [n, K, B, *input_shape]; ys: [n, K, B] int64 (step k uses ``xs[:, k]``);

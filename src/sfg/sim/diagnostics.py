@@ -1,4 +1,4 @@
-"""Training diagnostics: why self-inclusive, lag-based, steep discounting works (SPEC §10.1–10.3).
+"""Training diagnostics: why self-inclusive, lag-based, steep discounting works (docs/concepts/diagnostics.md#training-diagnostics).
 
 A :class:`Diagnostics` object is handed every round of a training run (after local training,
 before the staleness update) with the models at the start of the round ``X``, after
@@ -35,7 +35,7 @@ addition. What is computed from the measured pairs and models — the normalisat
 :class:`Recorder`'s, shared with the virtual clock's async and event protocols
 (:mod:`sfg.clock.diagnostics`, where a round is one staleness unit). Diagnostics only read
 the models and draw from their own streams: training with them is bit-identical to training
-without them (SPEC §10).
+without them (docs/concepts/diagnostics.md#training-diagnostics).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def pool(blocks: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, list]]:
 
 
 def fit_rate(x, y, *, lo: int = FIT_RANGE[0], hi: int = FIT_RANGE[1]) -> float:
-    """Least-squares ρ in ``y = 1 + (ρ/2)·x`` over the points with lo ≤ x ≤ hi (SPEC §10.1):
+    """Least-squares ρ in ``y = 1 + (ρ/2)·x`` over the points with lo ≤ x ≤ hi (docs/concepts/diagnostics.md#distance-laws):
     ``ρ = 2 Σ x (y − 1) / Σ x²``; NaN without such points."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     m = (x >= lo) & (x <= hi) & np.isfinite(y)
@@ -286,7 +286,7 @@ def finetune_minibatches(size: int, i: int, t: int, *, K: int, B: int, seed: int
 def normalised(d: ArrayLike, group: ArrayLike, base: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """``(ok, ratio)``: each ``d`` divided by the mean of ``d`` over the ``base`` entries of its
     group (``group`` [P] non-negative ints); ``ok`` where the group has such entries and
-    their mean is positive (``ratio`` NaN elsewhere). The one normalisation of SPEC §10: the
+    their mean is positive (``ratio`` NaN elsewhere). The one normalisation of docs/concepts/diagnostics.md#training-diagnostics: the
     raw law per receiver over its fresh neighbours, the lag law per snapshot over the pairs
     with no difference, the fine-tuned distances per receiver over its fresh neighbours."""
     d = np.asarray(d, np.float64).reshape(-1)
@@ -304,7 +304,7 @@ def normalised(d: ArrayLike, group: ArrayLike, base: ArrayLike) -> tuple[np.ndar
 
 
 class Recorder:
-    """The accumulators of SPEC §10's diagnostics and how each is recorded, for the rounds
+    """The accumulators of the training diagnostics (docs/concepts/diagnostics.md#training-diagnostics) and how each is recorded, for the rounds
     (:class:`Diagnostics`) and the virtual clock's async and event protocols
     (:class:`sfg.clock.diagnostics.EventDiagnostics`): the two say which pairs, models and
     ages are measured, these methods what is computed from them, once.

@@ -1,4 +1,4 @@
-"""Rules that read model parameters (SPEC §3.2): model memory, relative variance, PWG.
+"""Rules that read model parameters (docs/concepts/rules.md#baselines): model memory, relative variance, PWG.
 
 One registered object per rule (:data:`MODEL_RULES`, keyed by rule name; :func:`model_rule`
 is the one dispatch): it checks the rule's parameters once, holds the rule's state and

@@ -1,4 +1,4 @@
-"""All N client models as one flat ``[N, D]`` float32 tensor (SPEC §1, §6).
+"""All N client models as one flat ``[N, D]`` float32 tensor (docs/concepts/round.md#one-round, docs/concepts/training.md#the-training-protocol).
 
 Gossip is then one row-stochastic ``[N, N] @ [N, D]`` product, and a backend trains rows.
 :class:`ParamSpec` records where each named parameter of a model lives inside a row::
@@ -124,7 +124,7 @@ def init_params(model_factory: Callable[[], nn.Module], n: int, *, seed: int) ->
     Every client starts from one common model, as is usual in decentralised learning (and
     needed for averaging to make sense early on). The model is built by ``model_factory()``
     under torch's RNG seeded with ``sfg.util.rng.torch_seed(seed, "init")``; the global RNG state
-    is restored afterwards, so nothing else is disturbed (SPEC §7: shared initial model).
+    is restored afterwards, so nothing else is disturbed (docs/concepts/training.md#pairing: shared initial model).
     """
     check(isinstance(n, int) and n >= 1, f"number of clients must be a positive int, got {n!r}")
     with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,4 @@
-"""Centralised pre-training of a backbone (SPEC §6: ResNet-18-GN from a pretrained backbone).
+"""Centralised pre-training of a backbone (docs/concepts/training.md#the-training-protocol: ResNet-18-GN from a pretrained backbone).
 
 ``sfg pretrain --dataset cifar100 --model resnet18-gn --data-root DIR --out backbone.safetensors``
 trains one model on a dataset's whole training split and writes its parameters as safetensors;

@@ -1,17 +1,17 @@
-"""The training simulator: N personalised models trained in parallel under outages (SPEC §1, §6–8).
+"""The training simulator: N personalised models trained in parallel under outages (docs/concepts/round.md#one-round, docs/concepts/training.md#the-training-protocol, docs/concepts/statistics.md#paired-statistics).
 
 One loop, one round at a time (:class:`RoundLoop`, on the run :func:`sfg.sim.context.build_run`
 makes):
 
-1. availability and capabilities of round t (the outage process, anatomy mode §4.1, link failures);
+1. availability and capabilities of round t (the outage process, anatomy mode docs/concepts/outages.md#anatomy-modes, link failures);
 2. candidate sets, the rule's weights and the next staleness state (:func:`sfg.round.kernel.play_round`,
    the round the replay runs too);
 3. gossip: the weights applied as one sparse row-stochastic product to the flat ``[N, D]``
    parameter store (rows of clients that do not adopt are untouched);
 4. K local SGD steps for the clients that train (catch-up, update amplification, backbones);
-5. the staleness state of step 2 is taken over (SPEC §2); evaluation every ``eval_every`` rounds.
+5. the staleness state of step 2 is taken over (docs/concepts/staleness.md#the-staleness-state); evaluation every ``eval_every`` rounds.
 
-Pairing (SPEC §7): graph, partition, initial model, outage trace, link failures and the
+Pairing (docs/concepts/training.md#pairing): graph, partition, initial model, outage trace, link failures and the
 minibatch of every (client, round, step) come from streams keyed by the seed only
 (:class:`sfg.sim.context.Minibatches`). Minibatches are drawn for *all* clients every round
 (whether or not they train), so changing the rule never changes them; catch-up's extra steps
@@ -128,7 +128,7 @@ class RoundLoop:
         self.watch = observer is not None or self.diag is not None  # keep the round's tensors
 
     def _clock(self):
-        """The virtual clock's lockstep (SPEC §12.2): its participants and per-slot
+        """The virtual clock's lockstep (docs/concepts/clock.md#the-three-protocols): its participants and per-slot
         deliveries (None on the rounds)."""
         c, run = self.c, self.run
         if c.get("clock", "rounds") != "virtual":
@@ -269,7 +269,7 @@ class RoundLoop:
                     "head": self.head}
             if self.observer is not None:
                 self.observer(seen)
-            if self.diag is not None:  # SPEC §10: reads the models, draws from its own streams
+            if self.diag is not None:  # docs/concepts/diagnostics.md#training-diagnostics: reads the models, draws from its own streams
                 self.diag.observe(seen)
         self.state = rw.state
         if (t + 1) % int(self.c["eval_every"]) == 0 or t == self.run.rounds - 1:
@@ -319,7 +319,7 @@ class RoundLoop:
 def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int], None] | None = None,
              record_weights: bool = False, observer: Callable[[dict[str, Any]], None] | None = None,
              validated: bool = False, **overrides: Any) -> RunResult:
-    """Run one training simulation (SPEC §1, §6) on the rounds, or on the virtual clock's
+    """Run one training simulation (docs/concepts/round.md#one-round, docs/concepts/training.md#the-training-protocol) on the rounds, or on the virtual clock's
     lockstep. ``cfg``: the fields of :class:`sfg.experiments.config.RunConfig` (missing ones
     take their defaults).
 

@@ -1,4 +1,4 @@
-"""Keyed random streams (SPEC §7: pairing).
+"""Keyed random streams (docs/concepts/training.md#pairing: pairing).
 
 Every random draw in sfg comes from a stream keyed by ``(seed, name, *ints)``, never from
 global state and never by the rule, so that runs with different rules share the graph,
@@ -51,7 +51,7 @@ def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
 # with no generator state. The deployable node's network (one message at a time, plain Python
 # integers) and the clock's engine (all messages at once, numpy uint64 arrays) then draw the
 # same value for the same message by construction, whatever order either makes them in
-# (SPEC §12.6: faults are events of the schedule). One definition serves both: every step below
+# (docs/concepts/clock.md#the-node-on-the-clock: faults are events of the schedule). One definition serves both: every step below
 # is written so that Python ints (masked to 64 bits) and numpy uint64 arrays give the same bits.
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

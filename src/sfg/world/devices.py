@@ -1,6 +1,6 @@
-"""Devices and links in time: compute, uplink, latency and loss (SPEC §12.1).
+"""Devices and links in time: compute, uplink, latency and loss (docs/concepts/clock.md#the-world-in-time).
 
-SPEC §12.1: "Compute: device i needs c_i seconds per local SGD step (component strings:
+docs/concepts/clock.md#the-world-in-time: "Compute: device i needs c_i seconds per local SGD step (component strings:
 constant, log-normal with a median and σ, or a trace of per-device capacities); drawn per seed
 from its own stream. Network: a message from j to i arrives after latency λ_ji plus size ÷ j's
 uplink rate ... optionally also [lost] with probability p_loss (drawn per message). Latency,
@@ -36,7 +36,7 @@ Component strings (parsed by :func:`sfg.util.components.parse_component`):
 
 Random quantities are drawn from their own keyed stream ``sfg.util.rng.stream(seed, NAME)``
 with NAME the quantity's name (``"compute"``, ``"uplink"``, ``"latency"``, ``"loss"``), so
-changing one never changes another (SPEC §12.4); values are in node order (per-node
+changing one never changes another (docs/concepts/clock.md#pairing-and-the-schedule-digest); values are in node order (per-node
 quantities) or in directed-edge order (per-link ones, see :func:`link_quantity`).
 """
 
@@ -194,7 +194,7 @@ def device_quantity(kind: str, spec: str, n: int, *, seed: int,
 
     ``device_ids``: the device id of each node, for ``trace:`` files (default ``"0"``..
     ``"n-1"``); ignored by ``const`` and ``lognormal``, which draw in node order from the
-    stream named ``kind`` (SPEC §12.1).
+    stream named ``kind`` (docs/concepts/clock.md#the-world-in-time).
     """
     kind = _kind(kind)
     if kind not in PER_DEVICE:

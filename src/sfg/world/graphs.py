@@ -1,9 +1,9 @@
-"""Communication graphs (SPEC §6): k-nearest-neighbour geometric, Erdős–Rényi, random regular, ring.
+"""Communication graphs (docs/concepts/training.md#the-training-protocol): k-nearest-neighbour geometric, Erdős–Rényi, random regular, ring.
 
 Every generator follows the networkx convention ``*_graph(n, ..., seed=None)``: hyperparameters are
 keyword-only and validated first (bad values raise :class:`sfg.errors.SfgError` with a one-line
 message), ``seed`` is an int or a ``numpy.random.Generator`` and is converted once. Every graph is
-returned **connected** (SPEC §6: "made connected if necessary"); how each generator achieves that is
+returned **connected** (docs/concepts/training.md#the-training-protocol: "made connected if necessary"); how each generator achieves that is
 documented on it.
 
 A :class:`Graph` stores the undirected edge list ``edges: [M, 2] int64`` with ``i < j``, sorted
@@ -12,7 +12,7 @@ N = 100,000 clients builds in about a second.
 
 Component strings pick a generator by name (``make_graph("knn:k=6", 100, seed=1)``); the
 randomness comes from ``sfg.util.rng.stream(seed, "graph")`` so every rule of a seed shares the graph
-(SPEC §7).
+(docs/concepts/training.md#pairing).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def _closest_outside(c: int, members: np.ndarray, labels: np.ndarray, positions:
 
 
 def join_components(edges: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Connect a geometric graph by joining components at their closest pair (SPEC §6).
+    """Connect a geometric graph by joining components at their closest pair (docs/concepts/training.md#the-training-protocol).
 
     ``edges: [M, 2]``, ``positions: [N, 2]``; returns canonical ``[M', 2] int64`` edges with
     M' >= M. Each pass links every component except the largest to its nearest other component
@@ -332,7 +332,7 @@ def _join_components_randomly(n: int, edges: np.ndarray, rng: np.random.Generato
 
 
 def knn_graph(n: int, *, k: int = 6, seed: int | np.random.Generator | None = None) -> Graph:
-    """k-nearest-neighbour geometric graph over uniform positions in the unit square (SPEC §6).
+    """k-nearest-neighbour geometric graph over uniform positions in the unit square (docs/concepts/training.md#the-training-protocol).
 
     Each client links to its k nearest others (:func:`_nearest`); the relation is
     symmetrised (i~j if either is among the other's k nearest), so every client has >= k
@@ -356,7 +356,7 @@ _DENSE_PAIRS = 5_000_000  # below this many pairs (N ~ 3,000) a coin per pair is
 
 def erdos_renyi_graph(n: int, *, p: float | None = None, mean_degree: float = 6,
                       seed: int | np.random.Generator | None = None) -> Graph:
-    """Erdős–Rényi G(n, p) graph, made connected (SPEC §6).
+    """Erdős–Rényi G(n, p) graph, made connected (docs/concepts/training.md#the-training-protocol).
 
     ``p`` is the edge probability; when it is ``None``, ``p = mean_degree / (n - 1)``.
     Exactly M ~ Binomial(n(n-1)/2, p) distinct pairs are drawn uniformly (sparse rejection
@@ -469,7 +469,7 @@ def _merge_regular_components(n: int, edges: np.ndarray, rng: np.random.Generato
 
 def random_regular_graph(n: int, *, d: int = 6,
                          seed: int | np.random.Generator | None = None) -> Graph:
-    """Random connected d-regular graph (SPEC §6); needs ``n*d`` even and ``d < n``.
+    """Random connected d-regular graph (docs/concepts/training.md#the-training-protocol); needs ``n*d`` even and ``d < n``.
 
     Built by the configuration model with randomised repair of loops and repeated pairs
     (for d > (n-1)/2 as the complement of an (n-1-d)-regular graph), then connected by

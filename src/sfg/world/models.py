@@ -1,4 +1,4 @@
-"""Models for local training (SPEC §6): MLP, small CNN, the paper CNN and ResNet-18-GN.
+"""Models for local training (docs/concepts/training.md#the-training-protocol): MLP, small CNN, the paper CNN and ResNet-18-GN.
 
 Every model is a plain ``nn.Module`` built by :func:`make_model` from a component string
 (``"mlp:hidden=64-64"``, ``"resnet18-gn:backbone=ckpt.pt"``). Each carries
@@ -171,7 +171,7 @@ def small_cnn(*, input_shape: Sequence[int], num_classes: int, channels: Any = "
 
 
 def paper_cnn(*, input_shape: Sequence[int], num_classes: int, hidden: int = 512) -> nn.Module:
-    """The paper CNN (SPEC §6): conv5×5(C→32) → ReLU → maxpool2 → conv5×5(32→64) → ReLU →
+    """The paper CNN (docs/concepts/training.md#the-training-protocol): conv5×5(C→32) → ReLU → maxpool2 → conv5×5(32→64) → ReLU →
     maxpool2 → flatten → linear(512) → ReLU → linear head; no padding.
 
     On 3×32×32 with 10 classes: 2,432 + 51,264 + 819,712 + 5,130 = 878,538 parameters.
@@ -260,7 +260,7 @@ class ResNet18GN(nn.Module):
 
 def resnet18_gn(*, input_shape: Sequence[int], num_classes: int, stem: str = "auto",
                 norm_groups: int = 2, width: int = 64) -> nn.Module:
-    """ResNet-18 with GroupNorm(``norm_groups``=2) (SPEC §6), written without torchvision.
+    """ResNet-18 with GroupNorm(``norm_groups``=2) (docs/concepts/training.md#the-training-protocol), written without torchvision.
 
     ``stem="cifar"`` (3×3 conv, stride 1, no max-pool) suits 32×32 inputs; ``"imagenet"`` is the
     original 7×7/stride-2 conv plus max-pool; ``"auto"`` picks ``cifar`` for inputs up to 64×64.

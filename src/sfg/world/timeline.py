@@ -1,9 +1,9 @@
-"""Availability in time: each device's online intervals on the virtual clock (SPEC §12.1).
+"""Availability in time: each device's online intervals on the virtual clock (docs/concepts/clock.md#the-world-in-time).
 
-SPEC §12.1: "Availability is a set of online intervals per device. Interval traces (FLASH
+docs/concepts/clock.md#the-world-in-time: "Availability is a set of online intervals per device. Interval traces (FLASH
 minute states, STUNner sessions, tabular intervals) are used at their own resolution; a
 round-based process or trace maps round r to [rΔ, (r+1)Δ). Devices are drawn and mapped to
-nodes as in §4."
+nodes as in docs/concepts/outages.md#outage-processes."
 
 :class:`Intervals` holds the online intervals of n devices, CSR-packed (``indptr``, ``start``,
 ``end``; per device sorted, disjoint and merged, so that an interval's end is always an
@@ -17,7 +17,7 @@ round-based availability that ``sfg run`` uses (unchanged), for every outage pro
 * synthetic (round-based) processes and per-round tabular traces: :meth:`Intervals.from_rounds`
   of the round-based availability;
 * ``flash``: the rule (strict/relaxed, under the screen reading) per minute over the window
-  ``flash_trace`` cuts for the device (SPEC §5), minute m as ``[60m, 60(m+1))`` seconds after
+  ``flash_trace`` cuts for the device (docs/concepts/traces.md#real-availability-traces), minute m as ``[60m, 60(m+1))`` seconds after
   the window start, adjacent minutes merged;
 * ``stunner``: the online sessions of the window ``stunner_trace`` picks, at the file's own
   millisecond times;
@@ -25,11 +25,11 @@ round-based availability that ``sfg run`` uses (unchanged), for every outage pro
   to the origin of round 0 and clipped to the rounds ``load_tabular`` cuts.
 
 Native-resolution traces need ``round_seconds`` equal to the trace's round length (600 s for
-the 10-minute rounds of §5), since their intervals are in real seconds: a different Δ would
+the 10-minute rounds of docs/concepts/traces.md#real-availability-traces), since their intervals are in real seconds: a different Δ would
 put round r of the round-based availability somewhere else than its minutes.
 
 **Agreement with the round-based pipelines** (tested on the real files):
-``to_rounds(Δ, T)`` applies SPEC §5's rule "available when online for at least half of the
+``to_rounds(Δ, T)`` applies the rule of docs/concepts/traces.md#real-availability-traces "available when online for at least half of the
 round" to the exact online seconds. For FLASH and tabular traces that is exactly the matrix
 ``sfg run`` samples (FLASH counts whole minutes, 5 of 10 suffice; tabular measures the
 overlap exactly, as here). STUNner's round pipeline first rounds each minute to online or
@@ -39,10 +39,10 @@ whose minutes are each wholly online or wholly offline, and on a round with p pa
 minutes they can differ only when its exact online time lies within 30·p seconds of Δ/2
 (the rounding moves each such minute by at most 30 s). On ``peersim_session_100.txt`` they
 agree on more than 99 % of the device-rounds (tests/test_timeline.py). The native sessions
-are the faithful reading of §12.1 ("STUNner sessions ... at their own resolution"); the
+are the faithful reading of docs/concepts/clock.md#the-world-in-time ("STUNner sessions ... at their own resolution"); the
 per-minute rounding is an artefact of cutting rounds, not part of the trace.
 
-**STUNner's 45-minute staleness rule** (SPEC §5) applies to forward-filling raw
+**STUNner's 45-minute staleness rule** (docs/concepts/traces.md#real-availability-traces) applies to forward-filling raw
 measurements. The session files (``peersim_session_*.txt``) carry derived online/offline
 sessions that cover every window completely, with no measurement times, so there is nothing
 to forward-fill: the sessions are used as they are, as the round pipeline does (cutting
@@ -98,7 +98,7 @@ def _frozen(x: Any, dtype: type, what: str) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Intervals:
-    """Online intervals of n devices, in seconds of virtual time, CSR-packed (SPEC §12.1).
+    """Online intervals of n devices, in seconds of virtual time, CSR-packed (docs/concepts/clock.md#the-world-in-time).
 
     indptr: int64[n+1]   device d's intervals are ``start[indptr[d]:indptr[d+1]]`` (and end)
     start, end: float64[K]  per device sorted, disjoint and merged (``end[k] < start[k+1]``),
@@ -162,7 +162,7 @@ class Intervals:
     @classmethod
     def from_rounds(cls, available: np.ndarray, round_seconds: float) -> Intervals:
         """Round r of ``available: bool[T, N]`` as ``[rΔ, (r+1)Δ)``, adjacent rounds merged;
-        horizon TΔ (SPEC §12.1, "a round-based process or trace")."""
+        horizon TΔ (docs/concepts/clock.md#the-world-in-time, "a round-based process or trace")."""
         a = np.asarray(available)
         if a.ndim != 2:
             raise SfgError(f"availability must be a bool[T, N] matrix, got shape {a.shape}")
@@ -312,7 +312,7 @@ class Intervals:
 
     def to_rounds(self, round_seconds: float, T: int) -> np.ndarray:
         """bool[T, n]: round r = [rΔ, (r+1)Δ) is available when the device is online for at
-        least half of it (2·online >= Δ, SPEC §5's rule, measured exactly); rounds past the
+        least half of it (2·online >= Δ, the rule of docs/concepts/traces.md#real-availability-traces, measured exactly); rounds past the
         horizon are offline. Inverse of :meth:`from_rounds`."""
         d = _seconds(round_seconds)
         T = _rounds_count(T)
@@ -376,7 +376,7 @@ class Intervals:
 def make_intervals(process: str | Component, T: int, N: int, *, seed: int,
                    positions: np.ndarray | None = None,
                    round_seconds: float = 600.0) -> tuple[Intervals, np.ndarray]:
-    """``(intervals, available)`` of the N nodes over ``[0, T·round_seconds)`` (SPEC §12.1).
+    """``(intervals, available)`` of the N nodes over ``[0, T·round_seconds)`` (docs/concepts/clock.md#the-world-in-time).
 
     ``available`` is ``make_process(process).sample(T, N, seed=seed, positions=positions)``,
     the round-based bool[T, N] that ``sfg run`` uses, returned unchanged. ``intervals`` are

@@ -1,5 +1,5 @@
 """Report of a forged-staleness grid (:mod:`sfg.round.attacks`): damage per rule, defence and attack
-fraction, paired against the no-attack runs (SPEC §8 statistics), and a damage-vs-fraction plot.
+fraction, paired against the no-attack runs (docs/concepts/statistics.md#paired-statistics statistics), and a damage-vs-fraction plot.
 
 Runs are told apart by their config's ``attack`` (absent = no attack). For training runs the
 damage is the honest clients' accuracy (``acc_honest_mean``, ``acc_honest_p10``), paired per

@@ -1,4 +1,4 @@
-"""The virtual clock in ``sfg report`` (SPEC §12.5): time-to-accuracy, the clock's counts per
+"""The virtual clock in ``sfg report`` (docs/concepts/clock.md#metrics): time-to-accuracy, the clock's counts per
 device-hour, and accuracy over virtual hours.
 
 Runs on the clock (config ``clock: virtual``) are compared within their *setting*
@@ -13,7 +13,7 @@ among them:
   evaluated round r whose ``acc_mean`` reaches the target, at r·Δ (``round_seconds``) ÷ 3600
   hours — round r ends at rΔ, as an async or event run evaluates at multiples of
   ``eval_seconds``. Paired differences rule − baseline (hours; negative = faster) go through
-  :func:`sfg.experiments.stats.compare` (SPEC §8: stratified interval over (dataset, seed)
+  :func:`sfg.experiments.stats.compare` (docs/concepts/statistics.md#paired-statistics: stratified interval over (dataset, seed)
   units, exact sign-flip test, Wilcoxon on cells, Holm over the time comparisons of the
   report, verdicts with "better" = faster) over the pairs where *both* runs reached the target;
   the pairs where one or both never did are counted per kind (rule only, baseline only, both),
@@ -25,7 +25,7 @@ among them:
   messages (every ``clock_lost*``), late messages (lockstep), skipped wakes (async),
   interrupted local rounds (async, event) and stragglers (lockstep) — "—" where the protocol
   has no such count. Rules share one row when their means are equal (the schedule does not
-  depend on the rule, SPEC §12.4); a rule that changes compute (``+catchup``) gets its own.
+  depend on the rule, docs/concepts/clock.md#pairing-and-the-schedule-digest); a rule that changes compute (``+catchup``) gets its own.
   ``clock_rates.csv`` keeps the raw means.
 * ``accuracy_over_time.png`` — mean accuracy (% , mean over seeds per rule) over virtual
   hours (the ``hours`` curve; lockstep's ``round`` curve at r·Δ), one panel per
@@ -548,7 +548,7 @@ def markdown(rep: ClockReport, *, baseline: str, confidence: float) -> list[str]
     """The clock sections of ``report.md``: time to accuracy, then the counts."""
     lines: list[str] = []
     if rep.time_rows:
-        lines += ["", "## Time to accuracy on the virtual clock (SPEC §12.5)", "",
+        lines += ["", "## Time to accuracy on the virtual clock (docs/concepts/clock.md#metrics)", "",
                   f"Hours of virtual time until the mean accuracy first reaches the target; "
                   f"Δ = paired difference rule − {baseline} in hours (negative = faster), "
                   f"{confidence:.0%} stratified interval, over the pairs where both runs "
@@ -568,7 +568,7 @@ def markdown(rep: ClockReport, *, baseline: str, confidence: float) -> list[str]
             lines.append("Lockstep times come from the runs' round curves (round r ends at "
                          f"r·Δ): {'; '.join(derived)}.")
     if rep.rate_rows:
-        lines += ["", "## The clock's counts (SPEC §12.5)", "",
+        lines += ["", "## The clock's counts (docs/concepts/clock.md#metrics)", "",
                   "Means over seeds; rates per device-hour (N · T · Δ / 3600 device-hours per "
                   "run), counts per run; — where the protocol has no such count; raw means in "
                   "`clock_rates.csv`.", "",

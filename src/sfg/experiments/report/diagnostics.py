@@ -1,4 +1,4 @@
-"""Tables and plots of the training diagnostics stored with runs (SPEC §10.1–10.3).
+"""Tables and plots of the training diagnostics stored with runs (docs/concepts/diagnostics.md#training-diagnostics).
 
 :func:`write_diagnostics` pools the per-bin sums and counts of every run that recorded
 diagnostics over the seeds of each (dataset, process, rule) and writes into ``out_dir``:

@@ -1,4 +1,4 @@
-"""Report of a finished grid: rule table, comparisons CSV and PNG plots (SPEC §8).
+"""Report of a finished grid: rule table, comparisons CSV and PNG plots (docs/concepts/statistics.md#paired-statistics).
 
 :func:`build_report` reads run records (one dict per finished run, as the results store
 hands them out), runs the paired comparisons of :mod:`sfg.experiments.stats` and writes into ``out_dir``:
@@ -16,10 +16,10 @@ hands them out), runs the paired comparisons of :mod:`sfg.experiments.stats` and
 * ``sensitivity.png`` and a second Markdown table — design sensitivity (processes with a
   positive mean, the leave-one-process-out range, the mean without i.i.d. outages), the share
   of the outage gap closed (overall and per process, when the grid has a ``none`` process)
-  and the per-availability-quartile gains (SPEC §10.4, :func:`sfg.experiments.stats.design_sensitivity`);
+  and the per-availability-quartile gains (docs/concepts/statistics.md#report-additions, :func:`sfg.experiments.stats.design_sensitivity`);
 * ``diagnostics/`` — tables and plots of the training diagnostics of runs that recorded them
-  (SPEC §10.1–10.3, :mod:`sfg.experiments.report.diagnostics`), linked from a section of ``report.md``;
-* for runs on the virtual clock (SPEC §12.5, :mod:`sfg.experiments.report.clock`): a
+  (docs/concepts/diagnostics.md#training-diagnostics, :mod:`sfg.experiments.report.diagnostics`), linked from a section of ``report.md``;
+* for runs on the virtual clock (docs/concepts/clock.md#metrics, :mod:`sfg.experiments.report.clock`): a
   time-to-accuracy table (``time_to_accuracy.csv``), a table of the clock's counts per
   device-hour (``clock_rates.csv``) and ``accuracy_over_time.png`` (accuracy over virtual
   hours, one panel per clock setting); ``accuracy_over_rounds.png`` then shows the
@@ -157,11 +157,11 @@ class Report:
     markdown: str
     files: dict[str, Path] = field(default_factory=dict)  # file name -> path written
     notes: list[str] = field(default_factory=list)
-    # pooled training diagnostics per (dataset, process, rule) (SPEC §10), when runs have them
+    # pooled training diagnostics per (dataset, process, rule) (docs/concepts/diagnostics.md#training-diagnostics), when runs have them
     diagnostics: dict = field(default_factory=dict)
     # the data compared, for titles: "dataset digits · processes none, … · seeds 1–8"
     context: str = ""
-    # time to accuracy, the clock's counts and accuracy over virtual hours (SPEC §12.5), when
+    # time to accuracy, the clock's counts and accuracy over virtual hours (docs/concepts/clock.md#metrics), when
     # runs are on the virtual clock
     clock: _clock.ClockReport | None = None
 
@@ -452,7 +452,7 @@ def _markdown(report: Report) -> str:
                   "\"rounds\": synchronous rounds); runs are paired only within one setting."]
     if report.comparisons:
         scolumns = sensitivity_columns(report.metric, settings=settings)
-        lines += ["", "## Design sensitivity, outage gap, availability quartiles (SPEC §10.4)",
+        lines += ["", "## Design sensitivity, outage gap, availability quartiles (docs/concepts/statistics.md#report-additions)",
                   "", "| " + " | ".join(scolumns) + " |",
                   "|" + "|".join("---" for _ in scolumns) + "|"]
         for c in report.comparisons:
@@ -467,7 +467,7 @@ def _markdown(report: Report) -> str:
     if report.clock is not None:
         lines += _clock.markdown(report.clock, baseline=report.baseline,
                                  confidence=report.confidence)
-    lines += ["", "## Method (SPEC §8)", ""]
+    lines += ["", "## Method (docs/concepts/statistics.md#paired-statistics)", ""]
     if report.comparisons:
         c0 = report.comparisons[0]
         lines += [
@@ -499,7 +499,7 @@ def _markdown(report: Report) -> str:
         if name in report.files:
             lines.append(f"![{name}]({name})")
     if report.diagnostics:
-        lines += ["", "## Training diagnostics (SPEC §10)", "",
+        lines += ["", "## Training diagnostics (docs/concepts/diagnostics.md#training-diagnostics)", "",
                   "Lag law: E d²/E d₀² = 1 + (ρ/2)·x fitted over differences 1–20, pooled over "
                   "seeds; tables in `diagnostics/*.csv`.", "",
                   "| dataset | process | rule | runs | ρ (ages) | ρ (lags) | lag ÷ age |",
@@ -523,7 +523,7 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
                  out_dir: str | Path, metric: str = "acc_mean",
                  rules: Sequence[str] | None = None, alpha: float = 0.05,
                  confidence: float = 0.95, weighting: str = "unit", seed: int = 0) -> Report:
-    """Compare rules with ``baseline`` and write the report files into ``out_dir`` (SPEC §8).
+    """Compare rules with ``baseline`` and write the report files into ``out_dir`` (docs/concepts/statistics.md#paired-statistics).
 
     ``rules`` default: every rule in the records except the baseline. Raises
     :class:`SfgError` on malformed records, an unknown baseline/rule or an unwritable

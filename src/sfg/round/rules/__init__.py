@@ -1,4 +1,4 @@
-"""Aggregation rules (SPEC §3): the registry, parsing and the rule object.
+"""Aggregation rules (docs/concepts/rules.md#scores-and-weights): the registry, parsing and the rule object.
 
 A model-free rule is one compiled function over ONE receiver's candidates (index 0 = the
 receiver) that returns non-negative scores; its parameters, defaults and valid ranges are its
@@ -22,7 +22,7 @@ Universal parameter and modifiers (written once, in :mod:`sfg.round.kernel`; com
 * ``c`` — base self-weight: the receiver's score is multiplied by c (default 1). A rule that
   declares its own ``c`` owns it (``self-weight``: the self-weight itself, default 0.5;
   ``update-amplification``: the amplification cap).
-* ``+ipw`` — each neighbour's score is divided by the link-reception estimate q̂_ij (§3.1).
+* ``+ipw`` — each neighbour's score is divided by the link-reception estimate q̂_ij (docs/concepts/rules.md#the-sfg-family).
 * ``+rounded`` — lags are rounded to integers before scoring ("rounded ties" for ``gamma=0``).
 * ``+catchup`` — a returning client runs K·(1 + min(τ_i, 3)) local steps (training only).
 
@@ -228,7 +228,7 @@ class Rule:
 
     @property
     def oracle(self) -> bool:
-        """Reads the missed-fraction matrix A (global information; analysis only, SPEC §3.4)."""
+        """Reads the missed-fraction matrix A (global information; analysis only, docs/concepts/rules.md#oracles)."""
         return "oracle" in self.tags
 
     @property
@@ -325,7 +325,7 @@ class Rule:
                     q_hat: ArrayLike | None = None, t: int | None = None, u: float = 0.5,
                     keys: ArrayLike | None = None, degrees: ArrayLike | None = None,
                     missed: ArrayLike | None = None) -> np.ndarray:
-        """One receiver's weights over its candidates; index 0 is the receiver (SPEC §1 step 2).
+        """One receiver's weights over its candidates; index 0 is the receiver (docs/concepts/round.md#one-round step 2).
 
         ages [k] int, lags [k] float (default = ages), counts [k] int (default 1),
         local_counts [k] int (default = counts), q_hat [k] float (receiver's estimate per

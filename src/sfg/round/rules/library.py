@@ -1,9 +1,9 @@
-"""The rule library (SPEC §3.1–3.3): one compiled function per rule, registered where it is written.
+"""The rule library (docs/concepts/rules.md#scores-and-weights): one compiled function per rule, registered where it is written.
 
 Each rule sees ONE receiver's candidates ``x`` (:class:`sfg.round.kernel.Candidates`; index 0 is the
 receiver, the others its live neighbours, in slot order) and returns non-negative scores
 ``[k] float64``. The shared round (:mod:`sfg.round.kernel`) applies the modifiers (``+ipw``,
-``+rounded``, ``c``), normalises (SPEC §1) and updates the staleness state (SPEC §2), for the
+``+rounded``, ``c``), normalises (docs/concepts/round.md#one-round) and updates the staleness state (docs/concepts/staleness.md#the-staleness-state), for the
 replay, the training simulator and ``Rule.weights_one`` alike. A rule must not write to ``x``.
 
 Fields of ``x``: ``t`` round; ``u`` the receiver's uniform draw; ``age`` [k] int64 τ;
@@ -161,7 +161,7 @@ def negated(a):
     return out
 
 
-# ----------------------------------------------------------------- SFG family (SPEC §3.1)
+# ----------------------------------------------------------------- SFG family (docs/concepts/rules.md#the-sfg-family)
 @rule("sfg", tags=("sfg",))
 @njit(cache=True)
 def sfg(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.ndarray:
@@ -194,7 +194,7 @@ def sfg_counts(x: "Candidates", gamma: Annotated[float, Discount] = 0.5) -> np.n
     return h
 
 
-# ----------------------------------------------------------------- baselines (SPEC §3.2)
+# ----------------------------------------------------------------- baselines (docs/concepts/rules.md#baselines)
 @rule("dfedavg", tags=("baseline",), scalars=False)
 @njit(cache=True)
 def dfedavg(x: "Candidates") -> np.ndarray:
@@ -256,11 +256,11 @@ def local_counts(x: "Candidates", L: Annotated[float, NonNegative] = 1.0) -> np.
 def update_amplification(x: "Candidates", c: Annotated[float, NonNegative] = 1.0) -> np.ndarray:
     """``update-amplification`` (FedAWE-style): DFedAvg weights, returning updates × (1 + min(τ_i, c)).
 
-    A returning client scales its local update by 1 + min(τ_i, c) in training (SPEC §3.2)."""
+    A returning client scales its local update by 1 + min(τ_i, c) in training (docs/concepts/rules.md#baselines)."""
     return np.ones(x.age.shape[0])
 
 
-# ----------------------------------------------------------------- controls (SPEC §3.3)
+# ----------------------------------------------------------------- controls (docs/concepts/rules.md#controls-and-ablations)
 @rule("self-weight", tags=("control",), scalars=False)
 @njit(cache=True)
 def self_weight(x: "Candidates", c: Annotated[float, NonNegative] = 0.5) -> np.ndarray:
@@ -364,7 +364,7 @@ def two_random(x: "Candidates") -> np.ndarray:
     """``two-random``: two distinct candidates drawn uniformly (receiver included), equal weights.
 
     The own model alone when there is no live neighbour; the draws are the rule's own stream
-    keyed by (seed, round) (SPEC §3.3)."""
+    keyed by (seed, round) (docs/concepts/rules.md#controls-and-ablations)."""
     return smallest_keys(x.key, np.int64(2))
 
 
@@ -374,7 +374,7 @@ def metropolis_hastings(x: "Candidates") -> np.ndarray:
     """``metropolis-hastings``: w_ij = 1/(1 + max(d_i, d_j)), d = live degree; w_ii = 1 − Σ_j w_ij.
 
     d is the current number of live neighbours (neighbours that send, over live links);
-    symmetric and doubly stochastic without outages (SPEC §3.3)."""
+    symmetric and doubly stochastic without outages (docs/concepts/rules.md#controls-and-ablations)."""
     k = x.degree.shape[0]
     d0 = x.degree[0]
     h = np.empty(k, np.float64)
@@ -388,7 +388,7 @@ def metropolis_hastings(x: "Candidates") -> np.ndarray:
     return h
 
 
-# ----------------------------------------------------------------- model-reading (SPEC §3.2)
+# ----------------------------------------------------------------- model-reading (docs/concepts/rules.md#baselines)
 # Implemented in sfg.sim.model_rules (training only).
 register_rule("model-memory", None, tags=("baseline", "model"),
               doc="MIFA analogue: remembered models of offline neighbours averaged in, undiscounted")

@@ -1,4 +1,4 @@
-"""Oracle rules (SPEC §3.4) and the missed-fraction matrix A they read (SPEC §2).
+"""Oracle rules (docs/concepts/rules.md#oracles) and the missed-fraction matrix A they read (docs/concepts/staleness.md#the-staleness-state).
 
 They need global information (every candidate's row of A) and small linear algebra per
 receiver, so they are analysis tools, not rules a real system could run: numpy, batched over
@@ -93,7 +93,7 @@ register_rule("oracle-qp", oracle_qp, params={"kappa": 1.0}, tags=("oracle",),
 
 def advance_missed(missed: np.ndarray, t: int, indptr: np.ndarray, send: np.ndarray,
                    weights: np.ndarray, adopts: np.ndarray, trains: np.ndarray) -> np.ndarray:
-    """A after round t (SPEC §2): adopters' rows become Σ_j w_ij A_j, column t = 1[not trained]."""
+    """A after round t (docs/concepts/staleness.md#the-staleness-state): adopters' rows become Σ_j w_ij A_j, column t = 1[not trained]."""
     import scipy.sparse as sp
 
     n = indptr.shape[0] - 1

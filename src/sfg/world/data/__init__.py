@@ -1,4 +1,4 @@
-"""Datasets in their standard formats, label-skew partitions, per-client test sets (SPEC §6).
+"""Datasets in their standard formats, label-skew partitions, per-client test sets (docs/concepts/training.md#the-training-protocol).
 
 ``load_federated(name, n_clients=N, seed=s, data_root=...)`` returns a :class:`FederatedData`
 (per-client normalised train/validation/test tensors). Datasets (registry :data:`DATASETS`):

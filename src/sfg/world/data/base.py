@@ -1,4 +1,4 @@
-"""The federated dataset type, the dataset registry and the shared label-skew assembly (SPEC §6).
+"""The federated dataset type, the dataset registry and the shared label-skew assembly (docs/concepts/training.md#the-training-protocol).
 
 A loader turns a dataset in its standard format into an :class:`ImagePool` (the pooled train
 and test splits, undecided who gets what); :func:`federate_label_skew` then partitions it
@@ -34,7 +34,7 @@ from sfg.world.data.partition import (
 
 @dataclass
 class FederatedData:
-    """Per-client train/validation/test tensors of one dataset under one seed (SPEC §6).
+    """Per-client train/validation/test tensors of one dataset under one seed (docs/concepts/training.md#the-training-protocol).
 
     ``train_x[i]``: float32 [n_i, *input_shape], normalised; ``train_y[i]``: int64 [n_i];
     likewise ``val_*`` (the 15 % hold-out of the client's data) and ``test_*`` (the client's
@@ -169,7 +169,7 @@ def federate_label_skew(pool: ImagePool, *, name: str, n_clients: int, seed: int
                         meta: dict | None = None, partition: str = "dirichlet") -> FederatedData:
     """Dirichlet label skew over ``pool.train``, validation hold-out, label-matched test sets.
 
-    SPEC §6: each client's share of the training split (at least ``min_train`` examples,
+    docs/concepts/training.md#the-training-protocol: each client's share of the training split (at least ``min_train`` examples,
     counted before the hold-out) loses ``val_fraction`` of its examples to validation; its
     test set has ``test_per_client`` images from ``pool.test`` with the label distribution
     of its share (:func:`label_matched_test_indices`). Streams: ``"partition"``,
@@ -238,12 +238,12 @@ def load_federated(name: str | Component, *, n_clients: int, seed: int,
                    min_train: int | None = None, test_per_client: int | None = None,
                    val_fraction: float = 0.15, partition: str | None = None,
                    **options: Any) -> FederatedData:
-    """Load dataset ``name`` split over ``n_clients`` clients for ``seed`` (SPEC §6).
+    """Load dataset ``name`` split over ``n_clients`` clients for ``seed`` (docs/concepts/training.md#the-training-protocol).
 
     ``name`` is a dataset id or a component string carrying dataset options
     (``"cifar10:limit_per_class=100"``); ``options`` are the same options as keywords.
     ``min_train`` (examples per client before the validation hold-out) and
-    ``test_per_client`` default per dataset: CIFAR and image folders 20 and 300 (SPEC §6);
+    ``test_per_client`` default per dataset: CIFAR and image folders 20 and 300 (docs/concepts/training.md#the-training-protocol);
     digits 5 (lowered to ⌊pool / 4N⌋, at least 1, for many clients: 3 at N = 100) and 50;
     FEMNIST 250 (its ``min_samples``) and the writer's whole test split. ``alpha`` is the
     Dirichlet concentration (unused by FEMNIST, whose split is by writer). ``partition``:

@@ -1,4 +1,4 @@
-"""CIFAR-10 and CIFAR-100 (SPEC §6) from their standard python archives or an image folder.
+"""CIFAR-10 and CIFAR-100 (docs/concepts/training.md#the-training-protocol) from their standard python archives or an image folder.
 
 Accepted at ``--data-root`` (or up to two directory levels below it):
 
@@ -275,7 +275,7 @@ def _factory(classes: int):
             val_fraction=val_fraction, augment_hflip=True,
             balance=option_bool(balance, "balance"), partition=partition)
 
-    load_cifar_federated.__doc__ = f"Federated CIFAR-{classes} (SPEC §6; module docstring)."
+    load_cifar_federated.__doc__ = f"Federated CIFAR-{classes} (docs/concepts/training.md#the-training-protocol; module docstring)."
     return load_cifar_federated
 
 

@@ -1,4 +1,4 @@
-"""FEMNIST from LEAF's JSON shards, one client per writer (SPEC §6).
+"""FEMNIST from LEAF's JSON shards, one client per writer (docs/concepts/training.md#the-training-protocol).
 
 Input: ``train/*.json`` and ``test/*.json`` (LEAF's ``data/femnist/data`` layout) in a
 directory or a tar(.gz), at ``--data-root`` or up to two levels below it. Each shard is
@@ -6,7 +6,7 @@ directory or a tar(.gz), at ``--data-root`` or up to two levels below it. Each s
 "y": [int]}}}``; x is a row-major 28×28 image in [0, 1] (1 = white background), y in 0..61.
 
 Per seed (stream ``"writers"``) N writers are drawn without replacement among those with at
-least ``min_samples`` training samples (default 250, SPEC §6) and a test split; each client
+least ``min_samples`` training samples (default 250, docs/concepts/training.md#the-training-protocol) and a test split; each client
 trains on its writer's training samples (15 % held out for validation) and is evaluated on
 the same writer's test split (all of it, or ``test_per_client`` drawn from it). Writers present
 in only one split are skipped; ``meta["skipped_writers"]`` counts them. Images are

@@ -1,8 +1,8 @@
-"""Label-skew partitions, validation hold-outs and per-client test sets (SPEC §6).
+"""Label-skew partitions, validation hold-outs and per-client test sets (docs/concepts/training.md#the-training-protocol).
 
 Everything here works on integer labels and index arrays (numpy), never on images, and draws
 its randomness from a ``np.random.Generator`` the caller keys by seed
-(``sfg.util.rng.stream(seed, "partition")`` etc., SPEC §7).
+(``sfg.util.rng.stream(seed, "partition")`` etc., docs/concepts/training.md#pairing).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _dirichlet_counts(class_counts: np.ndarray, n_clients: int, alpha: float,
 def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int = 0,
                         rng: np.random.Generator, balance: bool = True,
                         max_tries: int = 1000, repair: bool = True) -> list[np.ndarray]:
-    """Split example indices over clients with Dirichlet(alpha) label skew (SPEC §6).
+    """Split example indices over clients with Dirichlet(alpha) label skew (docs/concepts/training.md#the-training-protocol).
 
     ``labels``: int [n]. Returns ``n_clients`` int64 index arrays (ascending), disjoint and
     together covering ``range(n)``. For every class c the class's examples, in random order,
@@ -208,7 +208,7 @@ def label_matched_test_indices(test_labels, client_label_dist, size: int,
 
 def validation_counts(sizes, fraction: float) -> np.ndarray:
     """Validation examples per client: round(fraction · n_i), at least 1 and at most n_i − 1
-    when n_i ≥ 2 and fraction > 0; 0 for n_i < 2 (SPEC §6: 15 % hold-out)."""
+    when n_i ≥ 2 and fraction > 0; 0 for n_i < 2 (docs/concepts/training.md#the-training-protocol: 15 % hold-out)."""
     n = np.asarray(sizes, np.int64)
     if fraction <= 0:
         return np.zeros_like(n)
@@ -252,7 +252,7 @@ PARTITIONS = ("dirichlet", "classes")
 
 
 def parse_partition(text) -> tuple[str, dict]:
-    """``"dirichlet"`` or ``"classes:k=2"`` -> ``(kind, params)`` (SPEC §6, issue 11 item 3).
+    """``"dirichlet"`` or ``"classes:k=2"`` -> ``(kind, params)`` (docs/concepts/training.md#the-training-protocol).
 
     ``dirichlet`` takes its concentration from the separate ``alpha`` setting; ``classes``
     takes ``k`` (classes per client, default 2).

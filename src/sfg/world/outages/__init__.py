@@ -1,4 +1,4 @@
-"""Outage processes (SPEC §4), anatomy modes (§4.1) and link failures (§4.2)."""
+"""Outage processes (docs/concepts/outages.md#outage-processes), anatomy modes (docs/concepts/outages.md#anatomy-modes) and link failures (docs/concepts/outages.md#link-failures)."""
 
 from sfg.world.outages.anatomy import ANATOMY_MODES, Capabilities, capabilities
 from sfg.world.outages.links import link_failures, live_links_round

@@ -1,4 +1,4 @@
-"""What an outage disables: the anatomy modes (SPEC §4.1).
+"""What an outage disables: the anatomy modes (docs/concepts/outages.md#anatomy-modes).
 
 An outage need not cut a client off completely. Each mode says which of four capabilities an
 *offline* client keeps; available clients always have all four:
@@ -57,7 +57,7 @@ class Capabilities:
 
 
 def capabilities(available: np.ndarray, mode: str = "full") -> Capabilities:
-    """Capabilities of every client from availability ``bool[N]`` or ``bool[T, N]`` (SPEC §4.1)."""
+    """Capabilities of every client from availability ``bool[N]`` or ``bool[T, N]`` (docs/concepts/outages.md#anatomy-modes)."""
     if not isinstance(mode, str) or mode.strip().lower() not in _OFFLINE_KEEPS:
         raise SfgError(f"unknown anatomy mode {mode!r}{did_you_mean(str(mode), ANATOMY_MODES)}")
     keeps = _OFFLINE_KEEPS[mode.strip().lower()]

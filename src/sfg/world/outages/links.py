@@ -1,9 +1,9 @@
-"""Link failures (SPEC §4.2): each undirected edge fails independently each round.
+"""Link failures (docs/concepts/outages.md#link-failures): each undirected edge fails independently each round.
 
 Round ``t``'s draw comes from ``sfg.util.rng.stream(seed, "links", t)`` alone, so a simulator can draw
 round by round (:func:`live_links_round`) and get exactly the rows of the whole-trace form
 (:func:`link_failures`). Failures do not change ages or lags; link-reception estimates react to
-them (SPEC §2).
+them (docs/concepts/staleness.md#the-staleness-state).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["link_failures", "live_links_round"]
 def _check_p(p: object) -> float:
     if isinstance(p, bool) or not isinstance(p, Real) or not 0 <= float(p) < 1:
         raise SfgError(f"link failure probability p={p!r} must lie in [0, 1) "
-                       "(the SPEC studies 0.3-0.6)")
+                       "(the study used 0.3-0.6)")
     return float(p)
 
 

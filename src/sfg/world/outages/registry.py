@@ -1,4 +1,4 @@
-"""The outage-process registry (SPEC §4): every process, synthetic or a real trace, by name.
+"""The outage-process registry (docs/concepts/outages.md#outage-processes): every process, synthetic or a real trace, by name.
 
 An outage process is any object with::
 

@@ -1,19 +1,19 @@
-"""Synthetic outage processes (SPEC §4): ``iid``, ``bursty``, ``heterogeneous``, ``regional``, ``none``.
+"""Synthetic outage processes (docs/concepts/outages.md#outage-processes): ``iid``, ``bursty``, ``heterogeneous``, ``regional``, ``none``.
 
 Each factory returns a frozen process object with ``name`` and
 ``sample(T, N, *, seed, positions=None) -> bool[T, N]`` (True = available).
 
-**Calibration (SPEC §4).** A trace is drawn from ``sfg.util.rng.stream(seed, "outage", kind, attempt)``
+**Calibration (docs/concepts/outages.md#outage-processes).** A trace is drawn from ``sfg.util.rng.stream(seed, "outage", kind, attempt)``
 for attempt = 0, 1, ... and accepted as soon as its realised unavailability (the fraction of
 offline client-rounds) is within ±0.005 of the target ``u``; at most 200 attempts. When none
 qualifies:
 
 * if the process structurally cannot reach ``u`` -- the mean over the attempts of each draw's own
   stationary unavailability differs from ``u`` by more than the tolerance -- the closest realised
-  trace is returned (the five draws whose expectation is nearest ``u`` are always realised). This is the SPEC's ``heterogeneous`` case: per-client rates are clipped at 0.98 and a
+  trace is returned (the five draws whose expectation is nearest ``u`` are always realised). This is the ``heterogeneous`` process of docs/concepts/outages.md#outage-processes: per-client rates are clipped at 0.98 and a
   chain with mean outage ``mean_off`` cannot be offline more than ``mean_off/(mean_off+1)`` of
   the time, so high targets come out low. Because the closest of many rate draws is kept, the
-  realised value depends on N: u = 0.8 realises ≈ 0.76 with N = 100, T = 300 (SPEC: ≈ 0.77) but
+  realised value depends on N: u = 0.8 realises ≈ 0.76 with N = 100, T = 300 (the study: ≈ 0.77) but
   ≈ 0.73 with N = 10^5, and u = 0.5 calibrates exactly at N = 100 but realises ≈ 0.487 at
   N = 10^5 where the rate draws hardly vary. Attempts whose own expectation is more than
   0.005 + 6 sigma (chain noise) from u are not realised, since they cannot qualify;
@@ -159,7 +159,7 @@ def _stationary(rates: np.ndarray, mean_off: float) -> np.ndarray:
 
 def gilbert_elliott(rng: np.random.Generator, T: int, rates: np.ndarray, *,
                     mean_off: float) -> tuple[np.ndarray, np.ndarray]:
-    """Two-state Gilbert–Elliott chains, one per column (SPEC §4).
+    """Two-state Gilbert–Elliott chains, one per column (docs/concepts/outages.md#outage-processes).
 
     ``rates: [K]`` target stationary unavailabilities. Off->on probability ``q = 1/mean_off``
     (mean outage ``mean_off`` rounds); on->off probability ``p = q r/(1-r)``, capped at 1 (then
@@ -219,7 +219,7 @@ def kmeans_labels(points: np.ndarray, k: int, rng: np.random.Generator, *,
 
 def region_labels(positions: np.ndarray | None, *, groups: int, layout: str,
                   seed: int) -> np.ndarray:
-    """Region of every client for ``regional`` (SPEC §4): ``int64[N]`` in ``0..groups-1``.
+    """Region of every client for ``regional`` (docs/concepts/outages.md#outage-processes): ``int64[N]`` in ``0..groups-1``.
 
     ``spatial``: k-means clusters of the node positions; ``scattered``: the same labels randomly
     permuted over the clients (same region sizes, no spatial coherence). Keyed by
@@ -423,7 +423,7 @@ _LAYOUTS = ("spatial", "scattered")
 
 @dataclass(frozen=True)
 class Regional:
-    """``regional(u, groups, layout)`` (SPEC §4): correlated outages by region.
+    """``regional(u, groups, layout)`` (docs/concepts/outages.md#outage-processes): correlated outages by region.
 
     Regions come from :func:`region_labels`; each region follows one Gilbert–Elliott chain with
     mean outage ``mean_off`` and rate u_r, and every client additionally fails independently

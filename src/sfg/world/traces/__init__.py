@@ -1,4 +1,4 @@
-"""Real availability traces (SPEC §5): FLASH, STUNner sessions, tabular user traces.
+"""Real availability traces (docs/concepts/traces.md#real-availability-traces): FLASH, STUNner sessions, tabular user traces.
 
 Every pipeline returns a :class:`Trace` (``available: bool[T, D]`` plus device metadata);
 :func:`trace_stats` summarises it and :mod:`sfg.world.traces.plot` draws it. Importing

@@ -1,4 +1,4 @@
-"""The common result of every trace pipeline (SPEC §5): a :class:`Trace`.
+"""The common result of every trace pipeline (docs/concepts/traces.md#real-availability-traces): a :class:`Trace`.
 
 A trace is a boolean availability matrix ``available: bool[T, D]`` (rounds x devices, ``True`` =
 the device may take part in that round) plus per-device metadata. Every pipeline (FLASH,
@@ -27,7 +27,7 @@ from sfg.errors import SfgError
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """Availability of D devices over T rounds (SPEC §5).
+    """Availability of D devices over T rounds (docs/concepts/traces.md#real-availability-traces).
 
     available: bool[T, D]           True = device d available in round t
     devices: list[str]              device ids, len D

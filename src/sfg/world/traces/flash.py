@@ -1,4 +1,4 @@
-"""FLASH smartphone state traces -> availability (SPEC §5, FLASH).
+"""FLASH smartphone state traces -> availability (docs/concepts/traces.md#real-availability-traces, FLASH).
 
 Input: FLASH's ``state_traces.json`` (Yang et al., WWW 2021): one JSON object
 ``{key: {"guid": ..., "model": ..., "messages": "..."}}`` where ``messages`` holds
@@ -36,7 +36,7 @@ Pipeline (all vectorised over events and minutes, no per-minute Python loop):
 
 ``meta`` reports ``devices_total``, ``devices_too_short``, ``devices_low_availability``,
 ``devices_eligible`` and ``share_never`` = the share of *all* devices whose rule never holds in
-any minute of their whole trace (SPEC §5 quotes 29.5 % for ``strict`` on the full trace).
+any minute of their whole trace (docs/concepts/traces.md#flash gives 29.5 % for ``strict`` on the full trace).
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _fill(kind: np.ndarray, value: np.ndarray, pos: np.ndarray, rank: np.ndarray
 
 
 def parse_flash(path: str | Path, *, ignore_unknown: bool = False) -> FlashStates:
-    """Parse a FLASH state-trace JSON into per-minute states of every device (SPEC §5)."""
+    """Parse a FLASH state-trace JSON into per-minute states of every device (docs/concepts/traces.md#real-availability-traces)."""
     p = existing_file(path, "FLASH trace", _HINT)
     data = _load_json(p)
     keys, models, n_total, dev, lineno, stamps, events = _split_messages(p, data)
@@ -318,7 +318,7 @@ def parse_flash(path: str | Path, *, ignore_unknown: bool = False) -> FlashState
 def flash_trace(states: FlashStates, *, rule: str = "strict", rounds: int = 300,
                 round_minutes: int = 10, min_availability: float = 0.05,
                 screen: str = "either") -> Trace:
-    """Availability ``bool[rounds, D_eligible]`` of the FLASH devices under ``rule`` (SPEC §5),
+    """Availability ``bool[rounds, D_eligible]`` of the FLASH devices under ``rule`` (docs/concepts/traces.md#real-availability-traces),
     reading "idle" as ``screen`` says (:data:`SCREENS`, module docstring)."""
     if rule not in RULES:
         raise SfgError(f"unknown FLASH rule {rule!r}{did_you_mean(str(rule), RULES)}")
@@ -386,7 +386,7 @@ def window_minutes(states: FlashStates, devices: list[str], *, rule: str = "stri
                    screen: str = "either") -> np.ndarray:
     """bool[len(devices), rounds * round_minutes]: the per-minute rule of ``devices``.
 
-    The minutes of the window :func:`flash_trace` cuts for each device (SPEC §5: from its first
+    The minutes of the window :func:`flash_trace` cuts for each device (docs/concepts/traces.md#real-availability-traces: from its first
     local midnight at or after its first event), at the trace's native resolution of one
     minute; ``minutes_to_rounds`` of it is exactly the device's column of ``flash_trace``.
     ``devices`` are device ids of ``states`` whose trace covers the whole window (every

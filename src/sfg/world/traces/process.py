@@ -1,4 +1,4 @@
-"""Real traces as outage processes (SPEC §4 "Real traces", §5): ``flash``, ``stunner``, ``trace``.
+"""Real traces as outage processes (docs/concepts/outages.md#outage-processes "Real traces", docs/concepts/traces.md#real-availability-traces): ``flash``, ``stunner``, ``trace``.
 
 Each factory parses its file once per Python process (cached by resolved path, file size and
 modification time, and the pipeline parameters) and returns a :class:`TraceProcess`, whose
@@ -88,7 +88,7 @@ def load_parsed(source: str, path: str | Path, *,
     """The parsed file behind a ``flash`` or ``stunner`` trace (shared with :func:`load_trace`).
 
     :class:`FlashStates` (per-minute states) or :class:`Sessions` (online/offline sessions in
-    ms): the native resolution that :mod:`sfg.world.timeline` reads (SPEC §12.1).
+    ms): the native resolution that :mod:`sfg.world.timeline` reads (docs/concepts/clock.md#the-world-in-time).
     """
     source = str(source).lower()
     if source not in ("flash", "stunner"):
@@ -105,7 +105,7 @@ def clear_cache() -> None:
 
 @dataclass(frozen=True, eq=False)
 class TraceProcess:
-    """An outage process replaying the devices of a real :class:`Trace` (SPEC §4, §5)."""
+    """An outage process replaying the devices of a real :class:`Trace` (docs/concepts/outages.md#outage-processes, docs/concepts/traces.md#real-availability-traces)."""
 
     name: str
     trace: Trace
@@ -201,14 +201,14 @@ PROCESSES.register(
     params={"path": None, "rule": "strict", "rounds": 300, "round_minutes": 10,
             "min_availability": 0.05, "ignore_unknown": False, "replace": False,
             "screen": "either"},
-    doc="FLASH smartphone state trace (SPEC §5): rule=strict|relaxed, "
+    doc="FLASH smartphone state trace (docs/concepts/traces.md#real-availability-traces): rule=strict|relaxed, "
         "screen=either|last-event|display|lock, 300 x 10-min rounds",
     tags=("trace",),
 )
 PROCESSES.register(
     "stunner", _stunner,
     params={"path": None, "variant": "10min", "min_availability": 0.05, "replace": False},
-    doc="STUNner-derived session trace (SPEC §5): variant=10min (50 h) | 6day (30-min rounds)",
+    doc="STUNner-derived session trace (docs/concepts/traces.md#real-availability-traces): variant=10min (50 h) | 6day (30-min rounds)",
     tags=("trace",),
 )
 PROCESSES.register(

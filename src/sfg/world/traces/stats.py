@@ -1,8 +1,8 @@
-"""Summary statistics of an availability trace (SPEC §5's published figures).
+"""Summary statistics of an availability trace (the published figures in docs/concepts/traces.md#flash).
 
 An *outage* is a maximal run of consecutive unavailable rounds of one device. By default runs
 that touch the window's edges (censored: the device was already off at round 0, or is still
-off at the last round) are counted with their observed length, as in SPEC §5's "longest 283"
+off at the last round) are counted with their observed length, as in the "longest 283" of docs/concepts/traces.md#flash
 on a 300-round window; ``include_edges=False`` keeps only runs with an available round on
 both sides.
 """
@@ -44,7 +44,7 @@ def outage_runs(available: np.ndarray, *, include_edges: bool = True) -> tuple[n
 
 
 def trace_stats(trace: Trace, *, include_edges: bool = True) -> dict[str, Any]:
-    """Eligible devices, mean availability and outage lengths of ``trace`` (SPEC §5).
+    """Eligible devices, mean availability and outage lengths of ``trace`` (docs/concepts/traces.md#real-availability-traces).
 
     Keys: ``devices`` (eligible, D), ``rounds`` (T), ``round_minutes``, ``mean_availability``
     (over all device-rounds), ``outages`` (count), ``outage_mean_rounds``,

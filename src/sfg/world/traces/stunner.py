@@ -1,4 +1,4 @@
-"""STUNner-derived online/offline session traces -> availability (SPEC §5, STUNner).
+"""STUNner-derived online/offline session traces -> availability (docs/concepts/traces.md#real-availability-traces, STUNner).
 
 Input: the Gossip Learning Framework's ``peersim_session_*.txt`` files, one line per window::
 
@@ -144,7 +144,7 @@ def _parse_line(path: Path, lineno: int, line: str) -> SessionLine:
 
 
 def parse_sessions(path: str | Path) -> Sessions:
-    """Parse and validate a STUNner session file (SPEC §5)."""
+    """Parse and validate a STUNner session file (docs/concepts/traces.md#real-availability-traces)."""
     p = existing_file(path, "STUNner session",
                       " (e.g. ../shared/data/stunner/peersim_session_100.txt)")
     lines: dict[str, list[SessionLine]] = {}
@@ -275,7 +275,7 @@ def window_sessions(sessions: Sessions, devices: list[str], *, variant: str = "1
     """Per device: ``(start_ms, end_ms)``, int64 arrays of its online sessions in its window.
 
     The window is the one :func:`stunner_trace` picks for the user with the same parameters
-    (SPEC §5); times are milliseconds after the window start (a local midnight), at the
+    (docs/concepts/traces.md#real-availability-traces); times are milliseconds after the window start (a local midnight), at the
     file's native millisecond resolution, clipped to ``[0, rounds * round_minutes minutes]``,
     in time order; sessions of zero length are left out, and sessions that touch (across two
     joined lines, or around an empty offline session) are NOT merged here. ``devices`` are
@@ -302,7 +302,7 @@ def window_sessions(sessions: Sessions, devices: list[str], *, variant: str = "1
 
 def stunner_trace(sessions: Sessions, *, variant: str = "10min", rounds: int | None = None,
                   round_minutes: int | None = None, min_availability: float = 0.05) -> Trace:
-    """Availability ``bool[rounds, D_eligible]``: each user's first qualifying window (SPEC §5)."""
+    """Availability ``bool[rounds, D_eligible]``: each user's first qualifying window (docs/concepts/traces.md#real-availability-traces)."""
     rounds, rm, min_av, need, W_ms = _params(variant, rounds, round_minutes, min_availability)
 
     cols, devices, start, no_window, low = [], [], [], 0, 0

@@ -1,4 +1,4 @@
-"""Bring your own fleet's trace: a plain tabular format (SPEC §5, "Any user trace").
+"""Bring your own fleet's trace: a plain tabular format (docs/concepts/traces.md#real-availability-traces, "Any user trace").
 
 A CSV file (or Parquet, when ``pyarrow`` is installed) with a header row, in one of two forms.
 Column names are case-insensitive; extra columns are ignored.
@@ -347,7 +347,7 @@ def _open(path: str | Path, round_minutes: float, rounds: int | None,
 def tabular_intervals(path: str | Path, *, round_minutes: float = 10, rounds: int | None = None,
                       origin: Any = None
                       ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, int] | None:
-    """The online periods of an interval-form trace file at their own times (SPEC §5, §12.1).
+    """The online periods of an interval-form trace file at their own times (docs/concepts/traces.md#real-availability-traces, docs/concepts/clock.md#the-world-in-time).
 
     ``(devices, dev, start, end, T)``: every device of the file in order of first appearance
     (the order :func:`load_tabular` uses before dropping devices below ``min_availability``),
@@ -368,7 +368,7 @@ def tabular_intervals(path: str | Path, *, round_minutes: float = 10, rounds: in
 
 def load_tabular(path: str | Path, *, round_minutes: float = 10, rounds: int | None = None,
                  origin: Any = None, min_availability: float = 0.0) -> Trace:
-    """Load a user trace in the tabular format of this module's docstring (SPEC §5)."""
+    """Load a user trace in the tabular format of this module's docstring (docs/concepts/traces.md#real-availability-traces)."""
     p, L, rounds, min_av, cols, lines, where = _open(path, round_minutes, rounds,
                                                      min_availability)
     if "round" in cols:
