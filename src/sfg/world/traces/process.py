@@ -58,8 +58,12 @@ def load_trace(source: str, path: str | Path, **params: Any) -> Trace:
     what = {"flash": "FLASH trace", "stunner": "STUNner session", "tabular": "trace"}[source]
     fkey = _file_key(path, what)
     key = (source, fkey, tuple(sorted((k, repr(v)) for k, v in params.items())))
+    given = (*key, str(path))  # the trace as this path names it (a link: its own name)
+    if given in _TRACES:
+        return _TRACES[given]
     if key in _TRACES:
-        return _TRACES[key]
+        _TRACES[given] = _as_given(_TRACES[key], path)
+        return _TRACES[given]
     if source == "flash":
         ignore = bool(params.pop("ignore_unknown", False))
         states = _parsed("flash", path, fkey, ignore)
@@ -72,7 +76,18 @@ def load_trace(source: str, path: str | Path, **params: Any) -> Trace:
     else:
         trace = load_tabular(path, **params)
     _TRACES[key] = trace
-    return trace
+    _TRACES[given] = _as_given(trace, path)
+    return _TRACES[given]
+
+
+def _as_given(trace: Trace, path: str | Path) -> Trace:
+    """The cached trace under the path this call named (the cache is keyed by the resolved
+    file: a link and its target share one parse, and each is reported as written)."""
+    from dataclasses import replace
+
+    if "path" not in trace.meta or trace.meta["path"] == str(path):
+        return trace
+    return replace(trace, meta={**trace.meta, "path": str(path)})
 
 
 def _parsed(source: str, path: str | Path, fkey: tuple, ignore: bool) -> FlashStates | Sessions:
