@@ -120,6 +120,12 @@ def render(root) -> str:
         short = _escape((cmd.get_short_help_str(limit=100) or "").strip())
         lines.append(f"* [`sfg {' '.join(path)}`](#{anchor}) — {short}")
     lines.append("")
+    top = [p for p in root.params if p.param_type_name == "option" and not p.hidden
+           and not {"--help", "--install-completion", "--show-completion"} & set(p.opts)]
+    if top:  # options of `sfg` itself, written before the command
+        lines += ["## Global options {#sfg-global-options}", "",
+                  "Written before the command, e.g. `sfg --plugin my_rules replay ...`.", "",
+                  *_options_table(top)]
     for path, cmd in entries:
         anchor = "sfg-" + "-".join(path)
         depth = "##" if len(path) == 1 else "###"
@@ -145,17 +151,23 @@ def render(root) -> str:
                 lines.append(f"| `{name}` | {_type(a)} | "
                              f"{'yes' if a.required else 'no'} |")
             lines.append("")
-        if opts:
-            lines += ["| option | type | default | description |", "|---|---|---|---|"]
-            for o in opts:
-                desc = _escape(" ".join((o.help or "").split()))
-                if o.multiple:
-                    desc = (desc + " (repeatable)").strip()
-                if o.required:
-                    desc = (desc + " (required)").strip()
-                lines.append(f"| {_names(o)} | {_type(o)} | {_default(o)} | {desc} |")
-            lines.append("")
+        lines += _options_table(opts)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _options_table(opts) -> list[str]:
+    """The Markdown table of ``opts`` (none: no lines)."""
+    if not opts:
+        return []
+    lines = ["| option | type | default | description |", "|---|---|---|---|"]
+    for o in opts:
+        desc = _escape(" ".join((o.help or "").split()))
+        if o.multiple and "repeatable" not in desc:
+            desc = (desc + " (repeatable)").strip()
+        if o.required:
+            desc = (desc + " (required)").strip()
+        lines.append(f"| {_names(o)} | {_type(o)} | {_default(o)} | {desc} |")
+    return [*lines, ""]
 
 
 def write(out: Path = OUT) -> bool:
