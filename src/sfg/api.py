@@ -130,32 +130,14 @@ def _extras(job: str) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- one run
-def _run_result(out: Mapping[str, Any]) -> RunResult:
-    from sfg.result import RunResult
-
-    return RunResult(metrics=dict(out["metrics"]), curves=dict(out["curves"]), accuracy=None,
-                     meta=dict(out.get("meta") or {}), diagnostics=out.get("diagnostics"))
-
-
 def _execute(cfg: RunConfig, progress: Progress | None) -> RunResult:
-    """Run ``cfg`` on the engine its kind, clock and protocol name (as a grid's worker does)."""
+    """Run ``cfg`` on the engine its kind, clock and protocol name (the grid workers' one
+    dispatch, :func:`sfg.experiments.runner.run_result`)."""
     from sfg.experiments.config import run_id, validate_names
+    from sfg.experiments.runner import run_result
 
     validate_names(cfg)
-    if cfg.kind == "train":
-        from sfg.sim.run import resolve_config, train
-
-        res = train(resolve_config(cfg.model_dump()), progress=progress)
-    elif cfg.kind == "replay":
-        if cfg.clock == "virtual":
-            from sfg.clock.replay import clock_replay_config as replay_of
-        else:
-            from sfg.replay.api import replay_config as replay_of
-        res = _run_result(replay_of(cfg.model_dump(), progress=progress))
-    else:
-        from sfg.experiments.runner import selftest_run
-
-        res = _run_result(selftest_run(cfg, progress=progress))
+    res = run_result(cfg, progress=progress)
     res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg))
     return res
 
@@ -377,7 +359,9 @@ def grid(spec: str | os.PathLike | Mapping[str, Any] | Sequence[Any], /, *,
         if rec is None:
             results.append(None)
             continue
-        res = _run_result(rec)
+        from sfg.result import RunResult
+
+        res = RunResult.from_summary(rec)
         res.meta.update(config=cfg.model_dump(mode="json"), run_id=rid)
         results.append(res)
     return GridResult(name=g.name, store=path, configs=list(g.configs), run_ids=ids,

@@ -58,6 +58,13 @@ class RunResult:
         return [k for k in self.__dataclass_fields__ if k != "extra" and k in self] + \
             list(self.extra)
 
+    @classmethod
+    def from_summary(cls, out: Any) -> RunResult:
+        """A result from its JSON (:meth:`summary`'s keys: ``metrics``, ``curves``, and
+        ``meta``/``diagnostics`` when there): a stored run, a replay's or the self-test's."""
+        return cls(metrics=dict(out["metrics"]), curves=dict(out["curves"]), accuracy=None,
+                   meta=dict(out.get("meta") or {}), diagnostics=out.get("diagnostics"))
+
     def summary(self) -> dict[str, Any]:
         """The JSON-able part: metrics, curves, diagnostics when recorded, and the engine's
         own parts (``extra``)."""

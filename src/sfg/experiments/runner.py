@@ -35,8 +35,12 @@ Progress = Callable[[int, int], None]
 SELFTEST_DIM = 64
 
 
-def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
-    """Run ``cfg`` and return ``{"metrics": {str: float}, "curves": {str: list[float]}}``."""
+def run_result(cfg: RunConfig, *, progress: Progress | None = None):
+    """Run ``cfg`` on the engine its kind, clock and protocol name — the one dispatch of a
+    run, for the grid's workers and ``sfg.run`` — and return its :class:`sfg.result.RunResult`
+    (a replay's and the self-test's carry metrics and curves)."""
+    from sfg.result import RunResult
+
     if cfg.kind == "selftest":
         out = selftest_run(cfg, progress=progress)
     elif cfg.kind == "replay":
@@ -59,10 +63,16 @@ def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
             raise (missing_extra(e, "a 'train' run")
                    or broken_module("kind 'train' needs sfg.sim.run", e)) from None
         # the rounds or the clock (lockstep, async, event): one call, one result type
-        out = train(resolve_config(cfg.model_dump()), progress=progress).summary()
+        return train(resolve_config(cfg.model_dump()), progress=progress)
     else:  # pragma: no cover - RunConfig's Literal rules this out
         raise SfgError(f"unknown run kind {cfg.kind!r}; use train, replay or selftest")
-    return normalise_result(out)
+    return RunResult.from_summary(out)
+
+
+def run_config(cfg: RunConfig, *, progress: Progress | None = None) -> dict:
+    """Run ``cfg`` and return ``{"metrics": {str: float}, "curves": {str: list[float]}}``
+    (and ``diagnostics`` when recorded): :func:`run_result`'s summary, numbers as floats."""
+    return normalise_result(run_result(cfg, progress=progress).summary())
 
 
 def normalise_result(out: Any) -> dict:
