@@ -234,11 +234,11 @@ def test_the_cache_key_follows_the_rule_and_its_helpers(edit, monkeypatch):
 def test_the_built_in_rules_keys_are_stable_across_processes():
     code = ("from sfg.round.rules import parse_rule; from sfg.round.jit import source_digest; "
             "print(source_digest(parse_rule('sfg-cut').fn))")
-    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True, timeout=120).stdout.strip() for _ in range(2)}
-    from sfg.round.rules import parse_rule
-
-    assert keys == {source_digest(parse_rule("sfg-cut").fn)}
+    # fresh processes (this one's modules may have been changed by other tests: its own key
+    # is not the point; the on-disk cache is shared by fresh processes)
+    keys = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120).stdout.strip() for _ in range(2)]
+    assert keys[0] == keys[1] and len(keys[0]) >= 12, keys
 
 
 DATASET = '''

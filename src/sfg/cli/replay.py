@@ -128,11 +128,11 @@ def _shown(key: str) -> str:
 def replay_file(path) -> dict[str, Any]:
     """The settings of a ``kind: replay`` config file (RunConfig's names, checked by its schema),
     as this command's parameters; the clock's keys as they are."""
-    from sfg.cli.run import _load_config
+    from sfg.cli.run import load_config
     from sfg.clock.settings import DEFAULTS as CLOCK_KEYS
     from sfg.experiments.config import ConfigError, make_config
 
-    values = _load_config(path)
+    values = load_config(path)
     kind = values.get("kind", "replay")
     if kind != "replay":
         raise SfgError(f"config file {path}: kind {kind!r} cannot run with `sfg replay` (it "

@@ -18,7 +18,7 @@ from sfg.errors import SfgError
 from sfg.util.extras import require
 
 
-def _load_config(path: Path) -> dict[str, Any]:
+def load_config(path: Path) -> dict[str, Any]:
     """The settings mapping of a YAML or JSON file, read safely (size, depth and alias limits;
     UTF-8 with a clear error); RunConfig then checks names and types."""
     from sfg.util.safety import load_settings_file
@@ -35,7 +35,7 @@ def run_config(config: Path | None, flags: dict[str, Any]):
     """
     from sfg.experiments.config import ConfigError, make_config
 
-    values: dict[str, Any] = _load_config(config) if config else {}
+    values: dict[str, Any] = load_config(config) if config else {}
     kind = values.pop("kind", "train")
     if kind != "train":
         raise SfgError(f"config file {config}: kind {kind!r} cannot run with `sfg run` (it "
