@@ -172,7 +172,12 @@ def _options_table(opts) -> list[str]:
 
 def write(out: Path = OUT) -> bool:
     """Write the page; return True when its text changed (untouched otherwise: no rebuild loop)."""
-    text = render(command_tree())
+    return write_text(render(command_tree()), out)
+
+
+def write_text(text: str, out: Path) -> bool:
+    """Write a generated page; True when its text changed (untouched otherwise: no rebuild
+    loop). Shared by the generated reference pages."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and out.read_text(encoding="utf-8") == text:
         return False

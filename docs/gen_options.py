@@ -88,12 +88,8 @@ def render(root) -> str:
 
 def write(out: Path = OUT) -> bool:
     """Write the page; return True when its text changed (untouched otherwise: no rebuild loop)."""
-    text = render(_gen_cli().command_tree())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and out.read_text(encoding="utf-8") == text:
-        return False
-    out.write_text(text, encoding="utf-8")
-    return True
+    gen_cli = _gen_cli()
+    return gen_cli.write_text(render(gen_cli.command_tree()), out)
 
 
 def on_pre_build(config, **kwargs) -> None:  # mkdocs hook
