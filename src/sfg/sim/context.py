@@ -82,14 +82,20 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def train_sizes(data) -> np.ndarray:
+    """int64 [N] every client's number of training examples; none may have zero."""
+    sizes = np.array([len(y) for y in data.train_y], dtype=np.int64)
+    check(bool((sizes > 0).all()), "every client needs at least one training example")
+    return sizes
+
+
 class ClientData:
     """Every client's training split concatenated once, with offsets, on the device.
 
     A batch of n clients' minibatches is one ``index_select`` of ``n·K·B`` rows."""
 
     def __init__(self, data, device: torch.device):
-        self.sizes = np.array([len(y) for y in data.train_y], dtype=np.int64)
-        check(bool((self.sizes > 0).all()), "every client needs at least one training example")
+        self.sizes = train_sizes(data)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
         self.x = torch.cat(list(data.train_x)).to(device, torch.float32).contiguous()
         self.y = torch.cat(list(data.train_y)).to(device).contiguous()
@@ -211,9 +217,7 @@ class Run:
 
     @cached_property
     def sizes(self) -> np.ndarray:
-        sizes = np.array([len(y) for y in self.data.train_y], dtype=np.int64)
-        check(bool((sizes > 0).all()), "every client needs at least one training example")
-        return sizes
+        return train_sizes(self.data)
 
     def minibatches(self, keep: int = 1) -> Minibatches:
         return Minibatches(self.sizes, self.K, self.B, seed=self.seed,
