@@ -69,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
     "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
+    "on_return": "none",
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
 # invariant up to float rounding: the same float terms, summed in another order
@@ -84,7 +85,7 @@ _SAME = ("data_root", "backend", "horizon")
 _SIMULATOR = ("backbone", "momentum", "ditto_lambda", "anatomy", "link_failure")
 # the virtual clock's settings (docs/concepts/clock.md#the-virtual-clock), clock and protocol aside
 _CLOCK = ("round_seconds", "period", "jitter", "window", "compute", "uplink", "latency", "loss",
-          "message_bytes", "eval_seconds", "target_accuracy", "faults", "faults_seed")
+          "message_bytes", "eval_seconds", "target_accuracy", "faults", "faults_seed", "on_return")
 
 
 def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
@@ -107,7 +108,8 @@ DECLARED: dict[str, dict[str, str]] = {
         affects=(*_TRAINING, *_SIMULATOR, *_SELECT, "round_seconds", "compute", "uplink",
                  "latency", "loss", "message_bytes", "target_accuracy"),
         invariant=(*_SAME, "device"),
-        refused=("period", "jitter", "window", "eval_seconds", "faults", "faults_seed")),
+        refused=("period", "jitter", "window", "eval_seconds", "faults", "faults_seed",
+                 "on_return")),
     "clock-async": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_CLOCK),
                             invariant=(*_SAME, "device")),
     # the event protocol has no timer: no period, no jitter
@@ -123,12 +125,12 @@ DECLARED: dict[str, dict[str, str]] = {
                  "latency", "message_bytes", "faults", "faults_seed"),
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "jitter", "window", "loss", "eval_seconds",
-                 "target_accuracy")),
+                 "target_accuracy", "on_return")),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed"),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy")),
+        refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy", "on_return")),
     # real nodes take their own time: none of the virtual clock's settings
     "real-nodes": _declare(affects=(*_TRAINING, *_SELECT), invariant=_SAME,
                               refused=(*_SIMULATOR, "device", *_CLOCK)),
@@ -146,6 +148,7 @@ NOTES: dict[str, str] = {
     "faults_seed": "the seed of `faults`; it acts with faults",
     "device": "the nodes train on the cpu (`auto` picks it there); another device is refused",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
+    "on_return": "a returning device's pull of its neighbours' models: async and event only",
 }
 
 

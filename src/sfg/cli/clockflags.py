@@ -26,9 +26,10 @@ EVAL_SECONDS = opt("eval_seconds")
 FAULTS = opt("faults")
 FAULTS_SEED = opt("faults_seed")
 TARGET = opt("target_accuracy")
+ON_RETURN = opt("on_return")
 CUT = opt("cut", [])
 CRASH = opt("crash", [])
 
 __all__ = ["CLOCK", "COMPUTE", "CRASH", "CUT", "DEADLINE", "EVAL_SECONDS", "FAULTS",
-           "FAULTS_SEED", "JITTER", "LATENCY", "LOSS", "MESSAGE_BYTES", "PERIOD", "PROTOCOL",
+           "FAULTS_SEED", "JITTER", "LATENCY", "LOSS", "MESSAGE_BYTES", "ON_RETURN", "PERIOD", "PROTOCOL",
            "ROUND_SECONDS", "TARGET", "UPLINK", "WINDOW", "clock_values"]

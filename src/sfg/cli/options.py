@@ -69,6 +69,7 @@ SPECS: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "loss": (("--loss",), "Virtual clock: the probability, per directed link, that a message on it is lost (a property of the world drawn per link, e.g. const:value=0.1); in rounds see --link-failure, as a fault event see --faults loss=", CLOCK_PANEL),
     "message_bytes": (("--message-bytes",), "Virtual clock: bytes per message (default: the model's float32 parameters + 256 when training, 0 in replay)", CLOCK_PANEL),
     "eval_seconds": (("--eval-seconds",), "Virtual clock: evaluate every this many seconds of virtual time (default eval_every·Δ)", CLOCK_PANEL),
+    "on_return": (("--on-return",), "Virtual clock, async/event: what a device does when it comes back online: none (default: it trains at once on what it holds) or pull:timeout=S (it asks its neighbours for their latest models and trains when they have answered or S seconds have passed; default S 60, under async S < P)", CLOCK_PANEL),
     "target_accuracy": (("--target-accuracy",), "Virtual clock: mean accuracy whose first time is reported as time-to-accuracy (default 0.8)", CLOCK_PANEL),
     # faults
     "faults": (("--faults",), "Virtual clock, async/event: message faults as events of the schedule, e.g. faults:loss=0.1,delay=2,dup=0.05,reorder=0.1,corrupt=0.01 (loss= drops each message at random, independent of the link, unlike --loss); cuts and crashes: --cut, --crash (none: no faults)", FAULT_PANEL),

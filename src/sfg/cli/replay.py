@@ -187,6 +187,7 @@ def replay(
     message_bytes: float | None = clockflags.MESSAGE_BYTES,
     faults: str | None = clockflags.FAULTS,
     faults_seed: int | None = clockflags.FAULTS_SEED,
+    on_return: str | None = clockflags.ON_RETURN,
     cut: list[str] = clockflags.CUT,
     crash: list[str] = clockflags.CRASH,
 ) -> None:
@@ -209,7 +210,8 @@ def replay(
     on_clock.update(clockflags.clock_values(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
         jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
-        loss=loss, message_bytes=message_bytes, faults=faults, faults_seed=faults_seed))
+        loss=loss, message_bytes=message_bytes, faults=faults, faults_seed=faults_seed,
+        on_return=on_return))
     if on_clock.get("clock") == "rounds" and len(on_clock) == 1:
         on_clock = {}
     clock_settings = None

@@ -100,6 +100,7 @@ def run(
     target_accuracy: float | None = clockflags.TARGET,
     faults: str | None = clockflags.FAULTS,
     faults_seed: int | None = clockflags.FAULTS_SEED,
+    on_return: str | None = clockflags.ON_RETURN,
     cut: list[str] = clockflags.CUT,
     crash: list[str] = clockflags.CRASH,
 ) -> None:
@@ -110,7 +111,8 @@ def run(
         clock=clock, protocol=protocol, round_seconds=round_seconds, period=period,
         jitter=jitter, window=window, compute=compute, uplink=uplink, latency=latency,
         loss=loss, message_bytes=message_bytes, eval_seconds=eval_seconds,
-        target_accuracy=target_accuracy, faults=faults, faults_seed=faults_seed)
+        target_accuracy=target_accuracy, faults=faults, faults_seed=faults_seed,
+        on_return=on_return)
     cfg = run_config(config, {
         "dataset": dataset, "data_root": data_root, "model": model, "process": process,
         "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,

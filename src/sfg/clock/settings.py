@@ -20,6 +20,10 @@ gives exactly ``sfg run``'s numbers, tested):
   (:mod:`sfg.clock.faults`; async and event protocols), drawn per message from the faults
   seed's own counter-based draws, the same draws the node's network makes under ``sfg swarm
   --clock virtual`` (docs/concepts/clock.md#the-node-on-the-clock).
+* ``on_return`` ``none``, or ``pull:timeout=S`` (S > 0 seconds, default 60): a device that
+  comes back online asks its neighbours for their latest models and starts its first local
+  round when they have answered or S seconds have passed (docs/concepts/clock.md#returns-in-time);
+  async and event only, and under async S < P.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ DEFAULTS: dict[str, Any] = {
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
     "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
+    "on_return": "none",
 }
+# the default wait of ``on_return: pull`` (seconds)
+PULL_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,12 @@ class ClockSettings:
     eval_seconds: float | None = None
     faults: str = "none"
     faults_seed: int = 0
+    on_return: str = "none"
+
+    @property
+    def pull_timeout(self) -> float | None:
+        """S, the longest wait of ``on_return: pull`` in seconds, or None (``none``)."""
+        return parse_on_return(self.on_return)
 
     @property
     def P(self) -> float:
@@ -110,10 +123,61 @@ def make_settings(values: dict[str, Any]) -> ClockSettings:
         message_bytes=_number("message_bytes", v["message_bytes"], allow_none=True),
         eval_seconds=_number("eval_seconds", v["eval_seconds"], positive=True, allow_none=True),
         faults=_faults(v["faults"], v["faults_seed"]), faults_seed=int(v["faults_seed"]),
+        on_return=canonical_on_return(v["on_return"]),
         **{k: str(v[k]) for k in ("compute", "uplink", "latency", "loss")})
     for k in ("compute", "uplink", "latency", "loss"):
         parse_world_component(k, getattr(out, k))
+    check_on_return(out)
     return out
+
+
+def parse_on_return(text: Any) -> float | None:
+    """``none`` → None; ``pull`` or ``pull:timeout=S`` → S (seconds, > 0, finite). Anything
+    else raises a one-line :class:`SfgError`."""
+    from sfg.util.components import did_you_mean, parse_component
+
+    if text is None:
+        return None
+    c = parse_component(str(text), kind="on_return")
+    if c.name == "none" and not c.params and not c.modifiers:
+        return None
+    if c.name != "pull" or c.modifiers:
+        raise SfgError(f"unknown on_return {text!r}{did_you_mean(c.name, ('none', 'pull'))}; "
+                       "choose none (the default) or pull:timeout=S (S seconds, e.g. "
+                       "pull:timeout=60)")
+    extra = sorted(set(c.params) - {"timeout"})
+    if extra:
+        raise SfgError(f"on_return {text!r}: unknown parameter {extra[0]!r}; pull takes "
+                       "timeout=S only (e.g. pull:timeout=60)")
+    S = c.params.get("timeout", PULL_TIMEOUT)
+    if isinstance(S, bool) or not isinstance(S, (int, float)) or not math.isfinite(float(S)) \
+            or not float(S) > 0:
+        raise SfgError(f"on_return {text!r}: timeout must be a finite number of seconds > 0, "
+                       f"got {S!r} (e.g. pull:timeout=60)")
+    return float(S)
+
+
+def canonical_on_return(text: Any) -> str:
+    """The canonical text of an ``on_return`` setting: ``none`` or ``pull:timeout=S``."""
+    S = parse_on_return(text)
+    return "none" if S is None else f"pull:timeout={S:g}"
+
+
+def check_on_return(s: ClockSettings) -> None:
+    """Refuse ``pull`` where it has no meaning: under lockstep (a returning client already
+    aggregates its neighbours' round models) and, under async, a wait S ≥ P (it must end
+    before the next period)."""
+    S = s.pull_timeout
+    if S is None:
+        return
+    if s.protocol == "lockstep":
+        raise SfgError("on_return pull runs under the async and event protocols; under lockstep "
+                       "a returning client already aggregates its neighbours' round models: "
+                       "drop --on-return or choose --protocol async or event")
+    if s.protocol == "async" and not S < s.P:
+        raise SfgError(f"on_return pull:timeout={S:g} waits as long as the period P = {s.P:g} s "
+                       "or longer; the wait must end before the next wake: choose a timeout "
+                       "below P")
 
 
 def _faults(text: Any, seed: Any) -> str:

@@ -122,6 +122,7 @@ class RunConfig(BaseModel):
     target_accuracy: float = _CLOCK["target_accuracy"]
     faults: str = _CLOCK["faults"]
     faults_seed: int = _CLOCK["faults_seed"]
+    on_return: str = _CLOCK["on_return"]
 
     @model_validator(mode="after")
     def _clock(self) -> RunConfig:
@@ -392,7 +393,8 @@ def canonical_json(cfg: RunConfig) -> str:
 # settings added after stores were first written: left out of the run's identity at their
 # defaults, so that earlier stores keep their run ids (a resumed grid redoes nothing)
 _OMIT_AT_DEFAULT = {"partition": "dirichlet", "diagnostics": "", "backbone_from": None,
-                    "faults": "none", "faults_seed": 0, "precision": "fp32"}
+                    "faults": "none", "faults_seed": 0, "precision": "fp32",
+                    "on_return": "none"}
 
 
 def run_id(cfg: RunConfig) -> str:
