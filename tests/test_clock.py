@@ -735,7 +735,7 @@ def test_round_based_run_ids_unchanged_by_the_clock_keys():
     defaults = {**DEFAULTS, "clock": "rounds", "target_accuracy": 0.8}
     assert set(defaults) == {"clock", "protocol", "round_seconds", "period", "jitter", "window",
                              "compute", "uplink", "latency", "loss", "message_bytes",
-                             "eval_seconds", "target_accuracy", "faults", "faults_seed"}
+                             "eval_seconds", "target_accuracy", "faults", "faults_seed", "on_return"}
     for rid, cfg in before.items():
         assert run_id(make_config(cfg)) == rid
         assert run_id(make_config({**cfg, **defaults})) == rid

@@ -234,8 +234,8 @@ class FaultPlan:
         self.stats["duplicated"] += copies - 1
         return False, extra, copies
 
-    def fates(self, src: np.ndarray, dst: np.ndarray, k: np.ndarray,
-              t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def fates(self, src: np.ndarray, dst: np.ndarray, k: np.ndarray, t: np.ndarray,
+              channel: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`decide` and :meth:`tamper`'s corruption for arrays of pushes (message ``k``
         on the link ``src`` → ``dst``, leaving at ``t``), as the clock's engine applies them:
         (partitioned, lost, extra delay, corrupted). Duplicates and misrouted copies change no
@@ -246,13 +246,13 @@ class FaultPlan:
         cut = z.copy()
         for w in f.partitions:
             cut |= w.blocks_many(src, dst, t)
-        lost = (self._u("loss", src, dst, 0, k) < f.loss) & ~cut if f.loss > 0 else z
+        lost = (self._u("loss", src, dst, channel, k) < f.loss) & ~cut if f.loss > 0 else z
         gone = cut | lost
-        extra = self._u("delay", src, dst, 0, k) * f.delay if f.delay > 0 else np.zeros(src.shape)
+        extra = self._u("delay", src, dst, channel, k) * f.delay if f.delay > 0 else np.zeros(src.shape)
         if f.reorder > 0:
-            extra = extra + np.where(self._u("reorder", src, dst, 0, k) < f.reorder, self.hold, 0.0)
+            extra = extra + np.where(self._u("reorder", src, dst, channel, k) < f.reorder, self.hold, 0.0)
         extra = np.where(gone, 0.0, extra)
-        bad = (self._u("corrupt", src, dst, 0, k) < f.corrupt) & ~gone if f.corrupt > 0 else z
+        bad = (self._u("corrupt", src, dst, channel, k) < f.corrupt) & ~gone if f.corrupt > 0 else z
         return cut, lost, extra, bad
 
     def _stranger(self, src: int, k: int) -> int | None:

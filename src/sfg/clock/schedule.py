@@ -279,6 +279,9 @@ class Schedule:
     stats: dict[str, float] = field(default_factory=dict)
     nsteps: np.ndarray | None = None  # [R] local steps of each local round (K unless +catchup)
     caps: np.ndarray | None = None  # [R] capabilities (anatomy modes; None: every local round all)
+    # on_return pull (sfg.clock.pull): [R] broadcast starts, [R] starts moved to a window's
+    # end, and the digest of the requests and replies; None under on_return none
+    pulls: tuple[np.ndarray, np.ndarray, str] | None = None
 
     @property
     def n_events(self) -> int:
@@ -297,21 +300,28 @@ class Schedule:
         if self.caps is not None:  # an anatomy mode's capabilities
             h.update(b"caps")
             h.update(np.ascontiguousarray(self.caps).tobytes())
+        if self.pulls is not None:  # on_return pull: the uplinks' queues, the waits, the replies
+            h.update(b"pull")
+            for a in self.pulls[:2]:
+                h.update(np.ascontiguousarray(a).tobytes())
+            h.update(self.pulls[2].encode())
         return h.hexdigest()
 
 
 @njit(cache=True, nogil=True)
-def newest_so_far(ptr, sender_event, out):  # pragma: no cover
+def newest_so_far(ptr, sender_event, is_reply, out):  # pragma: no cover
     """Per slot, over its messages sorted by arrival (between ptr[s] and ptr[s+1]): the index
     of the newest message (the latest sending local round, ``sender_event``) among those
     arrived so far. A receiver keeps a neighbour's newest model, not its last-arrived one
     (sfg.net.node: an older message overtaken by a newer is ignored when it arrives); without
     faults that delay messages unevenly, arrival order is sending order and this is the
-    identity."""
+    identity. A reply to a pull (``is_reply``, docs/concepts/clock.md#returns-in-time) takes
+    the place of the message held only when it is strictly newer."""
     for s in range(ptr.shape[0] - 1):
         best = -1
         for k in range(ptr[s], ptr[s + 1]):
-            if best < 0 or sender_event[k] >= sender_event[best]:
+            if best < 0 or sender_event[k] > sender_event[best] or \
+                    (sender_event[k] == sender_event[best] and not is_reply[k]):
                 best = k
             out[k] = best
 
@@ -328,23 +338,30 @@ def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def held_latest(ptr, arrival, newest, qslot, qtime, window, unit, out_idx,
-            out_wait):  # pragma: no cover
+def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit, out_idx,
+                out_wait):  # pragma: no cover
     """For each query (slot, time): the newest message over the slot (:func:`newest_so_far`)
-    among those that arrived strictly before the time, if :func:`held_units` holds it a
-    candidate (arrived within ``window`` units of ``unit`` seconds; index into ``arrival``,
-    sorted per slot between ptr[s] and ptr[s+1]), or −1; and the units it waited."""
+    among those that arrived strictly before the time (at or before it when ``qclose``: a
+    start moved to a pull's window end, which comes after the arrivals that closed it), if
+    :func:`held_units` holds it a candidate (arrived within ``window`` units of ``unit``
+    seconds; index into ``arrival``, sorted per slot between ptr[s] and ptr[s+1]), or −1; and
+    the units it waited, plus ``offset`` seconds (a reply's ``held``: its waiting started at
+    its sending, docs/concepts/clock.md#returns-in-time)."""
     for q in range(qslot.shape[0]):
         s = qslot[q]
         a, b = ptr[s], ptr[s + 1]
-        k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
+        side = 1 if qclose[q] else 0
+        if side:
+            k = a + np.searchsorted(arrival[a:b], qtime[q], side="right") - 1
+        else:
+            k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
         d = -1.0
         if k >= a:
             k = newest[k]
             d = held_units(qtime[q], arrival[k], window, unit)
         if d >= 0.0:
             out_idx[q] = k
-            out_wait[q] = d
+            out_wait[q] = d + offset[k] / unit
         else:
             out_idx[q] = -1
             out_wait[q] = 0.0
@@ -372,14 +389,22 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
               end: np.ndarray, step: np.ndarray, t: np.ndarray,
               stats: dict[str, float], nsteps: np.ndarray | None = None,
               link_failure: float = 0.0, caps: np.ndarray | None = None,
-              offline_talks: bool = False) -> Schedule:
+              offline_talks: bool = False, pull: dict[str, Any] | None = None) -> Schedule:
     """Order the events, make every committed local round's messages and each local
-    round's candidates (see the module docstring)."""
+    round's candidates (see the module docstring). ``pull`` (:mod:`sfg.clock.pull`): each
+    event's broadcast start ``bstart`` and ``closes`` (a start moved to its window's end),
+    and the replies that reached their device (``slot``, sending event ``src``,
+    ``arrival``, ``held``), in the events' order as given."""
     rg = world.rg
     unit = settings.unit
     order = np.lexsort((-kind, dev, time))  # an offline span is counted before a round
     time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
                                                                   step, t))
+    bstart, closes = end, None
+    if pull is not None:
+        bstart, closes = pull["bstart"][order], pull["closes"][order]
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size)
     if nsteps is not None:
         nsteps = nsteps[order]
     if caps is not None:
@@ -395,7 +420,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     first = np.repeat(ptr[dev[loc]], deg[dev[loc]])
     k = np.arange(src.size) - np.repeat(np.cumsum(deg[dev[loc]]) - deg[dev[loc]], deg[dev[loc]])
     slot = out[first + k]
-    tx_end = end[src] + (k + 1) * dt[dev[src]]
+    tx_end = bstart[src] + (k + 1) * dt[dev[src]]
     sent = (tx_end <= world.horizon) if offline_talks else \
         world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
     # message k over a link is the link's k-th, in the order its sender sends (the identity its
@@ -442,12 +467,19 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                  delivered=float(ok.sum()),
                  bytes_sent=float(sent.sum() * float(settings.message_bytes or 0.0)))
     m_slot, m_arr, m_src = slot[ok], arrival[ok], src[ok]
+    m_rep, m_off = np.zeros(m_src.size, bool), np.zeros(m_src.size)
+    if pull is not None:  # the replies: candidates like messages, older by their held
+        m_slot = np.concatenate([m_slot, pull["slot"]])
+        m_arr = np.concatenate([m_arr, pull["arrival"]])
+        m_src = np.concatenate([m_src, rank[pull["src"]]])
+        m_rep = np.concatenate([m_rep, np.ones(pull["slot"].size, bool)])
+        m_off = np.concatenate([m_off, pull["held"]])
     mo = np.lexsort((m_arr, m_slot))
-    m_slot, m_arr, m_src = m_slot[mo], m_arr[mo], m_src[mo]
+    m_slot, m_arr, m_src, m_rep, m_off = (a[mo] for a in (m_slot, m_arr, m_src, m_rep, m_off))
     mptr = np.zeros(rg.n_slots + 1, np.int64)
     np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
     newest = np.empty(m_src.size, np.int64)
-    newest_so_far(mptr, m_src, newest)
+    newest_so_far(mptr, m_src, m_rep, newest)
     # queries: every local round that aggregates × the receiver's incoming slots
     loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_AGGREGATE) != 0]
     nin = np.diff(rg.indptr) - 1
@@ -457,7 +489,9 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     qslot = rg.indptr[dev[qev]] + 1 + qk
     idx = np.empty(qev.size, np.int64)
     wait = np.empty(qev.size)
-    held_latest(mptr, m_arr, newest, qslot, time[qev], float(settings.window), unit, idx, wait)
+    qclose = np.zeros(qev.size, bool) if closes is None else closes[qev]
+    held_latest(mptr, m_arr, newest, m_off, qslot, time[qev], qclose, float(settings.window),
+                unit, idx, wait)
     got = idx >= 0
     stats["candidates"] = float(got.sum())
     # candidates per event: the receiver first, then the messages held
@@ -482,16 +516,22 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
         cwait[at] = wait[gq]
     n_samples = int(np.floor(world.horizon / unit)) + 1
     samples = np.arange(n_samples, dtype=np.float64) * unit
-    return Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
+    sched = Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
                     dev=dev, kind=kind, t=t, amount=amount, end=end, step=step, cptr=cptr,
                     cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats,
-                    nsteps=nsteps, caps=caps)
+                    nsteps=nsteps, caps=caps,
+                    pulls=None if pull is None else (bstart, closes, pull["digest"]))
+    from sfg.clock.pull import return_counts
+
+    stats.update(return_counts(world, sched, settings, talks=offline_talks))
+    return sched
 
 
 def _finish(world: World, settings: ClockSettings, protocol: str,
             parts: list[tuple[np.ndarray, ...]], steps_of: list[np.ndarray], *, seed: int,
             catchup: bool, link_failure: float, stats: dict[str, float],
-            caps_of: list[np.ndarray] | None = None, offline_talks: bool = False) -> Schedule:
+            caps_of: list[np.ndarray] | None = None, offline_talks: bool = False,
+            pull: dict[str, Any] | None = None) -> Schedule:
     """A protocol's events, gathered in the order they were made (parts of (time, dev, kind,
     amount, end, step, t) and each event's local steps), counted (local rounds,
     compute-seconds, after the protocol's own ``stats``) and assembled (:func:`_assemble`)."""
@@ -508,7 +548,7 @@ def _finish(world: World, settings: ClockSettings, protocol: str,
                      nsteps=nsteps if (catchup or caps_of is not None) else None,
                      link_failure=link_failure,
                      caps=None if caps_of is None else np.concatenate(caps_of).astype(np.int64),
-                     offline_talks=offline_talks)
+                     offline_talks=offline_talks, pull=pull)
 
 
 def _check_budget(n_events: float, what: str) -> None:
@@ -565,6 +605,12 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     check_period(train, P)
     wakes = int(np.ceil(world.horizon / P))
     _check_budget(float(n) * wakes, "async schedule")
+    if settings.pull_timeout is not None and not talks:  # returns in time: sfg.clock.pull
+        from sfg.clock.pull import pull_schedule
+
+        return pull_schedule(world, settings, "async", local_steps=local_steps, seed=seed,
+                             catchup=catchup, link_failure=link_failure, anatomy=anatomy,
+                             stats={"wakes": float(n * wakes)})
     jit = wake_jitter(seed, wakes, n) * (settings.jitter * P)
     dt = _transfer(world, float(settings.message_bytes or 0.0))
     deg = np.diff(_out_slots(world.rg)[0])
@@ -693,6 +739,11 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     elif ticks_off:
         est += float(off_s.sum()) / delta
     _check_budget(est, "event schedule")
+    if settings.pull_timeout is not None and not talks:  # returns in time: sfg.clock.pull
+        from sfg.clock.pull import pull_schedule
+
+        return pull_schedule(world, settings, "event", local_steps=local_steps, seed=seed,
+                             catchup=catchup, link_failure=link_failure, anatomy=anatomy)
     ids = np.arange(n)
     on0 = world.online.online_at(ids, np.zeros(n))
     cur = np.zeros(n) if keeps else world.online.next_on(ids, np.zeros(n))

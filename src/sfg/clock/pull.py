@@ -1,0 +1,572 @@
+"""Returns in time (docs/concepts/clock.md#returns-in-time): the async and event protocols
+with ``on_return: pull:timeout=S``, as one discrete-event simulation in time order.
+
+Under ``on_return: none`` the protocols' schedules are made by
+:func:`sfg.clock.schedule.async_schedule` and :func:`~sfg.clock.schedule.event_schedule`,
+vectorised over devices. ``pull`` couples devices in time: a neighbour's reply waits on its
+uplink behind a broadcast in progress and delays the broadcast queued after it, and the
+returning device's first local round waits for the replies. So here every device's uplink is
+a first-in-first-out queue and the events run in time order (:func:`_simulate`, compiled).
+The same simulation with ``pull`` off reproduces the vectorised schedules exactly (tested on
+random worlds: tests/test_clock_pull.py), so the two encode one protocol.
+
+What happens (everything a function of the seed and the settings, never of the rule):
+
+* **Return**: the start of an online interval after time 0. The device queues a pull request
+  (:data:`~sfg.clock.settings.HEADER_BYTES`) to every neighbour, in the order of their ids,
+  back to back on its uplink (which is empty: what it was sending when it went offline was
+  lost). Request k of a return leaves at t_r + (k+1)·h_i (h_i: a header's transfer time) and
+  arrives after the link's latency λ_ij. A request is lost (silent) when the device goes
+  offline before it leaves, with the link's loss probability (stream ``clock-pull-request``)
+  or to a message fault on the faults' channel 2.
+* **Answers**: a neighbour online when the request arrives queues a reply on its uplink: its
+  latest sent message (the last local round whose K steps ended at or before the arrival)
+  with ``held`` = the seconds since that local round ended, or an empty answer (a header)
+  when it has sent nothing yet. The reply leaves when the uplink is free, is lost when the
+  neighbour goes offline before it has left, when the receiver is offline at its arrival, with
+  the link's loss probability (stream ``clock-pull-reply``) or a fault of channel 3 (drawn at
+  the reply's queueing). A request that reaches an offline neighbour is answered
+  "unreachable" λ_ji after its arrival (no uplink, no bytes, never lost).
+* **Window** [t_r, t_end]: t_end is when every request is answered (reply, empty or
+  unreachable) or t_r + S, whichever is first. Under ``async`` the first wake in the window
+  moves to t_end and later wakes in it are skipped (counted, ``pull_skipped``); under
+  ``event`` the local round the device would start at its return starts at t_end. The moved
+  start aggregates after the arrivals at t_end (``Schedule.closes``). A device that goes
+  offline inside its window abandons the wait (``pull_abandoned``; the moved wake adds
+  nothing, as an interrupted local round).
+* **Uplink**: a broadcast is queued when its local round's K steps end and starts when the
+  replies queued before it have left (``Schedule.bstart``); replies do not make a device busy
+  for its own wakes, but a broadcast delayed behind them keeps it busy until it has left.
+
+Event priorities at one instant: a local round's end (its broadcast queued), a return, a
+wake (async) or a free device's start (event), a request's arrival, a window's end.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+
+from sfg.clock.settings import HEADER_BYTES, ClockSettings
+from sfg.errors import SfgError
+from sfg.util.numba_start import njit
+from sfg.util.rng import counter_key, counter_uniform
+
+# event kinds of the simulation, in their order at one instant
+_COMMIT, _RETURN, _WAKE, _REQUEST, _WINDOW = 0, 1, 2, 3, 4
+# request fates known before the simulation
+ARRIVES, UNREACHABLE, SILENT = 0, 1, 2
+# schedule events (sfg.clock.schedule.LOCAL, OFFLINE)
+_LOCAL, _OFFLINE = 0, 1
+
+
+@njit(cache=True, nogil=True)
+def _locate(ipt, ist, ien, i, t):  # pragma: no cover - compiled
+    """(interval index, online) of device i at time t: the interval [start, end) holding t,
+    or the last one starting at or before t (−1: none)."""
+    a, b = ipt[i], ipt[i + 1]
+    k = a + np.searchsorted(ist[a:b], t, side="right") - 1
+    if k >= a and t < ien[k]:
+        return k, True
+    return k, False
+
+
+@njit(cache=True, nogil=True)
+def _online(ipt, ist, ien, i, t, horizon):  # pragma: no cover - compiled
+    return t < horizon and _locate(ipt, ist, ien, i, t)[1]
+
+
+@njit(cache=True, nogil=True)
+def _next_off(ipt, ist, ien, i, t):  # pragma: no cover - compiled
+    k, on = _locate(ipt, ist, ien, i, t)
+    return ien[k] if on else t
+
+
+@njit(cache=True, nogil=True)
+def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart,
+         closes):  # pragma: no cover - compiled
+    if k >= E.shape[0]:
+        raise ValueError("more events than the schedule's bound")
+    E[k, 0] = time
+    E[k, 1] = dev
+    E[k, 2] = kind
+    E[k, 3] = amount
+    E[k, 4] = end
+    E[k, 5] = step
+    E[k, 6] = t
+    E[k, 7] = nsteps
+    E[k, 8] = bstart
+    E[k, 9] = closes
+
+
+@njit(cache=True, nogil=True)
+def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit, P,
+              compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime, qlat, qextra,
+              qdrop, qret, max_events):  # pragma: no cover - compiled
+    """The events in time order (see the module docstring). proto 0: async, 1: event.
+    Returns the events (time, dev, kind, amount, end, step, t, nsteps, bstart, closes), the
+    replies per request (src local round −1: empty or none, held, arrival, delivered, sent)
+    and the counts."""
+    E = np.empty((max_events, 10))  # time dev kind amount end step t nsteps bstart closes
+    ne = 0
+    NQ = qj.shape[0]
+    rep_src = np.full(NQ, -1, np.int64)
+    rep_held = np.zeros(NQ)
+    rep_arr = np.full(NQ, np.inf)
+    rep_ok = np.zeros(NQ, np.bool_)
+    rep_sent = np.zeros(NQ, np.bool_)
+    rep_queued = np.zeros(NQ, np.bool_)
+    # per device
+    busy = np.zeros(n)
+    tau = np.zeros(n, np.int64)
+    count = np.zeros(n, np.int64)
+    ufree = np.zeros(n)
+    sent_id = np.full(n, -1, np.int64)
+    sent_fe = np.zeros(n)
+    off_since = np.full(n, np.nan)
+    nxt_ret = rptr[:-1].copy()  # each device's next return (index into rtime)
+    token = np.zeros(n, np.int64)  # the current window's identity (returns so far)
+    win_open = np.zeros(n, np.bool_)
+    win_start = np.zeros(n)
+    win_ret = np.full(n, -1, np.int64)
+    win_moved = np.full(n, np.nan)  # async: the moved wake's own time; event: the return
+    win_round = np.full(n, -1, np.int64)
+    win_left = np.zeros(n, np.int64)  # requests not yet answered or known silent
+    win_silent = np.zeros(n, np.bool_)
+    win_last = np.zeros(n)  # the latest answer so far
+    stats = np.zeros(12)
+    # 0 skipped, 1 interrupted, 2 unfinished, 3 offline_wakes, 4 pull_skipped,
+    # 5 pull_abandoned, 6 wait_seconds, 7 windows, 8 windows_timed_out
+    heap = [(np.inf, 9, 0, 0)]
+    for i in range(n):
+        if nxt_ret[i] < rptr[i + 1]:
+            heapq.heappush(heap, (rtime[nxt_ret[i]], _RETURN, i, nxt_ret[i]))
+        if proto == 0:
+            w = jit[0, i]
+            if w < horizon:
+                heapq.heappush(heap, (w, _WAKE, i, 0))
+        else:
+            if _online(ipt, ist, ien, i, 0.0, horizon):
+                heapq.heappush(heap, (0.0, _WAKE, i, 0))
+            else:
+                off_since[i] = 0.0
+    nwakes = jit.shape[0]
+    while True:
+        now, kind, i, arg = heapq.heappop(heap)
+        if kind == 9:
+            break
+        if kind == _COMMIT:
+            r = arg
+            start = max(E[r, 4], ufree[i])
+            bend = start + deg[i] * dt[i]
+            ufree[i] = bend
+            E[r, 8] = start
+            sent_id[i] = r
+            sent_fe[i] = E[r, 4]
+            off = _next_off(ipt, ist, ien, i, E[r, 4])
+            if proto == 0:
+                busy[i] = min(bend, off)
+            else:
+                if off <= bend:
+                    off_since[i] = off
+                else:
+                    heapq.heappush(heap, (bend, _WAKE, i, 0))
+            continue
+        if kind == _RETURN:
+            k = arg
+            if k + 1 < rptr[i + 1]:
+                nxt_ret[i] = k + 1
+                heapq.heappush(heap, (rtime[k + 1], _RETURN, i, k + 1))
+            if win_open[i]:  # the last window ended by going offline: abandoned
+                win_open[i] = False
+                stats[5] += 1
+            token[i] += 1
+            ufree[i] = now
+            if proto == 1:  # the offline span, counted at the return
+                if not np.isnan(off_since[i]):
+                    amt = (now - off_since[i]) / unit
+                    _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now,
+                         False)
+                    ne += 1
+                    tau[i] += np.int64(np.floor(amt))
+                    off_since[i] = np.nan
+            if not pull:
+                if proto == 1:
+                    heapq.heappush(heap, (now, _WAKE, i, 0))
+                continue
+            # the requests: back to back on the (empty) uplink
+            ufree[i] = now + deg[i] * dth[i]
+            win_open[i] = True
+            win_start[i] = now
+            win_ret[i] = k
+            win_moved[i] = now if proto == 1 else np.nan
+            win_round[i] = -1
+            win_silent[i] = False
+            win_last[i] = now
+            left = 0
+            for q in range(qptr[k], qptr[k + 1]):
+                if qcode[q] == ARRIVES:
+                    heapq.heappush(heap, (qtime[q], _REQUEST, qj[q], q))
+                    left += 1
+                elif qcode[q] == UNREACHABLE:
+                    win_last[i] = max(win_last[i], qtime[q])
+                else:
+                    win_silent[i] = True
+            win_left[i] = left
+            stats[7] += 1
+            t_end = now + S
+            if left == 0 and not win_silent[i]:
+                t_end = min(t_end, win_last[i])
+            heapq.heappush(heap, (t_end, _WINDOW, i, token[i]))
+            continue
+        if kind == _REQUEST:  # request q arrives at device i (online): its reply is queued
+            q = arg
+            ret_dev = qret[q]
+            src = sent_id[i]
+            dur = dt[i] if src >= 0 else dth[i]
+            start = max(now, ufree[i])
+            end = start + dur
+            ufree[i] = end
+            rep_queued[q] = True
+            rep_src[q] = src
+            rep_held[q] = (now - sent_fe[i]) if src >= 0 else 0.0
+            sent = end <= _next_off(ipt, ist, ien, i, now) and end <= horizon
+            rep_sent[q] = sent
+            arr = end + qlat[q] + qextra[q]
+            rep_arr[q] = arr
+            ok = sent and (not qdrop[q]) and _online(ipt, ist, ien, ret_dev, arr, horizon)
+            rep_ok[q] = ok
+            # the returning device's window: is this request one of its open window's?
+            rk = win_ret[ret_dev]
+            if win_open[ret_dev] and q >= qptr[rk] and q < qptr[rk + 1]:
+                win_left[ret_dev] -= 1
+                if ok:
+                    win_last[ret_dev] = max(win_last[ret_dev], arr)
+                else:
+                    win_silent[ret_dev] = True
+                if win_left[ret_dev] == 0 and not win_silent[ret_dev] \
+                        and win_last[ret_dev] < win_start[ret_dev] + S:
+                    heapq.heappush(heap, (max(win_last[ret_dev], now), _WINDOW, ret_dev,
+                                          token[ret_dev]))
+            continue
+        if kind == _WINDOW:
+            if not win_open[i] or arg != token[i]:
+                continue  # an earlier end of this window was already taken, or a stale one
+            win_open[i] = False
+            if now >= win_start[i] + S:
+                stats[8] += 1
+            if not _online(ipt, ist, ien, i, now, horizon) or \
+                    _next_off(ipt, ist, ien, i, win_start[i]) < now:
+                stats[5] += 1  # gone offline inside the window: abandoned
+                if proto == 1:
+                    off_since[i] = _next_off(ipt, ist, ien, i, win_start[i])
+                continue
+            if proto == 1:
+                stats[6] += now - win_start[i]
+                kind = _WAKE  # start the local round now (below)
+                arg = -1
+            elif win_round[i] >= 0:
+                stats[6] += now - win_moved[i]
+                kind = _WAKE
+                arg = -1 - win_round[i]  # the moved wake of round win_round
+            else:
+                continue
+        # ------------------------------------------------------------- a wake or a start
+        closes = arg < 0  # a start moved to its window's end
+        if proto == 0:
+            if arg >= 0:
+                r = arg
+                if r + 1 < nwakes:
+                    w1 = (r + 1) * P + jit[r + 1, i]
+                    if w1 < horizon:
+                        heapq.heappush(heap, (w1, _WAKE, i, r + 1))
+                if win_open[i]:  # a wake inside the window: the first moves to its end
+                    if win_round[i] < 0 and _online(ipt, ist, ien, i, now, horizon):
+                        win_round[i] = r
+                        win_moved[i] = now
+                    elif _online(ipt, ist, ien, i, now, horizon):
+                        stats[4] += 1
+                        continue
+                    if win_round[i] == r:
+                        continue
+            else:
+                r = -1 - arg
+            on = _online(ipt, ist, ien, i, now, horizon)
+            if not on:
+                stats[3] += 1
+                _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False)
+                ne += 1
+                tau[i] += 1
+                continue
+            if now < busy[i]:
+                stats[0] += 1
+                continue
+            step, t_ev = r, r
+        else:
+            if arg >= 0 and win_open[i]:
+                continue  # the start at the return waits for the window's end
+            step, t_ev = count[i], np.int64(np.floor(now / unit))
+        ns = K * (1 + min(tau[i], cap)) if (catchup and tau[i] >= 1) else K
+        fe = now + ns * compute[i]
+        off = _next_off(ipt, ist, ien, i, now)
+        through = min(fe, horizon) <= off
+        if not (through and fe <= horizon):
+            if through:
+                stats[2] += 1
+            else:
+                stats[1] += 1
+            if proto == 0:
+                busy[i] = max(off, now)
+            elif through:
+                pass  # the run ends before its K steps: nothing more
+            else:
+                off_since[i] = off
+            continue
+        _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, closes)
+        busy[i] = np.inf
+        count[i] += 1
+        tau[i] = 0
+        heapq.heappush(heap, (fe, _COMMIT, i, ne))
+        ne += 1
+    return E[:ne], rep_src, rep_held, rep_arr, rep_ok, rep_sent, rep_queued, stats
+
+
+# ----------------------------------------------------------------------------- the wrapper
+def returns_of(world) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every device's returns: the starts of its online intervals after time 0 (and before
+    the horizon), CSR-packed: (ptr [N+1], time [NR], the interval's end [NR])."""
+    on = world.online
+    keep = (on.start > 0.0) & (on.start < world.horizon)
+    dev = np.repeat(np.arange(world.n), np.diff(on.indptr))
+    ptr = np.zeros(world.n + 1, np.int64)
+    np.cumsum(np.bincount(dev[keep], minlength=world.n), out=ptr[1:])
+    return ptr, np.ascontiguousarray(on.start[keep]), np.ascontiguousarray(on.end[keep])
+
+
+def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarray,
+              rend: np.ndarray, *, seed: int, dth: np.ndarray) -> dict[str, np.ndarray]:
+    """Every return's requests and what is known of them before the simulation (see the
+    module docstring): per request the neighbour, its fate (:data:`ARRIVES` with the
+    arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
+    latency, fault delay and whether it is dropped on the way."""
+    from sfg.clock.schedule import _out_slots, fault_plan
+
+    rg = world.rg
+    ptr, out, _ = _out_slots(rg)
+    deg = np.diff(ptr)
+    n_ret = np.diff(rptr)
+    ret_dev = np.repeat(np.arange(world.n), n_ret)
+    nth_ret = np.arange(rtime.size) - np.repeat(rptr[:-1], n_ret)
+    per = deg[ret_dev]
+    qptr = np.zeros(rtime.size + 1, np.int64)
+    np.cumsum(per, out=qptr[1:])
+    ret = np.repeat(np.arange(rtime.size), per)
+    k = np.arange(ret.size) - np.repeat(qptr[:-1], per)
+    i = ret_dev[ret]
+    slot = out[ptr[i] + k]
+    j = rg.recv[slot]
+    back = _reverse_slots(rg)[slot]
+    nth = nth_ret[ret]
+    tx_end = rtime[ret] + (k + 1) * dth[i]
+    sent = (tx_end <= rend[ret]) & (tx_end <= world.horizon)
+    arrival = tx_end + world.latency[slot]
+    drop = np.zeros(ret.size, bool)
+    if world.loss.any():
+        drop = counter_uniform(counter_key(seed, "clock-pull-request"), i, j, 0, nth) \
+            < world.loss[slot]
+    rdrop = np.zeros(ret.size, bool)
+    if world.loss.any():
+        rdrop = counter_uniform(counter_key(seed, "clock-pull-reply"), j, i, 0, nth) \
+            < world.loss[back]
+    rextra = np.zeros(ret.size)
+    plan = fault_plan(settings, world.n)
+    if plan is not None:
+        cut, lost, extra, bad = plan.fates(i, j, nth, tx_end, channel=2)
+        drop |= cut | lost | bad
+        arrival = arrival + extra
+    ok = sent & ~drop & (arrival < world.horizon)
+    on = world.online.online_at(j, arrival) & ok
+    if plan is not None:  # the reply's faults, drawn when it is queued (the request's arrival)
+        cut, lost, extra, bad = plan.fates(j, i, nth, arrival, channel=3)
+        rdrop |= cut | lost | bad
+        rextra = extra
+    code = np.where(on, ARRIVES, np.where(ok, UNREACHABLE, SILENT)).astype(np.int64)
+    when = np.where(code == UNREACHABLE, arrival + world.latency[back], arrival)
+    return {"qptr": qptr, "qj": j.astype(np.int64), "qcode": code, "qtime": when,
+            "qlat": np.ascontiguousarray(world.latency[back]), "qextra": rextra,
+            "qdrop": rdrop, "qret": i.astype(np.int64), "qslot": slot, "qback": back,
+            "sent": sent}
+
+
+def _reverse_slots(rg) -> np.ndarray:
+    """[E] the slot of the opposite direction (j → i for i → j); self slots map to themselves."""
+    key = rg.send.astype(np.int64) * rg.n + rg.recv
+    rkey = rg.recv.astype(np.int64) * rg.n + rg.send
+    order = np.argsort(key, kind="stable")
+    return order[np.searchsorted(key[order], rkey)]
+
+
+def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
+             catchup: bool, pull: bool = True) -> dict[str, Any]:
+    """Run :func:`_simulate` on a world (``pull`` False: the protocol without it, as the
+    vectorised schedules make it; for the tests). Returns the events (columns of
+    :func:`_put`), the replies (slot, sending event, arrival, held) that reached their
+    device, and the counts."""
+    from sfg.clock.schedule import _out_slots, _transfer
+    from sfg.round.rules import CATCHUP_CAP
+    from sfg.round.staleness import wake_jitter
+
+    n, H = world.n, world.horizon
+    on = world.online
+    rptr, rtime, rend = returns_of(world)
+    dt = _transfer(world, float(settings.message_bytes or 0.0))
+    dth = _transfer(world, float(HEADER_BYTES)) if pull else np.zeros(n)
+    deg = np.diff(_out_slots(world.rg)[0]).astype(np.float64)
+    S = float(settings.pull_timeout or 0.0)
+    if pull:
+        rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth)
+    else:
+        z = np.zeros(0, np.int64)
+        rq = {"qptr": np.zeros(rtime.size + 1, np.int64), "qj": z, "qcode": z,
+              "qtime": np.zeros(0), "qlat": np.zeros(0), "qextra": np.zeros(0),
+              "qdrop": np.zeros(0, bool), "qret": z, "qslot": z, "qback": z,
+              "sent": np.zeros(0, bool)}
+    if protocol == "async":
+        P = settings.P
+        wakes = int(np.ceil(H / P))
+        jit = np.asarray(wake_jitter(seed, wakes, n), np.float64) * (settings.jitter * P)
+        max_events = n * wakes + 1
+        proto, unit = 0, P
+    elif protocol == "event":
+        P, jit, proto, unit = 0.0, np.zeros((1, n)), 1, float(settings.round_seconds)
+        train = local_steps * world.compute
+        dur = np.maximum(train + deg * dt, 1e-300)
+        L = on.end - on.start
+        idev = np.repeat(np.arange(n), np.diff(on.indptr))
+        max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
+    else:
+        raise SfgError(f"protocol {protocol!r} has no event schedule")
+    E, src, held, arr, ok, sent, queued, st = _simulate(
+        proto, bool(pull), S, n, float(H), float(unit), on.indptr, on.start, on.end, rptr,
+        rtime, np.ascontiguousarray(jit), float(P), np.ascontiguousarray(world.compute, float),
+        int(local_steps), bool(catchup), int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"],
+        rq["qcode"], rq["qtime"], rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"],
+        int(max_events))
+    return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
+            "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent, "reply_queued": queued,
+            "counts": st, "returns": (rptr, rtime, rend)}
+
+
+def pull_schedule(world, settings: ClockSettings, protocol: str, *, local_steps: int,
+                  seed: int, catchup: bool, link_failure: float, anatomy: str,
+                  stats: dict[str, float] | None = None):
+    """The async or event protocol's :class:`~sfg.clock.schedule.Schedule` under
+    ``on_return: pull`` (see the module docstring)."""
+    import hashlib
+
+    from sfg.clock.schedule import _finish
+
+    if anatomy != "full":
+        raise SfgError(f"on_return pull runs with anatomy full; under {anatomy!r} a device that "
+                       "cannot communicate while offline would pull while it may still be "
+                       "training alone, which is not implemented: drop --on-return or use "
+                       "--anatomy full")
+    if link_failure > 0:
+        raise SfgError("on_return pull and --link-failure together are not implemented (a "
+                       "pull's requests and replies would need the per-round link draws); "
+                       "drop one of them")
+    r = simulate(world, settings, protocol, local_steps=local_steps, seed=seed,
+                 catchup=catchup, pull=True)
+    E, rq, c = r["events"], r["requests"], r["counts"]
+    time, kind = E[:, 0], E[:, 2].astype(np.int64)
+    parts = [(time, E[:, 1].astype(np.int64), kind, E[:, 3], E[:, 4], E[:, 5].astype(np.int64),
+              E[:, 6].astype(np.int64))]
+    steps_of = [E[:, 7].astype(np.int64)]
+    src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]
+    model = src >= 0
+    got = ok & model
+    mb = float(settings.message_bytes or 0.0)
+    n_req = int(rq["sent"].sum())
+    out = dict(stats or {})
+    if protocol == "async":
+        out.update(skipped=float(c[0]), offline_wakes=float(c[3]))
+    out.update(interrupted=float(c[1]), unfinished=float(c[2]))
+    out.update(pull_requests=float(n_req),
+               pull_replies=float((sent & model).sum()),
+               pull_empty=float((sent & ~model).sum()),
+               pull_unreachable=float((rq["qcode"] == UNREACHABLE).sum()),
+               pull_replies_delivered=float(got.sum()),
+               pull_bytes=float(n_req * HEADER_BYTES + (sent & model).sum() * mb
+                                + (sent & ~model).sum() * HEADER_BYTES),
+               pull_wait_seconds=float(c[6]), pull_skipped=float(c[4]),
+               pull_abandoned=float(c[5]), pull_windows=float(c[7]),
+               pull_timed_out=float(c[8]))
+    h = hashlib.blake2b(digest_size=16)
+    for a in (rq["qcode"], rq["qtime"], src, r["reply_held"], r["reply_arrival"], ok, sent):
+        h.update(np.ascontiguousarray(a).tobytes())
+    pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
+            "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
+            "digest": h.hexdigest()}
+    return _finish(world, settings, protocol, parts, steps_of, seed=seed, catchup=catchup,
+                   link_failure=link_failure, stats=out, pull=pull)
+
+
+def return_counts(world, sched, settings: ClockSettings, *, talks: bool = False
+                  ) -> dict[str, float]:
+    """Returns in time (docs/concepts/clock.md#returns-in-time), with or without ``pull``:
+    ``online_returns`` (starts of online intervals after time 0; none when the anatomy mode
+    keeps a device communicating while offline, ``talks``), ``online_returns_aggregated``
+    (those followed by an aggregation before the device goes offline again),
+    ``online_returns_heard`` (whose first aggregation holds at least one neighbour's model)
+    and ``online_returns_alone`` (no neighbour online, and not cut off by a partition, at
+    the return). The replay's ``returns`` and ``returns_heard`` count aggregations at age ≥ 1
+    instead."""
+    from sfg.clock.faults import Faults
+    from sfg.round.kernel import EV_AGGREGATE
+
+    zero = {"online_returns": 0.0, "online_returns_aggregated": 0.0,
+            "online_returns_heard": 0.0, "online_returns_alone": 0.0}
+    rptr, rtime, rend = returns_of(world)
+    if talks or not rtime.size:
+        return zero
+    n = world.n
+    ret_dev = np.repeat(np.arange(n), np.diff(rptr))
+    agg = sched.kind == _LOCAL
+    if sched.caps is not None:
+        agg &= (sched.caps & EV_AGGREGATE) != 0
+    ev = np.flatnonzero(agg)
+    # the first aggregation at or after each return on its device: returns and aggregations
+    # sorted together by (device, time, a return first), then each return's next aggregation
+    nr = rtime.size
+    d_all = np.concatenate([ret_dev, sched.dev[ev]])
+    t_all = np.concatenate([rtime, sched.time[ev]])
+    is_ev = np.concatenate([np.zeros(nr, np.int64), np.ones(ev.size, np.int64)])
+    o = np.lexsort((is_ev, t_all, d_all))
+    pos_ev = np.where(is_ev[o] == 1, np.arange(o.size), o.size)
+    nxt = np.minimum.accumulate(pos_ev[::-1])[::-1]  # the next aggregation at or after
+    where = np.empty(o.size, np.int64)
+    where[o] = np.arange(o.size)
+    k = nxt[where[:nr]]
+    kk = np.minimum(k, o.size - 1)
+    same = (k < o.size) & (d_all[o[kk]] == ret_dev)
+    first = np.where(same, ev[np.maximum(o[kk] - nr, 0)], -1)
+    cand = np.where(same, t_all[o[kk]], np.inf)
+    aggregated = (first >= 0) & (cand < rend)
+    heard = aggregated & (np.diff(sched.cptr)[np.maximum(first, 0)] > 1)
+    rg = world.rg
+    nb = np.diff(rg.indptr) - 1
+    q_ret = np.repeat(np.arange(rtime.size), nb[ret_dev])
+    k = np.arange(q_ret.size) - np.repeat(np.cumsum(nb[ret_dev]) - nb[ret_dev], nb[ret_dev])
+    slot = rg.indptr[ret_dev[q_ret]] + 1 + k
+    j = rg.send[slot]
+    up = world.online.online_at(j, rtime[q_ret])
+    f = Faults.parse(settings.faults, seed=int(settings.faults_seed))
+    for w in f.partitions:
+        up &= ~w.blocks_many(ret_dev[q_ret], j, rtime[q_ret])
+    alone = np.bincount(q_ret[up], minlength=rtime.size) == 0
+    return {"online_returns": float(rtime.size),
+            "online_returns_aggregated": float(aggregated.sum()),
+            "online_returns_heard": float(heard.sum()),
+            "online_returns_alone": float(alone.sum())}
