@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sfg.clock.pull import simulate
-from sfg.clock.schedule import LOCAL, OFFLINE, World, async_schedule, event_schedule, make_world
+from sfg.clock.schedule import (LOCAL, OFFLINE, World, async_schedule, event_schedule,
+                                lockstep_rounds, make_world)
 from sfg.clock.settings import make_settings
 from sfg.errors import SfgError
 from sfg.round.slots import RoundGraph
@@ -304,14 +305,16 @@ def test_in_a_fault_free_world_every_return_that_can_hear_does():
 
 
 def test_refusals():
-    for kw, msg in (({"protocol": "lockstep", "on_return": "pull"}, "lockstep"),
-                    ({"protocol": "async", "on_return": "pull:timeout=600"}, "below P"),
+    for kw, msg in (({"protocol": "async", "on_return": "pull:timeout=600"}, "below P"),
                     ({"protocol": "async", "on_return": "pull:timeout=0"}, "> 0"),
                     ({"protocol": "event", "on_return": "push"}, "pull:timeout=S")):
         with pytest.raises(SfgError, match=msg):
             make_settings(kw)
     st = make_settings({"protocol": "event", "compute": "const:value=30", "on_return": "pull"})
     w = make_world(st, process="bursty:u=0.8", graph="ring", n=6, rounds=5, seed=1)
+    with pytest.raises(SfgError, match="under lockstep"):
+        lockstep_rounds(w, make_settings({"protocol": "lockstep", "on_return": "pull"}),
+                        local_steps=1, rounds=5, seed=1)
     with pytest.raises(SfgError, match="anatomy full"):
         event_schedule(w, st, local_steps=1, seed=1, anatomy="cannot-communicate")
     with pytest.raises(SfgError, match="link-failure"):

@@ -86,6 +86,7 @@ VALUES: dict[str, Any] = {
     "target_accuracy": 0.05,
     "faults": "faults:loss=0.5",
     "faults_seed": 3,
+    "on_return": "pull:timeout=60",
 }
 # per engine: where the value above is not one the engine can run
 ENGINE_VALUES: dict[tuple[str, str], Any] = {
@@ -103,6 +104,8 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "attack": {"rule": "sfg-cut"},
     "message_bytes": {"uplink": "const:value=1000"},
     "faults_seed": {"faults": "faults:loss=0.5"},
+    # a returning device's pull acts through the replies' time: latency makes the wait real
+    "on_return": {"latency": "const:value=20"},
 }
 # the models' tolerance for the settings that compute the same float terms (engines.FLOAT_TERMS)
 FLOAT_ROUNDING = 1e-5

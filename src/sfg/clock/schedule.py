@@ -180,6 +180,10 @@ def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, 
                        "recovers a faulty message by pulling it again (sfg swarm --clock virtual "
                        "--mode lockstep --faults ...), and lost messages on the clock's lockstep "
                        "are --loss")
+    if settings.pull_timeout is not None:
+        from sfg.clock.settings import REFUSE_LOCKSTEP_PULL
+
+        raise SfgError(REFUSE_LOCKSTEP_PULL)
     rg, n, T = world.rg, world.n, int(rounds)
     delta = float(settings.round_seconds)
     dt = _transfer(world, float(settings.message_bytes or 0.0))

@@ -164,20 +164,20 @@ def canonical_on_return(text: Any) -> str:
 
 
 def check_on_return(s: ClockSettings) -> None:
-    """Refuse ``pull`` where it has no meaning: under lockstep (a returning client already
-    aggregates its neighbours' round models) and, under async, a wait S ≥ P (it must end
-    before the next period)."""
+    """Refuse a ``pull`` wait S ≥ P under async (it must end before the next period). Under
+    lockstep a returning client already aggregates its neighbours' round models: the
+    lockstep schedule refuses ``pull`` (:func:`sfg.clock.schedule.lockstep_rounds`, and the
+    engines' table, :mod:`sfg.engines`)."""
     S = s.pull_timeout
-    if S is None:
-        return
-    if s.protocol == "lockstep":
-        raise SfgError("on_return pull runs under the async and event protocols; under lockstep "
-                       "a returning client already aggregates its neighbours' round models: "
-                       "drop --on-return or choose --protocol async or event")
-    if s.protocol == "async" and not S < s.P:
+    if S is not None and s.protocol == "async" and not S < s.P:
         raise SfgError(f"on_return pull:timeout={S:g} waits as long as the period P = {s.P:g} s "
                        "or longer; the wait must end before the next wake: choose a timeout "
                        "below P")
+
+
+REFUSE_LOCKSTEP_PULL = ("on_return pull runs under the async and event protocols; under "
+                        "lockstep a returning client already aggregates its neighbours' round "
+                        "models: drop --on-return or choose --protocol async or event")
 
 
 def _faults(text: Any, seed: Any) -> str:
