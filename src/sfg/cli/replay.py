@@ -84,8 +84,28 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key, _ in columns(attack=with_attack):
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
+        summary.update(_online_returns(rs))
         out_rows.append(summary)
     return out_rows
+
+
+# returns in time (docs/concepts/clock.md#returns-in-time), on the clock's async and event
+# protocols: (key, label) — the starts of online intervals, the share of those that
+# aggregated whose first aggregation held a neighbour's model, the share with no neighbour
+# online at the return
+ONLINE_RETURNS = (("online_returns", "back"), ("online_heard", "back heard"),
+                  ("online_alone", "alone"))
+
+
+def _online_returns(rs: list[dict[str, Any]]) -> dict[str, float]:
+    if not all("clock_online_returns" in r for r in rs):
+        return {}
+    tot = {k: sum(float(r[f"clock_online_returns{k}"]) for r in rs)
+           for k in ("", "_aggregated", "_heard", "_alone")}
+    share = (lambda a, b: a / b if b else float("nan"))
+    return {"online_returns": tot[""] / len(rs),
+            "online_heard": share(tot["_heard"], tot["_aggregated"]),
+            "online_alone": share(tot["_alone"], tot[""])}
 
 
 def replay_table(summary: list[dict[str, Any]], title: str):
@@ -94,6 +114,8 @@ def replay_table(summary: list[dict[str, Any]], title: str):
 
     att = any("attack" in r for r in summary)
     cols = columns(attack=att)
+    if summary and all("online_returns" in r for r in summary):
+        cols = [*cols, *ONLINE_RETURNS]
     return console.table(title, ["process", "rule", *(["attack"] if att else []),
                                  *((label, "right") for _, label in cols)],
                          rows=[[r["process"], r["rule"], *([r["attack"]] if att else []),
@@ -291,8 +313,14 @@ def replay(
                                        f"seeds {','.join(map(str, seed_list))}{where}"))
     from sfg.replay.metrics import legend
 
-    console.caption(legend(attack=bool(attack)).replace(
-        f"self-return over {DEFAULT_HORIZON} rounds", f"self-return over {horizon} rounds"))
+    text = legend(attack=bool(attack)).replace(
+        f"self-return over {DEFAULT_HORIZON} rounds", f"self-return over {horizon} rounds")
+    if summary and "online_returns" in summary[0]:
+        text += (" · back: returns in time per seed (online again after an outage) · back "
+                 "heard: share of those, among the ones that aggregated, whose first "
+                 "aggregation held a neighbour's model · alone: share with no neighbour online "
+                 "at the return (docs/concepts/clock.md#returns-in-time)")
+    console.caption(text)
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:

@@ -33,7 +33,9 @@ from sfg.round.rules import Rule, parse_rule
 from sfg.util.rng import stream
 
 # schedule counts reported per device-hour
-PER_HOUR = ("local_rounds", "messages_sent", "delivered", "bytes_sent", "compute_seconds")
+PER_HOUR = ("local_rounds", "messages_sent", "delivered", "bytes_sent", "compute_seconds",
+            "pull_requests", "pull_replies", "pull_empty", "pull_unreachable", "pull_bytes",
+            "pull_wait_seconds")
 
 
 def per_device_hour(stats: dict[str, float], n: int, horizon: float) -> dict[str, float]:
