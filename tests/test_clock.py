@@ -363,9 +363,13 @@ def _check_events(rule_name: str, world, sched, seed: int, attack, window: float
             assert 0 <= m < r and sched.kind[m] == LOCAL
             assert rg.recv[e] == sched.dev[r] and rg.send[e] == sched.dev[m]
             # arrived strictly before the aggregation, after the sender's K steps, in the window
+            # (under on_return pull: a start moved to its window's end also holds what arrived
+            # at that instant, and a reply is older by its held, so its wait counts from its
+            # sending and the window applies to its arrival: docs/concepts/clock.md#returns-in-time)
             arrival = sched.time[r] - d * unit
-            assert d > 0 and arrival >= sched.end[m] - eps * unit
-            assert d <= window + eps
+            moved = sched.pulls is not None and bool(sched.pulls[1][r])
+            assert (d > 0 or (moved and d >= 0)) and arrival >= sched.end[m] - eps * unit
+            assert d <= window + eps or sched.pulls is not None
             age, lag = hdr[0, m] + math.floor(d), hdr_lag[m] + d
             assert 0 <= age <= lag + eps and hdr[1, m] >= 1
             n_msgs += 1
@@ -450,6 +454,10 @@ def clock_worlds(draw, protocol: str):
         clock["period"] = draw(st.sampled_from([None, 300.0, 900.0]))
     anatomy = draw(st.sampled_from(["full", "full", "cannot-communicate",
                                     "cannot-train-shares", "cannot-train-adopts"]))
+    if protocol != "lockstep" and draw(st.booleans()):  # returns in time: a pull on return
+        clock["on_return"] = f"pull:timeout={draw(st.sampled_from([5.0, 60.0, 250.0])):g}"
+        if anatomy == "cannot-communicate":  # not implemented with pull (refused)
+            anatomy = "full"
     return dict(n=n, graph=graph, process=process, rounds=rounds, K=K, clock=clock,
                 anatomy=anatomy,
                 seed=draw(st.integers(0, 10_000)), rule=draw(st.sampled_from(RULES)),
