@@ -40,11 +40,22 @@
    runs are comparable, not identical. A control pair with jitter 0 (the wake times then
    coincide) follows the repeats (``--no-control`` skips it).
 
+4. **Returns in time** (``on_return``, docs/concepts/clock.md#returns-in-time), in a world
+   where a pull costs something: latency ``const:value=1``, uplinks of 100 kB/s,
+   model-sized messages (36 kB in the replay, the MLP's own size in training), bursty
+   u = 0.8, async jitter 0.5. The model-free async replay of N = 10,000 over 300 periods
+   with ``pull:timeout=60`` against ``none`` (target <= 1.5×), and training (N = 100, digits
+   MLP) with and without pull per useful client-step (target <= 1.2×); repeats interleaved
+   in this process after a warm-up of both, the order rotating, the ratio the median of the
+   per-repeat ratios. Pull's counts (requests, replies, waits) and returns heard are printed
+   beside.
+
 One table per part and a final JSON line with every figure.
 
     .venv/bin/python benchmarks/bench_clock.py            # all three (~8-10 min on 2 cores)
     .venv/bin/python benchmarks/bench_clock.py --quick    # small sizes (~1-2 min)
     .venv/bin/python benchmarks/bench_clock.py --only 1 --only 3
+    .venv/bin/python benchmarks/bench_clock.py --only 4          # pull against none
 """
 
 from __future__ import annotations
@@ -425,11 +436,88 @@ def print_swarm(r: dict) -> None:
               f"{ctl['clock']['aggregated']:.0f}")
 
 
+# ----------------------------------------------------------------------------------- 4
+PULL_WORLD = {"latency": "const:value=1", "uplink": "const:value=100000"}
+PULL = "pull:timeout=60"
+
+
+def part_pull(big_n: int, periods: int, repeats: int, train_periods: int) -> dict:
+    from sfg.clock.replay import replay_clock
+    from sfg.clock.settings import make_settings
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    def replay(on_return, n, T):
+        st = make_settings({**ASYNC, **PULL_WORLD, "message_bytes": 36_000.0,
+                            "on_return": on_return})
+        wall, res = _timed(lambda: replay_clock(PROCESS, RULE, seed=1, settings=st, n=n,
+                                                rounds=T, graph=GRAPH, local_steps=K))
+        m = res["metrics"]
+        return {"wall_s": wall, **{k: float(m[k]) for k in m if k.startswith("clock_pull")
+                                   or k.startswith("clock_online_returns")}}
+
+    def train(on_return):
+        cfg = {**TRAIN, **ASYNC, **PULL_WORLD, "n_clients": 100, "rounds": train_periods,
+               "on_return": on_return}
+        wall, res = _timed(lambda: simulate_events(resolve_config(cfg)))
+        steps = int(res["meta"]["client_steps"])
+        return {"wall_s": wall, "client_steps": steps, "us_per_step": 1e6 * wall / steps,
+                "acc_mean": float(res["metrics"]["acc_mean"])}
+
+    t0 = time.perf_counter()
+    for on in ("none", PULL):  # warm-up: numba caches
+        replay(on, 100, 20)
+        cfg = {**TRAIN, **ASYNC, **PULL_WORLD, "n_clients": 8, "rounds": 5, "eval_every": 5,
+               "on_return": on}
+        simulate_events(resolve_config(cfg))
+    warm = time.perf_counter() - t0
+    out: dict[str, Any] = {"n": big_n, "periods": periods, "train_periods": train_periods,
+                           "repeats": repeats, "warmup_s": warm, "world": PULL_WORLD}
+    for name, fn in (("replay", lambda on: replay(on, big_n, periods)), ("train", train)):
+        runs: dict[str, list[dict]] = {"none": [], "pull": []}
+        ratios = []
+        key = "wall_s" if name == "replay" else "us_per_step"
+        for k in range(repeats):
+            order = [("none", "none"), ("pull", PULL)]
+            for lab, on in order[k % 2:] + order[:k % 2]:
+                runs[lab].append(fn(on))
+            ratios.append(runs["pull"][-1][key] / runs["none"][-1][key])
+        out[name] = {"ratio": _med(ratios), "ratios": ratios,
+                     **{lab: {**rs[0], key: _med(r[key] for r in rs)} for lab, rs in runs.items()}}
+    return out
+
+
+def print_pull(r: dict) -> None:
+    print(f"\n4. returns in time: on_return {PULL} against none, async jitter 0.5, latency 1 s, "
+          f"uplinks 100 kB/s, {PROCESS}, {RULE} (warm-up {r['warmup_s']:.1f} s, not counted)")
+    rp, tr = r["replay"], r["train"]
+    print(f"   model-free replay N={r['n']:,}, {r['periods']} periods, 36 kB messages: none "
+          f"{rp['none']['wall_s']:.2f} s, pull {rp['pull']['wall_s']:.2f} s: "
+          f"{rp['ratio']:.2f}× (target <= 1.5×; per repeat {[round(x, 2) for x in rp['ratios']]})")
+    p = rp["pull"]
+
+    def heard(d):
+        return d.get("clock_online_returns_heard", 0.0) / max(
+            d.get("clock_online_returns_aggregated", 0.0), 1.0)
+
+    print(f"   returns heard: none {heard(rp['none']):.3f}, pull {heard(p):.3f}; per device-hour: "
+          f"requests {p.get('clock_pull_requests_per_device_hour', 0):.3f}, replies "
+          f"{p.get('clock_pull_replies_per_device_hour', 0):.3f}, unreachable "
+          f"{p.get('clock_pull_unreachable_per_device_hour', 0):.3f}, bytes "
+          f"{p.get('clock_pull_bytes_per_device_hour', 0):,.0f}, wait s "
+          f"{p.get('clock_pull_wait_seconds_per_device_hour', 0):.3f}")
+    print(f"   training N=100, {r['train_periods']} periods: none "
+          f"{tr['none']['us_per_step']:.1f} µs/step ({tr['none']['client_steps']:,} steps, acc "
+          f"{tr['none']['acc_mean']:.3f}), pull {tr['pull']['us_per_step']:.1f} µs/step "
+          f"({tr['pull']['client_steps']:,} steps, acc {tr['pull']['acc_mean']:.3f}): "
+          f"{tr['ratio']:.2f}× per useful client-step (target <= 1.2×); load {load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="small sizes: N=2,000 replay, 60 periods of training, N=300, a short swarm")
-    ap.add_argument("--only", type=int, choices=[1, 2, 3], action="append")
+    ap.add_argument("--only", type=int, choices=[1, 2, 3, 4], action="append")
     ap.add_argument("--big-n", type=int, default=None, help="part 1's large N (default 10,000)")
     ap.add_argument("--periods", type=int, default=None, help="periods of parts 1 and 2 (300)")
     ap.add_argument("--repeats", type=int, default=None, help="part 1 N=100 repeats (5)")
@@ -458,7 +546,7 @@ def main() -> None:
         return v if v is not None else (quick if q else full)
 
     machine = start(q)
-    which = a.only or [1, 2, 3]
+    which = a.only or [1, 2, 3, 4]
     out: dict[str, Any] = {"machine": machine, "quick": q, "peak_memory": "ru_maxrss"}
     if 1 in which:
         r = part_replay(pick(a.big_n, 10_000, 2_000), pick(a.periods, 300, 300),
@@ -477,6 +565,11 @@ def main() -> None:
                        not a.no_control)
         print_swarm(r)
         out["swarm"] = r
+    if 4 in which:
+        r = part_pull(pick(a.big_n, 10_000, 2_000), pick(a.periods, 300, 300),
+                      pick(a.repeats, 3, 1), pick(a.periods, 300, 60))
+        print_pull(r)
+        out["pull"] = r
     print(f"\nload average at end: {load()}")
     print(json.dumps(out, default=float))
 
