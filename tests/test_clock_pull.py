@@ -319,3 +319,53 @@ def test_refusals():
         event_schedule(w, st, local_steps=1, seed=1, anatomy="cannot-communicate")
     with pytest.raises(SfgError, match="link-failure"):
         event_schedule(w, st, local_steps=1, seed=1, link_failure=0.2)
+
+
+# ----------------------------------------------------------------------------- training, replay
+TINY = dict(dataset="digits", model="mlp", n_clients=12, rounds=8, local_steps=2, batch_size=8,
+            eval_every=4, graph="knn:k=3", backend="batched", process="bursty:u=0.6",
+            clock="virtual", protocol="event", compute="const:value=30",
+            latency="const:value=5")
+
+
+def test_training_with_pull_is_paired_across_rules_and_deterministic():
+    """Every rule of a seed trains on the same schedule (its digest) with pull; the same
+    settings give bit-identical models; pull changes what a returning device holds, so the
+    models differ from none's."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    def run(rule, on_return):
+        return simulate_events(resolve_config({**TINY, "rule": rule, "on_return": on_return}))
+
+    a, b = run("dfedavg", "pull:timeout=60"), run("sfg-l", "pull:timeout=60")
+    again = run("dfedavg", "pull:timeout=60")
+    none = run("dfedavg", "none")
+    assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"]
+    assert a["meta"]["schedule_digest"] != none["meta"]["schedule_digest"]
+    assert np.array_equal(np.asarray(a["params"]), np.asarray(again["params"]))
+    assert not np.array_equal(np.asarray(a["params"]), np.asarray(none["params"]))
+    m, mn = a["metrics"], none["metrics"]
+    assert m["clock_online_returns_heard"] > mn["clock_online_returns_heard"]
+    assert m["clock_pull_requests"] > 0 and "clock_pull_requests" not in mn
+
+
+def test_the_replay_reports_returns_heard_with_and_without_pull():
+    import json
+    import subprocess
+    import sys
+
+    def replay(on_return):
+        out = subprocess.run([sys.executable, "-m", "sfg", "replay", "--clock", "virtual",
+                              "--protocol", "event", "--compute", "const:value=30",
+                              "--latency", "const:value=1", "--on-return", on_return,
+                              "-n", "30", "--rounds", "20", "--seeds", "1", "--rule", "dfedavg",
+                              "--horizon", "0", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["summary"][0]
+
+    none, pull = replay("none"), replay("pull:timeout=60")
+    assert none["online_returns"] == pull["online_returns"] > 0
+    assert none["online_heard"] == 0.0 < pull["online_heard"]
+    assert none["online_alone"] == pull["online_alone"]
