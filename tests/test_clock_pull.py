@@ -12,8 +12,15 @@ import numpy as np
 import pytest
 
 from sfg.clock.pull import simulate
-from sfg.clock.schedule import (LOCAL, OFFLINE, World, async_schedule, event_schedule,
-                                lockstep_rounds, make_world)
+from sfg.clock.schedule import (
+    LOCAL,
+    OFFLINE,
+    World,
+    async_schedule,
+    event_schedule,
+    lockstep_rounds,
+    make_world,
+)
 from sfg.clock.settings import make_settings
 from sfg.errors import SfgError
 from sfg.round.slots import RoundGraph

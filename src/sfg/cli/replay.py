@@ -102,7 +102,9 @@ def _online_returns(rs: list[dict[str, Any]]) -> dict[str, float]:
         return {}
     tot = {k: sum(float(r[f"clock_online_returns{k}"]) for r in rs)
            for k in ("", "_aggregated", "_heard", "_alone")}
-    share = (lambda a, b: a / b if b else float("nan"))
+    def share(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
     return {"online_returns": tot[""] / len(rs),
             "online_heard": share(tot["_heard"], tot["_aggregated"]),
             "online_alone": share(tot["_alone"], tot[""])}
