@@ -25,6 +25,7 @@ def report(
     fwer: float = typer.Option(0.05, "--fwer", help="Family-wise error rate of the comparisons (Holm)"),
     alpha: float | None = typer.Option(None, "--alpha", hidden=True, help="Deprecated: --fwer (--alpha is the data split's Dirichlet concentration elsewhere)"),
     tensorboard: Path | None = typer.Option(None, "--tensorboard", metavar="DIR", help="Write every finished run's curves and final metrics as TensorBoard event files under DIR (one folder per run: grid/dataset/process/rule/seed)"),
+    across: str | None = typer.Option(None, "--across", metavar="FIELD=A,B", help="Also pair every run at config FIELD = A with the run that differs from it only in FIELD (= B), per rule (dfedavg included) and remaining setting: B − A in final accuracy and time to target, exact sign-flip p, Holm over each table (across.csv, across.md)"),
     mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI", help="Log every finished run (settings as parameters, final metrics, curves by round) to the MLflow tracking store at URI (file:./mlruns, http://host:5000), one experiment per grid"),
 ) -> None:
     """Compare every rule with the baseline, paired by (dataset, seed), and plot the gains.
@@ -78,9 +79,16 @@ def report(
         print_attack_rows(rows, console=console.stdout())
         recs = [r for r in without_attacks(recs)
                 if (r.get("config") or {}).get("kind", "train") == "train"]
+    if across is not None:  # bad input fails here, before the report is written
+        from sfg.experiments.report.across import across_report, print_across
+
+        arep = across_report(recs, across=across, out_dir=out, alpha=fwer)
     if recs or not files:
         rep = build_report(recs, baseline=baseline, out_dir=out, metric=metric,
                            rules=rule or None, alpha=fwer)
         print_report(rep, console=console.stdout())
         files = {**rep.files, **files}
+    if across is not None:
+        print_across(arep, console=console.stdout())
+        files = {**files, **arep.files}
     console.note(f"wrote {', '.join(str(p) for p in files.values())}")

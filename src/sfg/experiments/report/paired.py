@@ -228,6 +228,14 @@ def _share(x: float | None) -> str:
     return "—" if x is None or math.isnan(x) else f"{100 * x:.0f} %"
 
 
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: header, rule, one line per row (``|`` in cells escaped)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for cells in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
 # --------------------------------------------------------------------------- summaries
 
 
@@ -441,11 +449,7 @@ def _markdown(report: Report) -> str:
         lines += [f"{report.context}; accuracies in %, gains in percentage points (pp).", ""]
     settings = report.settings
     columns = table_columns(report.metric, settings=settings)
-    lines.append("| " + " | ".join(columns) + " |")
-    lines.append("|" + "|".join("---" for _ in columns) + "|")
-    for row in report.rows:
-        cells = [c.replace("|", "\\|") for c in row_cells(row, settings=settings)]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += markdown_table(columns, (row_cells(row, settings=settings) for row in report.rows))
     if settings:
         lines += ["", "Setting: what the runs were run under besides the grid's axes (on the "
                   "virtual clock: the protocol and every clock setting away from its default; "
@@ -453,11 +457,9 @@ def _markdown(report: Report) -> str:
     if report.comparisons:
         scolumns = sensitivity_columns(report.metric, settings=settings)
         lines += ["", "## Design sensitivity, outage gap, availability quartiles (docs/concepts/statistics.md#report-additions)",
-                  "", "| " + " | ".join(scolumns) + " |",
-                  "|" + "|".join("---" for _ in scolumns) + "|"]
-        for c in report.comparisons:
-            cells = [x.replace("|", "\\|") for x in sensitivity_cells(c, settings=settings)]
-            lines.append("| " + " | ".join(cells) + " |")
+                  ""]
+        lines += markdown_table(scolumns, (sensitivity_cells(c, settings=settings)
+                                           for c in report.comparisons))
         lines += ["", "Processes +: processes with a positive pooled mean gain. "
                   "Leave-one-process-out: range of the pooled mean over the designs without one "
                   "process. Mean w/o iid: pooled mean without i.i.d. outages (uncorrected exact "
