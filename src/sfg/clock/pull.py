@@ -101,236 +101,245 @@ def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart,
     E[k, 9] = closes
 
 
+# per-device state of the simulation: floats F[:, k] and integers G[:, k]
+_BUSY, _UFREE, _SENT_FE, _OFF_SINCE, _W_START, _W_MOVED, _W_LAST = range(7)
+_TAU, _COUNT, _SENT_ID, _TOKEN, _W_OPEN, _W_RET, _W_ROUND, _W_LEFT, _W_SILENT = range(9)
+# counts
+(_SKIPPED, _INTERRUPTED, _UNFINISHED, _OFFLINE_WAKES, _PULL_SKIPPED, _ABANDONED, _WAIT,
+ _WINDOWS, _TIMED_OUT) = range(9)
+
+
+@njit(cache=True, nogil=True)
+def _on_commit(heap, E, F, G, i, r, proto, ipt, ist, ien, deg, dt):  # pragma: no cover
+    """Local round r of device i has done its steps: its broadcast is queued on the uplink
+    (behind what was queued before), the device stays busy until it has left."""
+    start = max(E[r, 4], F[i, _UFREE])
+    bend = start + deg[i] * dt[i]
+    F[i, _UFREE] = bend
+    E[r, 8] = start
+    G[i, _SENT_ID] = r
+    F[i, _SENT_FE] = E[r, 4]
+    off = _next_off(ipt, ist, ien, i, E[r, 4])
+    if proto == 0:
+        F[i, _BUSY] = min(bend, off)
+    elif off <= bend:
+        F[i, _OFF_SINCE] = off  # gone before its sends are done: free at its next return
+    else:
+        heapq.heappush(heap, (bend, _WAKE, i, 0))
+
+
+@njit(cache=True, nogil=True)
+def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, S, unit, rptr, rtime, deg, dth,
+               qptr, qj, qcode, qtime):  # pragma: no cover - compiled
+    """Return k of device i at ``now``: the offline span (event), the requests and the
+    window's end at the latest (pull), or the start at once (event without pull). Returns
+    the events' count."""
+    if k + 1 < rptr[i + 1]:
+        heapq.heappush(heap, (rtime[k + 1], _RETURN, i, k + 1))
+    if G[i, _W_OPEN]:  # the last window ended by going offline: abandoned
+        G[i, _W_OPEN] = 0
+        st[_ABANDONED] += 1
+    G[i, _TOKEN] += 1
+    F[i, _UFREE] = now  # what the uplink held when the device went offline was lost
+    if proto == 1 and not np.isnan(F[i, _OFF_SINCE]):  # the offline span, counted now
+        amt = (now - F[i, _OFF_SINCE]) / unit
+        _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now, False)
+        ne += 1
+        G[i, _TAU] += np.int64(np.floor(amt))
+        F[i, _OFF_SINCE] = np.nan
+    if not pull:
+        if proto == 1:
+            heapq.heappush(heap, (now, _WAKE, i, 0))
+        return ne
+    F[i, _UFREE] = now + deg[i] * dth[i]  # the requests, back to back
+    G[i, _W_OPEN] = 1
+    F[i, _W_START] = now
+    G[i, _W_RET] = k
+    F[i, _W_MOVED] = now if proto == 1 else np.nan
+    G[i, _W_ROUND] = -1
+    G[i, _W_SILENT] = 0
+    F[i, _W_LAST] = now
+    left = 0
+    for q in range(qptr[k], qptr[k + 1]):
+        if qcode[q] == ARRIVES:
+            heapq.heappush(heap, (qtime[q], _REQUEST, qj[q], q))
+            left += 1
+        elif qcode[q] == UNREACHABLE:
+            F[i, _W_LAST] = max(F[i, _W_LAST], qtime[q])
+        else:
+            G[i, _W_SILENT] = 1
+    G[i, _W_LEFT] = left
+    st[_WINDOWS] += 1
+    t_end = now + S
+    if left == 0 and not G[i, _W_SILENT]:
+        t_end = min(t_end, F[i, _W_LAST])
+    heapq.heappush(heap, (t_end, _WINDOW, i, G[i, _TOKEN]))
+    return ne
+
+
+@njit(cache=True, nogil=True)
+def _on_request(heap, F, G, i, q, now, S, horizon, ipt, ist, ien, dt, dth, qptr, qlat, qextra,
+                qdrop, qret, rep):  # pragma: no cover - compiled
+    """Request q arrives at device i (online): its reply is queued on i's uplink; the
+    returning device's window learns the answer (or that there will be none)."""
+    rep_src, rep_held, rep_arr, rep_ok, rep_sent, rep_queued = rep
+    ret_dev = qret[q]
+    src = G[i, _SENT_ID]
+    start = max(now, F[i, _UFREE])
+    end = start + (dt[i] if src >= 0 else dth[i])
+    F[i, _UFREE] = end
+    rep_queued[q] = True
+    rep_src[q] = src
+    rep_held[q] = (now - F[i, _SENT_FE]) if src >= 0 else 0.0
+    sent = end <= _next_off(ipt, ist, ien, i, now) and end <= horizon
+    rep_sent[q] = sent
+    arr = end + qlat[q] + qextra[q]
+    rep_arr[q] = arr
+    ok = sent and (not qdrop[q]) and _online(ipt, ist, ien, ret_dev, arr, horizon)
+    rep_ok[q] = ok
+    rk = G[ret_dev, _W_RET]
+    if G[ret_dev, _W_OPEN] and qptr[rk] <= q < qptr[rk + 1]:  # its open window's request
+        G[ret_dev, _W_LEFT] -= 1
+        if ok:
+            F[ret_dev, _W_LAST] = max(F[ret_dev, _W_LAST], arr)
+        else:
+            G[ret_dev, _W_SILENT] = 1
+        if G[ret_dev, _W_LEFT] == 0 and not G[ret_dev, _W_SILENT] \
+                and F[ret_dev, _W_LAST] < F[ret_dev, _W_START] + S:
+            heapq.heappush(heap, (max(F[ret_dev, _W_LAST], now), _WINDOW, ret_dev,
+                                  G[ret_dev, _TOKEN]))
+
+
+@njit(cache=True, nogil=True)
+def _on_window(F, G, st, i, token, now, proto, S, horizon, ipt, ist, ien):  # pragma: no cover
+    """The end of device i's window: the start it delays (its arg, < 0) or 0 (none)."""
+    if not G[i, _W_OPEN] or token != G[i, _TOKEN]:
+        return 0  # an earlier end of this window was already taken, or a stale one
+    G[i, _W_OPEN] = 0
+    if now >= F[i, _W_START] + S:
+        st[_TIMED_OUT] += 1
+    gone = _next_off(ipt, ist, ien, i, F[i, _W_START])
+    if not _online(ipt, ist, ien, i, now, horizon) or gone < now:
+        st[_ABANDONED] += 1  # offline inside the window: the wait is abandoned
+        if proto == 1:
+            F[i, _OFF_SINCE] = gone
+        return 0
+    if proto == 1:
+        st[_WAIT] += now - F[i, _W_START]
+        return -1
+    if G[i, _W_ROUND] >= 0:
+        st[_WAIT] += now - F[i, _W_MOVED]
+        return -1 - G[i, _W_ROUND]  # the moved wake of that round
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, ipt, ist, ien,
+              compute, K, catchup, cap):  # pragma: no cover - compiled
+    """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
+    device's start (event; arg < 0 when moved): the local round, an offline wake, a skip.
+    Returns the events' count."""
+    if proto == 0:
+        if arg >= 0:
+            r = arg
+            if r + 1 < jit.shape[0]:
+                w1 = (r + 1) * P + jit[r + 1, i]
+                if w1 < horizon:
+                    heapq.heappush(heap, (w1, _WAKE, i, r + 1))
+            if G[i, _W_OPEN] and _online(ipt, ist, ien, i, now, horizon):
+                if G[i, _W_ROUND] < 0:  # the first wake in the window moves to its end
+                    G[i, _W_ROUND] = r
+                    F[i, _W_MOVED] = now
+                else:
+                    st[_PULL_SKIPPED] += 1
+                return ne
+        else:
+            r = -1 - arg
+        if not _online(ipt, ist, ien, i, now, horizon):
+            st[_OFFLINE_WAKES] += 1
+            _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False)
+            G[i, _TAU] += 1
+            return ne + 1
+        if now < F[i, _BUSY]:
+            st[_SKIPPED] += 1
+            return ne
+        step, t_ev = r, r
+    else:
+        if arg >= 0 and G[i, _W_OPEN]:
+            return ne  # the start at the return waits for the window's end
+        step, t_ev = G[i, _COUNT], np.int64(np.floor(now / unit))
+    tau = G[i, _TAU]
+    ns = K * (1 + min(tau, cap)) if (catchup and tau >= 1) else K
+    fe = now + ns * compute[i]
+    off = _next_off(ipt, ist, ien, i, now)
+    through = min(fe, horizon) <= off
+    if not (through and fe <= horizon):
+        st[_UNFINISHED if through else _INTERRUPTED] += 1
+        if proto == 0:
+            F[i, _BUSY] = max(off, now)
+        elif not through:
+            F[i, _OFF_SINCE] = off
+        return ne
+    _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, arg < 0)
+    F[i, _BUSY] = np.inf
+    G[i, _COUNT] += 1
+    G[i, _TAU] = 0
+    heapq.heappush(heap, (fe, _COMMIT, i, ne))
+    return ne + 1
+
+
 @njit(cache=True, nogil=True)
 def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit, P,
               compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime, qlat, qextra,
               qdrop, qret, max_events):  # pragma: no cover - compiled
     """The events in time order (see the module docstring). proto 0: async, 1: event.
     Returns the events (time, dev, kind, amount, end, step, t, nsteps, bstart, closes), the
-    replies per request (src local round −1: empty or none, held, arrival, delivered, sent)
-    and the counts."""
+    replies per request (src local round −1: empty or none, held, arrival, delivered, sent,
+    queued) and the counts."""
     E = np.empty((max_events, 10))  # time dev kind amount end step t nsteps bstart closes
     ne = 0
     NQ = qj.shape[0]
-    rep_src = np.full(NQ, -1, np.int64)
-    rep_held = np.zeros(NQ)
-    rep_arr = np.full(NQ, np.inf)
-    rep_ok = np.zeros(NQ, np.bool_)
-    rep_sent = np.zeros(NQ, np.bool_)
-    rep_queued = np.zeros(NQ, np.bool_)
-    # per device
-    busy = np.zeros(n)
-    tau = np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    ufree = np.zeros(n)
-    sent_id = np.full(n, -1, np.int64)
-    sent_fe = np.zeros(n)
-    off_since = np.full(n, np.nan)
-    nxt_ret = rptr[:-1].copy()  # each device's next return (index into rtime)
-    token = np.zeros(n, np.int64)  # the current window's identity (returns so far)
-    win_open = np.zeros(n, np.bool_)
-    win_start = np.zeros(n)
-    win_ret = np.full(n, -1, np.int64)
-    win_moved = np.full(n, np.nan)  # async: the moved wake's own time; event: the return
-    win_round = np.full(n, -1, np.int64)
-    win_left = np.zeros(n, np.int64)  # requests not yet answered or known silent
-    win_silent = np.zeros(n, np.bool_)
-    win_last = np.zeros(n)  # the latest answer so far
-    stats = np.zeros(12)
-    # 0 skipped, 1 interrupted, 2 unfinished, 3 offline_wakes, 4 pull_skipped,
-    # 5 pull_abandoned, 6 wait_seconds, 7 windows, 8 windows_timed_out
+    rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
+           np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
+    F = np.zeros((n, 7))
+    F[:, _OFF_SINCE] = np.nan
+    F[:, _W_MOVED] = np.nan
+    G = np.zeros((n, 9), np.int64)
+    G[:, _SENT_ID] = -1
+    G[:, _W_RET] = -1
+    G[:, _W_ROUND] = -1
+    st = np.zeros(9)
     heap = [(np.inf, 9, 0, 0)]
     for i in range(n):
-        if nxt_ret[i] < rptr[i + 1]:
-            heapq.heappush(heap, (rtime[nxt_ret[i]], _RETURN, i, nxt_ret[i]))
+        if rptr[i] < rptr[i + 1]:
+            heapq.heappush(heap, (rtime[rptr[i]], _RETURN, i, rptr[i]))
         if proto == 0:
-            w = jit[0, i]
-            if w < horizon:
-                heapq.heappush(heap, (w, _WAKE, i, 0))
+            if jit[0, i] < horizon:
+                heapq.heappush(heap, (jit[0, i], _WAKE, i, 0))
+        elif _online(ipt, ist, ien, i, 0.0, horizon):
+            heapq.heappush(heap, (0.0, _WAKE, i, 0))
         else:
-            if _online(ipt, ist, ien, i, 0.0, horizon):
-                heapq.heappush(heap, (0.0, _WAKE, i, 0))
-            else:
-                off_since[i] = 0.0
-    nwakes = jit.shape[0]
+            F[i, _OFF_SINCE] = 0.0
     while True:
         now, kind, i, arg = heapq.heappop(heap)
         if kind == 9:
             break
         if kind == _COMMIT:
-            r = arg
-            start = max(E[r, 4], ufree[i])
-            bend = start + deg[i] * dt[i]
-            ufree[i] = bend
-            E[r, 8] = start
-            sent_id[i] = r
-            sent_fe[i] = E[r, 4]
-            off = _next_off(ipt, ist, ien, i, E[r, 4])
-            if proto == 0:
-                busy[i] = min(bend, off)
-            else:
-                if off <= bend:
-                    off_since[i] = off
-                else:
-                    heapq.heappush(heap, (bend, _WAKE, i, 0))
-            continue
-        if kind == _RETURN:
-            k = arg
-            if k + 1 < rptr[i + 1]:
-                nxt_ret[i] = k + 1
-                heapq.heappush(heap, (rtime[k + 1], _RETURN, i, k + 1))
-            if win_open[i]:  # the last window ended by going offline: abandoned
-                win_open[i] = False
-                stats[5] += 1
-            token[i] += 1
-            ufree[i] = now
-            if proto == 1:  # the offline span, counted at the return
-                if not np.isnan(off_since[i]):
-                    amt = (now - off_since[i]) / unit
-                    _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now,
-                         False)
-                    ne += 1
-                    tau[i] += np.int64(np.floor(amt))
-                    off_since[i] = np.nan
-            if not pull:
-                if proto == 1:
-                    heapq.heappush(heap, (now, _WAKE, i, 0))
-                continue
-            # the requests: back to back on the (empty) uplink
-            ufree[i] = now + deg[i] * dth[i]
-            win_open[i] = True
-            win_start[i] = now
-            win_ret[i] = k
-            win_moved[i] = now if proto == 1 else np.nan
-            win_round[i] = -1
-            win_silent[i] = False
-            win_last[i] = now
-            left = 0
-            for q in range(qptr[k], qptr[k + 1]):
-                if qcode[q] == ARRIVES:
-                    heapq.heappush(heap, (qtime[q], _REQUEST, qj[q], q))
-                    left += 1
-                elif qcode[q] == UNREACHABLE:
-                    win_last[i] = max(win_last[i], qtime[q])
-                else:
-                    win_silent[i] = True
-            win_left[i] = left
-            stats[7] += 1
-            t_end = now + S
-            if left == 0 and not win_silent[i]:
-                t_end = min(t_end, win_last[i])
-            heapq.heappush(heap, (t_end, _WINDOW, i, token[i]))
-            continue
-        if kind == _REQUEST:  # request q arrives at device i (online): its reply is queued
-            q = arg
-            ret_dev = qret[q]
-            src = sent_id[i]
-            dur = dt[i] if src >= 0 else dth[i]
-            start = max(now, ufree[i])
-            end = start + dur
-            ufree[i] = end
-            rep_queued[q] = True
-            rep_src[q] = src
-            rep_held[q] = (now - sent_fe[i]) if src >= 0 else 0.0
-            sent = end <= _next_off(ipt, ist, ien, i, now) and end <= horizon
-            rep_sent[q] = sent
-            arr = end + qlat[q] + qextra[q]
-            rep_arr[q] = arr
-            ok = sent and (not qdrop[q]) and _online(ipt, ist, ien, ret_dev, arr, horizon)
-            rep_ok[q] = ok
-            # the returning device's window: is this request one of its open window's?
-            rk = win_ret[ret_dev]
-            if win_open[ret_dev] and q >= qptr[rk] and q < qptr[rk + 1]:
-                win_left[ret_dev] -= 1
-                if ok:
-                    win_last[ret_dev] = max(win_last[ret_dev], arr)
-                else:
-                    win_silent[ret_dev] = True
-                if win_left[ret_dev] == 0 and not win_silent[ret_dev] \
-                        and win_last[ret_dev] < win_start[ret_dev] + S:
-                    heapq.heappush(heap, (max(win_last[ret_dev], now), _WINDOW, ret_dev,
-                                          token[ret_dev]))
-            continue
-        if kind == _WINDOW:
-            if not win_open[i] or arg != token[i]:
-                continue  # an earlier end of this window was already taken, or a stale one
-            win_open[i] = False
-            if now >= win_start[i] + S:
-                stats[8] += 1
-            if not _online(ipt, ist, ien, i, now, horizon) or \
-                    _next_off(ipt, ist, ien, i, win_start[i]) < now:
-                stats[5] += 1  # gone offline inside the window: abandoned
-                if proto == 1:
-                    off_since[i] = _next_off(ipt, ist, ien, i, win_start[i])
-                continue
-            if proto == 1:
-                stats[6] += now - win_start[i]
-                kind = _WAKE  # start the local round now (below)
-                arg = -1
-            elif win_round[i] >= 0:
-                stats[6] += now - win_moved[i]
-                kind = _WAKE
-                arg = -1 - win_round[i]  # the moved wake of round win_round
-            else:
-                continue
-        # ------------------------------------------------------------- a wake or a start
-        closes = arg < 0  # a start moved to its window's end
-        if proto == 0:
-            if arg >= 0:
-                r = arg
-                if r + 1 < nwakes:
-                    w1 = (r + 1) * P + jit[r + 1, i]
-                    if w1 < horizon:
-                        heapq.heappush(heap, (w1, _WAKE, i, r + 1))
-                if win_open[i]:  # a wake inside the window: the first moves to its end
-                    if win_round[i] < 0 and _online(ipt, ist, ien, i, now, horizon):
-                        win_round[i] = r
-                        win_moved[i] = now
-                    elif _online(ipt, ist, ien, i, now, horizon):
-                        stats[4] += 1
-                        continue
-                    if win_round[i] == r:
-                        continue
-            else:
-                r = -1 - arg
-            on = _online(ipt, ist, ien, i, now, horizon)
-            if not on:
-                stats[3] += 1
-                _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False)
-                ne += 1
-                tau[i] += 1
-                continue
-            if now < busy[i]:
-                stats[0] += 1
-                continue
-            step, t_ev = r, r
+            _on_commit(heap, E, F, G, i, arg, proto, ipt, ist, ien, deg, dt)
+        elif kind == _RETURN:
+            ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, S, unit, rptr,
+                            rtime, deg, dth, qptr, qj, qcode, qtime)
+        elif kind == _REQUEST:
+            _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
+                        qlat, qextra, qdrop, qret, rep)
         else:
-            if arg >= 0 and win_open[i]:
-                continue  # the start at the return waits for the window's end
-            step, t_ev = count[i], np.int64(np.floor(now / unit))
-        ns = K * (1 + min(tau[i], cap)) if (catchup and tau[i] >= 1) else K
-        fe = now + ns * compute[i]
-        off = _next_off(ipt, ist, ien, i, now)
-        through = min(fe, horizon) <= off
-        if not (through and fe <= horizon):
-            if through:
-                stats[2] += 1
-            else:
-                stats[1] += 1
-            if proto == 0:
-                busy[i] = max(off, now)
-            elif through:
-                pass  # the run ends before its K steps: nothing more
-            else:
-                off_since[i] = off
-            continue
-        _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, closes)
-        busy[i] = np.inf
-        count[i] += 1
-        tau[i] = 0
-        heapq.heappush(heap, (fe, _COMMIT, i, ne))
-        ne += 1
-    return E[:ne], rep_src, rep_held, rep_arr, rep_ok, rep_sent, rep_queued, stats
+            if kind == _WINDOW:
+                arg = _on_window(F, G, st, i, arg, now, proto, S, horizon, ipt, ist, ien)
+                if arg == 0:
+                    continue
+            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit,
+                           ipt, ist, ien, compute, K, catchup, cap)
+    return E[:ne], rep[0], rep[1], rep[2], rep[3], rep[4], rep[5], st
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -351,10 +360,10 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     module docstring): per request the neighbour, its fate (:data:`ARRIVES` with the
     arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
     latency, fault delay and whether it is dropped on the way."""
-    from sfg.clock.schedule import _out_slots, fault_plan
+    from sfg.clock.schedule import fault_plan, out_slots
 
     rg = world.rg
-    ptr, out, _ = _out_slots(rg)
+    ptr, out, _ = out_slots(rg)
     deg = np.diff(ptr)
     n_ret = np.diff(rptr)
     ret_dev = np.repeat(np.arange(world.n), n_ret)
@@ -414,16 +423,16 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     vectorised schedules make it; for the tests). Returns the events (columns of
     :func:`_put`), the replies (slot, sending event, arrival, held) that reached their
     device, and the counts."""
-    from sfg.clock.schedule import _out_slots, _transfer
+    from sfg.clock.schedule import out_slots, transfer_seconds
     from sfg.round.rules import CATCHUP_CAP
     from sfg.round.staleness import wake_jitter
 
     n, H = world.n, world.horizon
     on = world.online
     rptr, rtime, rend = returns_of(world)
-    dt = _transfer(world, float(settings.message_bytes or 0.0))
-    dth = _transfer(world, float(HEADER_BYTES)) if pull else np.zeros(n)
-    deg = np.diff(_out_slots(world.rg)[0]).astype(np.float64)
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
+    deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
     S = float(settings.pull_timeout or 0.0)
     if pull:
         rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth)
@@ -466,7 +475,7 @@ def pull_schedule(world, settings: ClockSettings, protocol: str, *, local_steps:
     ``on_return: pull`` (see the module docstring)."""
     import hashlib
 
-    from sfg.clock.schedule import _finish
+    from sfg.clock.schedule import finish_schedule
 
     if anatomy != "full":
         raise SfgError(f"on_return pull runs with anatomy full; under {anatomy!r} a device that "
@@ -509,7 +518,7 @@ def pull_schedule(world, settings: ClockSettings, protocol: str, *, local_steps:
     pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}
-    return _finish(world, settings, protocol, parts, steps_of, seed=seed, catchup=catchup,
+    return finish_schedule(world, settings, protocol, parts, steps_of, seed=seed, catchup=catchup,
                    link_failure=link_failure, stats=out, pull=pull)
 
 

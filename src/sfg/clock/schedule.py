@@ -137,14 +137,14 @@ def make_world(settings: ClockSettings, *, process: str, graph: str, n: int, rou
                  horizon=float(rounds) * settings.round_seconds, device_ids=ids)
 
 
-def _transfer(world: World, nbytes: float) -> np.ndarray:
+def transfer_seconds(world: World, nbytes: float) -> np.ndarray:
     """[N] seconds one message takes on each device's uplink."""
     with np.errstate(divide="ignore", invalid="ignore"):
         dt = np.where(np.isinf(world.uplink) | (nbytes == 0), 0.0, nbytes / world.uplink)
     return dt
 
 
-def _out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each sender's outgoing slots in the order it sends (receivers by id): (ptr [N+1],
     slots [2M], position [E] of each slot in its sender's order, −1 on self slots)."""
     nb = np.flatnonzero(~rg.is_self)
@@ -186,8 +186,8 @@ def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, 
         raise SfgError(REFUSE_LOCKSTEP_PULL)
     rg, n, T = world.rg, world.n, int(rounds)
     delta = float(settings.round_seconds)
-    dt = _transfer(world, float(settings.message_bytes or 0.0))
-    ptr, _, pos = _out_slots(rg)
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    ptr, _, pos = out_slots(rg)
     deg = np.diff(ptr)
     train = local_steps * world.compute
     start = (np.arange(T, dtype=np.float64) * delta)[:, None]
@@ -414,8 +414,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     if caps is not None:
         caps = caps[order]
     R = time.shape[0]
-    dt = _transfer(world, float(settings.message_bytes or 0.0))
-    ptr, out, _ = _out_slots(rg)
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    ptr, out, _ = out_slots(rg)
     deg = np.diff(ptr)
     loc_all = np.flatnonzero(kind == LOCAL)
     loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
@@ -531,7 +531,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     return sched
 
 
-def _finish(world: World, settings: ClockSettings, protocol: str,
+def finish_schedule(world: World, settings: ClockSettings, protocol: str,
             parts: list[tuple[np.ndarray, ...]], steps_of: list[np.ndarray], *, seed: int,
             catchup: bool, link_failure: float, stats: dict[str, float],
             caps_of: list[np.ndarray] | None = None, offline_talks: bool = False,
@@ -616,8 +616,8 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                              catchup=catchup, link_failure=link_failure, anatomy=anatomy,
                              stats={"wakes": float(n * wakes)})
     jit = wake_jitter(seed, wakes, n) * (settings.jitter * P)
-    dt = _transfer(world, float(settings.message_bytes or 0.0))
-    deg = np.diff(_out_slots(world.rg)[0])
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    deg = np.diff(out_slots(world.rg)[0])
     busy = np.zeros(n)
     ids = np.arange(n)
     tau = np.zeros(n, np.int64)  # the device's own age (rule-independent): for +catchup
@@ -683,7 +683,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                 tau[kept] = 0
             else:
                 tau[kept] += 1
-    return _finish(world, settings, "async", parts, steps_of, seed=seed, catchup=catchup,
+    return finish_schedule(world, settings, "async", parts, steps_of, seed=seed, catchup=catchup,
                    link_failure=link_failure, caps_of=caps_of, offline_talks=talks,
                    stats={"wakes": float(n * wakes), "skipped": float(skipped),
                           "interrupted": float(interrupted), "unfinished": float(unfinished),
@@ -720,8 +720,8 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     ticks_off = bool(keeps) and not trains_off
     talks = bool(keeps & EV_SEND)
     train = local_steps * world.compute
-    dt = _transfer(world, float(settings.message_bytes or 0.0))
-    deg = np.diff(_out_slots(world.rg)[0])
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    deg = np.diff(out_slots(world.rg)[0])
     dur = train + deg * dt
     if n and float(dur.min()) <= 0.0:
         i = int(np.argmin(dur))
@@ -823,7 +823,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     stats = {"interrupted": float(interrupted), "unfinished": float(unfinished)}
     if ticks_off:
         stats["skipped"] = float(skipped)
-    return _finish(world, settings, "event", parts, steps_of, seed=seed, catchup=catchup,
+    return finish_schedule(world, settings, "event", parts, steps_of, seed=seed, catchup=catchup,
                    link_failure=link_failure, caps_of=caps_of, offline_talks=talks,
                    stats=stats)
 
