@@ -202,7 +202,7 @@ def _compare_per_rule(recs: Sequence[Mapping[str, Any]], *, metric: str, name: s
                 continue
             counts = {}
             if metric == _clock.TTA:
-                got = _clock._pair_counts(here, b, a)
+                got = _clock.pair_counts(here, b, a)
                 counts = {"b_never": got["rule_never"], "a_never": got["baseline_never"],
                           "neither": got["neither"]}
             rows.append(AcrossRow(replace(c, rule=rule, baseline=f"{name}={a}"), **counts))
@@ -296,7 +296,7 @@ def _diff(c: Comparison) -> str:
     if c.runs == 0:
         return "— (no pair)"
     if c.metric == _clock.TTA:
-        fmt = _clock._h
+        fmt = _clock.fmt_hours
     else:
         def fmt(x: float) -> str:
             return points(x, metric=c.metric)
@@ -309,7 +309,7 @@ def across_cells(row: AcrossRow) -> list[str]:
     """The cells of ``row`` in :data:`ACROSS_COLUMNS` order (accuracy differences in pp, time
     differences in hours)."""
     c = row.comparison
-    p = _clock._p
+    p = _clock.fmt_p
     tta = c.metric == _clock.TTA
     never = (f"{row.b_never + row.a_never + row.neither} ({row.b_never}, {row.a_never}, "
              f"{row.neither})") if tta else "—"

@@ -217,7 +217,7 @@ def time_rows(records: Sequence[Mapping[str, Any]], *, baseline: str, rules: Seq
                 continue
             times = np.array([r["metrics"][TTA] for r in mine], dtype=np.float64)
             ok = np.isfinite(times)
-            counts = _pair_counts(here, rule, baseline) if rule != baseline else {}
+            counts = pair_counts(here, rule, baseline) if rule != baseline else {}
             rows.append(TimeRow(
                 setting=setting, rule=rule, target=_target(mine[0]), runs=len(mine),
                 reached=int(ok.sum()), mean_h=float(times[ok].mean()) if ok.any() else math.nan,
@@ -226,7 +226,7 @@ def time_rows(records: Sequence[Mapping[str, Any]], *, baseline: str, rules: Seq
     return rows, comps
 
 
-def _pair_counts(recs: Sequence[Mapping[str, Any]], rule: str, baseline: str) -> dict[str, int]:
+def pair_counts(recs: Sequence[Mapping[str, Any]], rule: str, baseline: str) -> dict[str, int]:
     def times(name: str) -> dict[tuple, float]:
         return {(r["dataset"], r["process"], r["seed"]): r["metrics"][TTA]
                 for r in recs if r["rule"] == name}
@@ -242,11 +242,11 @@ def _pair_counts(recs: Sequence[Mapping[str, Any]], rule: str, baseline: str) ->
             "unpaired": len(a) + len(b) - 2 * len(both)}
 
 
-def _h(x: float) -> str:
+def fmt_hours(x: float) -> str:
     return "—" if not math.isfinite(x) else f"{x:+.3f}"
 
 
-def _p(x: float) -> str:
+def fmt_p(x: float) -> str:
     if math.isnan(x):
         return "—"
     return f"{x:.2e}" if x < 1e-3 else f"{x:.3g}"
@@ -267,15 +267,15 @@ def time_cells(row: TimeRow) -> list[str]:
     if c.runs == 0:
         diff = "— (no pair where both reached the target)"
     elif math.isnan(c.ci_low):
-        diff = f"{_h(c.mean_gain)} [undefined, df={c.df}]"
+        diff = f"{fmt_hours(c.mean_gain)} [undefined, df={c.df}]"
     else:
-        diff = f"{_h(c.mean_gain)} [{_h(c.ci_low)}, {_h(c.ci_high)}]"
+        diff = f"{fmt_hours(c.mean_gain)} [{fmt_hours(c.ci_low)}, {fmt_hours(c.ci_high)}]"
     never = (f"{row.dropped_never} (rule only {row.rule_never}, baseline only "
              f"{row.baseline_never}, both {row.neither})")
     if row.unpaired:
         never += f"; {row.unpaired} unpaired run(s)"
     return head + [diff, f"{row.both_reached}/{row.pairs}", never, f"{c.wins}/{c.runs}",
-                   _p(c.p_perm), _p(c.p_perm_holm), _p(c.p_wilcoxon), _p(c.p_wilcoxon_holm),
+                   fmt_p(c.p_perm), fmt_p(c.p_perm_holm), fmt_p(c.p_wilcoxon), fmt_p(c.p_wilcoxon_holm),
                    c.verdict]
 
 
