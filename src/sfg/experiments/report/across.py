@@ -279,11 +279,9 @@ def across_report(records: Iterable[Mapping[str, Any]], *, across: str, out_dir:
     rep.files["across.csv"] = comparisons_to_csv([row.comparison for row in rep.rows],
                                                  out / "across.csv")
     rep.markdown = _markdown(rep)
-    try:
-        (out / "across.md").write_text(rep.markdown)
-    except OSError as exc:
-        raise SfgError(f"cannot write {out / 'across.md'}: {exc.strerror}") from None
-    rep.files["across.md"] = out / "across.md"
+    from sfg.experiments.report.paired import write_markdown
+
+    rep.files["across.md"] = write_markdown(out / "across.md", rep.markdown)
     return rep
 
 

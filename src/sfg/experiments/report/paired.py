@@ -577,12 +577,17 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
         for name, path in write_diagnostics(records, out / "diagnostics").items():
             report.files[f"diagnostics/{name}"] = path
     report.markdown = _markdown(report)
-    try:
-        (out / "report.md").write_text(report.markdown)
-    except OSError as exc:
-        raise SfgError(f"cannot write {out / 'report.md'}: {exc.strerror}") from None
-    report.files["report.md"] = out / "report.md"
+    report.files["report.md"] = write_markdown(out / "report.md", report.markdown)
     return report
+
+
+def write_markdown(path: Path, text: str) -> Path:
+    """Write a report's markdown page; a failure is one :class:`SfgError` line."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise SfgError(f"cannot write {path}: {exc.strerror}") from None
+    return path
 
 
 def _write_plots(report: Report, records: Sequence[Mapping[str, Any]], *,
