@@ -31,6 +31,15 @@ neighbours. An unavailable node neither trains, sends nor answers (its server re
 deliveries); each of its rounds adds 1 to its age and lag. q̂_ij is updated with "j is a
 candidate" as the event. Timestamps are the receiver's own clock only.
 
+**Returns** (``pull_timeout``, ``on_return: pull:timeout=S``; docs/concepts/nodes.md#returns-in-the-node,
+docs/concepts/clock.md#returns-in-time): at a return — the start of an online row after an
+offline one (not the run's start), or a restart once online — an async node asks every
+neighbour for its latest sent message (``Fetch`` with ``pull``, :meth:`Peer.pull`) and its
+first local round waits until each has answered (a reply, empty, unreachable) or S seconds
+have passed. A reply goes through the checks of any message and is a candidate whose waited
+staleness starts at its sending: d = (held + now − arrival)/P; one not newer, by the sender's
+round, than what the node holds from that neighbour changes nothing.
+
 **Claims** (:mod:`sfg.net.claims`): what a node puts in its headers is its claim policy's
 (``claims=``, by default the one :func:`sfg.net.claims.claim_policy` picks from the run's
 ``--attack``): its true state, or an attacker's forged claims and model. A receiver whose rule
@@ -74,7 +83,7 @@ from sfg.net.cuts import Cut
 from sfg.net.diagnose import NodeDiagnostics
 from sfg.net.evidence import CertifiedEvidence, GuardEvidence, Prev
 from sfg.net.simclock import WALL, NodeClock
-from sfg.net.transport import CHUNK, Peer, Server, TlsFiles
+from sfg.net.transport import CHUNK, EMPTY, OFFLINE, SILENT, UNREACHABLE, Peer, Server, TlsFiles
 from sfg.net.wire import (
     DEFAULT_MAX_BYTES,
     Chunked,
@@ -142,6 +151,7 @@ class NodeConfig:
     on_round: Any = None         # callback(node_id, round, available, acc or None)
     events: Any = None           # event log (sfg.net.eventlog.EventLog): record(node, ev, fields)
     keys: Any = None             # +certified: sfg.net.certify.Keys (from the sfg tls-ca folder)
+    pull_timeout: float | None = None  # async, on_return pull:timeout=S: S wall seconds (None: none)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -153,6 +163,15 @@ class NodeConfig:
             raise SfgError(f"jitter must lie in [0, 1) (a fraction of the period), got {self.jitter}")
         if not self.window > 0:
             raise SfgError(f"window W must be > 0 periods, got {self.window}")
+        if self.pull_timeout is not None:
+            S = self.pull_timeout
+            if self.mode != "async":
+                raise SfgError("on_return pull runs under the async protocol; under lockstep a "
+                               "returning node already aggregates its neighbours' round models: "
+                               "drop --on-return or choose --protocol async")
+            if not (math.isfinite(S) and 0 < S < self.period):
+                raise SfgError(f"on_return pull:timeout={S:g} must be > 0 and below the period "
+                               f"P = {self.period:g} s (the wait must end before the next wake)")
         for p in self.partitions:
             if p.unit != "rounds":
                 raise SfgError(f"a node's partitions are in rounds, not {p.unit} "
@@ -176,6 +195,20 @@ class _Stats:
     headers: int = 0             # own messages handed to the transport (one per neighbour)
     interrupted: int = 0         # async: local rounds discarded (offline before K steps)
     skipped: int = 0             # async, virtual clock: wakes while still busy
+    # returns (docs/concepts/nodes.md#returns-in-the-node), counted with or without pull
+    returns: int = 0             # returns: an online row after an offline one, a restart online
+    returns_heard: int = 0       # of those, whose first aggregation held a neighbour's model
+    returns_alone: int = 0       # pull: of those, with no neighbour answering (all unreachable/silent)
+    requests: int = 0            # pull requests sent (one per neighbour and return)
+    replies: int = 0             # replies accepted by the checks
+    replies_unused: int = 0      # of those, not newer than what the node held (changed nothing)
+    empty: int = 0               # empty answers (the neighbour never sent)
+    unreachable: int = 0         # unreachable answers (offline, not running)
+    pull_rejected: int = 0       # replies the checks rejected (also in the rejections)
+    pull_bytes: int = 0          # bytes of replies received
+    wait_s: float = 0.0          # delay of first local rounds after returns (wall seconds)
+    abandoned: int = 0           # waits abandoned: offline inside the window
+    answered_pulls: int = 0      # pulls this node answered with a message
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -187,6 +220,12 @@ class Node:
                  clock: NodeClock | None = None, claims: HonestClaims | None = None):
         self.world, self.i = world, int(i)
         self.cfg = config or NodeConfig()
+        if self.cfg.pull_timeout is None:  # the run's on_return (docs/concepts/nodes.md#returns-in-the-node)
+            from sfg.clock.settings import parse_on_return
+
+            S = parse_on_return(world.cfg.get("on_return"))
+            if S is not None:
+                self.cfg = replace(self.cfg, pull_timeout=S)  # checked as any NodeConfig
         # the transport (gRPC unless ``net``, e.g. sfg.net.memory.MemoryNetwork) and the clock
         # (the wall clock unless a virtual one, sfg.net.simclock): the protocol code is the same
         self.net = net
@@ -214,8 +253,12 @@ class Node:
         if net is None:
             self.server: Any = Server(self._on_deliver, self._on_fetch,
                                       max_bytes=self.cfg.max_bytes, tls=self.cfg.tls,
-                                      refused=self.rejections.add)
+                                      refused=self.rejections.add, pull=self._on_pull)
         else:
+            if self.cfg.pull_timeout is not None:
+                raise SfgError("on_return pull runs on real nodes over gRPC only; the node on "
+                               "the virtual clock does not implement it (sfg run --clock virtual "
+                               "does)")
             self.server = net.server(self.i, self._on_deliver, self._on_fetch,
                                      max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
         self.peers: dict[int, Any] = {}
@@ -225,6 +268,13 @@ class Node:
         self._delivered: set[tuple[int, int]] = set()               # (neighbour, round) pushed
         self.inbox: dict[tuple[int, int], Message] = {}         # lockstep: (sender, round)
         self.latest: dict[int, tuple[Message, float]] = {}      # async: sender -> (msg, arrival)
+        # async: sender -> held, when its latest message is a pull's reply (its waiting started
+        # held seconds before its arrival; docs/concepts/nodes.md#returns-in-the-node)
+        self.held: dict[int, float] = {}
+        self.last_sent: tuple[Outgoing, float] | None = None     # async: own latest, sent at
+        self._restarted = bool(self.cfg.resume)   # a return at the first online round
+        self._returning = False                   # the next aggregation is a return's first
+        self._pull: asyncio.Task | None = None    # the return's pull (its window)
         self._arrived = asyncio.Event()
         self.round = 0
         self.t0 = self.cfg.t0
@@ -317,7 +367,8 @@ class Node:
         for j in self.nbrs:
             if self.net is None:
                 self.peers[int(j)] = Peer(addresses[int(j)], max_bytes=self.cfg.max_bytes,
-                                          tls=self.cfg.tls, refused=self.rejections.add)
+                                          tls=self.cfg.tls, refused=self.rejections.add,
+                                          identity=int(j))
             else:
                 self.peers[int(j)] = self.net.peer(self.i, addresses[int(j)],
                                                    max_bytes=self.cfg.max_bytes,
@@ -412,12 +463,22 @@ class Node:
             raise Rejected("ahead", f"node {sender} already has rounds "
                                     f"{sorted(k[1] for k in pending)} waiting here")
 
-    def _accept(self, msg: Message, nbytes: int, t_in: float | None = None) -> None:
+    def _accept(self, msg: Message, nbytes: int, t_in: float | None = None,
+                held: float | None = None) -> None:
+        """Take an accepted message. ``held``: a pull's reply, sent ``held`` seconds before it
+        arrived (docs/concepts/nodes.md#returns-in-the-node): kept only if strictly newer, by
+        the sender's round, than what the node holds from that sender (else nothing changes)."""
         h = msg.header
         now = self.clock.monotonic()
+        if held is not None:
+            old = self.latest.get(h.sender)
+            if old is not None and h.round <= old[0].header.round:
+                self.stats.replies_unused += 1
+                return
         self._log("arrival", t=self.clock.time() if t_in is None else t_in, m=now,
                   sender=h.sender, round=h.round, sha256=h.sha256.hex(), **h.scalars())
-        self.stats.bytes += nbytes
+        if held is None:
+            self.stats.bytes += nbytes
         if self.cfg.record_headers:
             self.headers.append({"sender": h.sender, "receiver": self.i, "round": h.round,
                                  **h.scalars()})
@@ -429,6 +490,10 @@ class Node:
             old = self.latest.get(h.sender)
             if old is None or h.round >= old[0].header.round:
                 self.latest[h.sender] = (msg, now)
+                if held is None:
+                    self.held.pop(h.sender, None)
+                else:
+                    self.held[h.sender] = float(held)
                 self.guard.arrived(h.sender, h.sha256, now)  # +guard evidence: first arrival
         if h.round >= self._claimed_round.get(h.sender, -1):
             self._claimed_round[h.sender] = h.round
@@ -461,6 +526,27 @@ class Node:
         if who in self.nbr_set:
             self._delivered.add((who, t))
         return header, msg[1]
+
+    def _on_pull(self, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
+        """Answer a returning neighbour's pull (docs/concepts/nodes.md#returns-in-the-node):
+        the latest message this node sent, header and model as sent, and the seconds since it
+        sent it; None (an empty answer) if it never sent; ``OFFLINE`` while it is offline
+        (or not async); ``SILENT`` across a network cut or to a non-neighbour."""
+        if self.cfg.mode != "async" or not self._available_at(self.clock.time()):
+            return OFFLINE
+        if who not in self.nbr_set:
+            self.rejections.add(Rejected("non-neighbour", f"a pull by node {who}"))
+            return SILENT
+        if self._blocked(who, self.round):
+            return SILENT
+        if self.last_sent is None:
+            return None
+        msg, sent_at = self.last_sent
+        header = header_for(msg, who)
+        if header is None:
+            return None
+        self.stats.answered_pulls += 1
+        return header, msg[1], max(0.0, self.clock.monotonic() - sent_at)
 
     # ------------------------------------------------------------------ sending
     def _message(self, targets: Iterable[int] | None = None) -> Outgoing:
@@ -739,8 +825,11 @@ class Node:
                 continue
             msg, arrival = got
             d = held_units(now, arrival, float(self.cfg.window), float(self.cfg.period))
-            if d < 0:
+            if d < 0:  # the window applies to its arrival
                 continue
+            # a reply's waiting started at its sending (docs/concepts/nodes.md#returns-in-the-node):
+            # d = (held + now − arrival)/P
+            d += self.held.get(j, 0.0) / float(self.cfg.period)
             age, lag = waited(msg.header.age, msg.header.lag, d)
             senders.append(j)
             msgs.append(msg)
@@ -756,7 +845,19 @@ class Node:
         if not available:
             self.offline_round()
             return
-        agg, full = self._aggregate(r, *self._async_candidates(r, now))
+        if self._pull is not None:  # the return's window: wait for the answers, or S
+            pull, self._pull = self._pull, None
+            await pull
+            waited_until = self.clock.time()
+            self.stats.wait_s += max(0.0, waited_until - start)
+            if not self._available_at(waited_until):
+                self.stats.abandoned += 1  # offline inside the window: the wait is abandoned
+            start, now = waited_until, self.clock.monotonic()
+        cands = self._async_candidates(r, now)
+        if self._returning:  # the return's first aggregation
+            self._returning = False
+            self.stats.returns_heard += int(len(cands[0]) > 0)
+        agg, full = self._aggregate(r, *cands)
         x, n_steps = await self._train(r, agg)
         self.round = r + 1  # the state about to be computed is the start of round r + 1
         end = self.clock.time()
@@ -770,7 +871,9 @@ class Node:
             return
         self._commit(x, n_steps, full)
         targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
-        self._send_all(targets, self._message())
+        msg = self._message()
+        self._send_all(targets, msg)
+        self.last_sent = (msg, self.clock.monotonic())  # what a pull is answered with
 
     def checkpoint(self) -> None:
         """Write the node's checkpoint (if it has a folder): :func:`sfg.net.persist.save`."""
@@ -832,6 +935,12 @@ class Node:
                 self.round = self.state.t
                 self._end_round(r, False)
                 continue
+            t_ret = self._return_time(r)
+            if t_ret is not None:  # docs/concepts/nodes.md#returns-in-the-node
+                self.stats.returns += 1
+                self._returning = True
+                if self.cfg.pull_timeout is not None:
+                    self._pull = asyncio.ensure_future(self._pull_at(t_ret))
             # always let the others (and the server) run in between
             await self.clock.wake(r, delay)
             await self._async_round(r)
@@ -839,10 +948,107 @@ class Node:
         await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else self.cfg.period)
         await self._drain()
 
+    def _return_time(self, r: int) -> float | None:
+        """Async: the time of the return whose first local round is round ``r`` (this node's
+        clock), or None when round r follows no return (docs/concepts/nodes.md#returns-in-the-node):
+        the start t0 + r·P of an online row after an offline one (not the run's start); after
+        a restart, the restart itself if the node is online then, else the start of its first
+        online row."""
+        A = self.world.available[:, self.i]
+        if not A[r]:
+            return None
+        start = float(self.t0 or 0.0) + r * self.cfg.period
+        if self._restarted:
+            self._restarted = False
+            now = self.clock.time()
+            return now if self._available_at(now) else max(now, start)
+        if r >= 1 and not A[r - 1]:
+            return start
+        return None
+
+    async def _pull_at(self, t_ret: float) -> None:
+        """At ``t_ret``, ask every neighbour for its latest sent message; return when each
+        has answered (a reply, empty or unreachable) or S seconds have passed. A neighbour
+        across a cut is asked and stays silent; a reply the checks reject, or none within
+        the time-out, is no answer."""
+        delay = t_ret - self.clock.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        S = float(self.cfg.pull_timeout)
+        end = self.clock.monotonic() + S
+        nbrs = [int(j) for j in self.nbrs]
+        self.stats.requests += len(nbrs)
+        asked = [j for j in nbrs if not self._blocked(j, self.round)]
+        tasks = [asyncio.ensure_future(self._pull_one(j, S)) for j in asked]
+        got: list[str] = []
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=S)
+            got = [t.result() for t in done if not t.cancelled() and t.exception() is None]
+            self._backlog.extend(pending)  # bounded by their own time-out (S)
+        answers = sum(1 for a in got if a)
+        if not any(a in ("reply", "empty") for a in got):  # no online, reachable neighbour
+            self.stats.returns_alone += 1
+        if answers < len(nbrs):  # someone is silent: the window lasts S
+            rest = end - self.clock.monotonic()
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+    async def _pull_one(self, j: int, S: float) -> str:
+        """One pull from neighbour ``j``: its answer, ``reply``, ``empty`` or
+        ``unreachable``, or ``""`` for none (no answer in time, a failed call, a rejected reply)."""
+        try:
+            got = await self.peers[j].pull(self.i, timeout=S)
+        except Rejected as e:
+            self.stats.pull_rejected += 1
+            self.rejections.add(e, f"pull from {j}")
+            return ""
+        if got is UNREACHABLE:
+            self.stats.unreachable += 1
+            return "unreachable"
+        if got is EMPTY:
+            self.stats.empty += 1
+            return "empty"
+        if got is None:  # no answer in time, or a failed call
+            return ""
+        raw, payload, held = got
+        self.stats.pull_bytes += len(raw) + len(payload)
+        t_in = self.clock.time()
+        try:
+            # with TLS the pull's channel accepted only node j's certificate (Peer.pull)
+            msg = check_message(raw, payload, self.layout, neighbours=self.nbr_set,
+                                max_bytes=self.cfg.max_bytes,
+                                identity=j if self.cfg.tls is not None else None)
+            if msg.header.sender != j:
+                raise Rejected("header", f"a pull reply from node {j} carries node "
+                                         f"{msg.header.sender}'s message")
+        except Rejected as e:
+            self.stats.pull_rejected += 1
+            self.rejections.add(e, f"pull from {j}")
+            return ""
+        self.stats.replies += 1
+        self._accept(msg, len(raw) + len(payload), t_in, held=held)
+        return "reply"
+
     async def _drain(self) -> None:
         pending = [t for t in [*self._sends.values(), *self._backlog] if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=self.cfg.rpc_timeout)
+
+    def _returns_result(self) -> dict[str, Any] | None:
+        """A real async node's returns and, with pull, its requests and answers
+        (docs/concepts/nodes.md#returns-in-the-node); None for a lockstep node and the node
+        on the virtual clock."""
+        if self.cfg.mode != "async" or self.net is not None:
+            return None
+        s = self.stats
+        out: dict[str, Any] = {"returns": s.returns, "returns_heard": s.returns_heard}
+        if self.cfg.pull_timeout is not None:
+            out.update(returns_alone=s.returns_alone, requests=s.requests, replies=s.replies,
+                       replies_unused=s.replies_unused, empty=s.empty,
+                       unreachable=s.unreachable, rejected=s.pull_rejected,
+                       bytes=s.pull_bytes, wait_s=s.wait_s, abandoned=s.abandoned,
+                       answered=s.answered_pulls)
+        return out
 
     def result(self) -> dict[str, Any]:
         s = self.stats
@@ -857,6 +1063,7 @@ class Node:
                 "rejected": self.rejections.as_dict(), "state": self.state.as_dict(),
                 "restored": self.restored, "header_bytes": s.header_bytes, "headers": s.headers,
                 "diagnostics": None if self.diagnostics is None else self.diagnostics.result(),
+                "returns": self._returns_result(),
                 "certified": None if not self.certified else {
                     "checked": s.checked, "refuted": s.refuted,
                     "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,

@@ -132,15 +132,39 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         per_round = max(1, len(res) * world.rounds)
         metrics["sign_ms_per_node_round"] = 1e3 * sum(c["sign_s"] for c in cert) / per_round
         metrics["verify_ms_per_node_round"] = 1e3 * sum(c["verify_s"] for c in cert) / per_round
+    metrics.update(return_metrics(res))
     nodes = [{"node": r["node"], "acc": r["acc"], "attacker": bool(r.get("attacker", False)),
               **{k: r["state"][k] for k in
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
-              "restored": r["restored"]} for r in res]
+              "restored": r["restored"],
+              **({"returns": r["returns"]} if r.get("returns") else {})} for r in res]
     curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
     # docs/concepts/diagnostics.md#training-diagnostics: the nodes' per-bin sums added (sfg.net.diagnose); None when none recorded
     diagnostics = pool_diagnostics(r.get("diagnostics") for r in res)
     return RunResult(metrics=metrics, curves=curves, accuracy=acc, diagnostics=diagnostics,
                      extra={"nodes": nodes})
+
+
+# the nodes' return counts summed into the swarm's metrics (docs/concepts/nodes.md#returns-in-the-node):
+# result key -> metric name
+RETURN_METRICS = {"returns": "returns", "returns_heard": "returns_heard",
+                  "returns_alone": "returns_alone", "requests": "pull_requests",
+                  "replies": "pull_replies", "replies_unused": "pull_replies_unused",
+                  "empty": "pull_empty", "unreachable": "pull_unreachable",
+                  "rejected": "pull_rejected", "bytes": "pull_bytes", "wait_s": "pull_wait_seconds",
+                  "abandoned": "pull_abandoned"}
+
+
+def return_metrics(results: list[dict]) -> dict[str, float]:
+    """The nodes' returns (async) and, with ``on_return: pull``, their requests, answers,
+    bytes and waits, summed over the nodes; nothing for nodes that report none (lockstep)."""
+    rets = [r["returns"] for r in results if r.get("returns")]
+    out: dict[str, float] = {}
+    for key, name in RETURN_METRICS.items():
+        vals = [x[key] for x in rets if key in x]
+        if vals:
+            out[name] = float(sum(vals))
+    return out
 
 
 # ----------------------------------------------------------------------------------- processes
@@ -160,6 +184,7 @@ class SwarmOptions:
     workdir: str | None = None
     start_delay: float = 0.0
     record_log: str | None = None   # async: write the run's event log here (sfg.net.eventlog)
+    pull_timeout: float | None = None  # on_return pull:timeout=S (the run's setting), checked here
 
     def __post_init__(self) -> None:
         if self.mode not in ("lockstep", "async"):
@@ -171,8 +196,11 @@ class SwarmOptions:
             raise SfgError(f"--procs must be >= 1, got {self.procs}")
         for p in self.partitions:
             Cut.parse_rounds(p)
+        if self.record_log is not None and self.pull_timeout is not None:
+            raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
+                           "not implement on_return pull; drop --record-log or --on-return")
         NodeConfig(mode=self.mode, period=self.period, jitter=self.jitter, window=self.window,
-                   deadline=self.deadline)  # the same checks as every node's
+                   deadline=self.deadline, pull_timeout=self.pull_timeout)  # every node's checks
 
 
 def parse_kill(text: str) -> tuple[int, int]:

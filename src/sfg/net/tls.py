@@ -178,7 +178,10 @@ def make_test_ca(directory: str | Path, nodes, *, hosts=(), days: float = 30,
                 .issuer_name(ca_cert.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
                 .not_valid_before(start).not_valid_after(end)
-                .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+                # node-<id> as a name too: a pull's channel checks the replier is that node
+                # (sfg.net.transport.Peer.pull, docs/concepts/nodes.md#returns-in-the-node)
+                .add_extension(x509.SubjectAlternativeName([*alt, x509.DNSName(f"node-{i}")]),
+                               critical=False)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
                                                       x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]),

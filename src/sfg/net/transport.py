@@ -17,6 +17,12 @@ One service ``sfg.Node`` with raw-bytes methods:
   (cancels the call, :class:`~sfg.net.wire.Rejected` "oversize") as soon as the reply
   exceeds what the header announces or the node's message limit: a neighbour cannot make it
   buffer more than one chunk past either.
+* ``Fetch`` with ``"pull": true`` (docs/concepts/nodes.md#returns-in-the-node): a returning node asks
+  for the neighbour's latest *sent* message. The reply streams ``{"held": s}``
+  (:func:`~sfg.net.wire.pack_held`: seconds since it was sent, on the replier's clock), then
+  the header and chunks exactly as a ``Fetch`` reply, read with the same bounds
+  (:meth:`Peer.pull`); an empty stream when the neighbour never sent; status ``UNAVAILABLE``
+  when it is offline (as a refused connection): "unreachable".
 
 Clients use deadlines on every call, keep-alive pings and bounded retries with backoff on
 ``UNAVAILABLE``. gRPC's per-message limit is the node's message limit, or one chunk when that
@@ -47,7 +53,15 @@ from pathlib import Path
 import grpc
 import msgpack
 
-from sfg.net.wire import CERT_MAX_BYTES, HEADER_MAX_BYTES, Chunked, Rejected, unpack_header
+from sfg.net.wire import (
+    CERT_MAX_BYTES,
+    HEADER_MAX_BYTES,
+    Chunked,
+    Rejected,
+    pack_held,
+    unpack_held,
+    unpack_header,
+)
 
 CHUNK = 1 << 20
 SERVICE = "sfg.Node"
@@ -167,7 +181,8 @@ def handshake_rejection(err: grpc.aio.AioRpcError, address: str) -> Rejected | N
     if m is not None:
         why = m.group(1).strip() or "certificate verification failed"
         reason = "expired" if any(w in why for w in _NOT_VALID_NOW) else "identity"
-    elif "is not in peer certificate" in text:  # gRPC's own check of the host name
+    elif "is not in peer certificate" in text or "Hostname Verification Check failed" in text:
+        # gRPC's own check of the host name (the second: newer gRPC, and a pull's node-<id>)
         why, reason = "the certificate does not name the address", "identity"
     else:
         return None
@@ -178,6 +193,27 @@ def handshake_rejection(err: grpc.aio.AioRpcError, address: str) -> Rejected | N
 DeliverFn = Callable[[bytes, AsyncIterator[bytes], int | None, str], Awaitable[tuple[bool, str]]]
 FetchFn = Callable[[int, int], tuple[bytes, bytes | Chunked] | None]
 RefusedFn = Callable[[Rejected, str], None]
+# a pull (docs/concepts/nodes.md#returns-in-the-node): requester -> (header, payload, held),
+# None (never sent: an empty answer), OFFLINE (unreachable) or SILENT (no answer at all)
+PullFn = Callable[[int], "tuple[bytes, bytes | Chunked, float] | None | str"]
+OFFLINE, SILENT = "offline", "silent"
+
+
+class Unreachable:
+    """A pull's answer from a neighbour that is offline or not running (a refused connection)."""
+
+    def __repr__(self) -> str:
+        return "UNREACHABLE"
+
+
+class Empty:
+    """A pull's answer from a neighbour that has sent nothing yet."""
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+UNREACHABLE, EMPTY = Unreachable(), Empty()
 
 
 def chunks(payload, size: int | None = None):
@@ -199,8 +235,10 @@ class Server:
     """A node's gRPC server on ``host:port``; ``deliver`` and ``fetch`` are the node's handlers."""
 
     def __init__(self, deliver: DeliverFn, fetch: FetchFn, *, max_bytes: int,
-                 tls: TlsFiles | None = None, refused: RefusedFn | None = None):
+                 tls: TlsFiles | None = None, refused: RefusedFn | None = None,
+                 pull: PullFn | None = None):
         self.deliver, self.fetch, self.tls = deliver, fetch, tls
+        self.pull = pull  # answers pulls (on_return: pull); None: a pull gets an empty stream
         self.refused = refused  # told of each Fetch refused here (the node counts it)
         self.max_bytes = max_bytes
         self.server: grpc.aio.Server | None = None
@@ -220,6 +258,7 @@ class Server:
         try:
             req = msgpack.unpackb(request)
             t, who = int(req["round"]), int(req.get("node", -1))
+            pull = req.get("pull", False) is True
         except Exception:  # noqa: BLE001 - a bad request gets an empty stream
             return
         if self.tls is not None:
@@ -231,6 +270,20 @@ class Server:
                     self.refused(Rejected("identity", f"a fetch on behalf of node {who} by {by}"),
                                  context.peer())
                 return
+        if pull:
+            got = self.pull(who) if self.pull is not None else None
+            if got == OFFLINE:  # offline: answered as a refused connection is
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "offline")
+            if got == SILENT:  # e.g. across a network cut: no answer
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no answer")
+            if got is None:
+                return
+            header, payload, held = got
+            yield pack_held(held)
+            yield header
+            for c in chunks(payload):
+                yield c
+            return
         msg = self.fetch(t, who)
         if msg is None:
             return
@@ -272,10 +325,12 @@ class Peer:
     (:func:`handshake_rejection`; the node counts it)."""
 
     def __init__(self, address: str, *, max_bytes: int, tls: TlsFiles | None = None,
-                 refused: RefusedFn | None = None):
+                 refused: RefusedFn | None = None, identity: int | None = None):
         self.address = address
         self.refused = refused
         self.max_bytes = int(max_bytes)
+        self.tls, self.identity = tls, identity  # identity: the neighbour's id (pulls, TLS)
+        self._pull_channel: grpc.aio.Channel | None = None
         opts = channel_options(max_bytes)
         if tls is not None:
             self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), opts)
@@ -323,23 +378,8 @@ class Peer:
         certificate raises it too (:func:`handshake_rejection`: "expired", "identity")."""
         req = msgpack.packb({"round": int(t), "node": int(me)})
         call = self._fetch(req, timeout=timeout)
-        header: bytes | None = None
-        parts: list[bytes] = []
-        size = length = 0
         try:
-            async for part in call:
-                if header is None:
-                    header = part
-                    length = unpack_header(part).length
-                    if length > self.max_bytes:
-                        raise Rejected("oversize", f"the fetched header announces {length} "
-                                                   f"bytes > limit {self.max_bytes}")
-                    continue
-                size += len(part)
-                if size > length:
-                    raise Rejected("oversize", f"the fetched payload exceeds the announced "
-                                               f"{length} bytes")
-                parts.append(part)
+            _, header, parts = await self._read(call, held=False)
         except grpc.aio.AioRpcError as e:
             refusal = handshake_rejection(e, self.address)
             if refusal is not None:
@@ -352,5 +392,74 @@ class Peer:
             return None
         return header, b"".join(parts)
 
+    async def _read(self, call, *, held: bool) -> tuple[float | None, bytes | None, list[bytes]]:
+        """A ``Fetch`` reply, bounded (see :meth:`fetch`): (held or None, header or None,
+        payload parts). ``held``: the reply starts with a pull's preamble
+        (:func:`~sfg.net.wire.unpack_held`)."""
+        h: float | None = None
+        header: bytes | None = None
+        parts: list[bytes] = []
+        size = length = 0
+        async for part in call:
+            if held and h is None:
+                h = unpack_held(part)
+                continue
+            if header is None:
+                header = part
+                length = unpack_header(part).length
+                if length > self.max_bytes:
+                    raise Rejected("oversize", f"the fetched header announces {length} "
+                                               f"bytes > limit {self.max_bytes}")
+                continue
+            size += len(part)
+            if size > length:
+                raise Rejected("oversize", f"the fetched payload exceeds the announced "
+                                           f"{length} bytes")
+            parts.append(part)
+        return h, header, parts
+
+    async def pull(self, me: int, *, timeout: float):
+        """A returning node's pull (docs/concepts/nodes.md#returns-in-the-node): the neighbour's
+        latest sent message as ``(header, payload, held)``, :data:`EMPTY` (it never sent),
+        :data:`UNREACHABLE` (offline, or not running: a refused connection), or None (no
+        answer within ``timeout``, or a failed call). The same bounds as :meth:`fetch`; a
+        reply past them, a bad preamble or a refused certificate raises
+        :class:`~sfg.net.wire.Rejected`."""
+        req = msgpack.packb({"round": -1, "node": int(me), "pull": True})
+        call = self._pull_fetch()(req, timeout=timeout)
+        try:
+            held, header, parts = await self._read(call, held=True)
+        except grpc.aio.AioRpcError as e:
+            refusal = handshake_rejection(e, self.address)
+            if refusal is not None:
+                raise refusal from None
+            return UNREACHABLE if e.code() == grpc.StatusCode.UNAVAILABLE else None
+        except Rejected:
+            call.cancel()
+            raise
+        if header is None:
+            if held is not None:
+                raise Rejected("truncated", "a pull reply without its message")
+            return EMPTY
+        assert held is not None
+        return header, b"".join(parts), held
+
+    def _pull_fetch(self):
+        """The ``Fetch`` method a pull calls. With TLS and the neighbour's id, over a channel of
+        its own that accepts only the certificate naming ``node-<id>`` (``sfg tls-ca`` puts
+        the name in every node's certificate): the reply is the neighbour's, as a delivery's
+        sender is checked on the serving side; a certificate without the name is refused
+        (:func:`handshake_rejection`, ``identity``)."""
+        if self.tls is None or self.identity is None:
+            return self._fetch
+        if self._pull_channel is None:
+            opts = [*channel_options(self.max_bytes),
+                    ("grpc.ssl_target_name_override", f"node-{int(self.identity)}")]
+            self._pull_channel = grpc.aio.secure_channel(self.address,
+                                                         channel_credentials(self.tls), opts)
+        return self._pull_channel.unary_stream(f"/{SERVICE}/Fetch")
+
     async def close(self) -> None:
         await self.channel.close()
+        if self._pull_channel is not None:
+            await self._pull_channel.close()

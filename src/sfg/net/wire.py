@@ -340,6 +340,40 @@ def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbou
     return Message(header, decode_params(payload, layout))
 
 
+# ------------------------------------------------------------------ pull replies
+#: the most bytes a pull reply's ``held`` preamble may take (a msgpack map with one float)
+HELD_MAX_BYTES = 64
+#: the longest ``held`` a reply may claim (seconds): a day; anything longer is no reply of this run
+HELD_MAX_SECONDS = 86400.0
+
+
+def pack_held(held: float) -> bytes:
+    """The preamble of a pull reply (docs/concepts/nodes.md#returns-in-the-node): ``{"held": s}``,
+    the seconds since the replying node sent the message that follows, on its own clock."""
+    return msgpack.packb({"held": float(held)}, use_bin_type=True)
+
+
+def unpack_held(raw: bytes) -> float:
+    """A pull reply's ``held`` (seconds, finite, in [0, :data:`HELD_MAX_SECONDS`]);
+    :class:`Rejected` (``header``/``garbage``) on anything else. A negative or non-finite
+    ``held`` would make a reply look fresher than any message; it is refused."""
+    if len(raw) > HELD_MAX_BYTES:
+        raise Rejected("oversize", f"a pull reply's preamble of {len(raw)} bytes > "
+                                   f"{HELD_MAX_BYTES}")
+    try:
+        d = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as e:  # noqa: BLE001 - any parse failure is garbage
+        raise Rejected("garbage", f"a pull reply's preamble does not parse: {e}") from None
+    if not isinstance(d, dict) or set(d) != {"held"}:
+        raise Rejected("header", "a pull reply's preamble must be {'held': seconds}")
+    h = d["held"]
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(float(h)) \
+            or not 0.0 <= float(h) <= HELD_MAX_SECONDS:
+        raise Rejected("header", f"a pull reply's held {h!r} is not a number of seconds in "
+                                 f"[0, {HELD_MAX_SECONDS:g}]")
+    return float(h)
+
+
 class Rejections:
     """Counts of rejected messages by reason, with logging: a warning for a node's first
     rejection of each reason and then at every power of ten of that reason's count (10th,
