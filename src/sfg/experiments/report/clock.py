@@ -57,14 +57,25 @@ TIME_COLUMNS = ("setting", "rule", "target (%)", "runs", "reached", "time to tar
                 "verdict")
 RATE_COLUMNS = ("dataset", "process", "setting", "rules", "runs", "local rounds /dev-h",
                 "messages sent /dev-h", "delivered /dev-h", "MB sent /dev-h",
-                "compute-s /dev-h", "lost", "late", "skipped", "interrupted", "stragglers")
+                "compute-s /dev-h", "lost", "late", "skipped", "interrupted", "stragglers",
+                "returns heard", "pull requests /dev-h", "pull replies /dev-h",
+                "pull unreachable /dev-h", "pull MB /dev-h", "pull wait-s /dev-h")
 # (name, the run's rate metric, the count it is derived from when the rate is absent)
 RATES = (("local_rounds", "clock_local_rounds_per_device_hour", "clock_participations"),
          ("messages_sent", "clock_messages_sent_per_device_hour", "clock_messages_sent"),
          ("delivered", "clock_delivered_per_device_hour", "messages"),
          ("bytes_sent", "clock_bytes_sent_per_device_hour", "clock_bytes_sent"),
-         ("compute_seconds", "clock_compute_seconds_per_device_hour", "clock_compute_seconds"))
-COUNTS = ("lost", "late", "skipped", "interrupted", "stragglers")
+         ("compute_seconds", "clock_compute_seconds_per_device_hour", "clock_compute_seconds"),
+         # on_return pull (docs/concepts/clock.md#returns-in-time); none: NaN
+         ("pull_requests", "clock_pull_requests_per_device_hour", "clock_pull_requests"),
+         ("pull_replies", "clock_pull_replies_per_device_hour", "clock_pull_replies"),
+         ("pull_unreachable", "clock_pull_unreachable_per_device_hour", "clock_pull_unreachable"),
+         ("pull_bytes", "clock_pull_bytes_per_device_hour", "clock_pull_bytes"),
+         ("pull_wait_seconds", "clock_pull_wait_seconds_per_device_hour",
+          "clock_pull_wait_seconds"))
+# "returns_heard": the share of returns in time whose first aggregation held a neighbour's
+# model (clock_online_returns_heard / …_aggregated; async and event)
+COUNTS = ("lost", "late", "skipped", "interrupted", "stragglers", "returns_heard")
 
 
 def is_clock(record: Mapping[str, Any]) -> bool:
@@ -350,8 +361,10 @@ def run_rates(record: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, fl
             v = _num(m, count) / _device_hours(record)
         rates[name] = v
     lost = [_num(m, k) for k in m if k.startswith("clock_lost") and not k.endswith("_hour")]
+    agg = _num(m, "clock_online_returns_aggregated")
     counts = {"lost": float(np.sum(lost)) if lost else math.nan,
-              **{k: _num(m, f"clock_{k}") for k in COUNTS if k != "lost"}}
+              **{k: _num(m, f"clock_{k}") for k in COUNTS if k not in ("lost", "returns_heard")},
+              "returns_heard": _num(m, "clock_online_returns_heard") / agg if agg else math.nan}
     return rates, counts
 
 
@@ -402,7 +415,8 @@ def rate_cells(row: RateRow) -> list[str]:
     return [row.dataset, row.process, row.setting or "rounds", rules, str(row.runs),
             _g(r["local_rounds"]), _g(r["messages_sent"]), _g(r["delivered"]),
             _g(r["bytes_sent"], 1e6), _g(r["compute_seconds"]),
-            *(_g(c[k]) for k in COUNTS)]
+            *(_g(c[k]) for k in COUNTS), _g(r["pull_requests"]), _g(r["pull_replies"]),
+            _g(r["pull_unreachable"]), _g(r["pull_bytes"], 1e6), _g(r["pull_wait_seconds"])]
 
 
 def _rates_csv(rows: Sequence[RateRow], path: Path) -> Path:
