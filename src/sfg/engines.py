@@ -131,9 +131,11 @@ DECLARED: dict[str, dict[str, str]] = {
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed"),
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy", "on_return")),
-    # real nodes take their own time: none of the virtual clock's settings
-    "real-nodes": _declare(affects=(*_TRAINING, *_SELECT), invariant=_SAME,
-                              refused=(*_SIMULATOR, "device", *_CLOCK)),
+    # real nodes take their own time: none of the virtual clock's settings but on_return, a
+    # returning node's pull in wall seconds (async; a lockstep node refuses it)
+    "real-nodes": _declare(affects=(*_TRAINING, *_SELECT, "on_return"), invariant=_SAME,
+                              refused=(*_SIMULATOR, "device",
+                                       *(f for f in _CLOCK if f != "on_return"))),
 }
 
 # values that mean the default on an engine (the nodes train on the cpu: auto picks it)
@@ -148,7 +150,9 @@ NOTES: dict[str, str] = {
     "faults_seed": "the seed of `faults`; it acts with faults",
     "device": "the nodes train on the cpu (`auto` picks it there); another device is refused",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
-    "on_return": "a returning device's pull of its neighbours' models: async and event only",
+    "on_return": "a returning device's pull of its neighbours' models: async and event only "
+                 "(real nodes: `sfg swarm`/`sfg node --protocol async`, S in wall seconds below "
+                 "the period; a lockstep node refuses it)",
 }
 
 

@@ -158,6 +158,14 @@ def _print_summary(out: dict, title: str) -> None:
         counted = key in ("messages", "bytes", "rejected", "refused", "restarts")
         t.add_row(name, "–" if math.isnan(v) else f"{v:.0f}" if counted or abs(v) >= 100
                   else f"{v:.1f}" if key == "wall_seconds" else f"{v:.4f}")
+    if "pull_requests" in m:  # on_return pull (docs/concepts/nodes.md#returns-in-the-node)
+        for name, key in [("returns", "returns"), ("returns heard", "returns_heard"),
+                          ("returns alone", "returns_alone"), ("pull requests", "pull_requests"),
+                          ("pull replies", "pull_replies"), ("pull empty", "pull_empty"),
+                          ("pull unreachable", "pull_unreachable"),
+                          ("pull replies rejected", "pull_rejected")]:
+            t.add_row(name, f"{m[key]:.0f}")
+        t.add_row("pull wait seconds", f"{m['pull_wait_seconds']:.2f}")
     if "claims_refused" in m:  # +certified (sfg.net.certify)
         t.add_row("claims refused (certified)", f"{m['claims_refused']:.4f}")
         t.add_row("header bytes per message", f"{m['header_bytes']:.0f}")
@@ -207,6 +215,14 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
 
 # the virtual clock's world settings the node under the virtual clock takes (docs/concepts/clock.md#the-world-in-time)
 WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
+
+
+def _pull_timeout(cfg: dict[str, Any]) -> float | None:
+    """The run's ``on_return``: S wall seconds of a returning node's pull, or None
+    (docs/concepts/nodes.md#returns-in-the-node)."""
+    from sfg.clock.settings import parse_on_return
+
+    return parse_on_return(cfg.get("on_return"))
 
 
 def _virtual_progress(total: int, enabled: bool):
@@ -321,6 +337,7 @@ def register(app: typer.Typer) -> None:
         jitter: float | None = clockflags.JITTER,
         window: float | None = clockflags.WINDOW,
         deadline: float | None = clockflags.DEADLINE,
+        on_return: str | None = opt("on_return"),
         cut: list[str] = clockflags.CUT,
         crash: list[str] = clockflags.CRASH,
         kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
@@ -364,7 +381,8 @@ def register(app: typer.Typer) -> None:
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
                  "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
-                 "eval_every": eval_every, "attack": attack, "partition": split}
+                 "eval_every": eval_every, "attack": attack, "partition": split,
+                 "on_return": on_return}
         if replay_log:
             given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
                      "--config": config, "--crash": crashes, "--cut": cuts,
@@ -421,7 +439,8 @@ def register(app: typer.Typer) -> None:
         opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
                             deadline=deadline, kills=[c.pair for c in crashes],
                             partitions=[c.text() for c in cuts], tls_dir=tls_dir,
-                            workdir=workdir, record_log=record_log)
+                            workdir=workdir, record_log=record_log,
+                            pull_timeout=_pull_timeout(cfg))
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
                            f"with a bundle per node); create one with "
@@ -483,6 +502,7 @@ def register(app: typer.Typer) -> None:
         jitter: float | None = clockflags.JITTER,
         window: float | None = clockflags.WINDOW,
         deadline: float | None = clockflags.DEADLINE,
+        on_return: str | None = opt("on_return"),
         tls_dir: str | None = typer.Option(None, help="Mutual TLS with this node's bundle from `sfg tls-ca` (DIR/node-<id>; with a +certified rule also its header-signing key)"),
         insecure: bool = typer.Option(False, "--insecure", help="Serve and accept models in plaintext on a non-loopback --listen address (without --tls-dir); loopback needs no flag"),
         checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
@@ -522,7 +542,8 @@ def register(app: typer.Typer) -> None:
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
                  "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
                  "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
-                 "eval_every": eval_every, "attack": attack, "partition": partition}
+                 "eval_every": eval_every, "attack": attack, "partition": partition,
+                 "on_return": on_return}
         tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
         cfg = _settings(config, flags)
         world = build_world(cfg, edges=edges, engine="real-nodes")
@@ -532,7 +553,10 @@ def register(app: typer.Typer) -> None:
                         window=window, deadline=deadline, tls=tls,
                         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
                         resume=resume, events=_node_log(record_log, mode),
-                        keys=keys_for(world, tls_dir, id))
+                        keys=keys_for(world, tls_dir, id), pull_timeout=_pull_timeout(cfg))
+        if record_log is not None and nc.pull_timeout is not None:
+            raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
+                           "not implement on_return pull; drop --record-log or --on-return")
 
         async def main() -> dict:
             n = Node(world, id, nc)

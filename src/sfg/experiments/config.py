@@ -129,11 +129,20 @@ class RunConfig(BaseModel):
         from sfg.clock.settings import DEFAULTS, make_settings
 
         if self.clock == "rounds":
-            changed = [k for k in DEFAULTS if k != "clock" and getattr(self, k) != DEFAULTS[k]]
+            # on_return is also real nodes' (sfg swarm/node, async, in wall seconds): kept on
+            # clock rounds, where sfg run refuses it (sfg.engines)
+            changed = [k for k in DEFAULTS if k not in ("clock", "on_return")
+                       and getattr(self, k) != DEFAULTS[k]]
             if changed:
                 raise ValueError(f"{changed[0]} is a setting of the virtual clock, which the "
                                  "engines on clock rounds (rounds, real-nodes) do not implement; "
                                  "add clock: virtual (--clock virtual) or drop it")
+            from sfg.clock.settings import parse_on_return
+
+            try:
+                parse_on_return(self.on_return)
+            except SfgError as e:
+                raise ValueError(str(e)) from None
             return self
         try:
             make_settings({k: getattr(self, k) for k in DEFAULTS})
@@ -192,7 +201,8 @@ class RunConfig(BaseModel):
             from sfg.clock.settings import DEFAULTS
 
             for k in DEFAULTS:
-                data.pop(k, None)
+                if k != "on_return" or data.get(k) == DEFAULTS[k]:
+                    data.pop(k, None)
         return data
 
     # ------------------------------------------------------------------ field checks
