@@ -5,7 +5,6 @@ Assertions count events, never wall time; every run is bounded."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest

@@ -974,6 +974,7 @@ class Node:
         delay = t_ret - self.clock.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        assert self.cfg.pull_timeout is not None
         S = float(self.cfg.pull_timeout)
         end = self.clock.monotonic() + S
         nbrs = [int(j) for j in self.nbrs]

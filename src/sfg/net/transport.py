@@ -59,8 +59,8 @@ from sfg.net.wire import (
     Chunked,
     Rejected,
     pack_held,
-    unpack_held,
     unpack_header,
+    unpack_held,
 )
 
 CHUNK = 1 << 20
@@ -276,7 +276,7 @@ class Server:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "offline")
             if got == SILENT:  # e.g. across a network cut: no answer
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no answer")
-            if got is None:
+            if got is None or isinstance(got, str):
                 return
             header, payload, held = got
             yield pack_held(held)
