@@ -76,6 +76,27 @@ def test_async_swarm_with_pull_hears_its_neighbours_at_returns_and_none_asks_not
     assert all(n.stats.requests == 0 and n.stats.answered_pulls == 0 for n in nodes0)
 
 
+def test_sfg_swarm_passes_on_return_to_its_worker_processes(tmp_path, capsys):
+    """`sfg swarm --protocol async --on-return pull:timeout=S --json`: the nodes in the worker
+    process take the run's on_return, and the summary holds their counts."""
+    import json
+
+    from sfg.cli.main import main
+
+    code = main(["swarm", "--nodes", "6", "-T", "10", "-p", "iid:u=0.5", "-r", "sfg-cut",
+                 "--graph", "ring:k=1", "--eval-every", "10", "--protocol", "async",
+                 "--period", "0.3", "--on-return", "pull:timeout=0.2", "--procs", "1",
+                 "--workdir", str(tmp_path / "w"), "--json"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    res = json.loads(cap.out)
+    m = res["metrics"]
+    assert res["config"]["on_return"] == "pull:timeout=0.2"
+    assert m["returns"] > 0 and m["pull_requests"] == 2 * m["returns"]
+    assert m["pull_replies"] + m["pull_empty"] + m["pull_unreachable"] <= m["pull_requests"]
+    assert sum(n["returns"]["requests"] for n in res["nodes"]) == m["pull_requests"]
+
+
 # ------------------------------------------------------------------ (2) crash and restart
 def test_a_node_restarted_while_online_makes_a_return_and_pulls(tmp_path):
     """Node 2 of four (no outages in the trace) crashes after its round 3 — its run is
