@@ -239,14 +239,13 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, 
     """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
     device's start (event; arg < 0 when moved): the local round, an offline wake, a skip.
     Returns the events' count."""
+    k, on = _locate(ipt, ist, ien, i, now)  # online now, and until when
+    on = on and now < horizon
+    off = ien[k] if on else now
     if proto == 0:
         if arg >= 0:
             r = arg
-            if r + 1 < jit.shape[0]:
-                w1 = (r + 1) * P + jit[r + 1, i]
-                if w1 < horizon:
-                    heapq.heappush(heap, (w1, _WAKE, i, r + 1))
-            if G[i, _W_OPEN] and _online(ipt, ist, ien, i, now, horizon):
+            if G[i, _W_OPEN] and on:
                 if G[i, _W_ROUND] < 0:  # the first wake in the window moves to its end
                     G[i, _W_ROUND] = r
                     F[i, _W_MOVED] = now
@@ -255,7 +254,7 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, 
                 return ne
         else:
             r = -1 - arg
-        if not _online(ipt, ist, ien, i, now, horizon):
+        if not on:
             st[_OFFLINE_WAKES] += 1
             _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False)
             G[i, _TAU] += 1
@@ -271,7 +270,6 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, 
     tau = G[i, _TAU]
     ns = K * (1 + min(tau, cap)) if (catchup and tau >= 1) else K
     fe = now + ns * compute[i]
-    off = _next_off(ipt, ist, ien, i, now)
     through = min(fe, horizon) <= off
     if not (through and fe <= horizon):
         st[_UNFINISHED if through else _INTERRUPTED] += 1
@@ -291,7 +289,7 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, 
 @njit(cache=True, nogil=True)
 def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit, P,
               compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime, qlat, qextra,
-              qdrop, qret, max_events):  # pragma: no cover - compiled
+              qdrop, qret, max_events, wt, wd, wr):  # pragma: no cover - compiled
     """The events in time order (see the module docstring). proto 0: async, 1: event.
     Returns the events (time, dev, kind, amount, end, step, t, nsteps, bstart, closes), the
     replies per request (src local round −1: empty or none, held, arrival, delivered, sent,
@@ -314,16 +312,24 @@ def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit,
         if rptr[i] < rptr[i + 1]:
             heapq.heappush(heap, (rtime[rptr[i]], _RETURN, i, rptr[i]))
         if proto == 0:
-            if jit[0, i] < horizon:
-                heapq.heappush(heap, (jit[0, i], _WAKE, i, 0))
+            pass  # async wakes: the sorted table (wt, wd, wr), merged with the heap below
         elif _online(ipt, ist, ien, i, 0.0, horizon):
             heapq.heappush(heap, (0.0, _WAKE, i, 0))
         else:
             F[i, _OFF_SINCE] = 0.0
+    wi, NW = 0, wt.shape[0]
     while True:
-        now, kind, i, arg = heapq.heappop(heap)
-        if kind == 9:
-            break
+        # the next event: the next async wake of the table, if it comes before the heap's
+        # first (the same order as the heap's: time, kind, device)
+        t0, k0, d0 = heap[0][0], heap[0][1], heap[0][2]
+        if wi < NW and (wt[wi] < t0 or (wt[wi] == t0 and (_WAKE < k0 or (
+                _WAKE == k0 and wd[wi] <= d0)))):
+            now, kind, i, arg = wt[wi], _WAKE, wd[wi], wr[wi]
+            wi += 1
+        else:
+            now, kind, i, arg = heapq.heappop(heap)
+            if kind == 9:
+                break
         if kind == _COMMIT:
             _on_commit(heap, E, F, G, i, arg, proto, ipt, ist, ien, deg, dt)
         elif kind == _RETURN:
@@ -417,6 +423,20 @@ def _reverse_slots(rg) -> np.ndarray:
     return order[np.searchsorted(key[order], rkey)]
 
 
+def _wake_table(jit: np.ndarray, P: float, horizon: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every async wake before the horizon, sorted by (time, device): times, devices, rounds."""
+    wakes, n = jit.shape
+    # round r's wakes lie in [rP, (r+1)P) (jitter < 1): sorting each round's is enough, by
+    # time and, at one time, by device (a stable sort of the devices in id order)
+    d = np.argsort(jit, axis=1, kind="stable")
+    t = (np.arange(wakes, dtype=np.float64)[:, None] * P + np.take_along_axis(jit, d, axis=1))
+    r = np.repeat(np.arange(wakes, dtype=np.int64), n)
+    t, d = t.ravel(), d.ravel().astype(np.int64)
+    keep = t < horizon
+    return t[keep], d[keep], r[keep]
+
+
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
              catchup: bool, pull: bool = True) -> dict[str, Any]:
     """Run :func:`_simulate` on a world (``pull`` False: the protocol without it, as the
@@ -429,6 +449,7 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
 
     n, H = world.n, world.horizon
     on = world.online
+    z64 = np.zeros(0, np.int64)
     rptr, rtime, rend = returns_of(world)
     dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
     dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
@@ -457,12 +478,13 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
+    wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
     E, src, held, arr, ok, sent, queued, st = _simulate(
         proto, bool(pull), S, n, float(H), float(unit), on.indptr, on.start, on.end, rptr,
         rtime, np.ascontiguousarray(jit), float(P), np.ascontiguousarray(world.compute, float),
         int(local_steps), bool(catchup), int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"],
         rq["qcode"], rq["qtime"], rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"],
-        int(max_events))
+        int(max_events), wt, wd, wr)
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent, "reply_queued": queued,
             "counts": st, "returns": (rptr, rtime, rend)}
