@@ -1,4 +1,4 @@
-"""Returns in the real node (docs/concepts/nodes.md#returns-in-the-node, SPEC §13): a returning
+"""Returns in the real node (docs/concepts/nodes.md#returns-in-the-node): a returning
 async node pulls its neighbours' latest sent models over gRPC on 127.0.0.1 before it trains.
 Assertions count events, never wall time; every run is bounded."""
 
@@ -295,8 +295,10 @@ def _cli(args, capsys):
       "x.jsonl"], "--record-log"),
     (["swarm", "--protocol", "async", "--on-return", "pull:timeout=0.1", "-r",
       "sfg-cut+certified"], "+certified"),
-    (["swarm", "--protocol", "async", "--on-return", "pull:timeout=0.1", "--clock",
-      "virtual"], "node-async"),
+    (["swarm", "--protocol", "lockstep", "--on-return", "pull:timeout=60", "--clock",
+      "virtual"], "lockstep"),
+    (["swarm", "--protocol", "async", "--on-return", "pull:timeout=900", "--clock",
+      "virtual", "--period", "600"], "period P"),
     (["swarm", "--protocol", "async", "--on-return", "pull:wait=3"], "unknown parameter"),
     (["run", "--on-return", "pull:timeout=0.1"], "engine rounds"),
 ])
