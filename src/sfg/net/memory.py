@@ -17,6 +17,15 @@ number on its link (:meth:`MemoryNetwork.next_message`), as is the world's per-l
 partitions between node sets for a window of time (``decide``), and in transit a flipped byte
 or a copy to a non-neighbour (``tamper``); the replies to pulls (``Fetch``) go through the same
 faults, less the misrouting.
+
+A returning node's pull (``on_return: pull``, docs/concepts/clock.md#returns-in-time;
+:meth:`MemoryPeer.pull`, :meth:`MemoryNetwork.request`) takes the clock's engine's times and
+draws (:mod:`sfg.clock.pull`): the requests of a return leave back to back on the returning
+device's uplink (emptied at the return: what it held was lost), a header each; a neighbour
+online at a request's arrival queues its answer (the node's own ``_on_pull``) on its uplink
+behind what was queued before; the losses and faults of requests and replies are drawn on
+their own streams and channels (``clock-pull-request``, ``clock-pull-reply``; faults'
+channels 2 and 3), by the return's index among the device's returns.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from sfg.net.transport import chunks
+from sfg.clock.settings import HEADER_BYTES
+from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE, chunks
 from sfg.util.rng import counter_key, counter_uniform
 
 ADDRESS = "mem:{}"
@@ -45,19 +55,28 @@ class MemoryNetwork:
     sender-side loss rule); faults: None or an object with ``decide(src, dst, t)`` returning
     ``(drop, extra_delay, copies)``; message_bytes: the size a transfer takes on the uplink
     (the world's message size, docs/concepts/clock.md#the-world-in-time, as the clock's engine charges it; None: the
-    encoded message's own length).
+    encoded message's own length). next_off(i, t): when device i, online at t, goes offline
+    (a device that goes offline while sending is busy no longer); horizon: the run's end in
+    virtual seconds (nothing is sent or arrives at or after it).
     """
 
     def __init__(self, n: int, *, latency: Callable[[int, int], float] | None = None,
                  uplink: np.ndarray | None = None,
                  online: Callable[[int, float, float], bool] | None = None,
                  faults: Any = None, message_bytes: float | None = None,
-                 loss: Callable[[int, int], float] | None = None, loss_seed: int = 0):
+                 loss: Callable[[int, int], float] | None = None, loss_seed: int = 0,
+                 next_off: Callable[[int, float], float] | None = None,
+                 horizon: float = float("inf")):
         self.n = int(n)
         # the world's per-link loss probability (docs/concepts/clock.md#the-world-in-time), drawn per message as the clock's
         # engine draws it (sfg.clock.schedule: key "clock-loss" of the run's seed)
         self.loss = loss
         self.loss_key = counter_key(loss_seed, "clock-loss")
+        # a pull's requests and replies: streams of their own (sfg.clock.pull._requests)
+        self.request_key = counter_key(loss_seed, "clock-pull-request")
+        self.reply_key = counter_key(loss_seed, "clock-pull-reply")
+        self.next_off = next_off
+        self.horizon = float(horizon)
         self._count: dict[tuple[int, int, int], int] = {}
         self.message_bytes = message_bytes
         self.latency = latency or (lambda j, i: 0.0)
@@ -66,6 +85,11 @@ class MemoryNetwork:
         self.faults = faults
         self.servers: dict[str, MemoryServer] = {}
         self.uplink_free = np.zeros(self.n)
+        self.busy = np.zeros(self.n)  # until when each device's latest broadcast is sending
+        self._queued = np.full(self.n, -np.inf)  # when each device last queued a transfer
+        self._batch: dict[int, list] = {}  # device -> [return time, requests queued, return index]
+        self._returns: dict[int, int] = {}  # device -> returns pulled so far
+        self._arrivals: dict[float, list] = {}  # time -> the pull requests arriving then
         self.stats = {"sent": 0, "lost_sender": 0, "lost_random": 0, "dropped": 0, "duplicated": 0,
                       "delayed": 0, "partitioned": 0, "no_server": 0}
         # every delivery attempt that reached the receiving side, when a list (for checks
@@ -80,8 +104,9 @@ class MemoryNetwork:
             self.log.append(event)
 
     # the transport's factories, as the node calls them
-    def server(self, i: int, deliver, fetch, *, max_bytes: int, tls=None) -> MemoryServer:
-        return MemoryServer(self, int(i), deliver, fetch)
+    def server(self, i: int, deliver, fetch, *, max_bytes: int, tls=None,
+               pull=None) -> MemoryServer:
+        return MemoryServer(self, int(i), deliver, fetch, pull)
 
     def peer(self, i: int, addr: str, *, max_bytes: int, tls=None) -> MemoryPeer:
         return MemoryPeer(self, int(i), addr)
@@ -95,13 +120,130 @@ class MemoryNetwork:
         return k
 
     def busy_until(self, i: int) -> float:
-        """When device i's uplink is free again (virtual seconds)."""
-        return float(self.uplink_free[int(i)])
+        """Until when device i is busy sending its latest broadcast (virtual seconds): the end
+        of its last transfer, or when it went offline if earlier (what it was sending is
+        lost). Replies to pulls occupy the uplink (:meth:`reserve`) but keep no device busy."""
+        return float(self.busy[int(i)])
+
+    def seconds(self, i: int, nbytes: float) -> float:
+        """The transfer time of ``nbytes`` on device i's uplink
+        (:func:`sfg.clock.schedule.transfer_seconds`)."""
+        up = float(self.uplink[int(i)])
+        return 0.0 if np.isinf(up) or nbytes == 0 else float(nbytes) / up
+
+    def reserve(self, i: int, now: float, seconds: float) -> tuple[float, float]:
+        """Queue a transfer of ``seconds`` on device i's uplink at ``now`` (first in, first
+        out): (start, end). A device that was offline since it last queued something lost
+        what its uplink held (the clock's engine empties it at each return)."""
+        free = float(self.uplink_free[i])
+        if free > now and self.online is not None and \
+                not self.online(i, float(self._queued[i]), now):
+            free = now
+        start = max(now, free)
+        end = start + seconds
+        self.uplink_free[i] = end
+        self._queued[i] = now
+        return start, end
+
+    # ------------------------------------------------------------------ pulls
+    def _pull_drop(self, key, src: int, dst: int, nth: int, t: float, channel: int
+                   ) -> tuple[bool, float]:
+        """A pull's request (``channel`` 2) or reply (3), the ``nth`` of its link's returns,
+        leaving ``src`` at ``t``: (lost, extra delay), drawn as the clock's engine draws
+        them (:func:`sfg.clock.pull._requests`)."""
+        drop = False
+        if self.loss is not None:
+            drop = bool(counter_uniform(key, src, dst, 0, nth) < self.loss(src, dst))
+        extra = 0.0
+        fates = getattr(self.faults, "fates", None)
+        if fates is not None:
+            cut, lost, ex, bad = fates(np.array([src]), np.array([dst]), np.array([nth]),
+                                       np.array([t]), channel=channel)
+            if cut[0] or lost[0] or bad[0]:
+                self.stats["pull_faults"] = self.stats.get("pull_faults", 0) + 1
+            drop = drop or bool(cut[0] or lost[0] or bad[0])
+            extra = ex[0]
+        return drop, extra
+
+    def request(self, i: int, j: int) -> asyncio.Future:
+        """Device i's pull request to neighbour j, made at i's return (now): a future of the
+        answer, as :meth:`sfg.net.transport.Peer.pull` gives it (``(header, payload, held)``,
+        ``EMPTY``, ``UNREACHABLE`` or None: none), resolved when it arrives at i. The
+        requests of one return are made at one instant, in the order of the neighbours' ids."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        fut = loop.create_future()
+        b = self._batch.get(i)
+        if b is None or b[0] != now:  # a new return: the uplink held nothing still to send
+            nth = self._returns[i] = self._returns.get(i, -1) + 1
+            b = self._batch[i] = [now, 0, nth]
+            self.uplink_free[i] = now
+        k, nth = b[1], b[2]
+        b[1] += 1
+        tx_end = now + (k + 1) * self.seconds(i, HEADER_BYTES)
+        self.uplink_free[i] = tx_end
+        self._queued[i] = now
+        sent = tx_end <= self.horizon and (self.online is None or self.online(i, now, tx_end))
+        self.stats["pull_requests"] = self.stats.get("pull_requests", 0) + int(sent)
+        drop, extra = self._pull_drop(self.request_key, i, j, nth, tx_end, 2)
+        arrival = tx_end + float(self.latency(i, j))
+        arrival = arrival + extra
+        if not sent or drop or not arrival < self.horizon:
+            fut.set_result(None)  # silent: the returning node waits S for it
+            return fut
+        at = self._arrivals.get(arrival)
+        if at is None:
+            at = self._arrivals[arrival] = []
+            loop.call_at(arrival, self._serve, arrival)
+        at.append((j, i, nth, k, fut))
+        return fut
+
+    def _serve(self, q: float) -> None:
+        """The pull requests arriving at ``q``, answered in the clock's engine's order (by the
+        neighbour, then the returning device and its return)."""
+        loop = asyncio.get_running_loop()
+        for j, i, nth, _k, fut in sorted(self._arrivals.pop(q), key=lambda r: r[:4]):
+            srv = self.servers.get(address(j))
+            got = OFFLINE if srv is None or srv.pull is None else srv.pull(i)
+            if got == OFFLINE:  # unreachable: answered as a refused connection is
+                self.stats["pull_unreachable"] = self.stats.get("pull_unreachable", 0) + 1
+                loop.call_at(q + float(self.latency(j, i)), _resolve, fut, UNREACHABLE)
+                continue
+            if got == SILENT:
+                _resolve(fut, None)
+                continue
+            model = got is not None
+            drop, extra = self._pull_drop(self.reply_key, j, i, nth, q, 3)
+            size = (self.message_bytes or 0.0) if model else HEADER_BYTES
+            _, end = self.reserve(j, q, self.seconds(j, size))
+            sent = end <= self.horizon and (self.online is None or self.online(j, q, end))
+            name = "pull_replies" if model else "pull_empty"
+            self.stats[name] = self.stats.get(name, 0) + int(sent)
+            arr = end + float(self.latency(j, i))
+            arr = arr + extra
+            ok = sent and not drop and arr < self.horizon and \
+                (self.online is None or self.online(i, arr, arr))
+            if not ok:
+                _resolve(fut, None)
+                continue
+            if model:
+                h, p, held = got
+                body = b"".join(p) if isinstance(p, tuple) else bytes(p)
+                self.note(src=j, dst=i, kind="pull", changed=False, header=h, ok=True, reason="")
+                loop.call_at(arr, _resolve, fut, (h, body, held))
+            else:
+                loop.call_at(arr, _resolve, fut, EMPTY)
+
+
+def _resolve(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 class MemoryServer:
-    def __init__(self, net: MemoryNetwork, i: int, deliver, fetch):
+    def __init__(self, net: MemoryNetwork, i: int, deliver, fetch, pull=None):
         self.net, self.i, self.deliver, self.fetch = net, i, deliver, fetch
+        self.pull = pull  # answers pulls (the node's _on_pull); None: none
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -134,9 +276,9 @@ class MemoryPeer:
                            else len(payload))
         now = loop.time()
         up = net.uplink[self.src]
-        start = max(now, float(net.uplink_free[self.src]))
-        end = start if np.isinf(up) else start + size / up
-        net.uplink_free[self.src] = end
+        _, end = net.reserve(self.src, now, 0.0 if np.isinf(up) else size / up)
+        # busy until the broadcast has left, or the device has gone offline
+        net.busy[self.src] = end if net.next_off is None else min(end, net.next_off(self.src, now))
         if end > now:
             await asyncio.sleep(end - now)
         net.stats["sent"] += 1
@@ -237,6 +379,13 @@ class MemoryPeer:
         net.note(src=self.dst, dst=self.src, kind="fetch", changed=p is not got[1], header=h,
                  ok=True, reason="")  # the fetcher's own checks decide (its Rejections)
         return h, body
+
+    async def pull(self, me: int, *, timeout: float = 10.0):
+        """A returning node's pull of this neighbour (:meth:`MemoryNetwork.request`): the
+        answer when it arrives. A reply arrives whenever its transfer says, after the
+        returning node's time-out too (the clock's engine's later candidate), so ``timeout``
+        bounds nothing here."""
+        return await self.net.request(self.src, self.dst)
 
     async def close(self) -> None:
         return None

@@ -34,7 +34,8 @@ candidate" as the event. Timestamps are the receiver's own clock only.
 **Returns** (``pull_timeout``, ``on_return: pull:timeout=S``; docs/concepts/nodes.md#returns-in-the-node,
 docs/concepts/clock.md#returns-in-time): at a return — the start of an online row after an
 offline one (not the run's start), or a restart once online — an async node asks every
-neighbour for its latest sent message (``Fetch`` with ``pull``, :meth:`Peer.pull`) and its
+neighbour for its latest sent message (``Fetch`` with ``pull``, :meth:`Peer.pull`; on the
+virtual clock :meth:`sfg.net.memory.MemoryPeer.pull`, with the clock's engine's times) and its
 first local round waits until each has answered (a reply, empty, unreachable) or S seconds
 have passed. A reply goes through the checks of any message and is a candidate whose waited
 staleness starts at its sending: d = (held + now − arrival)/P; one not newer, by the sender's
@@ -255,12 +256,15 @@ class Node:
                                       max_bytes=self.cfg.max_bytes, tls=self.cfg.tls,
                                       refused=self.rejections.add, pull=self._on_pull)
         else:
-            if self.cfg.pull_timeout is not None:
-                raise SfgError("on_return pull runs on real nodes over gRPC only; the node on "
-                               "the virtual clock does not implement it (sfg run --clock virtual "
-                               "does)")
+            if self.cfg.pull_timeout is not None and not hasattr(net, "request"):
+                raise SfgError("on_return pull needs a network that carries pulls (gRPC, or "
+                               "the virtual clock's sfg.net.memory); this one does not")
+            # the virtual clock's network (sfg.net.memory) carries pulls with the clock's
+            # engine's times (docs/concepts/clock.md#returns-in-time)
             self.server = net.server(self.i, self._on_deliver, self._on_fetch,
-                                     max_bytes=self.cfg.max_bytes, tls=self.cfg.tls)
+                                     max_bytes=self.cfg.max_bytes, tls=self.cfg.tls,
+                                     **({"pull": self._on_pull} if hasattr(net, "request")
+                                        else {}))
         self.peers: dict[int, Any] = {}
         self.outbox: dict[int, Outgoing] = {}                  # own messages by round
         self.expected: dict[int, list[int]] = {}                   # who needs each of them
@@ -854,9 +858,10 @@ class Node:
                 self.stats.abandoned += 1  # offline inside the window: the wait is abandoned
             start, now = waited_until, self.clock.monotonic()
         cands = self._async_candidates(r, now)
-        if self._returning:  # the return's first aggregation
+        heard = False
+        if self._returning:  # the return's first aggregation (counted once it is committed)
             self._returning = False
-            self.stats.returns_heard += int(len(cands[0]) > 0)
+            heard = len(cands[0]) > 0
         agg, full = self._aggregate(r, *cands)
         x, n_steps = await self._train(r, agg)
         self.round = r + 1  # the state about to be computed is the start of round r + 1
@@ -870,6 +875,9 @@ class Node:
             self.state = replace(self.state, t=self.state.t + 1)
             return
         self._commit(x, n_steps, full)
+        # heard: the return's first aggregation, committed, held a neighbour's model (an
+        # interrupted one ends the device's online time: no aggregation of that return)
+        self.stats.returns_heard += int(heard)
         targets = [int(j) for j in self.nbrs if not self._blocked(int(j), r)]
         msg = self._message()
         self._send_all(targets, msg)
@@ -922,6 +930,10 @@ class Node:
         self._log("start", t0=self.t0, restored=self.restored)
         wakes = self.wake_times()
         while self.rounds_done < T:
+            if self.clock.virtual and self.net is not None and self.pending_sends():
+                # the sends just handed to the network take their place on the uplink before
+                # the next wake asks whether the device is still busy sending
+                await asyncio.sleep(0)
             r = self.round = self.rounds_done
             wake = float(wakes[r])
             delay = wake - self.clock.time()
@@ -947,6 +959,12 @@ class Node:
             self._end_round(r, bool(self.world.available[r, self.i]))
         await asyncio.sleep(self.cfg.linger if self.cfg.linger is not None else self.cfg.period)
         await self._drain()
+        backlog = [t for t in self._backlog if not t.done()]
+        if self.clock.virtual and self.net is not None and backlog:
+            # the pulls still in flight (an async node's backlog holds only those): on the
+            # virtual network each resolves by the run's end, and a reply that arrives is
+            # taken and counted, as the clock's engine counts it
+            await asyncio.wait(backlog)
 
     def _return_time(self, r: int) -> float | None:
         """Async: the time of the return whose first local round is round ``r`` (this node's
@@ -1036,10 +1054,9 @@ class Node:
             await asyncio.wait(pending, timeout=self.cfg.rpc_timeout)
 
     def _returns_result(self) -> dict[str, Any] | None:
-        """A real async node's returns and, with pull, its requests and answers
-        (docs/concepts/nodes.md#returns-in-the-node); None for a lockstep node and the node
-        on the virtual clock."""
-        if self.cfg.mode != "async" or self.net is not None:
+        """An async node's returns and, with pull, its requests and answers
+        (docs/concepts/nodes.md#returns-in-the-node); None for a lockstep node."""
+        if self.cfg.mode != "async":
             return None
         s = self.stats
         out: dict[str, Any] = {"returns": s.returns, "returns_heard": s.returns_heard}

@@ -14,7 +14,9 @@ same graph, trace, per-device compute and uplink, per-link latency. Under the as
 with a period P equal to Δ the node under the virtual clock and ``sfg run --clock virtual
 --protocol async`` therefore run the same protocol on the same schedule and give the same
 models bit for bit (tested; the same backend, :mod:`sfg.sim.gossip`'s one aggregation),
-with the message faults of :mod:`sfg.clock.faults` too.
+with the message faults of :mod:`sfg.clock.faults` too, and with ``on_return:
+pull:timeout=S`` (the node's pull over :meth:`sfg.net.memory.MemoryNetwork.request`, on the
+times of :mod:`sfg.clock.pull`; tests/test_vswarm_pull.py).
 """
 
 from __future__ import annotations
@@ -231,6 +233,12 @@ def _online_through(online):
         j = bisect.bisect_right(s, t0) - 1  # the last interval starting at or before t0
         return j >= 0 and t0 < ends[i][j] and max(t0, t1) <= ends[i][j]
 
+    def next_off(i: int, t: float) -> float:
+        """When device i, online at t, goes offline (t itself when offline at t)."""
+        j = bisect.bisect_right(starts[i], t) - 1
+        return ends[i][j] if j >= 0 and t < ends[i][j] else t
+
+    through.next_off = next_off  # type: ignore[attr-defined]
     return through
 
 
@@ -451,7 +459,8 @@ def _clock_network(world, opts, clock_settings, faults):
     net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
                         online=online_through, faults=faults, message_bytes=cs.message_bytes,
                         loss=(lambda j, i: loss[(j, i)]) if cw.loss.any() else None,
-                        loss_seed=world.seed)
+                        loss_seed=world.seed, next_off=online_through.next_off,
+                        horizon=float(cw.horizon))
     return world, cw, net
 
 
