@@ -128,9 +128,10 @@ DECLARED: dict[str, dict[str, str]] = {
                  "target_accuracy", "on_return")),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
-                 "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed"),
+                 "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed",
+                 "on_return"),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy", "on_return")),
+        refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy")),
     # real nodes take their own time: none of the virtual clock's settings but on_return, a
     # returning node's pull in wall seconds (async; a lockstep node refuses it)
     "real-nodes": _declare(affects=(*_TRAINING, *_SELECT, "on_return"), invariant=_SAME,
@@ -151,8 +152,8 @@ NOTES: dict[str, str] = {
     "device": "the nodes train on the cpu (`auto` picks it there); another device is refused",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
-                 "(real nodes: `sfg swarm`/`sfg node --protocol async`, S in wall seconds below "
-                 "the period; a lockstep node refuses it)",
+                 "(the nodes: async, S below the period, in virtual seconds on the virtual "
+                 "clock and wall seconds on real nodes; a lockstep node refuses it)",
 }
 
 

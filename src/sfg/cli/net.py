@@ -278,9 +278,12 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
     mode = "async" if cfg["protocol"] == "async" else cfg["protocol"]
     clock_settings = {k: cfg[k] for k in WORLD_KEYS if cfg.get(k) is not None}
     T = int(cfg["rounds"])
+    # on_return pull:timeout=S in virtual seconds, below P (the engine's check; the nodes
+    # take it from the run's settings, docs/concepts/clock.md#returns-in-time)
     opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=float(cfg["jitter"]),
                         window=float(cfg["window"]),
-                        deadline=float(T * P if deadline is None else deadline))
+                        deadline=float(T * P if deadline is None else deadline),
+                        pull_timeout=_pull_timeout(cfg))
     plan = Faults.parse(cfg["faults"], seed=int(cfg["faults_seed"]))
     world = build_world(cfg)
     prog, update = _virtual_progress(world.n * world.rounds, not as_json)
