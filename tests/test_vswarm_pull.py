@@ -1,5 +1,5 @@
 """Returns in time on the node under the virtual clock (docs/concepts/clock.md#returns-in-time,
-SPEC §13 and §12.6): ``sfg swarm --clock virtual --protocol async`` with ``on_return:
+docs/concepts/clock.md#the-node-on-the-clock): ``sfg swarm --clock virtual --protocol async`` with ``on_return:
 pull:timeout=S`` runs the deployable node's pull (sfg.net.node) over the in-memory network
 (sfg.net.memory: the requests and replies on the devices' uplinks, with the clock's engine's
 latencies, losses and faults) and gives the same models, bit for bit, and the same pull counts
