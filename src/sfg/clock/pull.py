@@ -366,7 +366,7 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     module docstring): per request the neighbour, its fate (:data:`ARRIVES` with the
     arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
     latency, fault delay and whether it is dropped on the way."""
-    from sfg.clock.schedule import fault_plan, out_slots
+    from sfg.clock.links import fault_plan, out_slots
 
     rg = world.rg
     ptr, out, _ = out_slots(rg)
@@ -443,7 +443,7 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     vectorised schedules make it; for the tests). Returns the events (columns of
     :func:`_put`), the replies (slot, sending event, arrival, held) that reached their
     device, and the counts."""
-    from sfg.clock.schedule import out_slots, transfer_seconds
+    from sfg.clock.links import out_slots, transfer_seconds
     from sfg.round.rules import CATCHUP_CAP
     from sfg.round.staleness import wake_jitter
 
@@ -490,14 +490,13 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
             "counts": st, "returns": (rptr, rtime, rend)}
 
 
-def pull_schedule(world, settings: ClockSettings, protocol: str, *, local_steps: int,
-                  seed: int, catchup: bool, link_failure: float, anatomy: str,
-                  stats: dict[str, float] | None = None):
-    """The async or event protocol's :class:`~sfg.clock.schedule.Schedule` under
-    ``on_return: pull`` (see the module docstring)."""
+def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: int,
+               seed: int, catchup: bool, link_failure: float, anatomy: str,
+               stats: dict[str, float] | None = None):
+    """The async or event protocol's events under ``on_return: pull`` (see the module
+    docstring), as :func:`sfg.clock.schedule.finish_schedule` assembles them: (parts,
+    each event's local steps, the counts, the pull's part of the schedule)."""
     import hashlib
-
-    from sfg.clock.schedule import finish_schedule
 
     if anatomy != "full":
         raise SfgError(f"on_return pull runs with anatomy full; under {anatomy!r} a device that "
@@ -540,8 +539,7 @@ def pull_schedule(world, settings: ClockSettings, protocol: str, *, local_steps:
     pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}
-    return finish_schedule(world, settings, protocol, parts, steps_of, seed=seed, catchup=catchup,
-                   link_failure=link_failure, stats=out, pull=pull)
+    return parts, steps_of, out, pull
 
 
 def return_counts(world, sched, settings: ClockSettings, *, talks: bool = False

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from sfg.clock.links import fault_plan, out_slots, transfer_seconds
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND, EV_TRAIN
@@ -135,25 +136,6 @@ def make_world(settings: ClockSettings, *, process: str, graph: str, n: int, rou
                  latency=per_slot("latency", settings.latency),
                  loss=per_slot("loss", settings.loss),
                  horizon=float(rounds) * settings.round_seconds, device_ids=ids)
-
-
-def transfer_seconds(world: World, nbytes: float) -> np.ndarray:
-    """[N] seconds one message takes on each device's uplink."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dt = np.where(np.isinf(world.uplink) | (nbytes == 0), 0.0, nbytes / world.uplink)
-    return dt
-
-
-def out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each sender's outgoing slots in the order it sends (receivers by id): (ptr [N+1],
-    slots [2M], position [E] of each slot in its sender's order, −1 on self slots)."""
-    nb = np.flatnonzero(~rg.is_self)
-    order = nb[np.lexsort((rg.recv[nb], rg.send[nb]))]
-    ptr = np.zeros(rg.n + 1, np.int64)
-    np.cumsum(np.bincount(rg.send[order], minlength=rg.n), out=ptr[1:])
-    pos = np.full(rg.n_slots, -1, np.int64)
-    pos[order] = np.arange(order.size) - ptr[rg.send[order]]
-    return ptr, order, pos
 
 
 # ----------------------------------------------------------------------------- lockstep
@@ -371,23 +353,6 @@ def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit
             out_wait[q] = 0.0
 
 
-def fault_plan(settings: ClockSettings, n: int):
-    """The faults of ``settings`` (``faults``, ``faults_seed``) as the clock's engine applies
-    them (:meth:`sfg.clock.faults.FaultPlan.fates`), or None. Faults of the node's own timeline
-    (crashes, clock drift) are the node's (``sfg swarm --clock virtual``): refused here."""
-    from sfg.clock.faults import Faults
-
-    f = Faults.parse(settings.faults, seed=int(settings.faults_seed))
-    if not f.any:
-        return None
-    if f.crashes or f.crash_at or f.drift:
-        raise SfgError("crashes and clock drift are faults of the node's own timeline; they run "
-                       "on the deployable node: sfg swarm --clock virtual --faults ... (the "
-                       "clock's engine takes the message faults: loss, delay, reorder, dup, "
-                       "corrupt, misroute, partition)")
-    return f.plan(n, period=settings.P, rounds=1)
-
-
 def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
               time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
               end: np.ndarray, step: np.ndarray, t: np.ndarray,
@@ -570,6 +535,21 @@ def _catchup_steps(K: int, tau: np.ndarray) -> np.ndarray:
     return np.where(tau >= 1, K * (1 + np.minimum(tau, CATCHUP_CAP)), K).astype(np.int64)
 
 
+def _pulled(world: World, settings: ClockSettings, protocol: str, *, local_steps: int,
+            seed: int, catchup: bool, link_failure: float, anatomy: str,
+            stats: dict[str, float] | None = None) -> Schedule:
+    """The async or event protocol's schedule under ``on_return: pull``
+    (:func:`sfg.clock.pull.pull_parts`), assembled."""
+    from sfg.clock.pull import pull_parts
+
+    parts, steps_of, st, pull = pull_parts(world, settings, protocol, local_steps=local_steps,
+                                           seed=seed, catchup=catchup,
+                                           link_failure=link_failure, anatomy=anatomy,
+                                           stats=stats)
+    return finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
+                           catchup=catchup, link_failure=link_failure, stats=st, pull=pull)
+
+
 def check_period(train: np.ndarray, P: float) -> None:
     """Async: the period must be longer than the fastest device's K local steps (``train``,
     [N] seconds), else every device would skip every wake after its first (the clock's
@@ -610,11 +590,9 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     wakes = int(np.ceil(world.horizon / P))
     _check_budget(float(n) * wakes, "async schedule")
     if settings.pull_timeout is not None and not talks:  # returns in time: sfg.clock.pull
-        from sfg.clock.pull import pull_schedule
-
-        return pull_schedule(world, settings, "async", local_steps=local_steps, seed=seed,
-                             catchup=catchup, link_failure=link_failure, anatomy=anatomy,
-                             stats={"wakes": float(n * wakes)})
+        return _pulled(world, settings, "async", local_steps=local_steps, seed=seed,
+                       catchup=catchup, link_failure=link_failure, anatomy=anatomy,
+                       stats={"wakes": float(n * wakes)})
     jit = wake_jitter(seed, wakes, n) * (settings.jitter * P)
     dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
     deg = np.diff(out_slots(world.rg)[0])
@@ -744,10 +722,8 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
         est += float(off_s.sum()) / delta
     _check_budget(est, "event schedule")
     if settings.pull_timeout is not None and not talks:  # returns in time: sfg.clock.pull
-        from sfg.clock.pull import pull_schedule
-
-        return pull_schedule(world, settings, "event", local_steps=local_steps, seed=seed,
-                             catchup=catchup, link_failure=link_failure, anatomy=anatomy)
+        return _pulled(world, settings, "event", local_steps=local_steps, seed=seed,
+                       catchup=catchup, link_failure=link_failure, anatomy=anatomy)
     ids = np.arange(n)
     on0 = world.online.online_at(ids, np.zeros(n))
     cur = np.zeros(n) if keeps else world.online.next_on(ids, np.zeros(n))
