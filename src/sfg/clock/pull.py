@@ -182,13 +182,12 @@ def _on_request(heap, F, G, i, q, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
                 qdrop, qret, rep):  # pragma: no cover - compiled
     """Request q arrives at device i (online): its reply is queued on i's uplink; the
     returning device's window learns the answer (or that there will be none)."""
-    rep_src, rep_held, rep_arr, rep_ok, rep_sent, rep_queued = rep
+    rep_src, rep_held, rep_arr, rep_ok, rep_sent = rep
     ret_dev = qret[q]
     src = G[i, _SENT_ID]
     start = max(now, F[i, _UFREE])
     end = start + (dt[i] if src >= 0 else dth[i])
     F[i, _UFREE] = end
-    rep_queued[q] = True
     rep_src[q] = src
     rep_held[q] = (now - F[i, _SENT_FE]) if src >= 0 else 0.0
     sent = end <= _next_off(ipt, ist, ien, i, now) and end <= horizon
@@ -234,7 +233,7 @@ def _on_window(F, G, st, i, token, now, proto, S, horizon, ipt, ist, ien):  # pr
 
 
 @njit(cache=True, nogil=True)
-def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, ipt, ist, ien,
+def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist, ien,
               compute, K, catchup, cap):  # pragma: no cover - compiled
     """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
     device's start (event; arg < 0 when moved): the local round, an offline wake, a skip.
@@ -287,18 +286,18 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit, 
 
 
 @njit(cache=True, nogil=True)
-def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit, P,
+def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime,
               compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime, qlat, qextra,
               qdrop, qret, max_events, wt, wd, wr):  # pragma: no cover - compiled
     """The events in time order (see the module docstring). proto 0: async, 1: event.
     Returns the events (time, dev, kind, amount, end, step, t, nsteps, bstart, closes), the
-    replies per request (src local round −1: empty or none, held, arrival, delivered, sent,
-    queued) and the counts."""
+    replies per request (src local round −1: empty or none, held, arrival, delivered, sent)
+    and the counts."""
     E = np.empty((max_events, 10))  # time dev kind amount end step t nsteps bstart closes
     ne = 0
     NQ = qj.shape[0]
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
-           np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
+           np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
     F = np.zeros((n, 7))
     F[:, _OFF_SINCE] = np.nan
     F[:, _W_MOVED] = np.nan
@@ -343,9 +342,9 @@ def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime, jit,
                 arg = _on_window(F, G, st, i, arg, now, proto, S, horizon, ipt, ist, ien)
                 if arg == 0:
                     continue
-            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, P, jit, horizon, unit,
+            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit,
                            ipt, ist, ien, compute, K, catchup, cap)
-    return E[:ne], rep[0], rep[1], rep[2], rep[3], rep[4], rep[5], st
+    return E[:ne], rep[0], rep[1], rep[2], rep[3], rep[4], st
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -470,7 +469,7 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         max_events = n * wakes + 1
         proto, unit = 0, P
     elif protocol == "event":
-        P, jit, proto, unit = 0.0, np.zeros((1, n)), 1, float(settings.round_seconds)
+        proto, unit = 1, float(settings.round_seconds)
         train = local_steps * world.compute
         dur = np.maximum(train + deg * dt, 1e-300)
         L = on.end - on.start
@@ -479,14 +478,14 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
     wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
-    E, src, held, arr, ok, sent, queued, st = _simulate(
+    E, src, held, arr, ok, sent, st = _simulate(
         proto, bool(pull), S, n, float(H), float(unit), on.indptr, on.start, on.end, rptr,
-        rtime, np.ascontiguousarray(jit), float(P), np.ascontiguousarray(world.compute, float),
+        rtime, np.ascontiguousarray(world.compute, float),
         int(local_steps), bool(catchup), int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"],
         rq["qcode"], rq["qtime"], rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"],
         int(max_events), wt, wd, wr)
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
-            "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent, "reply_queued": queued,
+            "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
             "counts": st, "returns": (rptr, rtime, rend)}
 
 
