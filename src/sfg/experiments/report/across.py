@@ -270,17 +270,12 @@ def across_report(records: Iterable[Mapping[str, Any]], *, across: str, out_dir:
                                metric=metric, alpha=alpha)
         if note:
             rep.notes.append(note)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SfgError(f"cannot create report folder {out}: {exc.strerror}; choose a "
-                       "writable out_dir") from None
+    from sfg.experiments.report.paired import report_folder, write_markdown
+
+    out = report_folder(out_dir)
     rep.files["across.csv"] = comparisons_to_csv([row.comparison for row in rep.rows],
                                                  out / "across.csv")
     rep.markdown = _markdown(rep)
-    from sfg.experiments.report.paired import write_markdown
-
     rep.files["across.md"] = write_markdown(out / "across.md", rep.markdown)
     return rep
 

@@ -536,12 +536,7 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
     records = with_settings(records)
     comps = compare(records, rules=rules, baseline=baseline, metric=metric, alpha=alpha,
                     confidence=confidence, weighting=weighting, seed=seed)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SfgError(f"cannot create report folder {out}: {exc.strerror}; choose a "
-                       "writable out_dir") from None
+    out = report_folder(out_dir)
 
     comp_of = {(c.setting, c.rule): c for c in comps}
     compared = {c.rule for c in comps}
@@ -579,6 +574,17 @@ def build_report(records: Iterable[Mapping[str, Any]], *, baseline: str = "dfeda
     report.markdown = _markdown(report)
     report.files["report.md"] = write_markdown(out / "report.md", report.markdown)
     return report
+
+
+def report_folder(out_dir: str | Path) -> Path:
+    """The report's output folder, created if needed; a failure is one :class:`SfgError` line."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SfgError(f"cannot create report folder {out}: {exc.strerror}; choose a "
+                       "writable out_dir") from None
+    return out
 
 
 def write_markdown(path: Path, text: str) -> Path:
