@@ -456,10 +456,8 @@ def clock_worlds(draw, protocol: str):
                                     "cannot-train-shares", "cannot-train-adopts"]))
     if protocol != "lockstep" and draw(st.booleans()):  # returns in time: a pull on return
         clock["on_return"] = f"pull:timeout={draw(st.sampled_from([5.0, 60.0, 250.0])):g}"
-        if anatomy == "cannot-communicate":  # not implemented with pull (refused)
-            anatomy = "full"
     return dict(n=n, graph=graph, process=process, rounds=rounds, K=K, clock=clock,
-                anatomy=anatomy,
+                anatomy=anatomy, link_failure=draw(st.sampled_from([0.0, 0.0, 0.4])),
                 seed=draw(st.integers(0, 10_000)), rule=draw(st.sampled_from(RULES)),
                 attack=draw(st.sampled_from([None, "forge:frac=0.2,claim=fresh"])))
 
@@ -489,7 +487,7 @@ def test_invariants_on_the_clock(protocol):
         s, world = _world_or_reject(w)
         try:
             sched = make_schedule(world, s, local_steps=w["K"], seed=w["seed"],
-                                  anatomy=w["anatomy"])
+                                  anatomy=w["anatomy"], link_failure=w["link_failure"])
         except SfgError as e:  # async: every device slower than the period
             assume("is not longer than the fastest" not in str(e))
             raise

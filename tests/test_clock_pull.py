@@ -23,6 +23,7 @@ from sfg.clock.schedule import (
 )
 from sfg.clock.settings import make_settings
 from sfg.errors import SfgError
+from sfg.round.kernel import EV_ALL, EV_TRAIN
 from sfg.round.slots import RoundGraph
 from sfg.world.graphs import Graph
 from sfg.world.timeline import Intervals
@@ -211,6 +212,123 @@ def test_event_start_waits_for_the_window_and_holds_what_arrived_meanwhile():
     assert cands(none, local(none, 150.0, 0), w.rg) == [(0, None, 0.0)]
 
 
+# ----------------------------------------------------------------------------- cannot-communicate
+# Anatomy cannot-communicate: offline, a device trains alone (K steps, no candidates, nothing
+# sent), back to back under event; it neither asks nor answers while offline.
+# Event, Δ = 100 s, 0 – 1; compute 40 s for 0, 100 s for 1. 0 is online in [0, 50) and
+# [150, 300); 1 always.
+#   0: its round 0 → 40 sends (to 1 at 40 + λ); the next, 40 → 80, is interrupted at 50, and
+#      from 50 it trains alone: 50 → 90, 90 → 130, 130 → 170 (begun offline, ends online).
+#   1: rounds 0 → 100 (its message reaches 0 at 100 + λ, offline: lost), 100 → 200, …
+#   λ = 15 s: 0 returns at 150; its request reaches 1 at 165; 1's latest message is round
+#      0's (ended 100): held 65 s, the reply arrives at 180. Window [150, 180]. The local
+#      round 0 would start when the one it is in ends (170) lies in the window: it starts at
+#      180 instead (waited 10 s), holding the reply: waited (180 − 180)/100 + 65/100 = 0.65.
+#   λ = 5 s: the reply arrives at 160, window [150, 160], ended before 0's round does: no
+#      start in it, none delayed. 0 starts at 170 as without pull, holding the reply:
+#      (170 − 160)/100 + 55/100 = 0.65. Without pull it holds nothing at 170.
+ALONE_W = dict(edges=LINK, compute=[40.0, 100.0], online={0: [(0, 50), (150, 300)],
+                                                          1: [(0, 300)]}, horizon=300.0)
+
+
+def alone_world(**kw):
+    a = {**ALONE_W, **kw}
+    return world(a.pop("edges"), a.pop("compute"), a.pop("online"), a.pop("horizon"), **a)
+
+
+def test_cannot_communicate_a_round_begun_offline_that_ends_in_the_window_is_delayed():
+    w = alone_world(latency=15.0)
+    sc = event_schedule(w, settings("event"), local_steps=1, seed=1,
+                        anatomy="cannot-communicate")
+    mine = np.flatnonzero((sc.dev == 0) & (sc.kind == LOCAL))
+    assert sc.time[mine].tolist()[:5] == [0.0, 50.0, 90.0, 130.0, 180.0]
+    assert sc.caps[mine].tolist()[:5] == [EV_ALL, EV_TRAIN, EV_TRAIN, EV_TRAIN, EV_ALL]
+    assert cands(sc, local(sc, 130.0, 0), w.rg) == [(0, None, 0.0)]  # alone: no candidates
+    r = local(sc, 180.0, 0)
+    assert cands(sc, r, w.rg) == [(0, None, 0.0), (1, 0.0, 0.65)]
+    assert sc.pulls[1][r]  # the delayed start: after the arrivals at 180
+    assert sc.stats["pull_wait_seconds"] == 10.0 and sc.stats["pull_replies_delivered"] == 1
+    assert not (sc.kind == OFFLINE).any()  # trained alone: no offline span, age stays 0
+
+
+def test_cannot_communicate_a_window_that_ends_first_delays_nothing():
+    w = alone_world()
+    sc = event_schedule(w, settings("event"), local_steps=1, seed=1,
+                        anatomy="cannot-communicate")
+    assert cands(sc, local(sc, 170.0, 0), w.rg) == [(0, None, 0.0), (1, 0.0, 0.65)]
+    assert sc.stats["pull_wait_seconds"] == 0.0
+    none = event_schedule(w, settings("event", on_return="none"), local_steps=1, seed=1,
+                          anatomy="cannot-communicate")
+    assert cands(none, local(none, 170.0, 0), w.rg) == [(0, None, 0.0)]
+    assert none.time[none.dev == 0].tolist() == sc.time[sc.dev == 0].tolist()
+
+
+# Offline again inside the window, idle: λ = 15 (window [150, 180]), 0 online in [150, 175)
+# only. Its round begun offline ends at 170, in the window, so it waits; at 175 it goes
+# offline: the wait is abandoned and it trains alone from 175 (175 → 215, …); nothing at 180.
+def test_cannot_communicate_offline_inside_the_window_trains_alone_from_then():
+    w = alone_world(latency=15.0, online={0: [(0, 50), (150, 175)], 1: [(0, 300)]})
+    sc = event_schedule(w, settings("event"), local_steps=1, seed=1,
+                        anatomy="cannot-communicate")
+    mine = np.flatnonzero((sc.dev == 0) & (sc.kind == LOCAL))
+    assert sc.time[mine].tolist() == [0.0, 50.0, 90.0, 130.0, 175.0, 215.0, 255.0]
+    assert (sc.caps[mine[1:]] == EV_TRAIN).all()
+    assert sc.stats["pull_abandoned"] == 1 and sc.stats["pull_wait_seconds"] == 0.0
+
+
+# Async, P = 100, W = 1, no jitter, 0 – 1, λ = 5; compute 120 s for 0, 10 s for 1; 0 online
+# in [0, 50) and [195, 430), 1 always; horizon 430.
+#   t = 0:   0's round would end at 120: interrupted at 50. 1 trains to 10 and sends.
+#   t = 100: 0 offline and free: it trains alone, 100 → 220.
+#   t = 195: 0 returns; the request reaches 1 at 200, after 1's wake (it trains to 210); its
+#            latest is round 100's (ended 110), held 90: the reply arrives at 205. Window
+#            [195, 205]: 0's wake at 200 moves to 205 and finds it still busy (to 220):
+#            skipped; nothing waited for.
+#   t = 300: 0 trains (300 → 420) holding 1's round-200 message (arrived 215, 0.85); its
+#            wake at 400 is skipped (busy). Without pull the wake of 200 is skipped at 200.
+def test_cannot_communicate_a_moved_wake_that_finds_the_device_busy_is_skipped():
+    w = alone_world(compute=[120.0, 10.0], online={0: [(0, 50), (195, 430)], 1: [(0, 430)]},
+                    horizon=430.0)
+    sc = async_schedule(w, settings(), local_steps=1, seed=1, anatomy="cannot-communicate")
+    mine = np.flatnonzero((sc.dev == 0) & (sc.kind == LOCAL))
+    assert sc.time[mine].tolist() == [100.0, 300.0]
+    assert sc.caps[mine].tolist() == [EV_TRAIN, EV_ALL]
+    assert cands(sc, mine[1], w.rg) == [(0, None, 0.0), (1, 200.0, 0.85)]
+    assert sc.stats["pull_wait_seconds"] == 0.0 and sc.stats["pull_replies_delivered"] == 1
+    none = async_schedule(w, settings(on_return="none"), local_steps=1, seed=1,
+                          anatomy="cannot-communicate")
+    assert none.stats["skipped"] == sc.stats["skipped"] == 2  # 200 (at 205) and 400
+
+
+# ----------------------------------------------------------------------------- link failures
+# Link failures are drawn per Δ-round (docs/concepts/outages.md#link-failures); a request or
+# reply whose transfer ends while its link is down is lost (silent), as a message is.
+# 0 – 1, event, Δ = 100, compute 10 s, λ = 5, S = 60; 1 always online; 0 offline for a
+# moment in Δ-rounds chosen from the draws: returning at 10 s into a round whose link is
+# down, its request is lost and its window runs to the timeout; in a round whose link (and
+# the next) is up, it hears within 10 s; at 97 s into an up round followed by a down one,
+# its request gets through but the reply (leaving at 102 s) is lost.
+def test_a_request_over_a_failed_link_is_silent():
+    from sfg.world.outages.links import link_failures
+
+    p, T = 0.5, 40
+    live = link_failures(LINK, T, p=p, seed=1)[:, 0]
+    down = int(np.flatnonzero(~live[1:-1])[0]) + 1
+    up = int(np.flatnonzero(live[1:-1] & live[2:])[0]) + 1
+    up_down = int(np.flatnonzero(live[1:-1] & ~live[2:])[0]) + 1
+    # (return time, windows timed out, wait, replies sent): the request lost; heard; the
+    # request sent at 97 s into an up round, answered at 102 s, in the next, down, round
+    for t_r, timed_out, wait, replies in ((down * 100.0 + 10, 1, 60.0, 0),
+                                          (up * 100.0 + 10, 0, 10.0, 1),
+                                          (up_down * 100.0 + 97, 1, 60.0, 1)):
+        w = world(LINK, [10.0, 10.0], {0: [(0, t_r - 5.0), (t_r, T * 100.0)],
+                                       1: [(0, T * 100.0)]}, T * 100.0)
+        sc = event_schedule(w, settings("event"), local_steps=1, seed=1, link_failure=p)
+        st = sc.stats
+        assert (st["pull_timed_out"], st["pull_wait_seconds"], st["pull_replies"]) == \
+            (timed_out, wait, replies), t_r
+
+
 # ----------------------------------------------------------------------------- async jitter
 def test_a_second_wake_inside_the_window_is_skipped():
     """With jitter two wakes can fall in one window: the first moves to the window's end,
@@ -238,10 +356,14 @@ def test_a_second_wake_inside_the_window_is_skipped():
 # ----------------------------------------------------------------------------- one protocol
 @pytest.mark.parametrize("protocol", ["async", "event"])
 @pytest.mark.parametrize("process", ["bursty:u=0.8", "iid:u=0.6"])
-@pytest.mark.parametrize("catchup", [False, True])
-def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, process, catchup):
+@pytest.mark.parametrize(("catchup", "anatomy"), [(False, "full"), (True, "full"),
+                                                  (True, "cannot-communicate")])
+def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, process, catchup,
+                                                                anatomy):
     """The time-ordered simulation with pull off gives the vectorised schedule's events and
-    counts exactly, on random worlds: one protocol, two implementations."""
+    counts exactly, on random worlds: one protocol, two implementations (under
+    ``cannot-communicate`` too: the local rounds an offline device trains alone, their steps
+    and capabilities)."""
     for seed, kw in ((1, {"compute": "const:value=30"}),
                      (2, {"compute": "lognormal:median=30,sigma=1",
                           **({"jitter": 0.5} if protocol == "async" else {})}),
@@ -250,12 +372,17 @@ def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, proces
         st = make_settings({"protocol": protocol, **kw})
         w = make_world(st, process=process, graph="knn:k=4", n=30, rounds=40, seed=seed)
         ref = (async_schedule if protocol == "async" else event_schedule)(
-            w, st, local_steps=5, seed=seed, catchup=catchup)
-        got = simulate(w, st, protocol, local_steps=5, seed=seed, catchup=catchup, pull=False)
+            w, st, local_steps=5, seed=seed, catchup=catchup, anatomy=anatomy)
+        got = simulate(w, st, protocol, local_steps=5, seed=seed, catchup=catchup, pull=False,
+                       anatomy=anatomy)
         E = got["events"]
         E = E[np.lexsort((-E[:, 2], E[:, 1], E[:, 0]))]
-        for k, col in (("time", 0), ("dev", 1), ("kind", 2), ("amount", 3), ("end", 4),
-                       ("step", 5), ("t", 6)):
+        cols = [("time", 0), ("dev", 1), ("kind", 2), ("amount", 3), ("end", 4), ("step", 5),
+                ("t", 6)]
+        if anatomy != "full":
+            assert (E[:, 10] == EV_TRAIN).sum() > 100  # rounds trained alone, offline
+            cols += [("nsteps", 7), ("caps", 10)]
+        for k, col in cols:
             assert np.array_equal(getattr(ref, k), E[:, col]), (k, seed)
         c = got["counts"]
         assert (ref.stats["interrupted"], ref.stats["unfinished"]) == (c[1], c[2])
@@ -322,10 +449,6 @@ def test_refusals():
     with pytest.raises(SfgError, match="under lockstep"):
         lockstep_rounds(w, make_settings({"protocol": "lockstep", "on_return": "pull"}),
                         local_steps=1, rounds=5, seed=1)
-    with pytest.raises(SfgError, match="anatomy full"):
-        event_schedule(w, st, local_steps=1, seed=1, anatomy="cannot-communicate")
-    with pytest.raises(SfgError, match="link-failure"):
-        event_schedule(w, st, local_steps=1, seed=1, link_failure=0.2)
 
 
 # ----------------------------------------------------------------------------- training, replay

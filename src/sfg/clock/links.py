@@ -1,6 +1,7 @@
 """The links of the virtual clock's world (docs/concepts/clock.md#the-world-in-time): a
 message's transfer time on each uplink, each sender's outgoing slots in sending order, and the
-message faults as the schedule applies them. Shared by :mod:`sfg.clock.schedule` and
+message faults as the schedule applies them, the link failures, and what an offline device
+keeps under an anatomy mode. Shared by :mod:`sfg.clock.schedule` and
 :mod:`sfg.clock.pull`."""
 
 from __future__ import annotations
@@ -48,3 +49,36 @@ def fault_plan(settings: ClockSettings, n: int):
                        "clock's engine takes the message faults: loss, delay, reorder, dup, "
                        "corrupt, misroute, partition)")
     return f.plan(n, period=settings.P, rounds=1)
+
+
+def live_links(world: Any, settings: ClockSettings, link_failure: float, seed: int
+               ) -> tuple[np.ndarray, float]:
+    """The links up in each Δ-round of virtual time (docs/concepts/outages.md#link-failures,
+    drawn per Δ-round as in rounds): (``live`` [T, M] over the graph's edges, Δ). A message
+    (or a pull's request or reply) whose transfer ends in round ⌊end/Δ⌋ while its link is down
+    is lost; times at or after the last round count in it. Without link failures: one round,
+    every link up."""
+    delta = float(settings.round_seconds)
+    if link_failure <= 0:
+        return np.ones((1, max(1, len(world.graph.edges))), bool), delta
+    from sfg.world.outages.links import link_failures
+
+    T = max(1, int(np.ceil(world.horizon / delta)))
+    return link_failures(world.graph.edges, T, p=float(link_failure), seed=seed), delta
+
+
+def link_round(end: np.ndarray, delta: float, T: int) -> np.ndarray:
+    """The Δ-round of link failures each transfer ending at ``end`` falls in."""
+    return np.minimum((end // delta).astype(np.int64), T - 1)
+
+
+def offline_keeps(anatomy: str) -> int:
+    """The capabilities (EV_* bits) an offline device keeps under an anatomy mode
+    (docs/concepts/outages.md#anatomy-modes, :mod:`sfg.world.outages.anatomy`): 0 under
+    ``full``."""
+    from sfg.round.kernel import EV_AGGREGATE, EV_SEND, EV_TRAIN
+    from sfg.world.outages.anatomy import capabilities
+
+    c = capabilities(np.array([False]), anatomy)
+    return ((EV_TRAIN if c.train[0] else 0) | (EV_SEND if c.send[0] else 0)
+            | (EV_AGGREGATE if c.aggregate[0] else 0))

@@ -85,8 +85,8 @@ def _next_off(ipt, ist, ien, i, t):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart,
-         closes):  # pragma: no cover - compiled
+def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart, closes,
+         caps):  # pragma: no cover - compiled
     if k >= E.shape[0]:
         raise ValueError("more events than the schedule's bound")
     E[k, 0] = time
@@ -99,20 +99,24 @@ def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart,
     E[k, 7] = nsteps
     E[k, 8] = bstart
     E[k, 9] = closes
+    E[k, 10] = caps
 
 
 # per-device state of the simulation: floats F[:, k] and integers G[:, k]
-_BUSY, _UFREE, _SENT_FE, _OFF_SINCE, _W_START, _W_MOVED, _W_LAST = range(7)
-_TAU, _COUNT, _SENT_ID, _TOKEN, _W_OPEN, _W_RET, _W_ROUND, _W_LEFT, _W_SILENT = range(9)
+_BUSY, _UFREE, _SENT_FE, _OFF_SINCE, _W_START, _W_MOVED, _W_LAST, _CHAIN_AT = range(8)
+(_TAU, _COUNT, _SENT_ID, _TOKEN, _W_OPEN, _W_RET, _W_ROUND, _W_LEFT, _W_SILENT,
+ _CHAIN_POS) = range(10)
 # counts
 (_SKIPPED, _INTERRUPTED, _UNFINISHED, _OFFLINE_WAKES, _PULL_SKIPPED, _ABANDONED, _WAIT,
  _WINDOWS, _TIMED_OUT) = range(9)
 
 
 @njit(cache=True, nogil=True)
-def _on_commit(heap, E, F, G, i, r, proto, ipt, ist, ien, deg, dt):  # pragma: no cover
+def _on_commit(heap, E, F, G, i, r, proto, alone, ipt, ist, ien, deg,
+               dt):  # pragma: no cover - compiled
     """Local round r of device i has done its steps: its broadcast is queued on the uplink
-    (behind what was queued before), the device stays busy until it has left."""
+    (behind what was queued before), the device stays busy until it has left (``alone``:
+    offline devices train alone, anatomy ``cannot-communicate``)."""
     start = max(E[r, 4], F[i, _UFREE])
     bend = start + deg[i] * dt[i]
     F[i, _UFREE] = bend
@@ -120,43 +124,51 @@ def _on_commit(heap, E, F, G, i, r, proto, ipt, ist, ien, deg, dt):  # pragma: n
     G[i, _SENT_ID] = r
     F[i, _SENT_FE] = E[r, 4]
     off = _next_off(ipt, ist, ien, i, E[r, 4])
+    F[i, _BUSY] = min(bend, off)
     if proto == 0:
-        F[i, _BUSY] = min(bend, off)
-    elif off <= bend:
-        F[i, _OFF_SINCE] = off  # gone before its sends are done: free at its next return
-    else:
+        return
+    if off > bend:
         heapq.heappush(heap, (bend, _WAKE, i, 0))
+    elif alone:  # gone before its sends are done: it trains alone from then
+        heapq.heappush(heap, (off, _WAKE, i, 0))
+    else:
+        F[i, _OFF_SINCE] = off  # gone before its sends are done: free at its next return
 
 
 @njit(cache=True, nogil=True)
-def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, S, unit, rptr, rtime, deg, dth,
-               qptr, qj, qcode, qtime):  # pragma: no cover - compiled
+def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, alone, S, unit, rptr, rtime,
+               rend, deg, dth, qptr, qj, qcode, qtime):  # pragma: no cover - compiled
     """Return k of device i at ``now``: the offline span (event), the requests and the
-    window's end at the latest (pull), or the start at once (event without pull). Returns
-    the events' count."""
+    window's end at the latest (pull), or the start at once (event without pull; ``alone``:
+    the local round it trains alone, if any, starts the next when it ends). Returns the
+    events' count."""
     if k + 1 < rptr[i + 1]:
         heapq.heappush(heap, (rtime[k + 1], _RETURN, i, k + 1))
     if G[i, _W_OPEN]:  # the last window ended by going offline: abandoned
         G[i, _W_OPEN] = 0
         st[_ABANDONED] += 1
     G[i, _TOKEN] += 1
+    G[i, _CHAIN_POS] = -1  # (training alone, the local rounds after a return start anew)
     F[i, _UFREE] = now  # what the uplink held when the device went offline was lost
     if proto == 1 and not np.isnan(F[i, _OFF_SINCE]):  # the offline span, counted now
         amt = (now - F[i, _OFF_SINCE]) / unit
-        _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now, False)
+        _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now, False, 0)
         ne += 1
         G[i, _TAU] += np.int64(np.floor(amt))
         F[i, _OFF_SINCE] = np.nan
     if not pull:
-        if proto == 1:
+        if proto == 1 and not alone:
             heapq.heappush(heap, (now, _WAKE, i, 0))
         return ne
     F[i, _UFREE] = now + deg[i] * dth[i]  # the requests, back to back
     G[i, _W_OPEN] = 1
     F[i, _W_START] = now
     G[i, _W_RET] = k
-    F[i, _W_MOVED] = now if proto == 1 else np.nan
-    G[i, _W_ROUND] = -1
+    # the start the window delays: under event the one at the return (a device training
+    # alone starts its next local round when the one it is in ends: that one, if in the window)
+    pending = proto == 1 and not alone
+    F[i, _W_MOVED] = now if pending else np.nan
+    G[i, _W_ROUND] = 0 if pending else -1
     G[i, _W_SILENT] = 0
     F[i, _W_LAST] = now
     left = 0
@@ -174,14 +186,18 @@ def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, S, unit, rptr, rti
     if left == 0 and not G[i, _W_SILENT]:
         t_end = min(t_end, F[i, _W_LAST])
     heapq.heappush(heap, (t_end, _WINDOW, i, G[i, _TOKEN]))
+    if alone and rend[k] < t_end:  # going offline ends the wait: it trains alone from then
+        heapq.heappush(heap, (rend[k], _WINDOW, i, G[i, _TOKEN]))
     return ne
 
 
 @njit(cache=True, nogil=True)
 def _on_request(heap, F, G, i, q, now, S, horizon, ipt, ist, ien, dt, dth, qptr, qlat, qextra,
-                qdrop, qret, rep):  # pragma: no cover - compiled
+                qdrop, qret, qedge, live, lf_unit, rep):  # pragma: no cover - compiled
     """Request q arrives at device i (online): its reply is queued on i's uplink; the
-    returning device's window learns the answer (or that there will be none)."""
+    returning device's window learns the answer (or that there will be none). ``live``
+    [T, E]: the links up in each Δ-round (link failures; a reply whose transfer ends while
+    its link is down is lost)."""
     rep_src, rep_held, rep_arr, rep_ok, rep_sent = rep
     ret_dev = qret[q]
     src = G[i, _SENT_ID]
@@ -194,7 +210,9 @@ def _on_request(heap, F, G, i, q, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
     rep_sent[q] = sent
     arr = end + qlat[q] + qextra[q]
     rep_arr[q] = arr
-    ok = sent and (not qdrop[q]) and _online(ipt, ist, ien, ret_dev, arr, horizon)
+    lr = min(np.int64(end // lf_unit), live.shape[0] - 1)
+    ok = sent and (not qdrop[q]) and live[lr, qedge[q]] \
+        and _online(ipt, ist, ien, ret_dev, arr, horizon)
     rep_ok[q] = ok
     rk = G[ret_dev, _W_RET]
     if G[ret_dev, _W_OPEN] and qptr[rk] <= q < qptr[rk + 1]:  # its open window's request
@@ -210,8 +228,10 @@ def _on_request(heap, F, G, i, q, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
 
 
 @njit(cache=True, nogil=True)
-def _on_window(F, G, st, i, token, now, proto, S, horizon, ipt, ist, ien):  # pragma: no cover
-    """The end of device i's window: the start it delays (its arg, < 0) or 0 (none)."""
+def _on_window(F, G, st, i, token, now, proto, alone, S, horizon, ipt, ist,
+               ien):  # pragma: no cover - compiled
+    """The end of device i's window: the start it delays (its arg, < 0), 1 (event, a device
+    gone offline while it waited: it trains alone from now) or 0 (none)."""
     if not G[i, _W_OPEN] or token != G[i, _TOKEN]:
         return 0  # an earlier end of this window was already taken, or a stale one
     G[i, _W_OPEN] = 0
@@ -221,26 +241,60 @@ def _on_window(F, G, st, i, token, now, proto, S, horizon, ipt, ist, ien):  # pr
     if not _online(ipt, ist, ien, i, now, horizon) or gone < now:
         st[_ABANDONED] += 1  # offline inside the window: the wait is abandoned
         if proto == 1:
+            if alone:  # (now is when it went offline: the window ends then at the latest)
+                return 1 if G[i, _W_ROUND] >= 0 else 0
             F[i, _OFF_SINCE] = gone
         return 0
-    if proto == 1:
-        st[_WAIT] += now - F[i, _W_START]
-        return -1
-    if G[i, _W_ROUND] >= 0:
+    if G[i, _W_ROUND] < 0:
+        return 0  # nothing to start in the window (still training alone, or no wake in it)
+    if now >= F[i, _BUSY]:  # (a moved wake that finds the device busy waited for nothing)
         st[_WAIT] += now - F[i, _W_MOVED]
-        return -1 - G[i, _W_ROUND]  # the moved wake of that round
-    return 0
+    if proto == 1:
+        return -1
+    return -1 - G[i, _W_ROUND]  # the moved wake of that round
 
 
 @njit(cache=True, nogil=True)
-def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist, ien,
-              compute, K, catchup, cap):  # pragma: no cover - compiled
+def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit, ipt, ist, ien,
+              compute, K, catchup, cap, keeps, ev_all):  # pragma: no cover - compiled
     """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
-    device's start (event; arg < 0 when moved): the local round, an offline wake, a skip.
-    Returns the events' count."""
+    device's start (event; arg < 0 when moved): the local round, an offline wake (``alone``:
+    a local round trained alone, capabilities ``keeps``), a skip. Returns the events'
+    count."""
     k, on = _locate(ipt, ist, ien, i, now)  # online now, and until when
     on = on and now < horizon
     off = ien[k] if on else now
+    if alone and not on:  # offline: K steps alone, no candidates, nothing sent
+        if now >= horizon:
+            return ne
+        k_s = K * compute[i]
+        if proto == 0:
+            st[_OFFLINE_WAKES] += 1
+            if now < F[i, _BUSY]:
+                st[_SKIPPED] += 1
+                return ne
+            step, t_ev = arg, arg
+        else:
+            # back to back from when it went offline: the p-th starts at that time + p·K·c_i
+            if G[i, _CHAIN_POS] >= 0 and now == F[i, _BUSY]:
+                G[i, _CHAIN_POS] += 1
+                now = F[i, _CHAIN_AT] + G[i, _CHAIN_POS] * k_s
+            else:
+                G[i, _CHAIN_POS] = 0
+                F[i, _CHAIN_AT] = now
+            step, t_ev = G[i, _COUNT], np.int64(np.floor(now / unit))
+        fe = now + k_s
+        if fe > horizon:
+            st[_UNFINISHED] += 1
+            return ne
+        _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, K, fe, False, keeps)
+        F[i, _BUSY] = fe
+        G[i, _COUNT] += 1
+        G[i, _TAU] = 0
+        if proto == 1:
+            heapq.heappush(heap, (fe, _WAKE, i, 0))
+        return ne + 1
+    G[i, _CHAIN_POS] = -1
     if proto == 0:
         if arg >= 0:
             r = arg
@@ -255,7 +309,7 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist
             r = -1 - arg
         if not on:
             st[_OFFLINE_WAKES] += 1
-            _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False)
+            _put(E, ne, now, i, _OFFLINE, 1.0, now, r, r, 0, now, False, 0)
             G[i, _TAU] += 1
             return ne + 1
         if now < F[i, _BUSY]:
@@ -263,8 +317,11 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist
             return ne
         step, t_ev = r, r
     else:
-        if arg >= 0 and G[i, _W_OPEN]:
-            return ne  # the start at the return waits for the window's end
+        if arg >= 0 and G[i, _W_OPEN] and on:  # the start waits for the window's end
+            if G[i, _W_ROUND] < 0:
+                G[i, _W_ROUND] = 0
+                F[i, _W_MOVED] = now
+            return ne
         step, t_ev = G[i, _COUNT], np.int64(np.floor(now / unit))
     tau = G[i, _TAU]
     ns = K * (1 + min(tau, cap)) if (catchup and tau >= 1) else K
@@ -272,12 +329,14 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist
     through = min(fe, horizon) <= off
     if not (through and fe <= horizon):
         st[_UNFINISHED if through else _INTERRUPTED] += 1
-        if proto == 0:
-            F[i, _BUSY] = max(off, now)
-        elif not through:
-            F[i, _OFF_SINCE] = off
+        F[i, _BUSY] = max(off, now)
+        if proto == 1 and not through:
+            if alone:
+                heapq.heappush(heap, (off, _WAKE, i, 0))  # it trains alone from then
+            else:
+                F[i, _OFF_SINCE] = off
         return ne
-    _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, arg < 0)
+    _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, arg < 0, ev_all)
     F[i, _BUSY] = np.inf
     G[i, _COUNT] += 1
     G[i, _TAU] = 0
@@ -286,22 +345,25 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit, ipt, ist
 
 
 @njit(cache=True, nogil=True)
-def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime,
-              compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime, qlat, qextra,
-              qdrop, qret, max_events, wt, wd, wr):  # pragma: no cover - compiled
-    """The events in time order (see the module docstring). proto 0: async, 1: event.
-    Returns the events (time, dev, kind, amount, end, step, t, nsteps, bstart, closes), the
-    replies per request (src local round −1: empty or none, held, arrival, delivered, sent)
-    and the counts."""
-    E = np.empty((max_events, 10))  # time dev kind amount end step t nsteps bstart closes
+def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
+              rtime, rend, compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime,
+              qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd,
+              wr):  # pragma: no cover - compiled
+    """The events in time order (see the module docstring). proto 0: async, 1: event;
+    ``alone``: offline devices train alone (capabilities ``keeps``). Returns the events
+    (time, dev, kind, amount, end, step, t, nsteps, bstart, closes, caps), the replies per
+    request (src local round −1: empty or none, held, arrival, delivered, sent) and the
+    counts."""
+    E = np.empty((max_events, 11))  # time dev kind amount end step t nsteps bstart closes caps
     ne = 0
     NQ = qj.shape[0]
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
-    F = np.zeros((n, 7))
+    F = np.zeros((n, 8))
     F[:, _OFF_SINCE] = np.nan
     F[:, _W_MOVED] = np.nan
-    G = np.zeros((n, 9), np.int64)
+    G = np.zeros((n, 10), np.int64)
+    G[:, _CHAIN_POS] = -1
     G[:, _SENT_ID] = -1
     G[:, _W_RET] = -1
     G[:, _W_ROUND] = -1
@@ -312,7 +374,7 @@ def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime,
             heapq.heappush(heap, (rtime[rptr[i]], _RETURN, i, rptr[i]))
         if proto == 0:
             pass  # async wakes: the sorted table (wt, wd, wr), merged with the heap below
-        elif _online(ipt, ist, ien, i, 0.0, horizon):
+        elif alone or _online(ipt, ist, ien, i, 0.0, horizon):
             heapq.heappush(heap, (0.0, _WAKE, i, 0))
         else:
             F[i, _OFF_SINCE] = 0.0
@@ -330,20 +392,21 @@ def _simulate(proto, pull, S, n, horizon, unit, ipt, ist, ien, rptr, rtime,
             if kind == 9:
                 break
         if kind == _COMMIT:
-            _on_commit(heap, E, F, G, i, arg, proto, ipt, ist, ien, deg, dt)
+            _on_commit(heap, E, F, G, i, arg, proto, alone, ipt, ist, ien, deg, dt)
         elif kind == _RETURN:
-            ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, S, unit, rptr,
-                            rtime, deg, dth, qptr, qj, qcode, qtime)
+            ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, S, unit,
+                            rptr, rtime, rend, deg, dth, qptr, qj, qcode, qtime)
         elif kind == _REQUEST:
             _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
-                        qlat, qextra, qdrop, qret, rep)
+                        qlat, qextra, qdrop, qret, qedge, live, lf_unit, rep)
         else:
             if kind == _WINDOW:
-                arg = _on_window(F, G, st, i, arg, now, proto, S, horizon, ipt, ist, ien)
+                arg = _on_window(F, G, st, i, arg, now, proto, alone, S, horizon, ipt, ist,
+                                 ien)
                 if arg == 0:
                     continue
-            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, horizon, unit,
-                           ipt, ist, ien, compute, K, catchup, cap)
+            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit,
+                           ipt, ist, ien, compute, K, catchup, cap, keeps, ev_all)
     return E[:ne], rep[0], rep[1], rep[2], rep[3], rep[4], st
 
 
@@ -360,12 +423,14 @@ def returns_of(world) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarray,
-              rend: np.ndarray, *, seed: int, dth: np.ndarray) -> dict[str, np.ndarray]:
+              rend: np.ndarray, *, seed: int, dth: np.ndarray, live: np.ndarray,
+              lf_unit: float) -> dict[str, np.ndarray]:
     """Every return's requests and what is known of them before the simulation (see the
     module docstring): per request the neighbour, its fate (:data:`ARRIVES` with the
     arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
-    latency, fault delay and whether it is dropped on the way."""
-    from sfg.clock.links import fault_plan, out_slots
+    latency, fault delay, whether it is dropped on the way and its link (``live``: the links
+    up per Δ-round, :func:`sfg.clock.links.live_links`)."""
+    from sfg.clock.links import fault_plan, link_round, out_slots
 
     rg = world.rg
     ptr, out, _ = out_slots(rg)
@@ -400,6 +465,9 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
         cut, lost, extra, bad = plan.fates(i, j, nth, tx_end, channel=2)
         drop |= cut | lost | bad
         arrival = arrival + extra
+    edge = rg.edge_id[slot].astype(np.int64)
+    if live.shape[0] > 1 or not live.all():  # link failures: a request sent over a down link
+        drop |= ~live[link_round(tx_end, lf_unit, live.shape[0]), edge]
     ok = sent & ~drop & (arrival < world.horizon)
     on = world.online.online_at(j, arrival) & ok
     if plan is not None:  # the reply's faults, drawn when it is queued (the request's arrival)
@@ -411,7 +479,7 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     return {"qptr": qptr, "qj": j.astype(np.int64), "qcode": code, "qtime": when,
             "qlat": np.ascontiguousarray(world.latency[back]), "qextra": rextra,
             "qdrop": rdrop, "qret": i.astype(np.int64), "qslot": slot, "qback": back,
-            "sent": sent}
+            "qedge": edge, "sent": sent}
 
 
 def _reverse_slots(rg) -> np.ndarray:
@@ -437,12 +505,16 @@ def _wake_table(jit: np.ndarray, P: float, horizon: float
 
 
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
-             catchup: bool, pull: bool = True) -> dict[str, Any]:
+             catchup: bool, pull: bool = True, anatomy: str = "full",
+             link_failure: float = 0.0) -> dict[str, Any]:
     """Run :func:`_simulate` on a world (``pull`` False: the protocol without it, as the
-    vectorised schedules make it; for the tests). Returns the events (columns of
-    :func:`_put`), the replies (slot, sending event, arrival, held) that reached their
-    device, and the counts."""
-    from sfg.clock.links import out_slots, transfer_seconds
+    vectorised schedules make it; for the tests). ``anatomy``: ``full`` or
+    ``cannot-communicate`` (an offline device trains alone); ``link_failure``: the per-round
+    link failures, for the requests and replies (the ordinary messages' are applied when the
+    schedule is assembled). Returns the events (columns of :func:`_put`), the replies
+    (slot, sending event, arrival, held) that reached their device, and the counts."""
+    from sfg.clock.links import live_links, out_slots, transfer_seconds
+    from sfg.round.kernel import EV_ALL
     from sfg.round.rules import CATCHUP_CAP
     from sfg.round.staleness import wake_jitter
 
@@ -454,13 +526,17 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
     deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
     S = float(settings.pull_timeout or 0.0)
+    keeps = _keeps(anatomy)
+    alone = keeps != 0
+    live, lf_unit = live_links(world, settings, link_failure if pull else 0.0, seed)
     if pull:
-        rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth)
+        rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth, live=live,
+                       lf_unit=lf_unit)
     else:
         z = np.zeros(0, np.int64)
         rq = {"qptr": np.zeros(rtime.size + 1, np.int64), "qj": z, "qcode": z,
               "qtime": np.zeros(0), "qlat": np.zeros(0), "qextra": np.zeros(0),
-              "qdrop": np.zeros(0, bool), "qret": z, "qslot": z, "qback": z,
+              "qdrop": np.zeros(0, bool), "qret": z, "qslot": z, "qback": z, "qedge": z,
               "sent": np.zeros(0, bool)}
     if protocol == "async":
         P = settings.P
@@ -475,14 +551,18 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         L = on.end - on.start
         idev = np.repeat(np.arange(n), np.diff(on.indptr))
         max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
+        if alone:  # local rounds trained alone while offline
+            off_s = np.maximum(H - on.online_seconds(), 0.0)
+            max_events += int(np.ceil(off_s / np.maximum(train, 1e-300)).sum()) + L.size + n
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
     wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
     E, src, held, arr, ok, sent, st = _simulate(
-        proto, bool(pull), S, n, float(H), float(unit), on.indptr, on.start, on.end, rptr,
-        rtime, np.ascontiguousarray(world.compute, float),
-        int(local_steps), bool(catchup), int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"],
-        rq["qcode"], rq["qtime"], rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"],
+        proto, bool(pull), alone, int(keeps), int(EV_ALL), S, n, float(H), float(unit),
+        on.indptr, on.start, on.end, rptr, rtime, rend,
+        np.ascontiguousarray(world.compute, float), int(local_steps), bool(catchup),
+        int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
+        rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit),
         int(max_events), wt, wd, wr)
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
@@ -497,22 +577,14 @@ def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: in
     each event's local steps, the counts, the pull's part of the schedule)."""
     import hashlib
 
-    if anatomy != "full":
-        raise SfgError(f"on_return pull runs with anatomy full; under {anatomy!r} a device that "
-                       "cannot communicate while offline would pull while it may still be "
-                       "training alone, which is not implemented: drop --on-return or use "
-                       "--anatomy full")
-    if link_failure > 0:
-        raise SfgError("on_return pull and --link-failure together are not implemented (a "
-                       "pull's requests and replies would need the per-round link draws); "
-                       "drop one of them")
     r = simulate(world, settings, protocol, local_steps=local_steps, seed=seed,
-                 catchup=catchup, pull=True)
+                 catchup=catchup, pull=True, anatomy=anatomy, link_failure=link_failure)
     E, rq, c = r["events"], r["requests"], r["counts"]
     time, kind = E[:, 0], E[:, 2].astype(np.int64)
     parts = [(time, E[:, 1].astype(np.int64), kind, E[:, 3], E[:, 4], E[:, 5].astype(np.int64),
               E[:, 6].astype(np.int64))]
     steps_of = [E[:, 7].astype(np.int64)]
+    caps_of = [E[:, 10].astype(np.int64)] if _keeps(anatomy) else None
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]
     model = src >= 0
     got = ok & model
@@ -538,7 +610,21 @@ def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: in
     pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}
-    return parts, steps_of, out, pull
+    return parts, steps_of, out, pull, caps_of
+
+
+def _keeps(anatomy: str) -> int:
+    """What an offline device still does under ``anatomy`` in the simulation: 0 (``full``)
+    or the capabilities of a local round trained alone (``cannot-communicate``). The modes
+    that keep communicating while offline have no returns and never reach it."""
+    from sfg.clock.links import offline_keeps
+    from sfg.round.kernel import EV_SEND
+
+    keeps = offline_keeps(anatomy)
+    if keeps & EV_SEND:
+        raise SfgError(f"under anatomy {anatomy!r} a device keeps communicating while offline: "
+                       "it has no returns, so on_return pull has nothing to do")
+    return keeps
 
 
 def return_counts(world, sched, settings: ClockSettings, *, talks: bool = False

@@ -52,7 +52,14 @@ from typing import Any
 
 import numpy as np
 
-from sfg.clock.links import fault_plan, out_slots, transfer_seconds
+from sfg.clock.links import (
+    fault_plan,
+    link_round,
+    live_links,
+    offline_keeps,
+    out_slots,
+    transfer_seconds,
+)
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_ALL, EV_SEND, EV_TRAIN
@@ -420,13 +427,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
         stats["fault_corrupted"] = float((sent & rx & ~dropped & bad).sum())
     cut = np.zeros(src.size, bool)
     if link_failure > 0:  # docs/concepts/outages.md#link-failures per Δ-round: a message sent while its link is down is lost
-        from sfg.world.outages.links import link_failures
-
-        delta = float(settings.round_seconds)
-        T = max(1, int(np.ceil(world.horizon / delta)))
-        live = link_failures(world.graph.edges, T, p=float(link_failure), seed=seed)
-        r_of = np.minimum((tx_end // delta).astype(np.int64), T - 1)
-        cut = ~live[r_of, rg.edge_id[slot]]
+        live, delta = live_links(world, settings, link_failure, seed)
+        cut = ~live[link_round(tx_end, delta, live.shape[0]), rg.edge_id[slot]]
         dropped = dropped | cut
     ok = sent & rx & ~dropped & ~bad
     stats.update(messages_sent=float(sent.sum()), lost_sender=float((~sent).sum()),
@@ -542,12 +544,12 @@ def _pulled(world: World, settings: ClockSettings, protocol: str, *, local_steps
     (:func:`sfg.clock.pull.pull_parts`), assembled."""
     from sfg.clock.pull import pull_parts
 
-    parts, steps_of, st, pull = pull_parts(world, settings, protocol, local_steps=local_steps,
-                                           seed=seed, catchup=catchup,
-                                           link_failure=link_failure, anatomy=anatomy,
-                                           stats=stats)
+    parts, steps_of, st, pull, caps_of = pull_parts(
+        world, settings, protocol, local_steps=local_steps, seed=seed, catchup=catchup,
+        link_failure=link_failure, anatomy=anatomy, stats=stats)
     return finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
-                           catchup=catchup, link_failure=link_failure, stats=st, pull=pull)
+                           catchup=catchup, link_failure=link_failure, stats=st, pull=pull,
+                           caps_of=caps_of)
 
 
 def check_period(train: np.ndarray, P: float) -> None:
@@ -558,16 +560,6 @@ def check_period(train: np.ndarray, P: float) -> None:
         raise SfgError(f"the period P = {P:g} s is not longer than the fastest device's K "
                        f"local steps ({float(train.min()):g} s): every device would still be "
                        "busy at its next wake and skip it; raise --period or lower --compute")
-
-
-def _offline_keeps(anatomy: str) -> int:
-    """The capabilities (EV_* bits) an offline device keeps under an anatomy mode (docs/concepts/outages.md#anatomy-modes,
-    :mod:`sfg.world.outages.anatomy`): 0 under ``full``."""
-    from sfg.world.outages.anatomy import capabilities
-
-    c = capabilities(np.array([False]), anatomy)
-    return ((EV_TRAIN if c.train[0] else 0) | (EV_SEND if c.send[0] else 0)
-            | (EV_AGGREGATE if c.aggregate[0] else 0))
 
 
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
@@ -583,7 +575,7 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     communicating while offline (its messages leave and arrive whatever its availability). A
     wake while still busy is skipped, as online."""
     n, P = world.n, settings.P
-    keeps = _offline_keeps(anatomy)
+    keeps = offline_keeps(anatomy)
     talks = bool(keeps & EV_SEND)
     train = local_steps * world.compute
     check_period(train, P)
@@ -693,7 +685,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
       offline time counts exactly as under ``full``. Their messages leave and arrive whatever
       the availability, as under async."""
     n, delta = world.n, float(settings.round_seconds)
-    keeps = _offline_keeps(anatomy)
+    keeps = offline_keeps(anatomy)
     trains_off = bool(keeps & EV_TRAIN)
     ticks_off = bool(keeps) and not trains_off
     talks = bool(keeps & EV_SEND)
