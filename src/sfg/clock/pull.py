@@ -37,6 +37,15 @@ What happens (everything a function of the seed and the settings, never of the r
 * **Uplink**: a broadcast is queued when its local round's K steps end and starts when the
   replies queued before it have left (``Schedule.bstart``); replies do not make a device busy
   for its own wakes, but a broadcast delayed behind them keeps it busy until it has left.
+* **Anatomy** ``cannot-communicate``: an offline device trains alone (a local round with
+  the capabilities the mode keeps: no candidates, nothing sent), at its offline wakes
+  (async) or back to back from when it went offline (event); a request that reaches it is
+  unreachable. Back online in the middle of such a round, it finishes it first: under
+  ``event`` its next local round would start when that round ends, and is delayed to the
+  window's end if that lies in the window; under ``async`` the moved wake finds it busy and
+  is skipped. Gone offline while it waits, it trains alone from then.
+* **Link failures** (per Δ-round, :func:`sfg.clock.links.live_links`): a request or reply
+  whose transfer ends while its link is down is lost (silent).
 
 Event priorities at one instant: a local round's end (its broadcast queued), a return, a
 wake (async) or a free device's start (event), a request's arrival, a window's end.
