@@ -269,6 +269,68 @@ def test_forged_oversized_and_misshapen_replies_are_rejected_and_counted():
     assert list(me.latest) == [j] and me.held[j] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("offline_then", [False, True])
+def test_a_reply_after_the_window_is_kept_as_a_later_candidate(offline_then):
+    """The window ends at S without neighbour j's answer (its server holds the reply back
+    until the test lets it go, after the window); the call goes on, and the reply, when it
+    comes, is an ordinary candidate with its held (as on the clock) — or lost, if the node
+    is offline by then. Neighbour k is not running: unreachable. Over real gRPC on
+    127.0.0.1; no wall-time assertion (rounds of 100 s)."""
+    import socket
+    import threading
+
+    world = build_world({**CHURN, "process": "none"}, engine="real-nodes")
+    me = Node(world, 0, NodeConfig(mode="async", period=100.0, pull_timeout=0.2,
+                                   rpc_timeout=20.0))
+    j, k = (int(v) for v in me.nbrs)
+    payload = bytes(encode_params(world.x0, me.layout))
+    reply = (make_header(payload_digest(payload), sender=j, round=3, age=0, lag=0.0, count=1,
+                         local_count=1), payload, 0.1)
+    gate, asked = threading.Event(), threading.Event()
+
+    def answer(who):  # the server's own thread: hold the reply until the gate opens
+        asked.set()
+        gate.wait(20)
+        return reply
+
+    loop = asyncio.new_event_loop()
+    srv = Server(lambda *a: None, lambda t, who: None, max_bytes=me.cfg.max_bytes, pull=answer)
+    port = loop.run_until_complete(srv.start("127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    with socket.socket() as sk:  # a port nobody listens on: node k is not running
+        sk.bind(("127.0.0.1", 0))
+        dead = sk.getsockname()[1]
+
+    async def go():
+        me.connect({j: f"127.0.0.1:{port}", k: f"127.0.0.1:{dead}"})
+        try:
+            await me._pull_at(me.clock.time())
+            in_window = (dict(me.latest), me.stats.replies, me.stats.unreachable)
+            if offline_then:  # from now on, row 0 of the node's trace, where it is offline
+                world.available[0, 0] = False
+                me.t0 = me.clock.time()
+            gate.set()
+            await asyncio.wait(me._backlog, timeout=20)
+            return in_window, asked.is_set()
+        finally:
+            gate.set()
+            await me.close()
+
+    try:
+        (latest, replies, unreachable), was_asked = asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(20)
+    assert was_asked and latest == {} and replies == 0 and unreachable == 1
+    if offline_then:
+        assert me.stats.pull_lost == 1 and me.stats.replies == 0 and me.latest == {}
+    else:
+        assert me.stats.replies == 1 and list(me.latest) == [j] and me.stats.pull_lost == 0
+        assert me.held[j] == pytest.approx(0.1)
+
+
 def test_held_preamble_checks():
     assert unpack_held(pack_held(1.5)) == 1.5
     from sfg.net.wire import Rejected

@@ -207,6 +207,7 @@ class _Stats:
     unreachable: int = 0         # unreachable answers (offline, not running)
     pull_rejected: int = 0       # replies the checks rejected (also in the rejections)
     pull_bytes: int = 0          # bytes of replies received
+    pull_lost: int = 0           # replies that arrived while this node was offline again
     wait_s: float = 0.0          # delay of first local rounds after returns (wall seconds)
     abandoned: int = 0           # waits abandoned: offline inside the window
     answered_pulls: int = 0      # pulls this node answered with a message
@@ -988,7 +989,9 @@ class Node:
         """At ``t_ret``, ask every neighbour for its latest sent message; return when each
         has answered (a reply, empty or unreachable) or S seconds have passed. A neighbour
         across a cut is asked and stays silent; a reply the checks reject, or none within
-        the time-out, is no answer."""
+        the time-out, is no answer. A call still running at the window's end goes on (up to
+        the RPC time-out): a reply that arrives later is an ordinary candidate for later
+        aggregations, as on the clock (docs/concepts/clock.md#returns-in-time)."""
         delay = t_ret - self.clock.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -998,12 +1001,13 @@ class Node:
         nbrs = [int(j) for j in self.nbrs]
         self.stats.requests += len(nbrs)
         asked = [j for j in nbrs if not self._blocked(j, self.round)]
-        tasks = [asyncio.ensure_future(self._pull_one(j, S)) for j in asked]
+        late = max(S, float(self.cfg.rpc_timeout))  # a reply after the window still counts
+        tasks = [asyncio.ensure_future(self._pull_one(j, late)) for j in asked]
         got: list[str] = []
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=S)
             got = [t.result() for t in done if not t.cancelled() and t.exception() is None]
-            self._backlog.extend(pending)  # bounded by their own time-out (S)
+            self._backlog.extend(pending)  # bounded by their own time-out (the RPC's)
         answers = sum(1 for a in got if a)
         if not any(a in ("reply", "empty") for a in got):  # no online, reachable neighbour
             self.stats.returns_alone += 1
@@ -1032,6 +1036,9 @@ class Node:
         raw, payload, held = got
         self.stats.pull_bytes += len(raw) + len(payload)
         t_in = self.clock.time()
+        if not self._available_at(t_in):  # arrived while this node is offline: lost
+            self.stats.pull_lost += 1
+            return ""
         try:
             # with TLS the pull's channel accepted only node j's certificate (Peer.pull)
             msg = check_message(raw, payload, self.layout, neighbours=self.nbr_set,
@@ -1065,7 +1072,7 @@ class Node:
                        replies_unused=s.replies_unused, empty=s.empty,
                        unreachable=s.unreachable, rejected=s.pull_rejected,
                        bytes=s.pull_bytes, wait_s=s.wait_s, abandoned=s.abandoned,
-                       answered=s.answered_pulls)
+                       lost=s.pull_lost, answered=s.answered_pulls)
         return out
 
     def result(self) -> dict[str, Any]:

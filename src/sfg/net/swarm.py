@@ -152,7 +152,7 @@ RETURN_METRICS = {"returns": "returns", "returns_heard": "returns_heard",
                   "replies": "pull_replies", "replies_unused": "pull_replies_unused",
                   "empty": "pull_empty", "unreachable": "pull_unreachable",
                   "rejected": "pull_rejected", "bytes": "pull_bytes", "wait_s": "pull_wait_seconds",
-                  "abandoned": "pull_abandoned"}
+                  "abandoned": "pull_abandoned", "lost": "pull_replies_lost"}
 
 
 def return_metrics(results: list[dict]) -> dict[str, float]:
