@@ -929,9 +929,10 @@ def level_candidates(sched: Schedule, ev: np.ndarray
     candidate arrays, ``row`` [C] the local round (0..len(ev)−1) each belongs to, and
     ``first`` [len(ev)] the position of each local round's own entry."""
     lens = sched.cptr[ev + 1] - sched.cptr[ev]
-    cidx = np.concatenate([np.arange(sched.cptr[r], sched.cptr[r + 1]) for r in ev]) \
-        if ev.size else np.zeros(0, np.int64)
-    return cidx, np.repeat(np.arange(ev.size), lens), np.cumsum(lens) - lens
+    first = np.cumsum(lens) - lens
+    row = np.repeat(np.arange(ev.size), lens)
+    cidx = np.repeat(sched.cptr[ev], lens) + (np.arange(row.size) - first[row])
+    return cidx.astype(np.int64), row, first
 
 
 def dependency_levels(sched: Schedule, n: int) -> tuple[np.ndarray, np.ndarray]:
