@@ -183,8 +183,7 @@ def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, alone, S, unit, rp
     left = 0
     for q in range(qptr[k], qptr[k + 1]):
         if qcode[q] == ARRIVES:
-            heapq.heappush(heap, (qtime[q], _REQUEST, qj[q], q))
-            left += 1
+            left += 1  # its arrival: the sorted request table (rt, rd, rq)
         elif qcode[q] == UNREACHABLE:
             F[i, _W_LAST] = max(F[i, _W_LAST], qtime[q])
         else:
@@ -356,8 +355,8 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit, i
 @njit(cache=True, nogil=True)
 def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
               rtime, rend, compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime,
-              qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd,
-              wr):  # pragma: no cover - compiled
+              qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd, wr, rt, rd,
+              rq):  # pragma: no cover - compiled
     """The events in time order (see the module docstring). proto 0: async, 1: event;
     ``alone``: offline devices train alone (capabilities ``keeps``). Returns the events
     (time, dev, kind, amount, end, step, t, nsteps, bstart, closes, caps), the replies per
@@ -387,15 +386,25 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
             heapq.heappush(heap, (0.0, _WAKE, i, 0))
         else:
             F[i, _OFF_SINCE] = 0.0
-    wi, NW = 0, wt.shape[0]
+    wi, NW, ri, NR = 0, wt.shape[0], 0, rt.shape[0]
     while True:
-        # the next event: the next async wake of the table, if it comes before the heap's
-        # first (the same order as the heap's: time, kind, device)
+        # the next event: the heap's first, the next async wake of the table or the next
+        # request's arrival of its table, whichever comes first in the heap's order (time,
+        # kind, device; the three never hold one kind at one time for one device)
         t0, k0, d0 = heap[0][0], heap[0][1], heap[0][2]
+        src = 0
         if wi < NW and (wt[wi] < t0 or (wt[wi] == t0 and (_WAKE < k0 or (
                 _WAKE == k0 and wd[wi] <= d0)))):
+            t0, k0, d0, src = wt[wi], _WAKE, wd[wi], 1
+        if ri < NR and (rt[ri] < t0 or (rt[ri] == t0 and (_REQUEST < k0 or (
+                _REQUEST == k0 and rd[ri] <= d0)))):
+            src = 2
+        if src == 1:
             now, kind, i, arg = wt[wi], _WAKE, wd[wi], wr[wi]
             wi += 1
+        elif src == 2:
+            now, kind, i, arg = rt[ri], _REQUEST, rd[ri], rq[ri]
+            ri += 1
         else:
             now, kind, i, arg = heapq.heappop(heap)
             if kind == 9:
@@ -566,13 +575,18 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
     wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
+    # every request's arrival (their returns are the world's: all known before), sorted as
+    # the heap would pop them: time, then the device it reaches, then the request
+    ra = np.flatnonzero(rq["qcode"] == ARRIVES)
+    ro = ra[np.lexsort((ra, rq["qj"][ra], rq["qtime"][ra]))]
+    rt, rd = np.ascontiguousarray(rq["qtime"][ro]), np.ascontiguousarray(rq["qj"][ro])
     E, src, held, arr, ok, sent, st = _simulate(
         proto, bool(pull), alone, int(keeps), int(EV_ALL), S, n, float(H), float(unit),
         on.indptr, on.start, on.end, rptr, rtime, rend,
         np.ascontiguousarray(world.compute, float), int(local_steps), bool(catchup),
         int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
         rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit),
-        int(max_events), wt, wd, wr)
+        int(max_events), wt, wd, wr, rt, rd, ro.astype(np.int64))
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
             "counts": st, "returns": (rptr, rtime, rend)}

@@ -360,6 +360,24 @@ def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit
             out_wait[q] = 0.0
 
 
+def time_order(time: np.ndarray, dev: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """The events' order: by time, then device, then kind (an offline span is counted before
+    a round), input order at full ties — ``np.lexsort((-kind, dev, time))``, computed as a
+    stable sort by time (fast on the nearly sorted times the simulations make) refined within
+    the groups of equal times only."""
+    o = np.argsort(time, kind="stable")
+    ts = time[o]
+    new = np.ones(o.size, bool)
+    new[1:] = ts[1:] != ts[:-1]
+    if new.all():
+        return o
+    g = np.cumsum(new) - 1
+    idx = np.flatnonzero(np.bincount(g)[g] > 1)  # positions in a group of equal times
+    sub = o[idx]
+    o[idx] = sub[np.lexsort((-kind[sub], dev[sub], g[idx]))]
+    return o
+
+
 def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
               time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
               end: np.ndarray, step: np.ndarray, t: np.ndarray,
@@ -373,7 +391,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     ``arrival``, ``held``), in the events' order as given."""
     rg = world.rg
     unit = settings.unit
-    order = np.lexsort((-kind, dev, time))  # an offline span is counted before a round
+    order = time_order(time, dev, kind)
     time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
                                                                   step, t))
     bstart, closes = end, None
