@@ -96,19 +96,19 @@ def _next_off(ipt, ist, ien, i, t):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _put(E, k, time, dev, kind, amount, end, step, t, nsteps, bstart, closes,
          caps):  # pragma: no cover - compiled
-    if k >= E.shape[0]:
+    if k >= E.shape[1]:
         raise ValueError("more events than the schedule's bound")
-    E[k, 0] = time
-    E[k, 1] = dev
-    E[k, 2] = kind
-    E[k, 3] = amount
-    E[k, 4] = end
-    E[k, 5] = step
-    E[k, 6] = t
-    E[k, 7] = nsteps
-    E[k, 8] = bstart
-    E[k, 9] = closes
-    E[k, 10] = caps
+    E[0, k] = time
+    E[1, k] = dev
+    E[2, k] = kind
+    E[3, k] = amount
+    E[4, k] = end
+    E[5, k] = step
+    E[6, k] = t
+    E[7, k] = nsteps
+    E[8, k] = bstart
+    E[9, k] = closes
+    E[10, k] = caps
 
 
 # per-device state of the simulation: floats F[:, k] and integers G[:, k]
@@ -126,13 +126,13 @@ def _on_commit(heap, E, F, G, i, r, proto, alone, ipt, ist, ien, deg,
     """Local round r of device i has done its steps: its broadcast is queued on the uplink
     (behind what was queued before), the device stays busy until it has left (``alone``:
     offline devices train alone, anatomy ``cannot-communicate``)."""
-    start = max(E[r, 4], F[i, _UFREE])
+    start = max(E[4, r], F[i, _UFREE])
     bend = start + deg[i] * dt[i]
     F[i, _UFREE] = bend
-    E[r, 8] = start
+    E[8, r] = start
     G[i, _SENT_ID] = r
-    F[i, _SENT_FE] = E[r, 4]
-    off = _next_off(ipt, ist, ien, i, E[r, 4])
+    F[i, _SENT_FE] = E[4, r]
+    off = _next_off(ipt, ist, ien, i, E[4, r])
     F[i, _BUSY] = min(bend, off)
     if proto == 0:
         return
@@ -362,7 +362,8 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
     (time, dev, kind, amount, end, step, t, nsteps, bstart, closes, caps), the replies per
     request (src local round −1: empty or none, held, arrival, delivered, sent) and the
     counts."""
-    E = np.empty((max_events, 11))  # time dev kind amount end step t nsteps bstart closes caps
+    # the events by column (time dev kind amount end step t nsteps bstart closes caps)
+    E = np.empty((11, max_events))
     ne = 0
     NQ = qj.shape[0]
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
@@ -425,7 +426,7 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
                     continue
             ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit,
                            ipt, ist, ien, compute, K, catchup, cap, keeps, ev_all)
-    return E[:ne], rep[0], rep[1], rep[2], rep[3], rep[4], st
+    return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st
 
 
 # ----------------------------------------------------------------------------- the wrapper
