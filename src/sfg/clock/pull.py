@@ -576,6 +576,16 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
     wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
+    off_cols = np.zeros((11, 0))
+    if proto == 0 and not catchup and not alone:
+        # an offline wake only counts a unit of offline time (its age matters to +catchup
+        # alone): those are made here, at once, and the simulation runs the online ones
+        up = on.online_at(wd, wt)
+        ow, od, orr = wt[~up], wd[~up], wr[~up].astype(np.float64)
+        zero = np.zeros(ow.size)
+        off_cols = np.stack([ow, od, np.full(ow.size, float(_OFFLINE)), np.ones(ow.size), ow,
+                             orr, orr, zero, ow, zero, zero])  # the columns of _put
+        wt, wd, wr = wt[up], wd[up], wr[up]
     # every request's arrival (their returns are the world's: all known before), sorted as
     # the heap would pop them: time, then the device it reaches, then the request
     ra = np.flatnonzero(rq["qcode"] == ARRIVES)
@@ -588,6 +598,9 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
         rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit),
         int(max_events), wt, wd, wr, rt, rd, ro.astype(np.int64))
+    if off_cols.shape[1]:
+        E = np.concatenate([E.T, off_cols], axis=1).T
+        st[_OFFLINE_WAKES] += off_cols.shape[1]
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
             "counts": st, "returns": (rptr, rtime, rend)}
@@ -629,7 +642,11 @@ def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: in
                pull_abandoned=float(c[5]), pull_windows=float(c[7]),
                pull_timed_out=float(c[8]))
     h = hashlib.blake2b(digest_size=16)
-    for a in (rq["qcode"], rq["qtime"], src, r["reply_held"], r["reply_arrival"], ok, sent):
+    # the sending local round by its device and time (not its row in the simulation's output)
+    s_dev = np.where(model, E[np.maximum(src, 0), 1], -1.0)
+    s_time = np.where(model, E[np.maximum(src, 0), 0], -1.0)
+    for a in (rq["qcode"], rq["qtime"], s_dev, s_time, r["reply_held"], r["reply_arrival"], ok,
+              sent):
         h.update(np.ascontiguousarray(a).tobytes())
     pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
