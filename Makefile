@@ -40,17 +40,22 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/sfg demo
 
+# The suite runs on every core (pytest-xdist, -n auto): its tests are independent (each writes
+# under its own tmp_path, networked ones bind port 0 on loopback) and bound their waits by
+# counting events, not by wall time.
+PYTEST_PAR := -n auto
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PAR)
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory test-arith
 	$(MAKE) --no-print-directory test-lowest
 
 test-arith: $(STAMP)
-	env $(OTHER_ARITH) $(BIN)/python -m pytest -q -m crosspath
-	env $(OTHER_ARITH) $(BIN)/python -m pytest -q -m "not crosspath" $(FLOAT_TESTS)
+	env $(OTHER_ARITH) $(BIN)/python -m pytest -q $(PYTEST_PAR) -m crosspath
+	env $(OTHER_ARITH) $(BIN)/python -m pytest -q $(PYTEST_PAR) -m "not crosspath" $(FLOAT_TESTS)
 
 test-lowered: test-arith
 
