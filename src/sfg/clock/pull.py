@@ -146,7 +146,7 @@ def _on_commit(heap, E, F, G, i, r, proto, alone, ipt, ist, ien, deg,
 
 @njit(cache=True, nogil=True)
 def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, alone, S, unit, rptr, rtime,
-               rend, deg, dth, qptr, qj, qcode, qtime):  # pragma: no cover - compiled
+               rend, deg, dth, qptr, qcode, qtime):  # pragma: no cover - compiled
     """Return k of device i at ``now``: the offline span (event), the requests and the
     window's end at the latest (pull), or the start at once (event without pull; ``alone``:
     the local round it trains alone, if any, starts the next when it ends). Returns the
@@ -414,7 +414,7 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
             _on_commit(heap, E, F, G, i, arg, proto, alone, ipt, ist, ien, deg, dt)
         elif kind == _RETURN:
             ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, S, unit,
-                            rptr, rtime, rend, deg, dth, qptr, qj, qcode, qtime)
+                            rptr, rtime, rend, deg, dth, qptr, qcode, qtime)
         elif kind == _REQUEST:
             _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
                         qlat, qextra, qdrop, qret, qedge, live, lf_unit, rep)
@@ -531,7 +531,8 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     ``cannot-communicate`` (an offline device trains alone); ``link_failure``: the per-round
     link failures, for the requests and replies (the ordinary messages' are applied when the
     schedule is assembled). Returns the events (columns of :func:`_put`), the replies
-    (slot, sending event, arrival, held) that reached their device, and the counts."""
+    (slot, sending event, arrival, held) that reached their device, the counts and ``keeps``
+    (the capabilities of a local round trained alone; 0: none)."""
     from sfg.clock.links import live_links, out_slots, transfer_seconds
     from sfg.round.kernel import EV_ALL
     from sfg.round.rules import CATCHUP_CAP
@@ -603,7 +604,7 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         st[_OFFLINE_WAKES] += off_cols.shape[1]
     return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
-            "counts": st, "returns": (rptr, rtime, rend)}
+            "counts": st, "returns": (rptr, rtime, rend), "keeps": keeps}
 
 
 def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: int,
@@ -621,7 +622,7 @@ def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: in
     parts = [(time, E[:, 1].astype(np.int64), kind, E[:, 3], E[:, 4], E[:, 5].astype(np.int64),
               E[:, 6].astype(np.int64))]
     steps_of = [E[:, 7].astype(np.int64)]
-    caps_of = [E[:, 10].astype(np.int64)] if _keeps(anatomy) else None
+    caps_of = [E[:, 10].astype(np.int64)] if r["keeps"] else None
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]
     model = src >= 0
     got = ok & model
