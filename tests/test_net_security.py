@@ -276,6 +276,36 @@ def test_tls_ca_writes_one_bundle_per_node_and_keeps_the_ca_key_out(tmp_path, ca
     assert TlsFiles.load(d, 2).key == (d / "node-2" / "node-2.key").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def kept_ca(tmp_path_factory):
+    """Two nodes' bundles and the CA's private key (``--keep-ca-key``)."""
+    return make_test_ca(tmp_path_factory.mktemp("kept"), range(2), keep_ca_key=True)
+
+
+@pytest.mark.parametrize("loader", ["tls", "signing"])
+@pytest.mark.parametrize("stray", ["node-1.key", "node-1.sign", "ca.key"])
+def test_a_bundle_holding_another_nodes_or_the_cas_private_key_is_refused(kept_ca, tmp_path,
+                                                                          loader, stray):
+    """docs/howto/deploy-nodes.md: "A node loads its bundle (`--tls-dir certs/node-<id>`) and
+    refuses a folder holding another node's or the CA's private key" — each private key on its
+    own (node 1's TLS key, node 1's signing key, the CA's key), by both loaders of the bundle
+    (the TLS files and the +certified signing keys)."""
+    from sfg.net.certify import Keys
+
+    def load(d):
+        return TlsFiles.load(d, 0) if loader == "tls" else Keys.load(d, 0, range(2))
+
+    bundle = tmp_path / "node-0"
+    bundle.mkdir()
+    for p in (kept_ca / "node-0").iterdir():
+        (bundle / p.name).write_bytes(p.read_bytes())
+    load(bundle)  # node 0's own bundle loads
+    source = kept_ca / ("ca-key" if stray == "ca.key" else "node-1") / stray
+    (bundle / stray).write_bytes(source.read_bytes())
+    with pytest.raises(SfgError, match=rf"private keys other than node 0's \({stray}\)"):
+        load(bundle)
+
+
 def test_existing_keys_are_not_replaced_without_force(tmp_path, capsys):
     d = tmp_path / "certs"
     assert _cli(["tls-ca", "--dir", str(d), "--nodes", "2"], capsys)[0] == 0
