@@ -231,6 +231,47 @@ def test_the_cache_key_follows_the_rule_and_its_helpers(edit, monkeypatch):
     assert changed == (edit != "nothing")
 
 
+RULE_FILE = '''
+def _scale(x):
+    return x * {factor}
+
+
+HELPERS = {{"scale": _scale}}
+
+
+class Helpers:
+    scale = staticmethod(_scale)
+
+
+def rule(x):
+    return {call}(x)
+'''
+
+
+@pytest.mark.parametrize("call", ['HELPERS["scale"]', "Helpers.scale"])
+def test_the_cache_key_covers_the_text_of_the_rules_source_file(call, tmp_path):
+    """docs/howto/add-rule.md: "The compiled rule is cached on disk under a hash of its source:
+    the rule's code, the code of every helper it calls [...] and the text of their source
+    files. Change the rule, a helper or such a constant and the next run compiles it afresh".
+    The rule's file is edited only in a helper that the rule reaches through a dict or a class
+    attribute (not called directly): the rule's own code is the same, the file's text is not,
+    and the module loaded again from the edited file has another key."""
+    import importlib.util
+
+    path = tmp_path / "my_rules.py"
+
+    def key(factor: str) -> str:
+        path.write_text(RULE_FILE.format(factor=factor, call=call))
+        spec = importlib.util.spec_from_file_location("my_rules", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return source_digest(mod.rule)
+
+    before = key("2.0")
+    assert key("2.0") == before   # the same text: the same key
+    assert key("3.25") != before  # the helper edited (another length: a new read of the file)
+
+
 def test_the_built_in_rules_keys_are_stable_across_processes():
     code = ("from sfg.round.rules import parse_rule; from sfg.round.jit import source_digest; "
             "print(source_digest(parse_rule('sfg-cut').fn))")
