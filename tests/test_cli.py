@@ -196,3 +196,26 @@ def test_an_option_given_twice_is_refused_after_a_top_level_option(capsys):
                  "--seeds", "1", "--seeds", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--seeds is given twice" in err[0], err
+
+
+def test_version_and_help_show_defaults_and_flags():
+    """``sfg --version`` prints the version; ``sfg run --help`` shows every run setting's
+    default (clients, rounds, local steps, rule, process) and on/off options as flags."""
+    import re
+
+    import sfg as package
+    from sfg.engines import DEFAULTS
+
+    res = sfg("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"sfg {package.__version__}"
+    env = {**os.environ, "COLUMNS": "400"}
+    out = subprocess.run([sys.executable, "-m", "sfg.cli.main", "run", "--help"],
+                         capture_output=True, text=True, env=env, timeout=120).stdout
+    lines = {m.group(1): line for line in out.splitlines()
+             if (m := re.search(r"(--[a-z-]+)\b", line))}
+    for flag, key in [("--clients", "n_clients"), ("--rounds", "rounds"),
+                      ("--local-steps", "local_steps"), ("--rule", "rule"),
+                      ("--process", "process")]:
+        assert f"(default {DEFAULTS[key]})" in lines[flag], (flag, lines[flag])
+    assert "<bool>" not in out
+    assert re.search(r"--json\s+Print JSON", lines["--json"])

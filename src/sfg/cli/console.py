@@ -240,6 +240,25 @@ def _command_path(command: Any, args: Sequence[str], prog_name: str) -> str:
     return " ".join(words)
 
 
+def _flags_as_flags(command: Any) -> None:
+    """Show on/off options as flags in ``--help`` (``--json``, not ``--json <bool>``, which
+    suggests a value): no type column for them, ``--help`` included."""
+    for p in getattr(command, "params", ()):
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    made = command.get_help_option
+
+    def help_option(ctx: Any) -> Any:
+        opt = made(ctx)
+        if opt is not None and opt.metavar is None:
+            opt.metavar = ""
+        return opt
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        _flags_as_flags(sub)
+
+
 def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sfg") -> int:
     """Run a typer app with the one exit-status convention; returns the status.
 
@@ -251,6 +270,7 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
     import typer
 
     command = typer.main.get_command(app)
+    _flags_as_flags(command)
     try:
         from sfg.util.safety import check_repeated_options
 

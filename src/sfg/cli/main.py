@@ -29,8 +29,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 
 
+def _version(value: bool) -> None:
+    if value:
+        from sfg import __version__
+
+        console.echo(f"sfg {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _plugins(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                 help="Print sfg's version and exit"),
     plugin: list[str] = typer.Option(
         [], "--plugin", metavar="MODULE",
         help="Import MODULE first: your own rules, datasets, models or outage processes "

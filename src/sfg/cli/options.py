@@ -85,11 +85,29 @@ def opt(name: str, default: Any = None, *, also: tuple[str, ...] = (), **extra: 
     command's own further spelling (``sfg swarm --nodes``)."""
     decls, help_text, panel = SPECS[name]
     decls = (*also, *decls)
+    if default is None and "show_default" not in extra:
+        help_text = with_default(name, help_text)
     kw: dict[str, Any] = {"help": help_text}
     if panel is not None:
         kw["rich_help_panel"] = panel
     kw.update(extra)
     return typer.Option(default, *decls, **kw)
+
+
+#: option names whose run setting (sfg.engines.DEFAULTS) has another name
+_SETTING = {"clients": "n_clients"}
+
+
+def with_default(name: str, help_text: str) -> str:
+    """``help_text`` with the run settings' default of option ``name`` appended, where the
+    text does not already say its default (a command that passes its own default shows it
+    through typer)."""
+    from sfg.engines import DEFAULTS
+
+    value = DEFAULTS.get(_SETTING.get(name, name))
+    if value is None or value == "" or "default" in help_text.lower():
+        return help_text
+    return f"{help_text} (default {value})"
 
 
 def deprecated(old: str, new: str, command: str) -> None:
