@@ -148,6 +148,30 @@ def test_async_random_loss_removes_the_candidate():
     assert sc.stats["lost_random"] == 3  # e1, e8, e10 each sent one message to 0
 
 
+# The window's edge: P = 10 s, W = 2 periods (20 s). Device 1 is online in [0, 9.75) only: its
+# one local round (wake 0, compute c) ends at c and its message reaches 0 at c + 1 s. Device 0
+# (compute 1 s) wakes at 0, 10, 20, 30, 40; at its wake at 30 that message has waited
+# d = (30 − c − 1)/10 periods. A message at exactly the wake is not yet held (c = 9: not at 10).
+@pytest.mark.parametrize("c,at_30", [
+    (9.0, [(0, -1, 0.0), (1, 1, 2.0)]),    # arrived at 10: d = W exactly, still a candidate
+    (9.5, [(0, -1, 0.0), (1, 1, 1.95)]),   # arrived at 10.5: d = 1.95, inside
+    (8.5, [(0, -1, 0.0)]),                 # arrived at 9.5: d = 2.05, outside
+])
+def test_async_window_edge_by_hand(c, at_30):
+    """docs/concepts/clock.md#the-three-protocols: "A receiver aggregates itself and, per
+    neighbour, the latest message it holds, if that arrived within the last W units (W
+    included: a message that waited exactly d = W units is still a candidate)"; one that waited
+    longer is not."""
+    s = make_settings({"clock": "virtual", "protocol": "async", "round_seconds": 10.0,
+                       "window": 2.0})
+    w = world([1.0, c, 1.0], {0: [(0, 50)], 1: [(0, 9.75)], 2: [(0, 50)]}, 50.0)
+    sc = async_schedule(w, s, local_steps=1, seed=1)
+    wakes = {float(t): r for r, (t, d) in enumerate(zip(sc.time, sc.dev, strict=True)) if d == 0}
+    assert sorted(wakes) == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert candidates(sc, wakes[30.0]) == at_30
+    assert candidates(sc, wakes[40.0]) == [(0, -1, 0.0)]  # d ≥ 3: out whatever c
+
+
 # ----------------------------------------------------------------------------- event
 # Δ = 10 s, W = 2 (units of Δ), horizon 60; compute 10, 15, 30 s. Online: 0 always; 1 in
 # [0, 12) and [25, 60); 2 from 5 s on.

@@ -104,18 +104,39 @@ def test_a_node_sends_what_the_policy_it_is_given_claims():
 
 
 # ------------------------------------------------------------------ async candidates
-def test_the_node_and_the_clocks_engine_select_the_same_async_candidates():
-    """The node's candidates and the engine's (sfg.clock.schedule.held_latest) come from one
-    definition (held_units): at the window's edge they agree to the last bit — d = 1.5 + 2⁻⁵¹
-    periods is out for both, though the seconds compare (0.15 ≤ 1.5 · 0.1) would keep it."""
+# Each case: the period P, the window W, the node's clock at its wake, and per neighbour the
+# arrival of its latest message, worked out by hand: waited d = (now − arrival)/P periods.
+EDGE_CASES = {
+    # P = 0.125 s: every d below is exact. Neighbour 2's message waited d = W exactly (a
+    # candidate: "within the last W periods" includes W); 1's waited 2⁻³⁷ periods more (out),
+    # 3's 2⁻³⁷ less (in).
+    "exactly W": (0.125, 1.5, 1.0, {1: 0.8125 - 2 ** -40, 2: 0.8125, 3: 0.8125 + 2 ** -40},
+                  [2, 3]),
+    # P = 0.1 s: 1's message waited 0.15 s, ≤ W·P = 0.15 as seconds, but d = 1.5 + 2⁻⁵¹ periods
+    # in units (the definition): out; 3's waited 0.15 · (1 − 2⁻⁴⁰) s: in.
+    "W in decimal": (0.1, 1.5, 0.45, {1: 0.3, 2: 0.35, 3: 0.45 - 0.15 * (1 - 2 ** -40)},
+                     [2, 3]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_CASES))
+def test_the_node_and_the_clocks_engine_select_the_same_async_candidates(case):
+    """docs/concepts/nodes.md#asynchronous-mode: an available node "takes as candidates itself
+    and every neighbour whose latest message arrived within the last W periods, W included" and
+    "counts a message that waited d = (now − arrival)/P periods as older: age τ_j + ⌊d⌋ and
+    lag ℓ_j + d".
+    The node's candidates and the clock's engine's (sfg.clock.schedule.held_latest) are both
+    the ones worked out by hand at the window's edge — a message that waited exactly d = W is
+    in, one just beyond is out — and the node's waited ages and lags are the hand's."""
     from sfg.clock.schedule import held_latest
 
-    P, W = 0.1, 1.5
+    P, W, now, arrivals, want = EDGE_CASES[case]
+    if case == "exactly W":
+        assert (now - arrivals[2]) / P == W  # the edge case is real
+    else:
+        assert now - arrivals[1] <= W * P and (now - arrivals[1]) / P > W
     world = build_world(WORLD, edges=np.array([[0, 1], [0, 2], [0, 3]]))
     node = Node(world, 0, NodeConfig(mode="async", period=P, window=W))
-    now = 0.45
-    arrivals = {1: 0.3, 2: 0.35, 3: 0.45 - 0.15 * (1 - 2 ** -40)}
-    assert 0.45 - 0.3 <= W * P and (0.45 - 0.3) / P > W  # the edge case is real
     for j, a in arrivals.items():
         head = Header(sender=j, round=0, age=1, lag=2.0, count=3, local_count=3, length=0,
                       sha256=hashlib.sha256(b"%d" % j).digest())
@@ -127,8 +148,10 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates():
     held_latest(ptr, arrival, np.arange(3, dtype=np.int64), np.zeros(3),
                 np.arange(3, dtype=np.int64), np.full(3, now), np.zeros(3, bool), W, P, idx, wait)
     engine = [j for j, k in zip((1, 2, 3), idx, strict=True) if k >= 0]
-    assert senders == engine == [2, 3]
-    assert lags == [2.0 + float(wait[1]), 2.0 + float(wait[2])] and ages == [2, 2]
+    assert senders == engine == want
+    d = [(now - arrivals[j]) / P for j in want]
+    assert lags == [2.0 + x for x in d] and ages == [1 + int(x) for x in d]
+    assert [float(wait[j - 1]) for j in want] == d
 
 
 # ------------------------------------------------------------------ the modules' boundaries
