@@ -45,14 +45,21 @@ def test_a_hand_computed_sum_in_order():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_equals_the_in_order_oracle_bit_for_bit(dtype):
+    """docs/reference/reproducibility.md: "each product `w_j · x_j` rounded to float32, then
+    added one after another in slot order [...], zero weights skipped (a candidate of weight 0
+    contributes nothing, even a non-finite model)" (0 · NaN would be NaN): the zero-weight
+    slots here point at models that are NaN, +inf and −inf, and no other slot does."""
     g = np.random.default_rng(1)
-    M = g.standard_normal((30, 1001)).astype(dtype)
+    M = g.standard_normal((33, 1001)).astype(dtype)
+    M[30:] = np.array([np.nan, np.inf, -np.inf], dtype)[:, None]  # rows 30..32: non-finite
     col = g.integers(0, 30, 50)
     w = g.random(50).astype(dtype)
     w[::7] = 0
+    col[::7] = 30 + np.arange(col[::7].size) % 3  # every zero weight on a non-finite model
     starts, ends = np.array([0, 10, 10, 33]), np.array([10, 10, 33, 50])
     got = weighted_sum(torch.from_numpy(M), col, w, starts, ends).numpy()
     assert_same_bits(got, _oracle(M, col, w, starts, ends))
+    assert np.isfinite(got).all()
     assert (got[1] == 0).all()  # an empty segment is zero
 
 
