@@ -294,7 +294,7 @@ def test_knn_scales_to_100k_clients():
 
 def test_knn_k_too_large_message():
     with pytest.raises(SfgError, match=r"k=100 must be smaller than the number of clients "
-                                       r"N=100; lower k or raise N"):
+                                       r"N=100; lower k \(--graph knn:k=99\) or raise N"):
         knn_graph(100, k=100, seed=0)
 
 

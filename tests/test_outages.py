@@ -262,9 +262,14 @@ def test_impossible_requests_raise(spec, match):
         make_process(spec)
 
 
-def test_uncalibratable_small_trace_raises_with_advice():
-    with pytest.raises(SfgError, match=r"'iid'.*u=0.3.*closest.*more clients or rounds"):
-        make_process("iid:u=0.3").sample(1, 1, seed=0)
+def test_unresolvable_small_trace_takes_the_nearest_value_with_advice():
+    """One cell resolves u = 0 or 1 only: u = 0.3 takes 0, the nearest, with one notice."""
+    from sfg.errors import SfgNotice
+
+    with pytest.warns(SfgNotice, match=r"'iid'.*u=0.3.*nearest achievable, 0.0000.*more clients "
+                                       r"or rounds"):
+        A = make_process("iid:u=0.3").sample(1, 1, seed=0)
+    assert A.all()
 
 
 @pytest.mark.parametrize("T_,N_", [(0, 5), (5, 0), (2.5, 5), (-1, 3)])

@@ -1,7 +1,8 @@
 """Defaults that work together: ``sfg run``/``replay``/``swarm`` with only ``-T`` (>= 1), the
 seed or ``-n`` changed run; a run shorter than the evaluation period evaluates at its end; a
 replay shorter than the default horizon uses what fits and says so; below the smallest N the
-default graph (knn:k=6) allows, one error line."""
+default graph (knn:k=6) allows, the graph's k becomes N − 1 with one note, and an outage target
+that N × T cannot resolve takes the nearest value a trace can have, with one note."""
 
 from __future__ import annotations
 
@@ -45,11 +46,52 @@ def test_run_with_another_seed_runs(capsys):
     assert _json(capsys.readouterr().out)["config"]["seed"] == 7
 
 
+def _notes(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("note: ")]
+
+
 @pytest.mark.parametrize("command", ["run", "replay"])
-def test_below_the_smallest_n_is_one_error_line(command, capsys):
-    assert main([command, "-n", str(SMALLEST_N - 1)]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert f"N={SMALLEST_N - 1}" in line and "raise N" in line
+def test_below_the_smallest_n_runs_on_k_n_minus_1_with_one_note(command, capsys):
+    n = SMALLEST_N - 3
+    args = [command, "-n", str(n), "-T", "4", "-p", "iid:u=0.5", "--json"]
+    assert main([*args, *(["--seeds", "1"] if command == "replay" else [])]) == 0
+    got = capsys.readouterr()
+    notes = [ln for ln in _notes(got.err) if "graph" in ln]
+    assert notes == [f"note: graph knn:k=6: k must be below the N={n} clients; using --graph "
+                     f"knn:k={n - 1}"], got.err
+    if command == "run":  # the value used is the stored one
+        assert _json(got.out)["config"]["graph"] == f"knn:k={n - 1}"
+
+
+def test_two_clients_one_round_run_and_say_what_they_used(capsys):
+    """N = 2, T = 1 under the defaults: knn:k=1, and bursty u=0.8 at the nearest unavailability
+    a 1 × 2 trace can have (1.0: 0.5 is further from 0.8)."""
+    pytest.importorskip("torch")
+    assert main(["run", "-n", "2", "-T", "1", "--json"]) == 0
+    got = capsys.readouterr()
+    out = _json(got.out)
+    assert out["config"]["graph"] == "knn:k=1"
+    assert out["metrics"]["unavailability"] == 1.0
+    notes = _notes(got.err)
+    assert len(notes) == 2 and "nearest achievable, 1.0000" in notes[1], got.err
+
+
+def test_an_unresolvable_outage_target_takes_the_nearest_achievable_value():
+    """u = 0.8 on T × N = 3 × 8 = 24 cells: no trace lies within ±0.005 (the nearest are 19/24
+    and 20/24); the trace used has 19/24 = 0.7917 with one notice; where a trace within the
+    tolerance exists none is given."""
+    import warnings
+
+    from sfg.errors import SfgNotice
+    from sfg.world.outages import make_process
+
+    with pytest.warns(SfgNotice, match=r"nearest achievable, 0\.7917"):
+        A = make_process("bursty:u=0.8").sample(3, 8, seed=1)
+    assert 1 - A.mean() == pytest.approx(19 / 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SfgNotice)
+        A = make_process("bursty:u=0.8").sample(10, 20, seed=1)  # 200 cells: 160/200 exists
+    assert abs(1 - A.mean() - 0.8) <= 0.005 + 1e-9
 
 
 def test_run_at_the_smallest_n(capsys):
@@ -107,10 +149,14 @@ def test_swarm_short_and_from_the_smallest_n_to_64(args, nodes):
     assert len(out["nodes"]) == nodes
 
 
-def test_swarm_below_the_smallest_n_is_one_error_line():
-    res = _swarm("-n", str(SMALLEST_N - 1))
-    assert res.returncode == 2
-    assert f"N={SMALLEST_N - 1}" in _error_line(res.stderr)
+def test_swarm_below_the_smallest_n_runs_with_one_note():
+    pytest.importorskip("torch")
+    pytest.importorskip("grpc")
+    res = _swarm("-n", "3", "-T", "2", "-p", "iid:u=0.5", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(_json(res.stdout)["nodes"]) == 3
+    assert _notes(res.stderr) == ["note: graph knn:k=6: k must be below the N=3 clients; "
+                                  "using --graph knn:k=2"], res.stderr
 
 
 def test_a_short_replay_with_bad_input_is_only_the_error_line(capsys):

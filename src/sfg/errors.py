@@ -18,3 +18,16 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`SfgError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise SfgError(message)
+
+
+class SfgNotice(UserWarning):
+    """A setting adjusted so that a small run can run (the graph's k at small N, an outage
+    target that N × T cannot resolve): one line naming the value used. The CLI prints it as
+    ``note: ...`` on stderr; in Python it is a warning of this category."""
+
+
+def notice(message: str) -> None:
+    """Issue one :class:`SfgNotice` line (see there)."""
+    import warnings
+
+    warnings.warn(" ".join(str(message).split("\n")), SfgNotice, stacklevel=2)

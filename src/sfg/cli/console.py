@@ -259,6 +259,25 @@ def _flags_as_flags(command: Any) -> None:
         _flags_as_flags(sub)
 
 
+def _notices_as_notes() -> None:
+    """Print each :class:`sfg.errors.SfgNotice` (a setting adjusted so a small run runs) as
+    one ``note: ...`` line on stderr, once per message."""
+    import warnings
+
+    from sfg.errors import SfgNotice
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if isinstance(category, type) and issubclass(category, SfgNotice):
+            note(f"note: {message}")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    warnings.filterwarnings("default", category=SfgNotice)
+
+
 def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sfg") -> int:
     """Run a typer app with the one exit-status convention; returns the status.
 
@@ -271,6 +290,7 @@ def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sf
 
     command = typer.main.get_command(app)
     _flags_as_flags(command)
+    _notices_as_notes()
     try:
         from sfg.util.safety import check_repeated_options
 

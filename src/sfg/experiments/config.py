@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -123,6 +124,12 @@ class RunConfig(BaseModel):
     faults: str = _CLOCK["faults"]
     faults_seed: int = _CLOCK["faults_seed"]
     on_return: str = _CLOCK["on_return"]
+    # which nodes run it (docs/concepts/engines.md#one-run-every-engine, sfg.engines): "none"
+    # (the simulators: sfg run, sfg grid), "virtual" (the node's own code on the virtual clock:
+    # sfg swarm --clock virtual) or "real" (real nodes over gRPC in wall time: sfg swarm, sfg
+    # node). (clock, protocol, nodes) name exactly one engine. Left out of the dump (and so of
+    # the run id) at "none": ids of the simulators' runs are those they had before the field.
+    nodes: Literal["none", "virtual", "real"] = "none"
 
     @model_validator(mode="after")
     def _clock(self) -> RunConfig:
@@ -130,13 +137,16 @@ class RunConfig(BaseModel):
 
         if self.clock == "rounds":
             # on_return is also real nodes' (sfg swarm/node, async, in wall seconds): kept on
-            # clock rounds, where sfg run refuses it (sfg.engines)
-            changed = [k for k in DEFAULTS if k not in ("clock", "on_return")
-                       and getattr(self, k) != DEFAULTS[k]]
+            # clock rounds, where sfg run refuses it (sfg.engines); real nodes take their
+            # protocol and timer (period, jitter, window: in wall seconds) from here too
+            own = ("clock", "on_return", *(REAL_TIMING if self.nodes == "real" else ()))
+            changed = [k for k in DEFAULTS if k not in own and getattr(self, k) != DEFAULTS[k]]
             if changed:
                 raise ValueError(f"{changed[0]} is a setting of the virtual clock, which the "
-                                 "engines on clock rounds (rounds, real-nodes) do not implement; "
-                                 "add clock: virtual (--clock virtual) or drop it")
+                                 "engines on clock rounds (rounds, real-lockstep, real-async) do "
+                                 "not implement; add clock: virtual (--clock virtual) or drop it")
+            if self.nodes == "real":
+                _check_real_timing(self)
             from sfg.clock.settings import parse_on_return
 
             try:
@@ -150,6 +160,30 @@ class RunConfig(BaseModel):
             raise ValueError(str(e)) from None
         if not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy must lie in (0, 1], got {self.target_accuracy}")
+        return self
+
+    @model_validator(mode="after")
+    def _small_graph(self) -> RunConfig:
+        # a kNN graph's k is at most N − 1 (sfg.world.graphs.fit_graph): a small run runs,
+        # with the k it uses stored in its settings
+        from sfg.world.graphs import fit_graph
+
+        object.__setattr__(self, "graph", fit_graph(self.graph, self.n_clients))
+        return self
+
+    @model_validator(mode="after")
+    def _engine(self) -> RunConfig:
+        # (clock, protocol, nodes) name exactly one engine (sfg.engines.engine_of)
+        if self.nodes != "none" and self.kind != "train":
+            raise ValueError(f"nodes {self.nodes!r}: nodes train; a {self.kind} run has none "
+                             "— drop nodes there")
+        if self.kind == "train":
+            from sfg.engines import engine_of
+
+            try:
+                engine_of({k: getattr(self, k) for k in ("clock", "protocol", "nodes")})
+            except SfgError as e:
+                raise ValueError(str(e)) from None
         return self
 
     @model_validator(mode="after")
@@ -179,6 +213,14 @@ class RunConfig(BaseModel):
                              "replay (kind: replay) trains nothing — drop precision there")
         return self
 
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes(cls, v: Any) -> Any:
+        if _number(v):
+            raise ValueError(f"nodes names which nodes run the run (none, virtual or real), not "
+                             f"how many (got {v!r}); the number of clients is n_clients")
+        return v
+
     @field_validator("attack")
     @classmethod
     def _attack(cls, v: str | None) -> str | None:
@@ -197,11 +239,14 @@ class RunConfig(BaseModel):
         data = handler(self)
         if isinstance(data, dict) and data.get("attack") is None:
             data.pop("attack", None)
+        if isinstance(data, dict) and data.get("nodes") == "none":
+            data.pop("nodes")
         if isinstance(data, dict) and data.get("clock", "rounds") == "rounds":
             from sfg.clock.settings import DEFAULTS
 
+            real = REAL_TIMING if data.get("nodes") == "real" else ()
             for k in DEFAULTS:
-                if k != "on_return" or data.get(k) == DEFAULTS[k]:
+                if k not in real and (k != "on_return" or data.get(k) == DEFAULTS[k]):
                     data.pop(k, None)
         return data
 
@@ -334,7 +379,7 @@ class RunConfig(BaseModel):
         rounds = data.get("rounds", cls.model_fields["rounds"].default)
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             return data  # left to the field's own check
-        out = dict(data)
+        out = _resolve_nodes(dict(data))
         if out.get("eval_every") is None:
             out["eval_every"] = min(cls.model_fields["eval_every"].default, rounds)
         if out.get("kind", "train") == "replay" and out.get("horizon") is None:
@@ -354,6 +399,51 @@ class RunConfig(BaseModel):
                 "set horizon <= rounds (docs/concepts/replay.md#model-free-analyses averages over t <= T - h)"
             )
         return self
+
+
+# real nodes' settings on clock rounds: the protocol and the timer, in wall seconds
+REAL_TIMING = ("protocol", "period", "jitter", "window")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _resolve_nodes(out: dict[str, Any]) -> dict[str, Any]:
+    """The settings the nodes run with, resolved once and stored (docs/concepts/nodes.md):
+    the node on the virtual clock's period P is also Δ (``period`` and ``round_seconds`` both
+    P: either given, else ``round_seconds``); real async nodes' period not given is
+    :data:`sfg.engines.REAL_PERIOD` wall seconds; the nodes' ``backend`` ``auto`` is ``loop``
+    (one client at a time, as a node trains)."""
+    from sfg.engines import REAL_PERIOD
+
+    nodes = out.get("nodes", "none")
+    if nodes == "virtual":
+        p, d = out.get("period"), out.get("round_seconds")
+        if _number(p) and _number(d) and float(p) != float(d):
+            raise ValueError(f"period {p:g} and round_seconds {d:g} disagree: the node on the "
+                             "virtual clock's period P is also Δ; give one")
+        P = p if p is not None else d if d is not None else _CLOCK["round_seconds"]
+        if _number(P):
+            out["period"] = out["round_seconds"] = float(P)
+    elif nodes == "real" and out.get("protocol") == "async" and out.get("period") is None:
+        out["period"] = REAL_PERIOD
+    if nodes in ("virtual", "real") and out.get("backend", "auto") == "auto":
+        out["backend"] = "loop"
+    return out
+
+
+def _check_real_timing(cfg: RunConfig) -> None:
+    """Real nodes' protocol and timer (wall seconds), as every node checks them."""
+    if cfg.protocol not in ("lockstep", "async"):
+        return  # no engine: _engine names the ones there are
+    if cfg.period is not None and not (math.isfinite(cfg.period) and cfg.period > 0):
+        raise ValueError(f"period must be > 0 wall seconds for real nodes, got {cfg.period}")
+    if not 0 <= cfg.jitter < 1:
+        raise ValueError(f"jitter must lie in [0, 1) (a fraction of the period), got "
+                         f"{cfg.jitter}")
+    if not (math.isfinite(cfg.window) and cfg.window > 0):
+        raise ValueError(f"window W must be > 0 periods, got {cfg.window}")
 
 
 def config_error_message(err: ValidationError) -> tuple[str, str]:

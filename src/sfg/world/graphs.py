@@ -340,7 +340,8 @@ def knn_graph(n: int, *, k: int = 6, seed: int | np.random.Generator | None = No
     """
     n = _check_n(n)
     k = _check_int("k", k, lo=1)
-    check(k < n, f"k={k} must be smaller than the number of clients N={n}; lower k or raise N")
+    check(k < n, f"k={k} must be smaller than the number of clients N={n}; lower k "
+                 f"(--graph knn:k={max(1, n - 1)}) or raise N")
     _check_edges(n, k + 1)
     rng = as_generator(seed)
     positions = rng.random((n, 2))
@@ -534,12 +535,35 @@ def graph_names() -> list[str]:
     return GRAPHS.names()
 
 
+def fit_graph(text: str, n: int) -> str:
+    """The graph a run of ``n`` clients uses for ``text``: a kNN graph's k is at most n − 1
+    (``knn:k=6`` at N = 4 is ``knn:k=3``), with one :func:`sfg.errors.notice` line naming the
+    value used; any other graph, or one that fits, is ``text`` unchanged (its own checks
+    report what is wrong with it)."""
+    from sfg.errors import notice
+    from sfg.util.components import format_component
+
+    try:
+        comp = parse_component(text, kind="graph")
+    except SfgError:
+        return text
+    k = comp.params.get("k", GRAPHS.entry("knn").params["k"]) if comp.name == "knn" else None
+    if (not isinstance(k, Integral) or isinstance(k, bool) or comp.modifiers
+            or not 2 <= n <= k):
+        return text
+    used = format_component("knn", {**comp.params, "k": int(n) - 1})
+    notice(f"graph {text}: k must be below the N={n} clients; using --graph {used}")
+    return used
+
+
 def make_graph(text: str | Component, n: int, *, seed: int) -> Graph:
     """Build a graph from a component string: ``make_graph("knn:k=6", 100, seed=1)``.
 
     Randomness comes from ``sfg.util.rng.stream(seed, "graph")``. Unknown names or parameters raise
     :class:`SfgError` with a did-you-mean hint.
     """
+    if isinstance(text, str):
+        text = fit_graph(text, n)
     comp = text if isinstance(text, Component) else parse_component(text, kind="graph")
     if comp.modifiers:
         raise SfgError(f"graph {str(comp)!r} takes no '+' modifiers")

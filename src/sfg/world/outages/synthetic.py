@@ -290,6 +290,16 @@ def _calibrate(kind: str, u: float, T: int, N: int, seed: int, plan, realise) ->
             if int(attempt) not in realised:
                 attempt_trace(int(attempt))
         return best
+    step = 1.0 / total  # the unavailabilities a T x N trace can have: multiples of 1/(T N)
+    nearest = round(u * total) * step
+    if abs(nearest - u) > TOLERANCE + _EPS and abs(best_x - u) <= abs(nearest - u) + step / 2:
+        # no T x N trace lies within the tolerance of u: the nearest value a trace can have
+        from sfg.errors import notice
+
+        notice(f"outage process {kind!r}: with T={T} rounds x N={N} clients no trace has "
+               f"unavailability within ±{TOLERANCE} of u={u:g}; using the nearest "
+               f"achievable, {best_x:.4f} (more clients or rounds resolve u)")
+        return best
     raise SfgError(
         f"outage process {kind!r} could not reach unavailability u={u:g} within "
         f"±{TOLERANCE} in {MAX_ATTEMPTS} attempts with T={T} rounds x N={N} clients "
