@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import socket
 import stat
@@ -45,22 +46,26 @@ def _one_error_line(err: str) -> str:
 class Hostile:
     """A real gRPC server speaking sfg.Node whose ``Fetch`` answers with a header and then
     streams chunks without end (bounded here at ``limit`` chunks so that the test ends); it
-    counts what it yielded and notes when the call was stopped."""
+    counts what it yielded (in all, and per call) and notes when the call was stopped."""
 
     def __init__(self, header: bytes, chunk: int = 1 << 16, limit: int = 2000):
         self.header, self.chunk, self.limit = header, chunk, limit
         self.yielded = 0
+        self.per_call: list[int] = []  # the chunks each finished call yielded
         self.stopped = asyncio.Event()
         self.server: grpc.aio.Server | None = None
 
     async def _fetch(self, request, context):
+        n = 0
         try:
             yield self.header
             block = b"\0" * self.chunk
             for _ in range(self.limit):
                 self.yielded += 1
+                n += 1
                 yield block
         finally:
+            self.per_call.append(n)
             self.stopped.set()
 
     async def start(self) -> int:
@@ -113,9 +118,14 @@ def test_a_fetch_whose_header_announces_more_than_the_limit_reads_no_payload():
     assert err.reason == "oversize" and "limit 1048576" in str(err)
 
 
-def test_a_lockstep_node_counts_an_endless_fetch_reply_as_a_rejection():
-    """A node pulling a missing round-0 message from the hostile neighbour: each pull is
-    stopped and counted (reason oversize), and the round times out with one error."""
+def test_a_lockstep_node_counts_an_endless_fetch_reply_as_a_rejection(caplog):
+    """docs/reference/wire.md: "the fetcher reads its header first and cancels the call,
+    counting `oversize`, as soon as the reply runs past the announced length [...] (a
+    neighbour cannot make it buffer more than one chunk past either)". A node pulling a missing
+    round-0 message from the hostile neighbour (1000 bytes announced, then chunks without
+    end): each pull is cut there — the rejection names the announced length, and every one of
+    the neighbour's streams was stopped long before its end — and the round times out with one
+    error."""
     world = build_world(RING4)
 
     async def main():
@@ -131,11 +141,16 @@ def test_a_lockstep_node_counts_an_endless_fetch_reply_as_a_rejection():
             for p in node.peers.values():
                 await p.close()
             await hostile.stop()
-        return node
+        return node, hostile
 
-    node = asyncio.run(asyncio.wait_for(main(), 180))
+    with caplog.at_level(logging.WARNING, logger="sfg"):
+        node, hostile = asyncio.run(asyncio.wait_for(main(), 180))
     assert node.rejections.as_dict().get("oversize", 0) >= 1, node.rejections.as_dict()
     assert set(node.rejections.as_dict()) == {"oversize"}
+    assert "the fetched payload exceeds the announced 1000 bytes" in caplog.text, caplog.text
+    # every stream stopped at the first chunk past 1000 bytes (plus what gRPC's flow control
+    # let the server send ahead: 3 to 64 of the 2000 chunks here), not read to its end
+    assert hostile.per_call and max(hostile.per_call) < hostile.limit // 4, hostile.per_call
     assert not node.inbox
 
 
