@@ -45,7 +45,7 @@ def test_replay_table_and_rules_listing():
     (["replay", "--rule", "sfg-cutt"], "did you mean 'sfg-cut'"),
     (["replay", "--process", "bursty:u=1.5"], "target unavailability u=1.5 must lie in [0, 1)"),
     (["replay", "--seeds", "a,b"], "seeds"),
-    (["replay", "--clients", "3"], "k=6 must be smaller"),
+    (["replay", "--clients", "1"], "need at least 2 clients, got N=1"),
     (["replay", "--engine", "fast"], "choose one of auto, compiled, numpy"),
     (["replay", "--rule", "sfg:gamma=2"], "gamma=2 must lie in [0, 1]"),
     (["run", "--dataset", "digitz"], "did you mean 'digits'"),
@@ -219,3 +219,20 @@ def test_version_and_help_show_defaults_and_flags():
         assert f"(default {DEFAULTS[key]})" in lines[flag], (flag, lines[flag])
     assert "<bool>" not in out
     assert re.search(r"--json\s+Print JSON", lines["--json"])
+
+
+def test_rules_read_as_plain_text_and_an_unknown_parameter_is_said_once():
+    """``sfg rules`` / ``sfg.rules()`` show no reStructuredText marks; an unknown parameter
+    lists the valid ones once (a did-you-mean adds them)."""
+    import sfg as package
+    from sfg.round.rules import parse_rule
+
+    docs = [v["doc"] for v in package.rules().values()]
+    assert docs and not any("``" in d or ":func:`" in d for d in docs)
+    assert "dfedavg: uniform over the candidate set." in docs
+    with pytest.raises(SfgError) as e:
+        parse_rule("sfg-cut:x=1")
+    assert str(e.value).endswith("choose one of: L, c") and str(e.value).count("L, c") == 1
+    with pytest.raises(SfgError) as e:
+        parse_rule("sfg-cut:LL=1")
+    assert str(e.value).endswith("did you mean 'L'? (valid parameters: L, c)")

@@ -59,10 +59,13 @@ def test_extras_table_matches_pyproject():
         package = extras._PACKAGE.get(module, module).lower()
         assert package in _names(opt[extra]), (module, extra)  # the table names the right extra
         assert package not in core
-    assert set(extras.EXTRA_OF.values()) | {"all", "dev"} == set(opt)
+    assert set(extras.EXTRA_OF.values()) | {"all", "dev", "docs"} == set(opt)
     everything = re.fullmatch(r"sfg\[(.*)\]", opt["all"][0]).group(1).split(",")
-    assert set(everything) == set(opt) - {"all", "dev"}
-    assert "sfg[all]" in opt["dev"]
+    assert set(everything) == set(opt) - {"all", "dev", "docs"}
+    assert "sfg[all,docs]" in opt["dev"]
+    # the docs extra is light: the site's tools only, none of all's heavy parts
+    assert _names(opt["docs"]) == {"mkdocs", "mkdocs-material", "mkdocstrings",
+                                   "mkdocstrings-python"}
 
 
 def test_upper_bounds_are_the_newest_versions_tested():

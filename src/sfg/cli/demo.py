@@ -101,6 +101,7 @@ def run_demo(*, quick: bool = False, resume: bool = False) -> None:
     _say("4. Report: gain in mean personalised accuracy over DFedAvg in percentage points "
          "(pp), paired by seed and averaged over the two processes; accuracies in %")
     print_report(rep, console=console.stdout())
+    console.note(f"wrote {', '.join(str(p) for p in rep.files.values())}")
     _say(f"demo finished in {time.perf_counter() - t0:.0f} s", style="dim")
     if summary.failed or summary.pending:
         raise console.WorkFailed(f"demo grid: {summary.failed} failed and {summary.pending} "

@@ -111,6 +111,27 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; choose one of: {shown}"
 
 
+def plain_text(doc: str) -> str:
+    """A docstring line as a person reads it in a terminal or a table: reStructuredText's
+    ``literal`` and :role:`target` marks dropped (``sfg rules``, :func:`sfg.rules`)."""
+    import re
+
+    doc = re.sub(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`", r"\1", doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
+def unknown_parameter(kind: str, name: str, key: str, valid: Iterable[str]) -> str:
+    """The one message for an unknown parameter ``key`` of ``kind`` ``name``: a did-you-mean
+    with the valid parameters, or the list of them (said once)."""
+    valid = sorted(valid)
+    if not valid:
+        return f"unknown parameter {key!r} for {kind} {name!r}; it takes no parameters"
+    hint = did_you_mean(key, valid)
+    if hint.startswith("; did you mean"):
+        hint += f" (valid parameters: {', '.join(valid)})"
+    return f"unknown parameter {key!r} for {kind} {name!r}{hint}"
+
+
 @dataclass
 class Entry:
     name: str
@@ -134,7 +155,7 @@ class Registry:
         """``extra``: the fields of a subclass of :class:`Entry` (``entry_type``)."""
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} registered twice")
-        self._entries[name] = self.entry_type(name, factory, dict(params or {}), doc,
+        self._entries[name] = self.entry_type(name, factory, dict(params or {}), plain_text(doc),
                                               frozenset(tags), **extra)
         return factory
 
@@ -158,12 +179,7 @@ class Registry:
         entry = self.entry(name)
         for key in params:
             if key not in entry.params:
-                valid = ", ".join(sorted(entry.params)) or "none"
-                hint = did_you_mean(key, entry.params) if entry.params else ""
-                raise SfgError(
-                    f"unknown parameter {key!r} for {self.kind} {name!r}{hint} "
-                    f"(valid parameters: {valid})"
-                )
+                raise SfgError(unknown_parameter(self.kind, name, key, entry.params))
         merged = dict(entry.params)
         merged.update(params)
         return merged

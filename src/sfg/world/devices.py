@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.util.components import Component, did_you_mean, parse_component
+from sfg.util.components import Component, did_you_mean, parse_component, unknown_parameter
 from sfg.util.rng import stream
 from sfg.util.safety import check_cells, read_text, regular_file
 
@@ -129,9 +129,7 @@ def parse_world_component(kind: str, spec: str) -> Component:
     allowed = _FORMS[comp.name]
     for key in comp.params:
         if key not in allowed:
-            raise SfgError(f"unknown parameter {key!r} for {kind} {comp.name!r}"
-                           f"{did_you_mean(key, allowed)} (valid parameters: "
-                           f"{', '.join(allowed)})")
+            raise SfgError(unknown_parameter(kind, comp.name, key, allowed))
     p = comp.params
     if comp.name == "const":
         if "value" not in p:

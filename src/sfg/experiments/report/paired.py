@@ -699,4 +699,4 @@ def print_report(report: Report, *, console: Any = None) -> None:
             console.print(f"{label(c.rule, c.setting)}: {c.dropped} unpaired run(s) dropped")
     for note in report.notes:
         console.print(f"note: {note}")
-    console.print(f"written to {report.out_dir}: " + ", ".join(sorted(report.files)))
+    # which files were written is said once, by the caller (sfg report: "wrote ...")
