@@ -313,16 +313,18 @@ def test_tls_ca_command_writes_a_ca_and_node_certificates(tmp_path, capsys):
 
 def test_store_writes_an_in_process_swarm_run_into_the_results_store(tmp_path):
     from sfg.cli.net import _store
+    from sfg.experiments.config import make_config, run_id
     from sfg.experiments.store import Store
 
     world = build_world({**LOCKSTEP, "rounds": 10, "process": "none", "eval_every": 5})
     res, _ = _run(world, lambda i: NodeConfig(mode="lockstep"))
     out = summarise(world, res, wall=2.0)
-    rid = _store(str(tmp_path / "r.sqlite"), world.cfg, "lockstep", out)
+    rid = _store(str(tmp_path / "r.sqlite"), make_config({**world.cfg, "nodes": "real"}), out)
     with Store(tmp_path / "r.sqlite") as st:
         (rec,) = st.records()
         curves = st.curves(rid)
-    assert rec["rule"] == "sfg-cut"
+    assert rec["rule"] == "sfg-cut" and rec["config"]["nodes"] == "real"
+    assert rid == run_id(make_config(rec["config"]))  # the run's own identity
     assert rec["metrics"]["acc_mean"] == pytest.approx(out["metrics"]["acc_mean"])
     assert rec["metrics"]["rejected"] == 0.0
     assert curves[rid]["acc_mean"] == pytest.approx(out["curves"]["acc_mean"])

@@ -26,7 +26,8 @@ from sfg.net.world import build_world
 
 # a small world with outages: six nodes, short rounds of a tiny model
 CHURN = dict(n_clients=6, rounds=12, local_steps=2, batch_size=8, graph="ring:k=1",
-             process="iid:u=0.5", rule="sfg-cut", seed=2, eval_every=12)
+             process="iid:u=0.5", rule="sfg-cut", seed=2, eval_every=12, nodes="real",
+             protocol="async")
 P = 0.4   # the round period (wall seconds); training a round takes a few ms here
 S = 0.25  # the pull's longest wait, below P
 
@@ -46,7 +47,7 @@ def _returns_in_trace(world) -> int:
 
 # ------------------------------------------------------------------ (1) a swarm under churn
 def test_async_swarm_with_pull_hears_its_neighbours_at_returns_and_none_asks_nothing():
-    world = build_world({**CHURN, "on_return": f"pull:timeout={S}"}, engine="real-nodes")
+    world = build_world({**CHURN, "on_return": f"pull:timeout={S}"})
     assert _returns_in_trace(world) >= 6
     res, nodes = _swarm(world, lambda i: NodeConfig(mode="async", period=P, linger=0.2))
     assert all(n.cfg.pull_timeout == S for n in nodes)  # taken from the run's on_return
@@ -57,18 +58,18 @@ def test_async_swarm_with_pull_hears_its_neighbours_at_returns_and_none_asks_not
     per_node = [r["returns"] for r in res]
     assert all(x["requests"] == x["returns"] * deg[r["node"]] for x, r in zip(per_node, res,
                                                                             strict=True))
-    assert m["pull_requests"] > 0
-    answered = m["pull_replies"] + m["pull_empty"] + m["pull_unreachable"]
-    assert m["pull_replies"] > 0 and answered <= m["pull_requests"]
+    assert m["pull_requests_made"] > 0
+    answered = m["pull_replies_delivered"] + m["pull_empty_received"] + m["pull_unreachable_received"]
+    assert m["pull_replies_delivered"] > 0 and answered <= m["pull_requests_made"]
     assert m["pull_rejected"] == 0 and m["rejected"] == 0
-    assert m["pull_bytes"] > 0 and m["pull_wait_seconds"] >= 0
+    assert m["wire_pull_bytes_received"] > 0 and m["pull_wait_seconds"] >= 0
     assert 0 < m["returns_heard"] <= m["returns"]
-    assert m["returns_alone"] <= m["returns"]
+    assert m["returns_unanswered"] <= m["returns"]
     # the nodes that answered with a message: as many as the replies received
-    assert sum(n.stats.answered_pulls for n in nodes) >= m["pull_replies"]
+    assert sum(n.stats.answered_pulls for n in nodes) >= m["pull_replies_delivered"]
 
     # on_return none: the same world's returns, no request at all
-    world0 = build_world(CHURN, engine="real-nodes")
+    world0 = build_world(CHURN)
     res0, nodes0 = _swarm(world0, lambda i: NodeConfig(mode="async", period=P, linger=0.2))
     m0 = summarise(world0, res0, wall=1.0)["metrics"]
     assert m0["returns"] == m["returns"]
@@ -92,9 +93,9 @@ def test_sfg_swarm_passes_on_return_to_its_worker_processes(tmp_path, capsys):
     res = json.loads(cap.out)
     m = res["metrics"]
     assert res["config"]["on_return"] == "pull:timeout=0.2"
-    assert m["returns"] > 0 and m["pull_requests"] == 2 * m["returns"]
-    assert m["pull_replies"] + m["pull_empty"] + m["pull_unreachable"] <= m["pull_requests"]
-    assert sum(n["returns"]["requests"] for n in res["nodes"]) == m["pull_requests"]
+    assert m["returns"] > 0 and m["pull_requests_made"] == 2 * m["returns"]
+    assert m["pull_replies_delivered"] + m["pull_empty_received"] + m["pull_unreachable_received"] <= m["pull_requests_made"]
+    assert sum(n["returns"]["requests"] for n in res["nodes"]) == m["pull_requests_made"]
 
 
 # ------------------------------------------------------------------ (2) crash and restart
@@ -106,7 +107,7 @@ def test_a_node_restarted_while_online_makes_a_return_and_pulls(tmp_path):
     import time
 
     world = build_world({**CHURN, "process": "none", "n_clients": 4, "rounds": 12,
-                         "on_return": "pull:timeout=0.4"}, engine="real-nodes")
+                         "on_return": "pull:timeout=0.4"})
     period = 0.5
     crashed = asyncio.Event()
 
@@ -157,7 +158,7 @@ def test_a_node_restarted_while_online_makes_a_return_and_pulls(tmp_path):
 # ------------------------------------------------------------------ (3), (4) the candidates
 @pytest.fixture(scope="module")
 def node():
-    world = build_world({**CHURN, "process": "none", "graph": "ring:k=1"}, engine="real-nodes")
+    world = build_world({**CHURN, "process": "none", "graph": "ring:k=1"})
     return Node(world, 0, NodeConfig(mode="async", period=0.5, window=1.0, pull_timeout=0.3))
 
 
@@ -215,7 +216,7 @@ def test_a_reply_not_newer_than_what_is_held_changes_nothing(node):
 def test_forged_oversized_and_misshapen_replies_are_rejected_and_counted():
     """A neighbour's server that answers pulls with what a test hands it: every bad reply is
     rejected by the wire checks (over real gRPC on 127.0.0.1), counted, and changes nothing."""
-    world = build_world({**CHURN, "process": "none"}, engine="real-nodes")
+    world = build_world({**CHURN, "process": "none"})
     me = Node(world, 0, NodeConfig(mode="async", period=1.0, pull_timeout=0.5))
     j, k = (int(v) for v in me.nbrs)
     x = world.x0
@@ -279,7 +280,7 @@ def test_a_reply_after_the_window_is_kept_as_a_later_candidate(offline_then):
     import socket
     import threading
 
-    world = build_world({**CHURN, "process": "none"}, engine="real-nodes")
+    world = build_world({**CHURN, "process": "none"})
     me = Node(world, 0, NodeConfig(mode="async", period=100.0, pull_timeout=0.2,
                                    rpc_timeout=20.0))
     j, k = (int(v) for v in me.nbrs)
@@ -386,7 +387,7 @@ def test_with_tls_a_pull_reply_comes_only_from_the_neighbour_its_certificate_nam
     from sfg.net.transport import TlsFiles
 
     ca = make_test_ca(tmp_path / "ca", range(6))
-    world = build_world({**CHURN, "process": "none"}, engine="real-nodes")
+    world = build_world({**CHURN, "process": "none"})
     me = Node(world, 0, NodeConfig(mode="async", period=1.0, pull_timeout=0.5,
                                    tls=TlsFiles.load(ca, 0)))
     j, k = (int(v) for v in me.nbrs)

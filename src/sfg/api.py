@@ -48,13 +48,9 @@ if TYPE_CHECKING:  # pragma: no cover - names for the annotations only
 Progress = Callable[[int, int], None]
 
 # spellings of other interfaces (the commands' flags, older functions) -> the setting's name
-_SPELLINGS = {"n": "n_clients", "N": "n_clients", "clients": "n_clients", "nodes": "n_clients",
+_SPELLINGS = {"n": "n_clients", "N": "n_clients", "clients": "n_clients",
               "n_nodes": "n_clients", "T": "rounds", "seeds": "seed", "rules": "rule",
               "processes": "process", "mode": "protocol", "datasets": "dataset"}
-# the clock world's settings a virtual swarm hands its network (the clock's own names)
-_WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
-# a real swarm's timing, under the clock's names (wall-clock seconds there)
-_REAL_TIMING = ("protocol", "period", "jitter", "window")
 
 
 # ----------------------------------------------------------------------------- settings
@@ -189,25 +185,29 @@ def replay(config: RunConfig | Mapping[str, Any] | None = None, /, *,
 
 # ----------------------------------------------------------------------------- swarms
 def swarm(config: RunConfig | Mapping[str, Any] | None = None, /, *,
-          nodes: Literal["virtual", "real"] = "virtual", deadline: float | None = None,
+          nodes: Literal["virtual", "real"] | None = None, deadline: float | None = None,
           procs: int = 2, workdir: str | os.PathLike | None = None,
           progress: Progress | None = None, **settings: Any) -> RunResult:
     """Run a swarm of networked nodes — every node the deployable node's own code — and
     return its `RunResult` (the nodes' states under `res["nodes"]`, the final models in
     `res.params`).
 
-    `nodes="virtual"` (the default): every node in this process on the virtual clock, the
-    in-memory network and a batched trainer; no sockets and no sleeping, so the same settings
-    give the same numbers. The settings are the clock's: `protocol` lockstep or async (the
-    node has no event protocol), `period` (also the staleness unit Δ; default
-    `round_seconds`), `jitter`, `window`, the world (`compute`, `uplink`, `latency`,
-    `loss`, `message_bytes`) and `faults` (crashes, cuts, loss bursts). `deadline`: a
-    lockstep round's wait in virtual seconds (default the run's `rounds · period`).
+    `nodes="virtual"` (the default, or the settings' `nodes`): every node in this process on
+    the virtual clock, the in-memory network and a batched trainer; no sockets and no
+    sleeping, so the same settings give the same numbers. The settings are the clock's:
+    `protocol` lockstep or async (the node has no event protocol), `period` (also the
+    staleness unit Δ; default `round_seconds`), `jitter`, `window`, the world (`compute`,
+    `uplink`, `latency`, `loss`, `message_bytes`) and `faults` (crashes, cuts, loss bursts).
+    `deadline`: a lockstep round's wait in virtual seconds (default the run's `rounds · period`).
 
     `nodes="real"`: real nodes over gRPC on loopback, in `procs` worker processes, in wall
     time: `protocol`, `period` (default 0.2 s), `jitter` and `window` set the nodes' timing;
-    `deadline` (default 60 s) a lockstep round's wait; `workdir` keeps their checkpoints and
+    `deadline` (default 300 s) a lockstep round's wait; `workdir` keeps their checkpoints and
     results (default a new temporary folder). A failed node raises `RuntimeError`.
+
+    The run's settings, with `nodes` and the nodes' resolved timing and backend, are its
+    `meta["config"]`; its `meta["run_id"]` is that of `sfg swarm --store` with the same
+    settings (:func:`sfg.net.assemble.run_nodes_config` runs both).
 
     ```python
     import sfg
@@ -217,82 +217,30 @@ def swarm(config: RunConfig | Mapping[str, Any] | None = None, /, *,
     print(res.metrics["acc_mean"], res.metrics["virtual_seconds"], len(res["nodes"]))
     ```
     """
-    if nodes == "virtual":
-        with _extras("swarm"):
-            return _virtual_swarm(config, settings, deadline, progress)
-    if nodes == "real":
-        with _extras("swarm"):
-            return _real_swarm(config, settings, deadline, procs, workdir, progress)
-    raise SfgError(f"sfg.swarm: nodes {nodes!r} is not one of virtual (the node on the virtual "
-                   "clock, in this process) or real (real nodes over gRPC on loopback)")
-
-
-def _virtual_swarm(config: Any, settings: Mapping[str, Any], deadline: float | None,
-                   progress: Progress | None) -> RunResult:
-    from sfg.clock.faults import Faults
-    from sfg.experiments.config import run_id
-    from sfg.net.swarm import SwarmOptions
-    from sfg.net.virtual import run_virtual_swarm
-    from sfg.net.world import build_world
-
-    if settings.get("clock", "virtual") != "virtual":
-        raise SfgError("sfg.swarm: the virtual nodes run on the virtual clock; drop "
-                       f"clock={settings['clock']!r}, or give nodes='real'")
-    cfg = _make("swarm", config, settings, clock="virtual", kind="train")
-    c = cfg.model_dump()
-    if c["protocol"] not in ("lockstep", "async"):
-        raise SfgError(f"sfg.swarm: the node runs protocol lockstep or async, not "
-                       f"{c['protocol']!r}; the clock's event protocol trains with sfg.run")
-    P = float(c["period"] if c["period"] is not None else c["round_seconds"])
-    c.update(period=P, round_seconds=P)  # the node's period is also Δ, the staleness unit
-    if c["backend"] == "auto":
-        c["backend"] = "loop"  # one client at a time, as the command runs it
-    opts = SwarmOptions(mode=c["protocol"], procs=1, period=P, jitter=float(c["jitter"]),
-                        window=float(c["window"]),
-                        deadline=float(int(c["rounds"]) * P if deadline is None else deadline))
-    plan = Faults.parse(c["faults"], seed=int(c["faults_seed"]))
-    world = build_world(c)
-    res = run_virtual_swarm(world, opts, progress=progress,
-                            clock_settings={k: c[k] for k in _WORLD_KEYS if c.get(k) is not None},
-                            faults=plan if plan.any else None)
-    res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg),
-                    engine=f"node-{opts.mode}")
-    return res
-
-
-def _real_swarm(config: Any, settings: Mapping[str, Any], deadline: float | None, procs: int,
-                workdir: Any, progress: Progress | None) -> RunResult:
-    from sfg.experiments.config import run_id
-    from sfg.net.swarm import SwarmOptions, check_nodes, run_swarm
-    from sfg.net.world import build_world
-
     values = _given("swarm", config, settings)
-    timing = {k: values.pop(k) for k in _REAL_TIMING if k in values}
-    values.pop("clock", None)
-    cfg = _make("swarm", values, {}, kind="train")
-    c = cfg.model_dump()
-    if c["backend"] == "auto":
-        c["backend"] = "loop"
-    period = timing.get("period")
-    opts = SwarmOptions(mode=str(timing.get("protocol", "lockstep")), procs=int(procs),
-                        period=0.2 if period is None else float(period),
-                        jitter=float(timing.get("jitter", 0.0)),
-                        window=float(timing.get("window", 1.0)),
-                        deadline=60.0 if deadline is None else float(deadline),
-                        workdir=None if workdir is None else str(workdir))
-    world = build_world(c, engine="real-nodes")
-    check_nodes(world, opts)
-    total, done = world.n * world.rounds, [0]
+    kind = nodes if nodes is not None else values.get("nodes") or "virtual"
+    if kind == "none":
+        kind = "virtual"
+    if kind not in ("virtual", "real"):
+        raise SfgError(f"sfg.swarm: nodes {kind!r} is not one of virtual (the node on the "
+                       "virtual clock, in this process) or real (real nodes over gRPC on "
+                       "loopback)")
+    if kind == "virtual":
+        if values.get("clock", "virtual") != "virtual":
+            raise SfgError("sfg.swarm: the virtual nodes run on the virtual clock; drop "
+                           f"clock={values['clock']!r}, or give nodes='real'")
+        if values.get("protocol", "lockstep") not in ("lockstep", "async"):
+            raise SfgError(f"sfg.swarm: the node runs protocol lockstep or async, not "
+                           f"{values['protocol']!r}; the clock's event protocol trains with "
+                           "sfg.run")
+        values["clock"] = "virtual"
+    with _extras("swarm"):
+        from sfg.net.assemble import run_nodes_config
 
-    def rounds_done(event: dict) -> None:
-        done[0] += 1
-        if progress is not None:
-            progress(min(done[0], total), total)
-
-    res = run_swarm(world, opts, progress=rounds_done)
-    res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg),
-                    engine="real-nodes", mode=opts.mode, period=opts.period)
-    return res
+        cfg = _make("swarm", {**values, "nodes": kind}, {}, kind="train")
+        return run_nodes_config(cfg, deadline=deadline, procs=int(procs) if kind == "real" else 1,
+                                workdir=None if workdir is None else str(workdir),
+                                progress=progress)
 
 
 # ----------------------------------------------------------------------------- grids

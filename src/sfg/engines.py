@@ -12,9 +12,16 @@ none may ignore a setting. For every engine, every setting of the run (every fie
 * ``refused``: a value other than the default is refused with one :class:`~sfg.errors.SfgError`
   line naming the engine and the setting and saying what to do instead (:func:`refuse`).
 
-``clock`` and ``protocol`` select the engine (:func:`engine_of`): another value is another
-engine, whose runs differ, so they are ``affects`` everywhere; :func:`refuse` checks that a
-run's values are its engine's own.
+``clock``, ``protocol`` and ``nodes`` select the engine (:func:`engine_of`): another value is
+another engine, whose runs differ, so they are ``affects`` everywhere; :func:`refuse` checks
+that a run's values are its engine's own. Real nodes are two engines, ``real-lockstep`` and
+``real-async`` (the protocol selects, as for the node on the virtual clock); their timer
+(``period``, ``jitter``, ``window``) is in wall seconds.
+
+*affects* is checked on the final parameters, an accuracy (``acc_*``) or, for a setting that
+acts on a run's counts or times only, the metrics and outputs :data:`METRIC_ONLY` declares
+for it: any other metric moving (a figure per device-hour moves with the horizon) is no
+evidence that a setting acts.
 
 ``tests/test_engine_fields.py`` runs every engine with every setting at a non-default value
 and checks the declaration; ``docs/reference/engines.md`` is :func:`markdown` (write it with
@@ -40,20 +47,24 @@ ENGINE_COMMANDS: dict[str, str] = {
     "clock-event": "sfg run --clock virtual --protocol event",
     "node-lockstep": "sfg swarm --clock virtual --protocol lockstep",
     "node-async": "sfg swarm --clock virtual --protocol async",
-    "real-nodes": "sfg swarm / sfg node, over gRPC",
+    "real-lockstep": "sfg swarm --protocol lockstep (or sfg node), over gRPC",
+    "real-async": "sfg swarm --protocol async (or sfg node), over gRPC",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_COMMANDS)
 
 # the settings that select the engine: each engine's own values
 SELECTORS: dict[str, dict[str, str]] = {
-    "rounds": {"clock": "rounds", "protocol": "lockstep"},
-    "clock-lockstep": {"clock": "virtual", "protocol": "lockstep"},
-    "clock-async": {"clock": "virtual", "protocol": "async"},
-    "clock-event": {"clock": "virtual", "protocol": "event"},
-    "node-lockstep": {"clock": "virtual", "protocol": "lockstep"},
-    "node-async": {"clock": "virtual", "protocol": "async"},
-    "real-nodes": {"clock": "rounds", "protocol": "lockstep"},
+    "rounds": {"clock": "rounds", "protocol": "lockstep", "nodes": "none"},
+    "clock-lockstep": {"clock": "virtual", "protocol": "lockstep", "nodes": "none"},
+    "clock-async": {"clock": "virtual", "protocol": "async", "nodes": "none"},
+    "clock-event": {"clock": "virtual", "protocol": "event", "nodes": "none"},
+    "node-lockstep": {"clock": "virtual", "protocol": "lockstep", "nodes": "virtual"},
+    "node-async": {"clock": "virtual", "protocol": "async", "nodes": "virtual"},
+    "real-lockstep": {"clock": "rounds", "protocol": "lockstep", "nodes": "real"},
+    "real-async": {"clock": "rounds", "protocol": "async", "nodes": "real"},
 }
+# real nodes' period P in wall seconds where a run gives none (async; resolved and stored)
+REAL_PERIOD = 0.2
 
 # RunConfig's defaults without ``kind`` (tests/test_engine_fields.py checks they are the
 # schema's; ``eval_every`` not given is min(10, rounds) there)
@@ -69,7 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
     "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
-    "on_return": "none",
+    "on_return": "none", "nodes": "none",
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
 # invariant up to float rounding: the same float terms, summed in another order
@@ -96,7 +107,7 @@ def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
     return {f: out[f] for f in FIELDS if f in out}
 
 
-_SELECT = ("clock", "protocol")
+_SELECT = ("clock", "protocol", "nodes")
 # engine -> field -> class
 DECLARED: dict[str, dict[str, str]] = {
     # sfg run: the clock's settings are the clock's (the schema refuses them without it)
@@ -117,31 +128,66 @@ DECLARED: dict[str, dict[str, str]] = {
         affects=(*_TRAINING, *_SIMULATOR, *_SELECT,
                  *(f for f in _CLOCK if f not in ("period", "jitter"))),
         invariant=(*_SAME, "device"), refused=("period", "jitter")),
-    # the node trains one model per node on the cpu with plain SGD; it evaluates every
-    # eval_every of its rounds (no eval_seconds, no time to accuracy); lockstep has no timer,
-    # and waits for every message of a round (no loss)
+    # the node trains one model per node on the cpu with plain SGD; it is evaluated at the
+    # clock's engine's instants (docs/concepts/clock.md#one-instant): async every eval_seconds,
+    # lockstep every eval_every rounds (no eval_seconds, as the lockstep clock); lockstep has
+    # no timer, and waits for every message of a round (no loss)
     "node-lockstep": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "compute", "uplink",
-                 "latency", "message_bytes", "faults", "faults_seed"),
+                 "latency", "message_bytes", "faults", "faults_seed", "target_accuracy"),
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "jitter", "window", "loss", "eval_seconds",
-                 "target_accuracy", "on_return")),
+                 "on_return")),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed",
-                 "on_return"),
+                 "on_return", "eval_seconds", "target_accuracy"),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device", "eval_seconds", "target_accuracy")),
-    # real nodes take their own time: none of the virtual clock's settings but on_return, a
-    # returning node's pull in wall seconds (async; a lockstep node refuses it)
-    "real-nodes": _declare(affects=(*_TRAINING, *_SELECT, "on_return"), invariant=_SAME,
-                              refused=(*_SIMULATOR, "device",
-                                       *(f for f in _CLOCK if f != "on_return"))),
+        refused=(*_SIMULATOR, "device")),
+    # real nodes take their own time: none of the virtual clock's world; the node trains
+    # with the loop backend (the one it runs); lockstep waits for the messages (no timer)
+    "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT), invariant=("data_root", "horizon"),
+                              refused=(*_SIMULATOR, "device", "backend", *_CLOCK)),
+    # async: a timer in wall seconds (period, jitter, window) and a returning node's pull
+    "real-async": _declare(
+        affects=(*_TRAINING, *_SELECT, "period", "jitter", "window", "on_return"),
+        invariant=("data_root", "horizon"),
+        refused=(*_SIMULATOR, "device", "backend",
+                 *(f for f in _CLOCK if f not in ("period", "jitter", "window", "on_return")))),
+}
+# the nodes' engines
+NODE_ENGINES = tuple(e for e in ENGINES if SELECTORS[e]["nodes"] != "none")
+# engines whose numbers depend on wall time (real async nodes): their affects and invariant
+# settings are checked to reach the engine, their refusals by running them
+WALL_TIME = ("real-async",)
+
+# (engine, setting) -> the metrics and outputs that show a setting that acts on a run's
+# counts, times or outputs but not on its models (affects is checked on the final
+# parameters, an accuracy, or these)
+_TARGET = ("metric reached_target", "metric time_to_accuracy_h")
+METRIC_ONLY: dict[tuple[str, str], tuple[str, ...]] = {
+    **{(e, "diagnostics"): ("output diagnostics",) for e in ENGINES},
+    # the time to accuracy: when the mean accuracy first reaches it
+    **{(e, "target_accuracy"): _TARGET for e in ENGINES if DECLARED[e]["target_accuracy"]
+       == AFFECTS},
+    # the node's lockstep waits for every message: the network's times and losses (pushes
+    # lost are pulled) move its clock and counts, not its models
+    ("node-lockstep", "latency"): ("metric virtual_seconds",),
+    **{("node-lockstep", f): ("metric net_dropped", "metric send_failed",
+                              "metric virtual_seconds") for f in ("faults", "faults_seed")},
+}
+# invariant settings that a training engine does not read, and why (every other invariant
+# setting is read by the engine: the checks fail on one that is not)
+UNREAD: dict[str, str] = {
+    "horizon": "the model-free replay's horizon: a training run has none (a grid gives one "
+               "base to both kinds)",
 }
 
 # values that mean the default on an engine (the nodes train on the cpu: auto picks it)
 SAME_AS_DEFAULT: dict[tuple[str, str], tuple[Any, ...]] = {
-    (e, "device"): ("auto",) for e in ("node-lockstep", "node-async", "real-nodes")}
+    **{(e, "device"): ("auto",) for e in NODE_ENGINES},
+    # real nodes train with the loop backend (a run's auto resolves to it)
+    **{(e, "backend"): ("loop",) for e in ("real-lockstep", "real-async")}}
 
 
 # settings that act through another one (the checks set both)
@@ -150,6 +196,14 @@ NOTES: dict[str, str] = {
     "message_bytes": "acts through the transfer time, with a finite `uplink`",
     "faults_seed": "the seed of `faults`; it acts with faults",
     "device": "the nodes train on the cpu (`auto` picks it there); another device is refused",
+    "backend": "the nodes' `auto` is `loop` (resolved and stored); real nodes train with "
+               "`loop` only",
+    "period": "the node on the virtual clock: P is also Δ (`period` and `round_seconds` are "
+              "both P, resolved and stored); real async nodes: wall seconds, default 0.2 "
+              "(resolved and stored)",
+    "nodes": "which nodes run the run: `none` (the simulators), `virtual` (the node's code on "
+             "the virtual clock) or `real` (real nodes over gRPC); with `clock` and "
+             "`protocol` it names the engine",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
@@ -194,8 +248,8 @@ def refuse(engine: str, cfg: dict[str, Any]) -> None:
     for key, own in SELECTORS[engine].items():
         got = cfg.get(key, DEFAULTS[key])
         if got != own:
-            kinds = {None: [None, "virtual", "real"], "virtual": ["virtual", "real", None],
-                     "real": ["real", "virtual", None]}[_nodes(engine)]
+            kinds = {"none": ["none", "virtual", "real"], "virtual": ["virtual", "real", "none"],
+                     "real": ["real", "virtual", "none"]}[_nodes(engine)]
             runs = [e for e in ENGINES if SELECTORS[e] == {k: cfg.get(k, DEFAULTS[k])
                                                           for k in SELECTORS[e]}]
             runs.sort(key=lambda e: kinds.index(_nodes(e)))
@@ -214,9 +268,8 @@ def refuse(engine: str, cfg: dict[str, Any]) -> None:
                        f"{DEFAULTS[field]!r}) or {where}")
 
 
-def _nodes(engine: str) -> str | None:
-    return "virtual" if engine.startswith("node-") else "real" if engine.startswith("real-") \
-        else None
+def _nodes(engine: str) -> str:
+    return SELECTORS[engine]["nodes"]
 
 
 def _selectors(cfg: dict[str, Any]) -> str:
@@ -224,17 +277,19 @@ def _selectors(cfg: dict[str, Any]) -> str:
 
 
 def engine_of(cfg: dict[str, Any], *, nodes: str | None = None) -> str:
-    """The engine that runs ``cfg`` (its ``clock`` and ``protocol``): the simulators by
-    default, the node on the virtual clock with ``nodes="virtual"``, real nodes with
-    ``nodes="real"``. An SfgError names a combination no engine runs."""
+    """The engine that runs ``cfg``: its ``clock``, ``protocol`` and ``nodes`` (``none``, the
+    simulators, by default; ``virtual``, the node on the virtual clock; ``real``, real nodes);
+    ``nodes`` given here overrides the settings'. An SfgError names a combination no engine
+    runs."""
     clock = cfg.get("clock", DEFAULTS["clock"])
     protocol = cfg.get("protocol", DEFAULTS["protocol"])
-    want = {"clock": clock, "protocol": protocol}
+    nodes = cfg.get("nodes", DEFAULTS["nodes"]) if nodes is None else nodes
+    want = {"clock": clock, "protocol": protocol, "nodes": nodes}
     for e in ENGINES:
-        if SELECTORS[e] == want and _nodes(e) == nodes:
+        if SELECTORS[e] == want:
             return e
-    kind = {None: "simulator", "virtual": "node on the virtual clock",
-            "real": "real node"}.get(nodes, str(nodes))
+    kind = {"none": "simulator", "virtual": "node on the virtual clock",
+            "real": "real node"}.get(str(nodes), str(nodes))
     raise SfgError(f"no {kind} engine runs clock {clock}, protocol {protocol}; engines: "
                    + ", ".join(f"{e} ({_selectors(SELECTORS[e])})" for e in ENGINES
                                if _nodes(e) == nodes))
@@ -255,9 +310,20 @@ setting. For every engine, each setting is one of:
 * **refused**: a value other than the default is refused with one error line naming the
   engine and the setting and what to do instead (exit status 2).
 
-`clock` and `protocol` select the engine (another value is another engine). The engines:
+`clock`, `protocol` and `nodes` select the engine (another value is another engine): the
+simulators run `nodes: none` (the default), the node's own code on the virtual clock
+`nodes: virtual`, real nodes over gRPC `nodes: real`. Real nodes are two engines, one per
+protocol (as the node on the virtual clock): `real-lockstep` has no timer, `real-async` takes
+`period`, `jitter` and `window` in wall seconds (`period` not given: 0.2 s, resolved and
+stored in the run's settings). A run's id covers its engine: `nodes` enters it where it is
+not `none`. The engines:
 
 {engines}
+
+*affects* is checked on the final models, an accuracy, or, for a setting that acts on a run's
+counts or times only, the metrics it is declared to move (below). Real asynchronous nodes run
+in wall time, so their runs differ from one another: their settings are checked to reach the
+engine, their refusals by running them.
 
 `tests/test_engine_fields.py` runs every engine with every setting at a value other than the
 default and checks this table; the table is generated from `sfg.engines` (`python -m
@@ -273,8 +339,12 @@ def markdown() -> str:
     rule = "|---|" + "---|" * len(ENGINES)
     rows = [f"| `{f}` | " + " | ".join(DECLARED[e][f] for e in ENGINES) + " |" for f in FIELDS]
     notes = [f"* `{f}`: {NOTES[f]}." for f in FIELDS if f in NOTES]
+    only = [f"* `{e}`, `{f}`: " + ", ".join(f"`{m.split()[-1]}`" for m in METRIC_ONLY[e, f])
+            for e, f in METRIC_ONLY]
     return (_PAGE_HEAD.format(engines=engines) + "\n".join([head, rule, *rows]) + "\n\n"
-            + "Notes:\n\n" + "\n".join(notes) + "\n")
+            + "Notes:\n\n" + "\n".join(notes) + "\n\n"
+            + "Settings that act on counts, times or outputs only (the metrics that show "
+              "them):\n\n" + "\n".join(only) + "\n")
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@
         --address auto --gpus-per-run 0.25
     sfg grid run GRID.yaml --store S --dry-run     # validate and count, run nothing
     sfg grid status --store results.sqlite [--json]
+    sfg grid upgrade --store results.sqlite       # sfg 0.2's swarm runs: their own run ids
 
 Also runnable on its own: ``python -m sfg.experiments run GRID.yaml --store S``.
 """
@@ -134,6 +135,40 @@ def status_cmd(
             for it in items[:50]:
                 table.add_row(*(str(it[c]) for c in cols))
             console.show(table)
+
+
+@app.command("upgrade")
+def upgrade_cmd(
+    store: Path = opt("store", ...),
+    period: float | None = typer.Option(
+        None, help="real async nodes' period in wall seconds, which sfg 0.2 did not store "
+                   "(default 0.2, the real nodes' default)"),
+    jitter: float = typer.Option(0.0, help="real async nodes' jitter, which sfg 0.2 did not "
+                                           "store"),
+    window: float = typer.Option(1.0, help="real async nodes' window, which sfg 0.2 did not "
+                                           "store"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would change; change "
+                                                          "nothing"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Give the `sfg swarm --store` runs of a store written by sfg 0.2 their own identity.
+
+    0.2 stored them with `backend: swarm-<mode>`; their settings now say which nodes ran them
+    (`nodes: virtual` or `real`, the protocol, `backend: loop`) and their run ids cover that.
+    Other runs keep their ids. One transaction: all rows move, or none.
+    """
+    from sfg.experiments.upgrade import upgrade_store
+
+    changes = upgrade_store(store, period=period, jitter=jitter, window=window,
+                            dry_run=dry_run)
+    if as_json:
+        console.print_json({"store": str(store), "dry_run": dry_run, "runs": changes},
+                           indent=None)
+        return
+    verb = "would re-key" if dry_run else "re-keyed"
+    console.echo(f"{store}: {verb} {len(changes)} swarm run(s) written by sfg 0.2")
+    for c in changes:
+        console.echo(f"  {c['old']} -> {c['new']} ({c['engine']})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

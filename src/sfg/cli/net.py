@@ -47,13 +47,6 @@ def _split_or_cut(values: list[str]) -> tuple[str | None, list]:
     return (split[0] if split else None), cuts
 
 
-def _settings(config: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
-    """The run settings: ``sfg run``'s one schema (RunConfig) over the config file and flags."""
-    from sfg.cli.run import run_config
-
-    return run_config(config, flags).model_dump()
-
-
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (of a --listen HOST:PORT) is this machine only: 127.0.0.0/8, ::1 or
     localhost. Anything else, 0.0.0.0 and host names included, may be reached from outside."""
@@ -123,16 +116,11 @@ def _progress_printer(n: int, rounds: int, enabled: bool):
     return prog, update
 
 
-def _store(path: str, cfg: dict, mode: str, out: dict) -> str:
-    from sfg.experiments.config import RunConfig
+def _store(path: str, rc: Any, out: dict) -> str:
+    """Write the swarm's run into the results store under its own settings (``nodes``
+    included): the run id :func:`sfg.swarm` gives the same settings."""
     from sfg.experiments.store import Store, new_worker_id
 
-    fields = {k: v for k, v in cfg.items() if k in RunConfig.model_fields}
-    fields["backend"] = f"swarm-{mode}"  # keeps swarm runs apart from (and paired among) themselves
-    try:
-        rc = RunConfig(**fields)
-    except Exception as e:  # noqa: BLE001 - pydantic's message, one line
-        raise SfgError(f"cannot store this run: {str(e).splitlines()[-1]}") from None
     with Store(path) as st:
         (rid,) = st.add_runs([rc])
         worker = new_worker_id()
@@ -151,18 +139,23 @@ def _print_summary(out: dict, title: str) -> None:
     for name, key in [("mean accuracy", "acc_mean"), ("10th percentile", "acc_p10"),
                       ("time-averaged accuracy", "acc_time_avg"),
                       ("realised unavailability", "unavailability"), ("messages", "messages"),
-                      ("bytes received", "bytes"), ("messages rejected", "rejected"),
-                      ("deliveries refused (offline)", "refused"), ("restarts", "restarts"),
-                      ("wall seconds", "wall_seconds")]:
+                      ("messages sent", "messages_sent"), ("bytes sent", "bytes"),
+                      ("bytes received (encoded)", "wire_bytes_received"),
+                      ("messages rejected", "rejected"),
+                      ("deliveries refused (offline)", "deliveries_refused"),
+                      ("restarts", "restarts"), ("wall seconds", "wall_seconds")]:
         v = m[key]
-        counted = key in ("messages", "bytes", "rejected", "refused", "restarts")
+        counted = key in ("messages", "messages_sent", "bytes", "wire_bytes_received",
+                          "rejected", "deliveries_refused", "restarts")
         t.add_row(name, "–" if math.isnan(v) else f"{v:.0f}" if counted or abs(v) >= 100
                   else f"{v:.1f}" if key == "wall_seconds" else f"{v:.4f}")
-    if "pull_requests" in m:  # on_return pull (docs/concepts/nodes.md#returns-in-the-node)
+    if "pull_requests_made" in m:  # on_return pull (docs/concepts/nodes.md#returns-in-the-node)
         for name, key in [("returns", "returns"), ("returns heard", "returns_heard"),
-                          ("returns alone", "returns_alone"), ("pull requests", "pull_requests"),
-                          ("pull replies", "pull_replies"), ("pull empty", "pull_empty"),
-                          ("pull unreachable", "pull_unreachable"),
+                          ("returns unanswered", "returns_unanswered"),
+                          ("pull requests", "pull_requests_made"),
+                          ("pull replies accepted", "pull_replies_delivered"),
+                          ("pull empty", "pull_empty_received"),
+                          ("pull unreachable", "pull_unreachable_received"),
                           ("pull replies rejected", "pull_rejected")]:
             t.add_row(name, f"{m[key]:.0f}")
         t.add_row("pull wait seconds", f"{m['pull_wait_seconds']:.2f}")
@@ -213,10 +206,6 @@ def _replay_swarm(paths: list[Path], clock: str, given: list[str], workdir: str 
                                      f"max |replay - recorded run| = {diff:.3g}"))
 
 
-# the virtual clock's world settings the node under the virtual clock takes (docs/concepts/clock.md#the-world-in-time)
-WORLD_KEYS = ("compute", "uplink", "latency", "loss", "message_bytes")
-
-
 def _pull_timeout(cfg: dict[str, Any]) -> float | None:
     """The run's ``on_return``: S wall seconds of a returning node's pull, or None
     (docs/concepts/nodes.md#returns-in-the-node)."""
@@ -252,12 +241,11 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
     in the clock world's settings (``--compute``, ``--uplink``, ``--latency``, ``--loss``,
     ``--message-bytes``). The run's settings — a ``--config`` file's protocol, period (also
     Δ), jitter, window and faults included — are taken as ``sfg run`` takes them; a flag
-    overrides its setting. Prints the swarm's JSON; it holds no wall time, so the same
+    overrides its setting; :func:`sfg.net.assemble.run_nodes_config` runs them, as
+    :func:`sfg.swarm` does. Prints the swarm's JSON; it holds no wall time, so the same
     settings print the same bytes."""
-    from sfg.clock.faults import Faults
-    from sfg.net.swarm import SwarmOptions
-    from sfg.net.virtual import run_virtual_swarm
-    from sfg.net.world import build_world
+    from sfg.cli.run import run_config
+    from sfg.net.assemble import run_nodes_config
 
     if refused:
         raise SfgError(f"{refused[0]} is for real nodes; with --clock virtual, faults are events "
@@ -265,50 +253,32 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
                        "partition=0-3|4-7@1200-3600)")
     if period is not None and not period > 0:
         raise SfgError(f"--period must be > 0 seconds, got {period}")
-    # the run's settings: sfg run's one schema, with the clock's keys (validated there)
-    given = {"protocol": None if mode is None else "async" if mode == "async" else mode,
-             "round_seconds": period, "period": period, "jitter": jitter, "window": window,
-             "faults": faults, "faults_seed": faults_seed,
-             **{k: v for k, v in world_flags.items() if v is not None}}
-    cfg = _settings(config, {**flags, "clock": "virtual",
-                             **{k: v for k, v in given.items() if v is not None}})
-    # the node's period P is also Δ, the staleness unit (a period alone sets both)
-    P = float(cfg["period"] if cfg["period"] is not None else cfg["round_seconds"])
-    cfg.update(period=P, round_seconds=P, backend="loop")
-    mode = "async" if cfg["protocol"] == "async" else cfg["protocol"]
-    clock_settings = {k: cfg[k] for k in WORLD_KEYS if cfg.get(k) is not None}
-    T = int(cfg["rounds"])
-    # on_return pull:timeout=S in virtual seconds, below P (the engine's check; the nodes
-    # take it from the run's settings, docs/concepts/clock.md#returns-in-time)
-    opts = SwarmOptions(mode=mode, procs=1, period=P, jitter=float(cfg["jitter"]),
-                        window=float(cfg["window"]),
-                        deadline=float(T * P if deadline is None else deadline),
-                        pull_timeout=_pull_timeout(cfg))
-    plan = Faults.parse(cfg["faults"], seed=int(cfg["faults_seed"]))
-    world = build_world(cfg)
-    prog, update = _virtual_progress(world.n * world.rounds, not as_json)
-    kw = {"clock_settings": clock_settings, "faults": plan if plan.any else None}
+    # the run's settings: sfg run's one schema, with the clock's keys (validated there); the
+    # node's period P is also Δ, the staleness unit (a period alone sets both)
+    given = {"protocol": mode, "round_seconds": period, "period": period, "jitter": jitter,
+             "window": window, "faults": faults, "faults_seed": faults_seed, **world_flags}
+    cfg = run_config(config, {**flags, **given}, fixed={"clock": "virtual", "nodes": "virtual"})
+    prog, update = _virtual_progress(cfg.n_clients * cfg.rounds, not as_json)
     if prog is not None:
         with prog:
-            res = run_virtual_swarm(world, opts, progress=update, **kw)
+            res = run_nodes_config(cfg, deadline=deadline, progress=update)
     else:
-        res = run_virtual_swarm(world, opts, **kw)
-    config_out = {**world.cfg, "mode": mode, "clock": "virtual", "period": P}
-    if mode == "lockstep":
-        config_out.update(deadline=opts.deadline)
-    if plan.any:
-        config_out.update(faults=plan.text, faults_seed=plan.seed)
+        res = run_nodes_config(cfg, deadline=deadline)
+    P = float(cfg.period or cfg.round_seconds)
+    config_out = {**res.meta["config"], "mode": cfg.protocol}
+    if cfg.protocol == "lockstep":
+        config_out.update(deadline=float(cfg.rounds * P if deadline is None else deadline))
     wall = res["metrics"].pop("wall_seconds")  # not in the JSON: the same run, the same bytes
     out = {"config": config_out, **res.summary()}
     if store is not None:
-        out["run_id"] = _store(store, world.cfg, f"virtual-{mode}",
-                               {**res.summary(), "metrics": {**res["metrics"], "wall_seconds": wall}})
+        out["run_id"] = _store(store, cfg, {**res.summary(),
+                                            "metrics": {**res["metrics"], "wall_seconds": wall}})
     if as_json:
         console.print_json(out)
         return
     _print_summary({**res.summary(), "metrics": {**res["metrics"], "wall_seconds": wall}},
-                   f"sfg swarm --clock virtual ({mode}): {world.rule} under "
-                   f"{world.cfg['process']}, {world.n} nodes, "
+                   f"sfg swarm --clock virtual ({cfg.protocol}): {cfg.rule} under "
+                   f"{cfg.process}, {cfg.n_clients} nodes, "
                    f"{res['metrics']['virtual_seconds']:.0f} virtual seconds")
 
 
@@ -377,8 +347,8 @@ def register(app: typer.Typer) -> None:
         cuts += old_cuts
         crashes += [Crash.parse_round(k) for k in kill]
         require("sfg swarm", *NET_MODULES, extra="net")
-        from sfg.net.swarm import SwarmOptions, check_nodes, run_swarm
-        from sfg.net.world import build_world
+        from sfg.cli.run import run_config
+        from sfg.net.assemble import run_nodes_config
 
         flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
                  "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
@@ -432,50 +402,40 @@ def register(app: typer.Typer) -> None:
         if protocol == "event":
             raise SfgError("--protocol event runs on the virtual clock only; real nodes run "
                            "lockstep or async (or add --clock virtual)")
-        period = REAL_PERIOD if period is None else period
-        deadline = DEADLINE if deadline is None else deadline
-        mode = protocol or "lockstep"
-        jitter = 0.0 if jitter is None else jitter
-        window = 1.0 if window is None else window
-        cfg = _settings(config, flags)
-        cfg["backend"] = "loop"
-        opts = SwarmOptions(mode=mode, procs=procs, period=period, jitter=jitter, window=window,
-                            deadline=deadline, kills=[c.pair for c in crashes],
-                            partitions=[c.text() for c in cuts], tls_dir=tls_dir,
-                            workdir=workdir, record_log=record_log,
-                            pull_timeout=_pull_timeout(cfg))
+        # the run's settings, the nodes' protocol and timer (wall seconds) among them
+        cfg = run_config(config, {**flags, "protocol": protocol, "period": period,
+                                  "jitter": jitter, "window": window}, fixed={"nodes": "real"})
         if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
             raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
                            f"with a bundle per node); create one with "
                            f"`sfg tls-ca --dir {tls_dir} --nodes N`")
-        world = build_world(cfg, engine="real-nodes")
+        n = cfg.n_clients
         for c in cuts:
-            c.check_nodes(world.n, f"--cut {c.text()}")
+            c.check_nodes(n, f"--cut {c.text()}")
         for c in crashes:
-            if c.node >= world.n:
+            if c.node >= n:
                 raise SfgError(f"--crash {c.node}@{int(c.at)}r: node {c.node} does not exist; "
-                               f"nodes are 0..{world.n - 1}")
-        check_nodes(world, opts)
-        prog, update = _progress_printer(world.n, world.rounds, not as_json)
+                               f"nodes are 0..{n - 1}")
+        prog, update = _progress_printer(n, cfg.rounds, not as_json)
+        kw = dict(deadline=deadline, procs=procs, workdir=workdir,
+                  kills=[c.pair for c in crashes], partitions=[c.text() for c in cuts],
+                  tls_dir=tls_dir, record_log=record_log)
         try:
             if prog is not None:
                 with prog:
-                    res = run_swarm(world, opts, progress=update)
+                    res = run_nodes_config(cfg, on_round=update, **kw)
             else:
-                res = run_swarm(world, opts)
+                res = run_nodes_config(cfg, **kw)
         except RuntimeError as e:
             raise console.WorkFailed(f"swarm failed: {e}") from None
-        config_out = {**world.cfg, "mode": mode, "procs": procs}
-        if mode == "async":
-            config_out.update(period=period, jitter=jitter, window=window)
-        out = {"config": config_out, **res.summary()}
+        mode = cfg.protocol
+        out = {"config": {**res.meta["config"], "mode": mode, "procs": procs}, **res.summary()}
         if store is not None:
-            out["run_id"] = _store(store, world.cfg, mode, res.summary())
+            out["run_id"] = _store(store, cfg, res.summary())
         if as_json:
             console.print_json(out)
             return
-        _print_summary(res, f"sfg swarm ({mode}): {world.rule} under {world.cfg['process']}, "
-                            f"{world.n} nodes")
+        _print_summary(res, f"sfg swarm ({mode}): {cfg.rule} under {cfg.process}, {n} nodes")
 
     @app.command("node")
     def node(
@@ -514,14 +474,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = opt("json", False),
     ) -> None:
         """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
-        mode = protocol_of(protocol, mode, "node") or "lockstep"
+        mode = protocol_of(protocol, mode, "node")
         if mode == "event":
             raise SfgError("--protocol event runs on the virtual clock only; a node runs "
                            "lockstep or async")
-        period = REAL_PERIOD if period is None else period
         deadline = DEADLINE if deadline is None else deadline
-        jitter = 0.0 if jitter is None else jitter
-        window = 1.0 if window is None else window
         require("sfg node", *NET_MODULES, extra="net")
         import asyncio
 
@@ -548,8 +505,15 @@ def register(app: typer.Typer) -> None:
                  "eval_every": eval_every, "attack": attack, "partition": partition,
                  "on_return": on_return}
         tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
-        cfg = _settings(config, flags)
-        world = build_world(cfg, edges=edges, engine="real-nodes")
+        from sfg.cli.run import run_config
+
+        # the run's settings as sfg swarm's real nodes take them (protocol and timer included)
+        rc = run_config(config, {**flags, "protocol": mode, "period": period, "jitter": jitter,
+                                 "window": window}, fixed={"nodes": "real"})
+        cfg = rc.model_dump()
+        mode, period = rc.protocol, REAL_PERIOD if rc.period is None else rc.period
+        jitter, window = rc.jitter, rc.window
+        world = build_world(cfg, edges=edges)
         if checkpoint_dir:
             Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
         nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,

@@ -18,16 +18,19 @@ from typing import Any
 import typer
 
 from sfg.cli import console
+from sfg.engines import REAL_PERIOD as _REAL_PERIOD
 from sfg.errors import SfgError
+from sfg.net.assemble import REAL_DEADLINE
 
 CLOCK_PANEL = "Clock and protocol"
 REAL_PANEL = "Real nodes"
 FAULT_PANEL = "Faults"
 
 #: the lockstep deadline of real nodes, in seconds: one default in ``sfg swarm`` and ``sfg node``
-DEADLINE = 300.0
+#: (and sfg.swarm)
+DEADLINE = REAL_DEADLINE
 #: a real node's period P in seconds when none is given (the virtual clock's is Δ, 600 s)
-REAL_PERIOD = 0.2
+REAL_PERIOD = _REAL_PERIOD
 
 # name -> (option names, help, panel). The help says every command's meaning where the
 # commands differ in what they run, never a different concept under the same name.

@@ -26,12 +26,14 @@ def load_config(path: Path) -> dict[str, Any]:
     return load_settings_file(path)
 
 
-def run_config(config: Path | None, flags: dict[str, Any]):
+def run_config(config: Path | None, flags: dict[str, Any],
+               fixed: dict[str, Any] | None = None):
     """The :class:`RunConfig` of ``sfg run``: the config file's settings, then the flags given.
 
     ``flags`` maps RunConfig field names to values (``None`` = not given). A file may name
     ``kind: train`` (e.g. a grid's base); other kinds are refused (use ``sfg replay`` or
-    ``sfg grid run``).
+    ``sfg grid run``). ``fixed``: the settings the command itself sets (``sfg swarm``'s
+    ``nodes``), checked with the file's.
     """
     from sfg.experiments.config import ConfigError, make_config
 
@@ -43,11 +45,11 @@ def run_config(config: Path | None, flags: dict[str, Any]):
                        "the config in a grid for `sfg grid run`")
     try:
         if config is not None:
-            make_config(values, kind="train")  # the file alone, so errors name the file
+            make_config({**values, **(fixed or {})}, kind="train")  # errors name the file
     except ConfigError as e:
         raise SfgError(f"config file {config}: {str(e).removeprefix('bad run config: ')}") from None
     values.update({k: v for k, v in flags.items() if v is not None})
-    return make_config(values, kind="train")
+    return make_config({**values, **(fixed or {})}, kind="train")
 
 
 def register(app: typer.Typer) -> None:
@@ -167,14 +169,14 @@ def _show_events(cfg, got) -> None:
             (f"time to mean accuracy {got['meta']['target_accuracy']:g}",
              "not reached" if tta != tta else f"{tta:.2f} h"),
             ("realised unavailability", f"{m['unavailability']:.4f}"),
-            ("local rounds per device-hour", f"{m['clock_local_rounds_per_device_hour']:.3f}"),
-            ("messages delivered", f"{m['clock_delivered']:.0f}"),
+            ("local rounds per device-hour", f"{m['local_rounds_per_device_hour']:.3f}"),
+            ("messages delivered", f"{m['delivered']:.0f}"),
             ("messages lost (sender offline / receiver offline / random)",
-             f"{m['clock_lost_sender']:.0f} / {m['clock_lost_receiver']:.0f} / "
-             f"{m['clock_lost_random']:.0f}"),
+             f"{m['lost_sender']:.0f} / {m['lost_receiver']:.0f} / "
+             f"{m['lost_random']:.0f}"),
             ("interrupted / skipped local rounds",
-             f"{m['clock_interrupted']:.0f} / {m.get('clock_skipped', 0.0):.0f}"),
-            ("compute-seconds per device-hour", f"{m['clock_compute_seconds_per_device_hour']:.1f}"),
+             f"{m['interrupted']:.0f} / {m.get('skipped', 0.0):.0f}"),
+            ("compute-seconds per device-hour", f"{m['compute_seconds_per_device_hour']:.1f}"),
             ("seconds", f"{got['meta']['seconds']:.1f}")]
     t = console.table(f"sfg run --clock virtual --protocol {cfg.protocol}: {cfg.rule} under "
                       f"{cfg.process}", ["metric", ("value", "right")])

@@ -144,7 +144,8 @@ class RunConfig(BaseModel):
             if changed:
                 raise ValueError(f"{changed[0]} is a setting of the virtual clock, which the "
                                  "engines on clock rounds (rounds, real-lockstep, real-async) do "
-                                 "not implement; add clock: virtual (--clock virtual) or drop it")
+                                 "not implement; add clock: virtual (--clock virtual), or nodes: real "
+                                 "for real nodes' protocol and timer, or drop it")
             if self.nodes == "real":
                 _check_real_timing(self)
             from sfg.clock.settings import parse_on_return

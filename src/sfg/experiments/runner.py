@@ -36,7 +36,7 @@ SELFTEST_DIM = 64
 
 
 def run_result(cfg: RunConfig, *, progress: Progress | None = None):
-    """Run ``cfg`` on the engine its kind, clock and protocol name — the one dispatch of a
+    """Run ``cfg`` on the engine its kind, clock, protocol and nodes name — the one dispatch of a
     run, for the grid's workers and ``sfg.run`` — and return its :class:`sfg.result.RunResult`
     (a replay's and the self-test's carry metrics and curves)."""
     from sfg.result import RunResult
@@ -54,6 +54,10 @@ def run_result(cfg: RunConfig, *, progress: Progress | None = None):
             out = clock_replay_config(cfg.model_dump(), progress=progress)
         else:
             out = replay_config(cfg.model_dump(), progress=progress)
+    elif cfg.kind == "train" and cfg.nodes != "none":  # the nodes: one swarm assembly
+        from sfg.net.assemble import run_nodes_config
+
+        return run_nodes_config(cfg, progress=progress)
     elif cfg.kind == "train":
         try:
             from sfg.sim.run import resolve_config, train

@@ -74,11 +74,14 @@ class World:
 
 
 def node_engine(c: dict[str, Any]) -> str:
-    """The engine of a swarm's settings: the node on the virtual clock (``clock: virtual``,
-    its protocol) or real nodes (:data:`sfg.engines.ENGINES`)."""
+    """The engine of a swarm's settings (:func:`sfg.engines.engine_of`): their ``nodes``; where
+    they name none, the node on the virtual clock (``clock: virtual``) or real nodes."""
     from sfg.engines import engine_of
 
-    return engine_of(c, nodes="virtual" if c.get("clock") == "virtual" else "real")
+    nodes = c.get("nodes", "none")
+    if nodes == "none":
+        nodes = "virtual" if c.get("clock") == "virtual" else "real"
+    return engine_of(c, nodes=nodes)
 
 
 def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | None = None,
@@ -111,7 +114,7 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
           f"sfg swarm/node support attack model=none or constant, not "
           f"model={attack.model if attack else ''}; use `sfg run` for other poisoned models")
     x0 = run.initial(1)[0].cpu().numpy()
-    return World(cfg=c, rule=rule, data=run.data, graph=run.graph,
+    return World(cfg=run.c, rule=rule, data=run.data, graph=run.graph,
                  rg=RoundGraph.from_graph(run.graph), available=run.available, x0=x0,
                  layout=Layout.from_spec(run.spec), model_factory=run.factory, attack=attack,
                  attackers=run.attackers, run=run)
