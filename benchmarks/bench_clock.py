@@ -33,7 +33,7 @@
    Δ = P (``round_seconds`` = period, the same P, jitter and W), zero compute time and
    instant messages (the real MLP's K steps and a localhost transfer take milliseconds of a
    period). Wall time of each, final mean accuracy and its difference, and the
-   aggregated messages (the swarm's ``messages``; the clock's ``clock_candidates``). The
+   aggregated messages (the swarm's and the clock's ``messages``). The
    jitter draws differ (streams ``net-jitter`` and ``clock-jitter``), real arrivals race
    real wakes, and a node's server switches between answering and refusing at its own
    jittered wake (row r from t0 + r·P + jitter on) where the clock switches at r·Δ, so the
@@ -135,7 +135,7 @@ def child_replay(spec: dict) -> dict:
     return {"n": n, "periods": T, "protocol": settings.protocol, "warmup_s": warm,
             "total_s": t_all, "world_s": t_world, "schedule_s": t_sched, "staleness_s": t_stale,
             "digest_s": t_digest, "rest_s": t_all - t_world - t_sched - t_stale - t_digest,
-            "events": sched.n_events, "local_rounds": int(m["clock_local_rounds"]),
+            "events": sched.n_events, "local_rounds": int(m["local_rounds"]),
             "candidates": int(sched.cptr[-1]), "edges": int(world.graph.edges.shape[0]),
             "baseline_rss_mib": base, "peak_rss_mib": peak, "peak_rss_after_parts_mib": _rss_mib()}
 
@@ -372,16 +372,16 @@ def part_swarm(n: int, rounds: int, period: float, jitter: float, window: float,
         swarm.append({"wall_s": wall, "startup_s": float(m["startup_seconds"]),
                       "rounds_phase_s": wall - float(m["startup_seconds"]),
                       "acc_mean": float(m["acc_mean"]), "aggregated": float(m["messages"]),
-                      "refused": float(m["refused"]), "send_failed": float(m["send_failed"]),
+                      "deliveries_refused": float(m["deliveries_refused"]), "send_failed": float(m["send_failed"]),
                       "rejected": float(m["rejected"]),
                       "rss_mb_per_node": float(m["rss_mb_per_node"]), "jitter": jit})
         wall, got = _timed(lambda j=jit: simulate_events(resolve_config({**clock_cfg,
                                                                           "jitter": j})))
         cm = got["metrics"]
         clock.append({"wall_s": wall, "acc_mean": float(cm["acc_mean"]),
-                      "aggregated": float(cm["clock_candidates"]),
-                      "delivered": float(cm["clock_delivered"]),
-                      "local_rounds": float(cm["clock_local_rounds"]),
+                      "aggregated": float(cm["messages"]),
+                      "delivered": float(cm["delivered"]),
+                      "local_rounds": float(cm["local_rounds"]),
                       "virtual_s": float(rounds * period), "jitter": jit})
     control_pair = {"swarm": swarm.pop(), "clock": clock.pop()} if control else None
     t_sync, sync = _timed(lambda: simulate(cfg))
@@ -419,7 +419,7 @@ def print_swarm(r: dict) -> None:
     for label, s in swarms:
         print(f"   {label:<34} {s['wall_s']:7.2f} {s['startup_s']:8.2f} "
               f"{s['rounds_phase_s']:9.2f} {r['rounds'] * r['period_s']:6.1f} {s['acc_mean']:7.4f} "
-              f"{s['aggregated']:10.0f} {s['refused']:8.0f} {s['send_failed'] + s['rejected']:7.0f}")
+              f"{s['aggregated']:10.0f} {s['deliveries_refused']:8.0f} {s['send_failed'] + s['rejected']:7.0f}")
     for label, c in clocks:
         print(f"   {label:<34} {c['wall_s']:7.2f} "
               f"{'':>8} {'':>9} {'':>6} {c['acc_mean']:7.4f} {c['aggregated']:10.0f}")
@@ -453,8 +453,8 @@ def part_pull(big_n: int, periods: int, repeats: int, train_periods: int) -> dic
         wall, res = _timed(lambda: replay_clock(PROCESS, RULE, seed=1, settings=st, n=n,
                                                 rounds=T, graph=GRAPH, local_steps=K))
         m = res["metrics"]
-        return {"wall_s": wall, **{k: float(m[k]) for k in m if k.startswith("clock_pull")
-                                   or k.startswith("clock_online_returns")}}
+        return {"wall_s": wall, **{k: float(m[k]) for k in m if k.startswith("pull_")
+                                   or k.startswith("returns")}}
 
     def train(on_return):
         cfg = {**TRAIN, **ASYNC, **PULL_WORLD, "n_clients": 100, "rounds": train_periods,
@@ -497,15 +497,15 @@ def print_pull(r: dict) -> None:
     p = rp["pull"]
 
     def heard(d):
-        return d.get("clock_online_returns_heard", 0.0) / max(
-            d.get("clock_online_returns_aggregated", 0.0), 1.0)
+        return d.get("returns_heard", 0.0) / max(
+            d.get("returns_aggregated", 0.0), 1.0)
 
     print(f"   returns heard: none {heard(rp['none']):.3f}, pull {heard(p):.3f}; per device-hour: "
-          f"requests {p.get('clock_pull_requests_per_device_hour', 0):.3f}, replies "
-          f"{p.get('clock_pull_replies_per_device_hour', 0):.3f}, unreachable "
-          f"{p.get('clock_pull_unreachable_per_device_hour', 0):.3f}, bytes "
-          f"{p.get('clock_pull_bytes_per_device_hour', 0):,.0f}, wait s "
-          f"{p.get('clock_pull_wait_seconds_per_device_hour', 0):.3f}")
+          f"requests {p.get('pull_requests_per_device_hour', 0):.3f}, replies "
+          f"{p.get('pull_replies_per_device_hour', 0):.3f}, unreachable "
+          f"{p.get('pull_unreachable_per_device_hour', 0):.3f}, bytes "
+          f"{p.get('pull_bytes_per_device_hour', 0):,.0f}, wait s "
+          f"{p.get('pull_wait_seconds_per_device_hour', 0):.3f}")
     print(f"   training N=100, {r['train_periods']} periods: none "
           f"{tr['none']['us_per_step']:.1f} µs/step ({tr['none']['client_steps']:,} steps, acc "
           f"{tr['none']['acc_mean']:.3f}), pull {tr['pull']['us_per_step']:.1f} µs/step "

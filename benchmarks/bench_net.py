@@ -306,7 +306,7 @@ def bench_swarm50(flash: str, rounds: int, procs: int, period: float) -> dict:
             "startup_s": m["startup_seconds"],
             "acc_mean": m["acc_mean"], "messages": m["messages"],
             "unavailability": m["unavailability"], "rejected": m["rejected"],
-            "send_failed": m["send_failed"], "refused": m["refused"]}
+            "send_failed": m["send_failed"], "deliveries_refused": m["deliveries_refused"]}
 
 
 def main() -> None:

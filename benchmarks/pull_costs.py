@@ -38,13 +38,13 @@ def replay(process: str, protocol: str, on_return: str) -> dict:
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)["rows"]
     hours = 100 * 300 * 600 / 3600.0
-    tot = {k: sum(float(r.get(f"clock_online_returns{k}", 0.0)) for r in rows)
+    tot = {k: sum(float(r.get(f"returns{k}", 0.0)) for r in rows)
            for k in ("", "_aggregated", "_heard", "_alone")}
     got = {"returns_per_device_hour": tot[""] / len(rows) / hours,
            "heard": tot["_heard"] / max(tot["_aggregated"], 1.0),
            "alone": tot["_alone"] / max(tot[""], 1.0)}
     for k in COSTS:
-        got[k] = sum(float(r.get(f"clock_pull_{k}_per_device_hour", 0.0)) for r in rows) / len(rows)
+        got[k] = sum(float(r.get(f"pull_{k}_per_device_hour", 0.0)) for r in rows) / len(rows)
     return got
 
 

@@ -217,7 +217,7 @@ def replay_reference(available: np.ndarray, graph: Graph, rule: Rule | str, *, s
 
     return {
         "unavailability": float(1.0 - available.mean()),
-        "returns": float(n_returns),
+        "returning_aggregations": float(n_returns),
         "premise": ratio(n_stalest, n_ret_nb),
         "spread_age": ratio(spread_age, n_agg),
         "spread_lag": ratio(spread_lag, n_agg),

@@ -121,7 +121,7 @@ def test_certified_never_refuses_an_honest_claim(anatomy):
         a, w0, _, _ = _lane(rule, anatomy=anatomy, rounds=25)
         b, w1, _, _ = _lane(f"{rule}+certified", anatomy=anatomy, rounds=25)
         assert np.array_equal(w0, w1), rule
-        assert b.metrics["refused"] == 0.0, rule
+        assert b.metrics["claims_refused"] == 0.0, rule
 
 
 def test_failed_links_make_honest_senders_look_absent():
@@ -134,7 +134,7 @@ def test_failed_links_make_honest_senders_look_absent():
     g, avail = _scenario(n=30, rounds=40)
     res = run_lane(Lane(avail, g, parse_rule("sfg+certified"), 1, None), anatomy="full",
                    link_failure=0.4, horizon=0, exact_pairs=0, sample_pairs=1)
-    assert res.metrics["refused"] > 0
+    assert res.metrics["claims_refused"] > 0
 
 
 def test_the_best_response_liar_and_what_certification_refutes():
@@ -178,9 +178,9 @@ def test_certified_in_training_changes_nothing_honest_and_refuses_fresh_liars():
 
     plain = _train(rule="sfg-cut")
     cert = _train(rule="sfg-cut+certified")
-    assert torch.equal(plain.params, cert.params) and cert.metrics["refused"] == 0.0
+    assert torch.equal(plain.params, cert.params) and cert.metrics["claims_refused"] == 0.0
     lied = _train(rule="sfg-cut+certified", attack="forge:frac=0.25,claim=fresh")
-    assert lied.metrics["refused"] > 0 and np.isfinite(lied.metrics["acc_honest_mean"])
+    assert lied.metrics["claims_refused"] > 0 and np.isfinite(lied.metrics["acc_honest_mean"])
 
 
 def test_a_senders_prior_is_what_the_receiver_heard_from_it_not_its_true_state():

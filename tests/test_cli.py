@@ -28,7 +28,8 @@ def test_replay_json(capsys):
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
     assert len(data["rows"]) == 8 and len(data["summary"]) == 4
     row = data["summary"][0]
-    for key in ("unavailability", "returns", "premise", "spread_age", "spread_lag", "kept",
+    for key in ("unavailability", "returning_aggregations", "premise", "spread_age",
+                "spread_lag", "kept",
                 "self_weight_return", "H"):
         assert key in row
     assert row["H"] is None

@@ -248,7 +248,7 @@ def test_schedule_is_the_same_for_every_rule():
 
 
 def test_returns_heard_by_hand():
-    """The replay's ``returns_heard``: async e8 is device 1's only return (age 1 after its
+    """The replay's ``returning_aggregations_heard``: async e8 is device 1's only return (age 1 after its
     offline wake) and holds no neighbour's message; event E6 is the only return (age 1 after
     1.3 Δ offline; E2 comes back after 0.5 Δ, age 0) and holds device 0's."""
     from sfg.replay.metrics import Accumulator, RunEnd
@@ -257,7 +257,7 @@ def test_returns_heard_by_hand():
         acc = Accumulator()
         acc.add(staleness_events(parse_rule("dfedavg"), w, sc, seed=1)["facts"][None])
         got, _ = acc.summary(RunEnd(np.zeros((1, 1), bool), np.zeros(0), False, np.zeros(3)))
-        assert got["returns"] == 1.0 and got["returns_heard"] == want
+        assert got["returning_aggregations"] == 1.0 and got["returning_aggregations_heard"] == want
 
 
 # ----------------------------------------------------------------------------- anatomy modes

@@ -54,7 +54,7 @@ def test_hand_computed_horizon_uniform_pair():
     avail = np.ones((20, 2), bool)
     res = replay_trace(avail, g, "dfedavg", seed=0, horizon=4)
     assert res.metrics["H"] == pytest.approx(1 + 3 * 0.5)
-    assert res.metrics["returns"] == 0 and math.isnan(res.metrics["premise"])
+    assert res.metrics["returning_aggregations"] == 0 and math.isnan(res.metrics["premise"])
 
 
 def test_premise_and_self_weight_hand_case():
@@ -66,7 +66,7 @@ def test_premise_and_self_weight_hand_case():
     avail[0:3, 0] = False
     res = replay_trace(avail, g, "sfg:gamma=0.5", seed=0, horizon=0)
     m = res.metrics
-    assert m["returns"] == 1 and m["premise"] == 1.0
+    assert m["returning_aggregations"] == 1 and m["premise"] == 1.0
     assert m["self_weight_return"] == pytest.approx(0.125 / 1.125)
     assert m["unavailability"] == pytest.approx(3 / 10)
 
@@ -91,7 +91,7 @@ def test_replay_grid_shares_traces_and_is_deterministic():
         for s in (1, 2):
             # same trace for every rule (pairing): same unavailability and returns
             assert by[(p, "dfedavg", s)]["unavailability"] == by[(p, "sfg-cut", s)]["unavailability"]
-            assert by[(p, "dfedavg", s)]["returns"] == by[(p, "sfg-cut", s)]["returns"]
+            assert by[(p, "dfedavg", s)]["returning_aggregations"] == by[(p, "sfg-cut", s)]["returning_aggregations"]
     assert abs(by[("bursty:u=0.8", "dfedavg", 1)]["unavailability"] - 0.8) <= 0.005 + 1e-9
 
 
@@ -110,7 +110,7 @@ def test_anatomy_modes_change_ages():
     comm = replay_trace(avail, g, "dfedavg", seed=2, horizon=0,
                         anatomy="cannot-communicate").metrics
     # clients that keep training never return stale
-    assert comm["returns"] == 0 and full["returns"] > 0
+    assert comm["returning_aggregations"] == 0 and full["returning_aggregations"] > 0
 
 
 def test_replay_config_shape():

@@ -195,17 +195,17 @@ def test_clock_counts_per_device_hour(grid):
         # the schedule does not depend on the rule: both rules share one row
         assert row["rules"] == "dfedavg;sfg-cut" and int(row["runs"]) == 4
         assert float(row["messages_sent_per_device_hour"]) == pytest.approx(
-            np.mean([m["clock_messages_sent_per_device_hour"] for m in runs]))
+            np.mean([m["messages_sent_per_device_hour"] for m in runs]))
         # the run's delivered rate; lockstep (no such rate): its aggregated messages
         assert float(row["delivered_per_device_hour"]) == pytest.approx(np.mean([
-            m.get("clock_delivered_per_device_hour", m["messages"] / device_hours)
+            m.get("delivered_per_device_hour", m["messages"] / device_hours)
             for m in runs]))
-        lost = np.mean([sum(v for k, v in m.items() if k.startswith("clock_lost")
+        lost = np.mean([sum(v for k, v in m.items() if k.startswith("lost")
                             and not k.endswith("_hour")) for m in runs])
         assert float(row["lost"]) == pytest.approx(lost)
     # lockstep: local rounds are participations; no compute time was set
     lock = rows[LOCKSTEP]
-    part = np.mean([_run(grid, "lockstep", r, s)["metrics"]["clock_participations"]
+    part = np.mean([_run(grid, "lockstep", r, s)["metrics"]["local_rounds"]
                     for r in RULES for s in (1, 2)])
     assert float(lock["local_rounds_per_device_hour"]) == pytest.approx(part / device_hours)
     assert float(lock["compute_seconds_per_device_hour"]) == 0.0

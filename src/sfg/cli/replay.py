@@ -98,9 +98,9 @@ ONLINE_RETURNS = (("online_returns", "back"), ("online_heard", "back heard"),
 
 
 def _online_returns(rs: list[dict[str, Any]]) -> dict[str, float]:
-    if not all("clock_online_returns" in r for r in rs):
+    if not all("returns" in r for r in rs):
         return {}
-    tot = {k: sum(float(r[f"clock_online_returns{k}"]) for r in rs)
+    tot = {k: sum(float(r[f"returns{k}"]) for r in rs)
            for k in ("", "_aggregated", "_heard", "_alone")}
     def share(a: float, b: float) -> float:
         return a / b if b else float("nan")

@@ -39,12 +39,16 @@ PER_HOUR = ("local_rounds", "messages_sent", "delivered", "bytes_sent", "compute
 
 
 def per_device_hour(stats: dict[str, float], n: int, horizon: float) -> dict[str, float]:
-    """The schedule's counts, and the main ones per device-hour (N · horizon / 3600)."""
+    """The schedule's counts under their metric names (:func:`sfg.metrics.clock_name`), and
+    the main ones per device-hour (N · horizon / 3600)."""
+    from sfg.metrics import clock_name
+
     hours = n * horizon / 3600.0
-    out = {f"clock_{k}": float(v) for k, v in stats.items()}
+    out = {name: float(v) for k, v in stats.items() if (name := clock_name(k)) is not None}
     for k in PER_HOUR:
         if k in stats:
-            out[f"clock_{k}_per_device_hour"] = float(stats[k]) / hours if hours else float("nan")
+            out[f"{clock_name(k)}_per_device_hour"] = float(stats[k]) / hours if hours \
+                else float("nan")
     return out
 
 

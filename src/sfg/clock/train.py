@@ -448,7 +448,7 @@ class EventLoop:
         metrics = {
             **accuracy_metrics(acc, curve_mean, online,
                                self.attackers if self.c.get("attack") is not None else None),
-            # neighbour models aggregated, as sfg run counts them (delivered: clock_delivered)
+            # neighbour models aggregated, as sfg run counts them (those delivered: `delivered`)
             "messages": float(sched.stats.get("candidates", 0.0)),
             "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
             **time_to_target(curve_t, curve_mean, target),

@@ -48,6 +48,7 @@ from typing import Any, TypeVar, cast
 
 from sfg.errors import SfgError
 from sfg.experiments.config import RunConfig, canonical_json, run_id
+from sfg.metrics import upgrade
 from sfg.util.safety import sqlite_message
 
 APPLICATION = "sfg-results"
@@ -546,7 +547,8 @@ class Store:
 
     @_guarded
     def runs(self, status: str | None = None) -> list[dict]:
-        """Every run row (no curves) as a dict, in insertion order."""
+        """Every run row (no curves) as a dict, in insertion order; metrics under today's
+        names (a run stored by sfg 0.2.0: :func:`sfg.metrics.upgrade`)."""
         cols = ("run_id", "status", "error", "traceback", "worker", "attempts", "started",
                 "heartbeat", "finished", "seconds", "dataset", "process", "rule", "seed", "config",
                 "metrics")
@@ -557,7 +559,9 @@ class Store:
         for row in rows:
             d = dict(zip(cols, row, strict=True))
             d["config"] = json.loads(d["config"])
-            d["metrics"] = json.loads(d["metrics"]) if d["metrics"] else {}
+            # a run stored by an older sfg reads with today's metric names (sfg.metrics)
+            d["metrics"] = upgrade(json.loads(d["metrics"]), str(d["config"].get("kind"))) \
+                if d["metrics"] else {}
             out.append(d)
         return out
 

@@ -110,12 +110,16 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
                            world.attackers if world.cfg.get("attack") is not None else None),
         "messages": float(messages),
         "scalars": float(messages * world.scalars_per_message),
-        "bytes": float(sum(r["bytes"] for r in res)),
+        # nominal bytes sent, as the clock's engine counts them (sfg.metrics); the encoded bytes
+        # received beside them
+        **sent_metrics(world, float(sum(r.get("headers", 0) for r in res))),
+        "wire_bytes_received": float(sum(r["bytes"] for r in res)),
+        "local_rounds": float(trains),
         "local_steps_rel": float(sum(r["steps"] for r in res) / (trains * K)) if trains else float("nan"),
         "unavailability": float(1 - avail.mean()),
         "wall_seconds": float(wall),
         "rejected": float(sum(sum(r["rejected"].values()) for r in res)),
-        "refused": float(sum(r["refused"] for r in res)),
+        "deliveries_refused": float(sum(r["refused"] for r in res)),
         "send_failed": float(sum(r["send_failed"] for r in res)),
         "restarts": float(restarts),
     }
@@ -147,12 +151,26 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
 
 # the nodes' return counts summed into the swarm's metrics (docs/concepts/nodes.md#returns-in-the-node):
 # result key -> metric name
+# (sfg.metrics: the counts that the clock's engine counts alike share its names)
 RETURN_METRICS = {"returns": "returns", "returns_heard": "returns_heard",
-                  "returns_alone": "returns_alone", "requests": "pull_requests",
-                  "replies": "pull_replies", "replies_unused": "pull_replies_unused",
-                  "empty": "pull_empty", "unreachable": "pull_unreachable",
-                  "rejected": "pull_rejected", "bytes": "pull_bytes", "wait_s": "pull_wait_seconds",
+                  "returns_alone": "returns_unanswered", "requests": "pull_requests_made",
+                  "replies": "pull_replies_delivered",
+                  "replies_unused": "pull_replies_unused", "empty": "pull_empty_received",
+                  "unreachable": "pull_unreachable_received", "rejected": "pull_rejected",
+                  "bytes": "wire_pull_bytes_received", "wait_s": "pull_wait_seconds",
                   "abandoned": "pull_abandoned", "lost": "pull_replies_lost"}
+
+
+def sent_metrics(world: World, messages_sent: float,
+                 message_bytes: float | None = None) -> dict[str, float]:
+    """``messages_sent`` and the nominal ``bytes`` they make: ``message_bytes`` each
+    (default the run's: the model's float32 parameters and a header, as the clock's engine
+    counts them, :meth:`sfg.sim.context.Run.clock_settings`)."""
+    if message_bytes is None:
+        message_bytes = world.run.clock_settings().message_bytes if world.run is not None \
+            else None
+    return {"messages_sent": float(messages_sent),
+            "bytes": float(messages_sent * float(message_bytes or 0.0))}
 
 
 def return_metrics(results: list[dict]) -> dict[str, float]:

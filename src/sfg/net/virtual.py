@@ -464,6 +464,25 @@ def _clock_network(world, opts, clock_settings, faults):
     return world, cw, net
 
 
+def network_metrics(world, stats: dict[str, int],
+                    message_bytes: float | None) -> dict[str, float]:
+    """The in-memory network's counts as metrics (sfg.metrics): the messages sent and their
+    nominal bytes, and the pull's requests and answers, counted as the clock's engine counts
+    them and under its names; the network's own counts as ``net_*``."""
+    from sfg.clock.settings import HEADER_BYTES
+    from sfg.net.swarm import sent_metrics
+
+    out = {f"net_{k}": float(v) for k, v in stats.items()
+           if k not in ("pull_requests", "pull_replies", "pull_empty", "pull_unreachable")}
+    out.update(sent_metrics(world, float(stats["sent"] - stats["lost_sender"]), message_bytes))
+    if "pull_requests" in stats:  # on_return pull
+        pull = {k: float(stats.get(k, 0)) for k in ("pull_requests", "pull_replies",
+                                                     "pull_empty", "pull_unreachable")}
+        out.update(pull, pull_bytes=(pull["pull_requests"] + pull["pull_empty"]) * HEADER_BYTES
+                   + pull["pull_replies"] * float(message_bytes or 0.0))
+    return out
+
+
 def _result(world, results, nodes, wall, restarts, loop, trainer, net, faults) -> dict[str, Any]:
     """:func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures and the final models."""
     from sfg.net.swarm import summarise
@@ -474,7 +493,7 @@ def _result(world, results, nodes, wall, restarts, loop, trainer, net, faults) -
         "train_requests": float(trainer.requests),
         "interrupted": float(sum(nd.stats.interrupted for nd in nodes)),
         "skipped": float(sum(nd.stats.skipped for nd in nodes)),
-        **{f"net_{k}": float(v) for k, v in net.stats.items()}})
+        **network_metrics(world, net.stats, net.message_bytes)})
     if faults is not None and hasattr(faults, "summary"):
         res["faults"] = faults.summary()
     res["params"] = np.stack([nd.x for nd in nodes])

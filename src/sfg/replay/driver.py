@@ -166,7 +166,7 @@ def run_lane(ln: Lane, *, anatomy: str, link_failure: float, horizon: int, exact
                                          reach=reach.value), attack=ln.attack is not None,
                                   defence=bool(ln.rule.defence_flags))
     if certified and evidence is not None:
-        metrics["refused"] = evidence.refused_share
+        metrics["claims_refused"] = evidence.refused_share
     return ReplayResult(metrics=metrics, curves=curves)
 
 

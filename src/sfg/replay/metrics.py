@@ -71,9 +71,11 @@ def _H_se(r: RunEnd) -> float:
 METRICS: tuple[Metric, ...] = (
     Metric("unavailability", "unavail", "realised offline fraction",
            value=lambda r: float(1.0 - r.available.mean())),
-    Metric("returns", "returns", "aggregations by a returning client (τ≥1)",
+    # aggregations at age >= 1 (not returns in time: the clock's ``returns``, sfg.metrics)
+    Metric("returning_aggregations", "returns", "aggregations by a returning client (τ≥1)",
            total=lambda f: f.returning),
-    Metric("returns_heard", "ret heard", "share of returns that hold a live neighbour's model "
+    Metric("returning_aggregations_heard", "ret heard", "share of returns that hold a live "
+           "neighbour's model "
            "(on the virtual clock, a device can wake before it hears anyone)",
            total=lambda f: f.return_with_neighbours, per=lambda f: f.returning),
     Metric("premise", "stalest",

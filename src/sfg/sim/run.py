@@ -293,7 +293,7 @@ class RoundLoop:
             "unavailability": float(1 - self.available.mean()),
         }
         if self.rule.certified and self.evidence is not None:  # neighbour claims refused
-            metrics["refused"] = self.evidence.refused_share
+            metrics["claims_refused"] = self.evidence.refused_share
         check_finite(metrics)
         curves = {"round": self.curve_round, "acc_mean": self.curve_mean,
                   "acc_p10": self.curve_p10}

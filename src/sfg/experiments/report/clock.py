@@ -20,9 +20,10 @@ among them:
   never given a number. ``time_to_accuracy.csv`` keeps every figure for scripts.
 * **the clock's counts** — per (dataset, process, setting), means over seeds: local rounds,
   messages sent, messages delivered, megabytes sent and compute-seconds per device-hour (the
-  run's ``clock_*_per_device_hour``; for lockstep, local rounds are its participations and
-  delivered its ``messages``, per the run's N·T·Δ/3600 device-hours), and the counts of lost
-  messages (every ``clock_lost*``), late messages (lockstep), skipped wakes (async),
+  run's ``*_per_device_hour``, :mod:`sfg.metrics`; where a run reports the count only — a
+  lockstep run, a swarm's nodes — the count per the run's N·T·Δ/3600 device-hours, and
+  delivered its ``messages``), and the counts of lost
+  messages (``lost`` and every ``lost_*``), late messages (lockstep), skipped wakes (async),
   interrupted local rounds (async, event) and stragglers (lockstep) — "—" where the protocol
   has no such count. Rules share one row when their means are equal (the schedule does not
   depend on the rule, docs/concepts/clock.md#pairing-and-the-schedule-digest); a rule that changes compute (``+catchup``) gets its own.
@@ -61,21 +62,22 @@ RATE_COLUMNS = ("dataset", "process", "setting", "rules", "runs", "local rounds 
                 "returns heard", "pull requests /dev-h", "pull replies /dev-h",
                 "pull unreachable /dev-h", "pull MB /dev-h", "pull wait-s /dev-h")
 # (name, the run's rate metric, the count it is derived from when the rate is absent)
-RATES = (("local_rounds", "clock_local_rounds_per_device_hour", "clock_participations"),
-         ("messages_sent", "clock_messages_sent_per_device_hour", "clock_messages_sent"),
-         ("delivered", "clock_delivered_per_device_hour", "messages"),
-         ("bytes_sent", "clock_bytes_sent_per_device_hour", "clock_bytes_sent"),
-         ("compute_seconds", "clock_compute_seconds_per_device_hour", "clock_compute_seconds"),
+RATES = (("local_rounds", "local_rounds_per_device_hour", "local_rounds"),
+         ("messages_sent", "messages_sent_per_device_hour", "messages_sent"),
+         ("delivered", "delivered_per_device_hour", "messages"),
+         ("bytes", "bytes_per_device_hour", "bytes"),
+         ("compute_seconds", "compute_seconds_per_device_hour", "compute_seconds"),
          # on_return pull (docs/concepts/clock.md#returns-in-time); none: NaN
-         ("pull_requests", "clock_pull_requests_per_device_hour", "clock_pull_requests"),
-         ("pull_replies", "clock_pull_replies_per_device_hour", "clock_pull_replies"),
-         ("pull_unreachable", "clock_pull_unreachable_per_device_hour", "clock_pull_unreachable"),
-         ("pull_bytes", "clock_pull_bytes_per_device_hour", "clock_pull_bytes"),
-         ("pull_wait_seconds", "clock_pull_wait_seconds_per_device_hour",
-          "clock_pull_wait_seconds"))
+         ("pull_requests", "pull_requests_per_device_hour", "pull_requests"),
+         ("pull_replies", "pull_replies_per_device_hour", "pull_replies"),
+         ("pull_unreachable", "pull_unreachable_per_device_hour", "pull_unreachable"),
+         ("pull_bytes", "pull_bytes_per_device_hour", "pull_bytes"),
+         ("pull_wait_seconds", "pull_wait_seconds_per_device_hour", "pull_wait_seconds"))
 # "returns_heard": the share of returns in time whose first aggregation held a neighbour's
-# model (clock_online_returns_heard / …_aggregated; async and event)
+# model (returns_heard / returns_aggregated; async and event)
 COUNTS = ("lost", "late", "skipped", "interrupted", "stragglers", "returns_heard")
+# the clock's lost messages (lockstep: lost; async and event: by cause)
+LOST = ("lost", "lost_sender", "lost_receiver", "lost_random", "lost_link")
 
 
 def is_clock(record: Mapping[str, Any]) -> bool:
@@ -360,11 +362,11 @@ def run_rates(record: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, fl
         if math.isnan(v) and count in m:
             v = _num(m, count) / _device_hours(record)
         rates[name] = v
-    lost = [_num(m, k) for k in m if k.startswith("clock_lost") and not k.endswith("_hour")]
-    agg = _num(m, "clock_online_returns_aggregated")
+    lost = [_num(m, k) for k in LOST if k in m]
+    agg = _num(m, "returns_aggregated")
     counts = {"lost": float(np.sum(lost)) if lost else math.nan,
-              **{k: _num(m, f"clock_{k}") for k in COUNTS if k not in ("lost", "returns_heard")},
-              "returns_heard": _num(m, "clock_online_returns_heard") / agg if agg else math.nan}
+              **{k: _num(m, k) for k in COUNTS if k not in ("lost", "returns_heard")},
+              "returns_heard": _num(m, "returns_heard") / agg if agg else math.nan}
     return rates, counts
 
 
@@ -414,7 +416,7 @@ def rate_cells(row: RateRow) -> list[str]:
     r, c = row.rates, row.counts
     return [row.dataset, row.process, row.setting or "rounds", rules, str(row.runs),
             _g(r["local_rounds"]), _g(r["messages_sent"]), _g(r["delivered"]),
-            _g(r["bytes_sent"], 1e6), _g(r["compute_seconds"]),
+            _g(r["bytes"], 1e6), _g(r["compute_seconds"]),
             *(_g(c[k]) for k in COUNTS), _g(r["pull_requests"]), _g(r["pull_replies"]),
             _g(r["pull_unreachable"]), _g(r["pull_bytes"], 1e6), _g(r["pull_wait_seconds"])]
 
