@@ -153,13 +153,16 @@ def test_an_installed_plugin_runs_everywhere_and_an_edited_helper_is_picked_up(i
     path.write_text(text + "\n")
     assert replay_rows(ok(sfg(REPLAY, env))) == before
 
-    # a broken entry point: one error line naming it and its package, for any command
+    # a broken entry point: other commands keep working; one that needs its rule is one
+    # error line naming it and its package
     path.write_text("raise ImportError('a missing piece')\n")
-    res = sfg(["processes"], env)
+    assert sfg(["processes"], env).returncode == 0
+    res = sfg(REPLAY, env)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
-    for w in ("error: plugin 'sfg_plugin_example.rules'", "entry point 'fresh'", "'sfg.rules'",
-              "sfg-plugin-example", "ImportError: a missing piece"):
+    for w in ("error: unknown rule 'plugin-fresh'", "plugin 'sfg_plugin_example.rules'",
+              "entry point 'fresh'", "'sfg.rules'", "sfg-plugin-example",
+              "ImportError: a missing piece"):
         assert w in lines[0]
 
 
@@ -176,22 +179,67 @@ def test_a_plain_module_through_plugin_and_the_environment(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["option", "env", "missing"])
-def test_a_broken_plugin_is_one_error_line_naming_it(tmp_path, how):
+def test_a_broken_plugin_is_reported_by_what_needs_it(tmp_path, how):
+    """--help, the built-in names and ``sfg rules`` keep working (the broken plugin listed as
+    broken); an unknown name is one error line that names the broken plugin."""
     (tmp_path / "broken_rules.py").write_text("import numpy\nraise RuntimeError('no luck')\n")
     if how == "option":
-        res = sfg(["--plugin", "broken_rules", "rules"], env_with(tmp_path))
+        env, pre = env_with(tmp_path), ["--plugin", "broken_rules"]
         want = ["'broken_rules'", "--plugin", "RuntimeError: no luck"]
     elif how == "env":
-        res = sfg(["rules"], env_with(tmp_path, SFG_PLUGINS="numpy, broken_rules"))
+        env, pre = env_with(tmp_path, SFG_PLUGINS="numpy, broken_rules"), []
         want = ["'broken_rules'", "SFG_PLUGINS", "RuntimeError: no luck"]
     else:
-        res = sfg(["--plugin", "no_such_plugin", "rules"], env_with(tmp_path))
+        env, pre = env_with(tmp_path), ["--plugin", "no_such_plugin"]
         want = ["'no_such_plugin'", "no module named"]
+    listed = sfg([*pre, "rules", "--json"], env)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert any(r["rule"] == "dfedavg" for r in rows)
+    gone = [r for r in rows if "broken" in r["tags"]]
+    assert len(gone) == 1 and all(w in gone[0]["doc"] for w in want), gone
+    assert sfg([*pre, "run", "--help"], env).returncode == 0
+    built_in = sfg([*pre, *REPLAY[:4], "dfedavg", *REPLAY[5:]], env)
+    assert built_in.returncode == 0, built_in.stderr
+    res = sfg([*pre, *REPLAY], env)  # plugin-fresh: a name the broken plugin may define
     assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: plugin "), res.stderr
+    lines = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: unknown rule 'plugin-fresh'"), res.stderr
+    assert "a plugin that may define it is broken" in lines[0] and "--no-plugins" in lines[0]
     for w in want:
         assert w in lines[0]
+
+
+def test_no_plugins_turns_the_installed_ones_off_here_and_in_grid_workers(installed, tmp_path):
+    """``--no-plugins`` / ``SFG_NO_PLUGINS=1``: the installed plugin's rule is unknown, in the
+    command and in the grid's spawned workers; without it the rule runs."""
+    env = env_with(installed)
+    assert replay_rows(ok(sfg(REPLAY, env)))[0]["rule"] == "plugin-fresh"
+    for pre, extra in ((["--no-plugins"], {}), ([], {"SFG_NO_PLUGINS": "1"})):
+        res = sfg([*pre, *REPLAY], {**env, **extra})
+        assert res.returncode == 2 and "unknown rule 'plugin-fresh'" in res.stderr, res.stderr
+    (tmp_path / "grid.yaml").write_text(textwrap.dedent(GRID))
+    store = tmp_path / "off.sqlite"
+    res = sfg(["--no-plugins", "grid", "run", str(tmp_path / "grid.yaml"), "--store", str(store),
+               "--workers", "2"], env)
+    assert res.returncode != 0 and "plugin-fresh" in res.stderr, res.stderr[-2000:]
+
+
+def test_a_rule_that_does_not_compile_is_one_line_naming_its_file_and_line(tmp_path):
+    (tmp_path / "typo_rules.py").write_text(textwrap.dedent(RULES).replace(
+        "plugin-fresh", "typo-fresh").replace("boost(x.age", "boost(x.agee"))
+    res = sfg(["--plugin", "typo_rules", *REPLAY[:4], "typo-fresh", *REPLAY[5:]],
+              env_with(tmp_path))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    line = lines[0]
+    where = f"{tmp_path / 'typo_rules.py'}:"
+    assert line.startswith("error: rule 'typo-fresh' (" + where), line
+    lineno = 1 + textwrap.dedent(RULES).splitlines().index(
+        "    return boost(x.age.astype(np.float64))")
+    assert f"{where}{lineno})" in line and "Unknown attribute 'agee'" in line
+    assert "x.age, x.lag" in line and "Traceback" not in res.stderr
 
 
 # ------------------------------------------------------------------ the compiled cache's key
@@ -327,7 +375,7 @@ def test_a_dataset_model_and_outage_process_from_a_plugin_module(tmp_path):
 
 def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path, monkeypatch):
     """The Ray executor's task (called here without Ray): the driver's plugin modules are
-    loaded before the run; one that fails is the run's one-line error."""
+    loaded before the run; one that fails is the one-line error of a run that needs it."""
     from sfg.experiments.config import make_config
     from sfg.experiments.executors import _ray_task
 
@@ -342,7 +390,9 @@ def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path,
         config = make_config(kind="replay", n_clients=8, rounds=10, horizon=5,
                              graph="ring:k=1", process="bursty:u=0.5",
                              rule="dfedavg", seed=1).model_dump(mode="json")
-        broken = _ray_task(config, ["ray_broken"])
+        # a broken plugin fails only the run that needs it, naming the plugin
+        assert _ray_task(config, ["ray_broken"])["ok"]
+        broken = _ray_task({**config, "rule": "ray-fresh"}, ["ray_broken"])
         assert not broken["ok"] and "plugin 'ray_broken'" in broken["error"]
         assert "RuntimeError: no luck" in broken["error"]
         assert "ray-fresh" not in registry
@@ -356,14 +406,17 @@ def test_a_ray_task_loads_the_drivers_plugins_and_reports_a_broken_one(tmp_path,
 
 def test_a_node_worker_loads_the_plugins_first(tmp_path, monkeypatch, capsys):
     """A swarm's node worker process (``python -m sfg.net.worker``) loads ``SFG_PLUGINS``
-    (inherited from the command) before it builds its nodes; a broken one is one line."""
+    (inherited from the command) before it builds its nodes; a broken one is named by the
+    one error line of a world that needs it."""
     from sfg.net import worker
 
     (tmp_path / "node_broken.py").write_text("raise RuntimeError('no luck')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("SFG_PLUGINS", "node_broken")
     spec = tmp_path / "swarm.json"
-    spec.write_text("{}")
+    cfg = {"n_clients": 8, "rounds": 2, "graph": "ring:k=1", "rule": "node-fresh", "nodes": "real"}
+    spec.write_text(json.dumps({"cfg": cfg}))
     assert worker.main([str(spec), "--nodes", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: plugin 'node_broken' (SFG_PLUGINS)")
+    assert len(err) == 1 and err[0].startswith("error: unknown rule 'node-fresh'"), err
+    assert "plugin 'node_broken' (SFG_PLUGINS) failed to import" in err[0]

@@ -18,7 +18,15 @@ The command line loads them before a command runs (and passes ``--plugin`` on to
 processes through ``SFG_PLUGINS``); the grid's worker processes (in-process, the process
 pool, Ray tasks) and the networked nodes' workers load them again on start; in Python, the
 rule registry loads them on first use (:func:`sfg.round.rules.parse_rule`), or call
-:func:`load`. A plugin that fails to import is one :class:`PluginError` naming it.
+:func:`load`.
+
+A plugin that fails to import is one :class:`PluginError` line naming it, reported by what
+needs it: the command line and the registries note it and go on (``--help``, the built-in
+names and ``sfg rules``, which lists it as broken, keep working); an unknown name while a
+plugin is broken says so (:func:`broken_note`); the grid's and the nodes' worker processes,
+given the modules to load, stop with it. ``SFG_NO_PLUGINS=1`` (``sfg --no-plugins``, passed on
+to child processes through the environment) turns the installed plugins (entry points) off;
+modules named by ``--plugin`` and ``SFG_PLUGINS`` still load.
 """
 
 from __future__ import annotations
@@ -34,11 +42,36 @@ from sfg.errors import SfgError
 GROUPS = ("sfg.rules", "sfg.datasets", "sfg.models", "sfg.processes")
 #: the environment variable naming plugin modules (comma-separated)
 ENV = "SFG_PLUGINS"
+#: the environment variable that turns the installed plugins (entry points) off: 1
+OFF = "SFG_NO_PLUGINS"
 
 _LOCK = threading.RLock()
 _DONE: set[str] = set()  # entry points and modules imported in this process
 _SCANNED: list[list[tuple[str, str, str, str]]] = []  # the entry points found, once per process
 _ACTIVE: list[bool] = []  # set while loading (a plugin's own import may ask for the rules)
+_BROKEN: dict[str, str] = {}  # what failed to import -> its one-line message
+
+
+def installed_off() -> bool:
+    """Whether ``SFG_NO_PLUGINS`` turns the installed plugins off (any value but empty or 0)."""
+    return os.environ.get(OFF, "").strip() not in ("", "0")
+
+
+def broken() -> list[str]:
+    """The one-line messages of the plugins that failed to import in this process."""
+    with _LOCK:
+        return list(_BROKEN.values())
+
+
+def broken_note() -> str:
+    """``""``, or the clause an unknown-name error adds while a plugin is broken: the name may
+    be one of its components."""
+    gone = broken()
+    if not gone:
+        return ""
+    more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
+    return (f"; note that a plugin that may define it is broken: {gone[0]}{more} (fix it, or "
+            f"turn installed plugins off with --no-plugins or {OFF}=1)")
 
 
 class PluginError(SfgError):
@@ -113,14 +146,18 @@ def _line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def load(modules: Iterable[str] = (), *, entry_points_too: bool = True) -> list[str]:
-    """Import the plugins: ``modules``, those in ``SFG_PLUGINS`` and (``entry_points_too``)
-    the installed entry points of :data:`GROUPS`. Each is imported once per process; the
-    built-in rules are registered first, so a plugin's name that clashes with one is an error
-    naming the plugin. Returns what this call imported. Raises :class:`PluginError`."""
+def load(modules: Iterable[str] = (), *, entry_points_too: bool = True,
+         strict: bool = True) -> list[str]:
+    """Import the plugins: ``modules``, those in ``SFG_PLUGINS`` and (``entry_points_too``,
+    unless ``SFG_NO_PLUGINS=1``) the installed entry points of :data:`GROUPS`. Each is imported
+    once per process; the built-in rules are registered first, so a plugin's name that clashes
+    with one is an error naming the plugin. Returns what this call imported. One that fails is
+    noted (:func:`broken`); ``strict``: then raise its :class:`PluginError` (also for one that
+    failed in an earlier call)."""
     with _LOCK:
         if _ACTIVE:
             return []
+        entry_points_too = entry_points_too and not installed_off()
         modules = [m.strip() for m in modules if m.strip()]
         wanted: list[tuple[str, str, str]] = []  # (key, what to import, how it is named)
         for m in dict.fromkeys([*modules, *env_modules()]):
@@ -133,19 +170,26 @@ def load(modules: Iterable[str] = (), *, entry_points_too: bool = True) -> list[
                                f"{value!r} (entry point {name!r} in group {group!r} of the "
                                f"package {dist})"))
         todo = [w for w in wanted if w[0] not in _DONE]
-        if not todo:
-            return []
-        _ACTIVE.append(True)
-        try:
-            from sfg.round.rules import library, oracles  # noqa: F401 - built-ins first
+        done: list[str] = []
+        if todo:
+            _ACTIVE.append(True)
+            try:
+                from sfg.round.rules import library, oracles  # noqa: F401 - built-ins first
 
-            done = []
-            for key, target, what in todo:
-                _import(target, what)
-                _DONE.add(key)
-                done.append(target)
-            return done
-        finally:
-            _ACTIVE.clear()
+                for key, target, what in todo:
+                    _DONE.add(key)
+                    try:
+                        _import(target, what)
+                    except PluginError as e:
+                        _BROKEN[key] = str(e)
+                        continue
+                    done.append(target)
+            finally:
+                _ACTIVE.clear()
+        failed = [_BROKEN[key] for key, _, _ in wanted if key in _BROKEN]
+        if strict and failed:
+            raise PluginError(failed[0])
+        return done
 
-__all__ = ["ENV", "GROUPS", "PluginError", "add_to_env", "entry_points", "env_modules", "load"]
+__all__ = ["ENV", "GROUPS", "OFF", "PluginError", "add_to_env", "broken", "broken_note",
+           "entry_points", "env_modules", "installed_off", "load"]

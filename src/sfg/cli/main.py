@@ -46,11 +46,21 @@ def _plugins(
         help="Import MODULE first: your own rules, datasets, models or outage processes "
              "(repeatable; also SFG_PLUGINS=mod1,mod2; installed packages are found through "
              "their sfg.rules / sfg.datasets / sfg.models / sfg.processes entry points)"),
+    no_plugins: bool = typer.Option(
+        False, "--no-plugins",
+        help="Do not load the installed plugins (entry points); also SFG_NO_PLUGINS=1. "
+             "--plugin and SFG_PLUGINS modules still load"),
 ) -> None:
+    import os
+
     from sfg import plugins
 
+    if no_plugins:
+        os.environ[plugins.OFF] = "1"  # the command's child processes too
     plugins.add_to_env(plugin)  # the command's child processes load them too
-    plugins.load(plugin)
+    # a plugin that fails to import is noted and named by what needs it (sfg rules lists it;
+    # an unknown name says so): --help and the built-in names keep working
+    plugins.load(plugin, strict=False)
 
 
 replay_cli.register(app)  # replay, rules, processes

@@ -327,12 +327,15 @@ def replay(
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List every aggregation rule with its parameters and defaults."""
+    from sfg.plugins import broken
     from sfg.round.rules import RULES, rule_names
 
     rows = []
     for name in rule_names():
         e = RULES.entry(name)
         rows.append({"rule": name, "tags": sorted(e.tags), "params": e.params, "doc": e.doc})
+    for why in broken():  # a plugin that failed to import, listed as broken
+        rows.append({"rule": "(broken plugin)", "tags": ["broken"], "params": {}, "doc": why})
     if as_json:
         console.print_json(rows)
         return

@@ -130,12 +130,14 @@ def _worker_process(store_path: str, run_ids: list[str], lease: float, max_attem
     The parent sets OMP/MKL/OpenBLAS thread variables to ``threads`` before spawning, so
     numpy and torch (which reads OMP_NUM_THREADS) use ``cpu_count // workers`` threads each.
     The plugins (:mod:`sfg.plugins`: entry points, and ``SFG_PLUGINS``, inherited from the
-    parent) are loaded first; one that fails is one error line and exit status 2.
+    parent) are loaded first; one that fails is noted, and a run that needs it fails naming it
+    (:func:`sfg.plugins.broken_note`); a plugin module name that is not one is one error line
+    and exit status 2.
     """
     from sfg.plugins import load
 
     try:
-        load()
+        load(strict=False)
     except SfgError as e:
         import sys
 
@@ -264,7 +266,7 @@ def _ray_task(config: dict, plugins: Sequence[str] = ()) -> dict:
 
     t0 = time.perf_counter()
     try:
-        load(plugins)
+        load(plugins, strict=False)  # a broken one: named by a run that needs it
         result = run_config(RunConfig(**config))
     except Exception as e:
         return {"ok": False, "error": one_line(e), "traceback": traceback.format_exc(),
@@ -437,7 +439,9 @@ def run_grid(configs: Sequence[RunConfig], store_path: str | os.PathLike, *,
     workers = workers or (os.cpu_count() or 1)
     from sfg.plugins import load
 
-    load()  # the plugins' components, here and (through SFG_PLUGINS) in spawned workers
+    # the plugins' components, here and (through SFG_PLUGINS) in spawned workers; a broken
+    # one is named by the runs that need it
+    load(strict=False)
     by_id: dict[str, RunConfig] = {}
     for cfg in configs:  # duplicates run once, in order of first appearance
         by_id.setdefault(run_id(cfg), cfg)

@@ -761,11 +761,38 @@ def scorer(fn):
                 disp = materialise(fn)
                 digest = source_digest(fn)
                 name = re.sub(r"\W", "_", f"{py.__module__}_{py.__qualname__}")
-                got = first_class(_specialise(_score, f"{name}_{digest}",
-                                              call_rule=_rule_call(disp)),
-                                  _types()["score"].signature)  # type: ignore[attr-defined]
+                try:
+                    got = first_class(_specialise(_score, f"{name}_{digest}",
+                                                  call_rule=_rule_call(disp)),
+                                      _types()["score"].signature)  # type: ignore[attr-defined]
+                except Exception as e:
+                    from numba.core.errors import NumbaError
+
+                    if isinstance(e, NumbaError):
+                        raise compile_error(fn, e) from None
+                    raise
                 _KERNELS[fn] = got
     return got
+
+
+def compile_error(fn: Any, e: BaseException) -> SfgError:
+    """A rule function that numba cannot compile, as one line: the rule's name, its file and
+    line, what numba found wrong and the fields a candidate has (docs/howto/add-rule.md)."""
+    from sfg.round.rules import RULES
+
+    py = getattr(fn, "py_func", fn)
+    names = [n for n in RULES.names() if RULES.entry(n).factory is fn]
+    who = repr(names[0]) if names else py.__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    where = re.findall(r" at (\S+) \((\d+)\)", text)
+    path, line = where[-1] if where else (py.__code__.co_filename, py.__code__.co_firstlineno)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    what = next((ln for ln in lines if not ln.startswith(("Failed in", "File ", "During:"))),
+                lines[0] if lines else type(e).__name__)
+    what = re.sub(r" of type Candidates\(.*\)$", " of the candidates x", what)
+    return SfgError(f"rule {who} ({path}:{line}) does not compile: {what}; a rule reads the "
+                    f"candidates' fields {', '.join(f'x.{f}' for f in Candidates._fields[:-1])} "
+                    "and returns a score per candidate")
 
 
 class RuleError(SfgError):

@@ -172,7 +172,10 @@ class Registry:
         try:
             return self._entries[name]
         except KeyError:
-            raise SfgError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}") from None
+            from sfg.plugins import broken_note
+
+            raise SfgError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}"
+                           f"{broken_note()}") from None
 
     def check_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with ``params``; unknown keys raise a did-you-mean error."""
