@@ -225,3 +225,38 @@ def test_report_with_an_unpaired_rule_renders(tmp_path):
     assert "— (no paired runs)" in rep.markdown
     for name in PLOT_FILES:
         assert_png(tmp_path / name)
+
+
+def test_report_selects_a_grid_and_names_what_a_mixed_store_holds(tmp_path):
+    """Two grids in one store — training and replay — cannot be compared: without --grid one
+    error line names both with their kinds and sizes; --grid picks one; an unknown grid is
+    one line naming what the store holds."""
+    import sfg
+    from sfg.cli.main import main
+
+    store = tmp_path / "mixed.sqlite"
+    base = {"n_clients": 8, "rounds": 3, "graph": "ring:k=1", "process": "iid:u=0.5"}
+    sfg.grid({"name": "train-demo", "base": {**base, "local_steps": 1, "batch_size": 8},
+              "rules": ["dfedavg", "sfg-cut"], "seeds": [1, 2]}, store=store)
+    sfg.grid({"name": "replay-demo", "base": {"kind": "replay", **base, "horizon": 2},
+              "rules": ["dfedavg", "sfg-cut"], "seeds": [1, 2, 3]}, store=store)
+    err = _report_error(main, ["report", "--store", str(store), "--out", str(tmp_path / "r")])
+    assert "several kinds (replay, train)" in err and "--grid NAME" in err
+    assert "replay-demo (replay, 6 runs)" in err and "train-demo (train, 4 runs)" in err
+    err = _report_error(main, ["report", "--store", str(store), "--grid", "nope"])
+    assert err.startswith("error: no finished run of grid 'nope'") and "train-demo" in err
+    out = tmp_path / "train"
+    assert main(["report", "--store", str(store), "--grid", "train-demo", "--out", str(out)]) == 0
+    assert (out / "report.md").exists()
+
+
+def _report_error(main, argv):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        assert main(argv) == 2
+    lines = buf.getvalue().strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]

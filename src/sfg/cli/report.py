@@ -26,6 +26,7 @@ def report(
     alpha: float | None = typer.Option(None, "--alpha", hidden=True, help="Deprecated: --fwer (--alpha is the data split's Dirichlet concentration elsewhere)"),
     tensorboard: Path | None = typer.Option(None, "--tensorboard", metavar="DIR", help="Write every finished run's curves and final metrics as TensorBoard event files under DIR (one folder per run: grid/dataset/process/rule/seed)"),
     across: str | None = typer.Option(None, "--across", metavar="FIELD=A,B", help="Also pair every run at config FIELD = A with the run that differs from it only in FIELD (= B), per rule (dfedavg included) and remaining setting: B − A in final accuracy and time to target, exact sign-flip p, Holm over each table (across.csv, across.md)"),
+    grid: str | None = typer.Option(None, "--grid", "-g", metavar="NAME", help="Report the runs of this grid only (the name in its file; a store may hold several); default: every run, when they are of one kind"),
     mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI", help="Log every finished run (settings as parameters, final metrics, curves by round) to the MLflow tracking store at URI (file:./mlruns, http://host:5000), one experiment per grid"),
 ) -> None:
     """Compare every rule with the baseline, paired by (dataset, seed), and plot the gains.
@@ -64,7 +65,7 @@ def report(
     from sfg.experiments.report.paired import build_report, print_report
     from sfg.experiments.store import records
 
-    recs = records(store)
+    recs = select_runs(store, records(store), grid)
     files: dict = {}
     if any((r.get("config") or {}).get("attack") for r in recs):
         # forged-staleness runs (sfg.round.attacks) get their own paired report; the ordinary one
@@ -92,3 +93,36 @@ def report(
         print_across(arep, console=console.stdout())
         files = {**files, **arep.files}
     console.note(f"wrote {', '.join(str(p) for p in files.values())}")
+
+
+def select_runs(store: Path, recs: list[dict], grid: str | None) -> list[dict]:
+    """The runs ``sfg report`` reads: those of ``grid`` (its name) or, without one, every run
+    when they are of one kind (training or replay); otherwise one error line that says which
+    grids and kinds the store holds."""
+    from sfg.experiments.store import Store
+
+    with Store(store, create=False, readonly=True) as st:
+        of = st.grids()  # run id -> grid names
+
+    def kind(r: dict) -> str:
+        return str((r.get("config") or {}).get("kind", "train"))
+
+    def holds() -> str:
+        names: dict[str, list[dict]] = {}
+        for r in recs:
+            for g in of.get(r["run_id"], ["(no grid)"]):
+                names.setdefault(g, []).append(r)
+        return "; ".join(f"{g} ({', '.join(sorted({kind(r) for r in rs}))}, {len(rs)} runs)"
+                         for g, rs in sorted(names.items()))
+
+    if grid is not None:
+        chosen = [r for r in recs if grid in of.get(r["run_id"], [])]
+        if not chosen:
+            raise SfgError(f"no finished run of grid {grid!r} in {store}; it holds: {holds()}")
+        recs = chosen
+    kinds = sorted({kind(r) for r in recs})
+    if len(kinds) > 1:
+        raise SfgError(f"{store} holds runs of several kinds ({', '.join(kinds)}), which one "
+                       f"report cannot compare; choose a grid with --grid NAME: {holds()}")
+    return recs
+
