@@ -351,7 +351,7 @@ def test_deferred_batched_evaluation_equals_evaluating_each_model_at_once(monkey
     monkeypatch.setattr(virtual, "EVAL_BATCH", 3)
     later = _bounded(lambda: run())
     assert later["faults"]["restarts"] == 2
-    assert later["curves"] == now["curves"] and len(now["curves"]["round"]) == 4
+    assert later["curves"] == now["curves"] and len(now["curves"]["hours"]) == 4
     assert not np.isnan(later["curves"]["acc_p10"]).any()
     assert [nd["acc"] for nd in later["nodes"]] == [nd["acc"] for nd in now["nodes"]]
     assert later["metrics"]["acc_mean"] == now["metrics"]["acc_mean"]

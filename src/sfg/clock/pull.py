@@ -48,7 +48,9 @@ What happens (everything a function of the seed and the settings, never of the r
   whose transfer ends while its link is down is lost (silent).
 
 Event priorities at one instant: a local round's end (its broadcast queued), a return, a
-wake (async) or a free device's start (event), a request's arrival, a window's end.
+wake (async) or a free device's start (event), a request's arrival, a window's end (where
+this departs from the phases of one instant, :mod:`sfg.clock.instant`, kept so that the
+schedules do not change: docs/concepts/clock.md#one-instant).
 """
 
 from __future__ import annotations

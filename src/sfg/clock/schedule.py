@@ -33,8 +33,9 @@ Shared rules of time (docs/concepts/clock.md#the-world-in-time): a local round t
 goes offline, or the run ends, before its K steps are done) is *interrupted*: discarded,
 nothing sent, state unchanged (its wake then adds nothing). A message is lost when its sender
 goes offline before its transfer ends, when the receiver is offline at its arrival, or with
-the link's loss probability (stream ``clock-loss``). Events at one instant are ordered wakes
-before arrivals: a message that arrives exactly when a receiver aggregates is not yet held.
+the link's loss probability (stream ``clock-loss``). Events at one instant are processed in the
+phases of :mod:`sfg.clock.instant` (docs/concepts/clock.md#one-instant): a message sent at t is
+not yet held by a receiver that aggregates at t.
 A receiver aggregates itself and, per neighbour, the latest message held, if it arrived
 within the last W units; it waited d = (now − arrival)/unit units.
 
@@ -52,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from sfg.clock.instant import CLOSE_SIDE, WAKE_SIDE, Phase, instant_order
 from sfg.clock.links import (
     fault_plan,
     link_round,
@@ -343,11 +345,12 @@ def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit
     for q in range(qslot.shape[0]):
         s = qslot[q]
         a, b = ptr[s], ptr[s + 1]
-        side = 1 if qclose[q] else 0
-        if side:
-            k = a + np.searchsorted(arrival[a:b], qtime[q], side="right") - 1
+        # the phases of one instant (sfg.clock.instant): a wake holds what arrived before
+        # it, a start moved to its window's end what arrived at that instant too
+        if qclose[q]:
+            k = a + np.searchsorted(arrival[a:b], qtime[q], side=CLOSE_SIDE) - 1
         else:
-            k = a + np.searchsorted(arrival[a:b], qtime[q], side="left") - 1
+            k = a + np.searchsorted(arrival[a:b], qtime[q], side=WAKE_SIDE) - 1
         d = -1.0
         if k >= a:
             k = newest[k]
@@ -361,21 +364,11 @@ def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit
 
 
 def time_order(time: np.ndarray, dev: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """The events' order: by time, then device, then kind (an offline span is counted before
-    a round), input order at full ties — ``np.lexsort((-kind, dev, time))``, computed as a
-    stable sort by time (fast on the nearly sorted times the simulations make) refined within
-    the groups of equal times only."""
-    o = np.argsort(time, kind="stable")
-    ts = time[o]
-    new = np.ones(o.size, bool)
-    new[1:] = ts[1:] != ts[:-1]
-    if new.all():
-        return o
-    g = np.cumsum(new) - 1
-    idx = np.flatnonzero(np.bincount(g)[g] > 1)  # positions in a group of equal times
-    sub = o[idx]
-    o[idx] = sub[np.lexsort((-kind[sub], dev[sub], g[idx]))]
-    return o
+    """The events' order: by time, then the phase of one instant (every event of a schedule
+    is a wake or a start: :attr:`~sfg.clock.instant.Phase.WAKE`), then inside it by device,
+    then kind (an offline span is counted before a round), input order at full ties —
+    ``np.lexsort((-kind, dev, time))`` (:func:`sfg.clock.instant.instant_order`)."""
+    return instant_order(time, Phase.WAKE, dev, -kind)
 
 
 def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sfg.clock.instant import EVAL_SIDE, eval_every_seconds, evaluation_instants
 from sfg.clock.schedule import (
     LOCAL,
     Schedule,
@@ -60,7 +61,7 @@ def _last_by(ptr, vals, group, q):  # pragma: no cover - compiled
     out = np.empty(group.shape[0], np.int64)
     for k in range(group.shape[0]):
         a, b = ptr[group[k]], ptr[group[k] + 1]
-        j = a + np.searchsorted(vals[a:b], q[k], side="right") - 1
+        j = a + np.searchsorted(vals[a:b], q[k], side=EVAL_SIDE) - 1
         out[k] = j if j >= a else -1
     return out
 
@@ -240,11 +241,9 @@ class EventLoop:
         self.level, self.prev = level, prev = dependency_levels(sched, N)
         self.loc = loc = np.flatnonzero(sched.kind == LOCAL)
         # evaluations: each device's last completed local round at every eval time
-        every = settings.eval_seconds or float(self.c["eval_every"]) * settings.round_seconds
-        te = np.arange(every, world.horizon + 1e-9 * every, every)
-        if te.size == 0 or te[-1] < world.horizon - 1e-9 * every:
-            te = np.append(te, world.horizon)
-        self.te = te
+        # at the instants of sfg.clock.instant, after every commit there (docs/concepts/clock.md#one-instant)
+        self.te = te = evaluation_instants(world.horizon, eval_every_seconds(
+            settings.eval_seconds, int(self.c["eval_every"]), settings.round_seconds))
         self.by_dev = loc[np.lexsort((sched.end[loc], sched.dev[loc]))]
         self.dptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(sched.dev[loc], minlength=N), out=self.dptr[1:])
@@ -301,7 +300,8 @@ class EventLoop:
                                 seed=self.run.seed, **tools)
 
     def finished_by(self, devs: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Each device's last local round whose K steps are done by time q (−1: none)."""
+        """Each device's last local round whose K steps are done by time q (−1: none): at
+        or before q (an evaluation at q sees the commits at q, :data:`sfg.clock.instant.EVAL_SIDE`)."""
         by_dev = self.by_dev
         k = _last_by(self.dptr, self.sched.end[by_dev], devs, q)
         return np.where(k >= 0, by_dev[np.maximum(k, 0)], -1) if by_dev.size else k
@@ -431,6 +431,8 @@ class EventLoop:
         from sfg.sim.context import (
             accuracy_metrics,
             check_finite,
+            clock_hours,
+            curve_point,
             numerics,
             time_to_target,
         )
@@ -439,9 +441,10 @@ class EventLoop:
             self.es.run(order=self.plan["offline"](self.n_levels + 1), given=self.given)
         te, sched, world, N = self.te, self.sched, self.world, self.run.n
         accs = [self.acc_at[k] for k in range(te.size)]
-        curve_t = [float(t / 3600.0) for t in te]
-        curve_mean = [float(a.mean()) for a in accs]
-        curve_p10 = [float(np.percentile(a, 10)) for a in accs]
+        curve_t = clock_hours(list(te))
+        points = [curve_point(a) for a in accs]
+        curve_mean = [m for m, _ in points]
+        curve_p10 = [p for _, p in points]
         acc = accs[-1]
         target = float(self.c.get("target_accuracy", 0.8))
         online = world.online.online_seconds() / world.horizon

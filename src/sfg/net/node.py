@@ -153,6 +153,9 @@ class NodeConfig:
     events: Any = None           # event log (sfg.net.eventlog.EventLog): record(node, ev, fields)
     keys: Any = None             # +certified: sfg.net.certify.Keys (from the sfg tls-ca folder)
     pull_timeout: float | None = None  # async, on_return pull:timeout=S: S wall seconds (None: none)
+    # evaluate after every eval_every-th round and the last; False: an observer reads the
+    # node's model instead (the virtual swarm, at the clock's instants: sfg.net.virtual)
+    evaluate: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -195,6 +198,7 @@ class _Stats:
     header_bytes: int = 0        # bytes of the headers of own messages handed to the transport
     headers: int = 0             # own messages handed to the transport (one per neighbour)
     interrupted: int = 0         # async: local rounds discarded (offline before K steps)
+    unfinished: int = 0          # async, virtual clock: local rounds discarded (ending after the run)
     skipped: int = 0             # async, virtual clock: wakes while still busy
     # returns (docs/concepts/nodes.md#returns-in-the-node), counted with or without pull
     returns: int = 0             # returns: an online row after an offline one, a restart online
@@ -731,7 +735,8 @@ class Node:
     def _end_round(self, r: int, available: bool) -> None:
         T = self.world.rounds
         acc = None
-        if (r + 1) % int(self.world.cfg["eval_every"]) == 0 or r == T - 1:
+        if self.cfg.evaluate and ((r + 1) % int(self.world.cfg["eval_every"]) == 0
+                                  or r == T - 1):
             acc = self.trainer.evaluate(self.x)
             self.stats.curve.append((r + 1, acc))
         self.stats.available_rounds += int(available)
@@ -869,10 +874,17 @@ class Node:
         end = self.clock.time()
         online = self._online_through(start, end)
         self._log("trained", t=end, round=r, interrupted=not online)
-        if not online:
+        # on the virtual clock the run ends at T·P: a local round whose K steps end after it
+        # is unfinished, as on the clock's engine (docs/concepts/clock.md#the-world-in-time)
+        late = self.clock.virtual and \
+            end > float(self.t0 or 0.0) + self.world.rounds * self.cfg.period
+        if not online or late:
             # offline before its K steps were done (docs/concepts/clock.md#the-world-in-time): the local round is
             # discarded — model and staleness as they were, nothing sent
-            self.stats.interrupted += 1
+            if online:
+                self.stats.unfinished += 1
+            else:
+                self.stats.interrupted += 1
             self.state = replace(self.state, t=self.state.t + 1)
             return
         self._commit(x, n_steps, full)
@@ -1077,7 +1089,8 @@ class Node:
 
     def result(self) -> dict[str, Any]:
         s = self.stats
-        acc = s.curve[-1][1] if s.curve else self.trainer.evaluate(self.x)
+        acc = s.curve[-1][1] if s.curve else \
+            self.trainer.evaluate(self.x) if self.cfg.evaluate else float("nan")
         att = self.world.attackers
         return {"node": self.i, "acc": acc, "curve": [list(c) for c in s.curve],
                 "attacker": bool(att is not None and att[self.i]),

@@ -5,7 +5,10 @@ clock that jumps to the next timer instead of waiting for it.
 virtual clock in seconds starting at 0, and the selector never blocks — when nothing is ready
 it first calls the loop's *idle hooks* (e.g. the batched trainer, which then runs every
 training request of this instant together and resolves their futures), and only when no hook
-has work does it move the clock to the earliest scheduled timer. ``asyncio.sleep``,
+has work does it end the instant — the callbacks given to :meth:`VirtualLoop.call_at_instant_end`
+for this instant run (the last phase of one instant, :mod:`sfg.clock.instant`: they see every
+event of the instant) — and only then move the clock to the earliest scheduled timer or
+instant's end. ``asyncio.sleep``,
 ``wait_for`` and every timeout therefore run in virtual time, deterministically: the same
 program gives the same sequence of events on every run (no threads, no real I/O; the
 in-memory network of :mod:`sfg.net.memory` carries the messages).
@@ -87,7 +90,12 @@ class _Selector(selectors.BaseSelector):
             return []
         if loop._run_idle_hooks():
             return []  # a hook made callbacks ready at this instant
+        if loop._end_instant():
+            return []  # the instant's last phase made callbacks ready
         when = loop._next_timer()
+        end = loop._next_instant_end()
+        if end is not None and (when is None or end < when):
+            when = end  # an instant with nothing but its end (no timer due then)
         if when is None:
             raise Deadlock("every node is waiting and nothing is scheduled: the run would "
                            "wait forever (a missing message with no deadline?)")
@@ -125,6 +133,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         # dropped when they reach the head
         self._timers: list[tuple[float, int, _Timer]] = []
         self._made = 0
+        # (when, order, callback, args) of the callbacks at the end of an instant
+        self._ends: list[tuple[float, int, Callable, tuple]] = []
 
     def time(self) -> float:
         return self._vtime
@@ -136,6 +146,27 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def _run_idle_hooks(self) -> bool:
         return any([h() for h in self._idle_hooks])
+
+    def call_at_instant_end(self, when: float, callback: Callable, *args) -> None:
+        """Run ``callback(*args)`` at the end of the instant ``when`` (virtual seconds): once
+        the clock has reached ``when``, nothing is ready, no idle hook has work and no timer is
+        due at ``when`` — after every other event of that instant, before the clock moves on
+        (the last phase of one instant, :class:`sfg.clock.instant.Phase`). Callbacks of one
+        instant run in the order they were given."""
+        self._made += 1
+        heapq.heappush(self._ends, (float(when), self._made, callback, args))
+
+    def _next_instant_end(self) -> float | None:
+        return self._ends[0][0] if self._ends else None
+
+    def _end_instant(self) -> bool:
+        """Make the callbacks of the ends of the instants reached so far ready; True if any."""
+        ends, now, ran = self._ends, self._vtime, False
+        while ends and ends[0][0] <= now:
+            _, _, cb, args = heapq.heappop(ends)
+            self.call_soon(cb, *args)
+            ran = True
+        return ran
 
     def call_at(self, when, callback, *args, context=None):
         """asyncio's ``call_at`` (every ``call_later``, ``sleep`` and timeout comes here), the

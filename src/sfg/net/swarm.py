@@ -83,31 +83,53 @@ def free_ports(n: int) -> list[int]:
 
 
 def summarise(world: World, results: list[dict], *, wall: float, restarts: int = 0,
-              realised: np.ndarray | None = None):
+              realised: np.ndarray | None = None,
+              evaluations: tuple[np.ndarray, np.ndarray] | None = None,
+              round_seconds: float | None = None):
     """Swarm results as the one result type of a run (:class:`sfg.result.RunResult`):
     ``sfg run``'s metrics (docs/concepts/statistics.md#paired-statistics) plus the swarm's own figures; the nodes under ``nodes``.
 
     realised: bool [T, N] the availability the nodes actually had (default the trace).
+    evaluations: (instants [K] in virtual seconds, accuracies [K, N]): the evaluations of
+    every node at the clock's instants (the async nodes on the virtual clock), the curves
+    then over ``hours`` as the clock's engine's; otherwise the nodes' own evaluations after
+    their rounds (``round``), with ``hours`` too when ``round_seconds`` (Δ, virtual) is
+    given. On the virtual clock the metrics add ``time_to_accuracy_h`` and
+    ``reached_target`` (``target_accuracy``), computed as the clock's engine computes them.
     """
     from sfg.net.diagnose import pool as pool_diagnostics
     from sfg.result import RunResult
-    from sfg.sim.context import accuracy_metrics
+    from sfg.sim.context import accuracy_metrics, clock_hours, curve_point, time_to_target
 
     res = sorted(results, key=lambda r: r["node"])
-    acc = np.array([r["acc"] for r in res], np.float64)
     avail = world.available if realised is None else realised
     K = int(world.cfg["local_steps"])
-    rounds = sorted({c[0] for r in res for c in r["curve"]})
-    curve_mean, curve_p10 = [], []
-    for t in rounds:
-        vals = [c[1] for r in res for c in r["curve"] if c[0] == t]
-        curve_mean.append(float(np.mean(vals)))
-        curve_p10.append(float(np.percentile(vals, 10)))
+    curves: dict[str, list[float]] = {}
+    if evaluations is not None:  # at the clock's instants
+        instants, accs = evaluations
+        acc = np.asarray(accs[-1], np.float64)
+        points = [curve_point(np.asarray(a, np.float64)) for a in accs]
+        curves["hours"] = clock_hours(list(instants))
+    else:  # after the nodes' rounds
+        acc = np.array([r["acc"] for r in res], np.float64)
+        rounds = sorted({c[0] for r in res for c in r["curve"]})
+        points = [curve_point(np.array([c[1] for r in res for c in r["curve"] if c[0] == t],
+                                       np.float64)) for t in rounds]
+        curves["round"] = [float(t) for t in rounds]
+    curve_mean, curve_p10 = [m for m, _ in points], [p for _, p in points]
+    curves.update(acc_mean=curve_mean, acc_p10=curve_p10)
+    if evaluations is None and round_seconds is not None:
+        curves["hours"] = clock_hours([r * float(round_seconds) for r in curves["round"]])
+    timed = {}
+    if "hours" in curves:
+        timed = time_to_target(curves["hours"], curve_mean,
+                               float(world.cfg.get("target_accuracy", 0.8)))
     messages = sum(r["messages"] for r in res)
     trains = sum(r["trains"] for r in res)
     metrics = {
         **accuracy_metrics(acc, curve_mean, avail.mean(axis=0),
                            world.attackers if world.cfg.get("attack") is not None else None),
+        **timed,
         "messages": float(messages),
         "scalars": float(messages * world.scalars_per_message),
         # nominal bytes sent, as the clock's engine counts them (sfg.metrics); the encoded bytes
@@ -137,12 +159,12 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         metrics["sign_ms_per_node_round"] = 1e3 * sum(c["sign_s"] for c in cert) / per_round
         metrics["verify_ms_per_node_round"] = 1e3 * sum(c["verify_s"] for c in cert) / per_round
     metrics.update(return_metrics(res))
-    nodes = [{"node": r["node"], "acc": r["acc"], "attacker": bool(r.get("attacker", False)),
+    nodes = [{"node": r["node"], "acc": float(a), "attacker": bool(r.get("attacker", False)),
               **{k: r["state"][k] for k in
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
               "restored": r["restored"],
-              **({"returns": r["returns"]} if r.get("returns") else {})} for r in res]
-    curves = {"round": [float(t) for t in rounds], "acc_mean": curve_mean, "acc_p10": curve_p10}
+              **({"returns": r["returns"]} if r.get("returns") else {})}
+             for r, a in zip(res, acc, strict=True)]
     # docs/concepts/diagnostics.md#training-diagnostics: the nodes' per-bin sums added (sfg.net.diagnose); None when none recorded
     diagnostics = pool_diagnostics(r.get("diagnostics") for r in res)
     return RunResult(metrics=metrics, curves=curves, accuracy=acc, diagnostics=diagnostics,

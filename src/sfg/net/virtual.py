@@ -80,8 +80,10 @@ class BatchTrainer:
         # are evaluated in batches (whenever EVAL_BATCH are waiting, and at the end); the
         # k-th NaN in a node's curve is its k-th evaluation (resolve)
         self.defer_eval = bool(defer_eval)
-        self._to_eval: list[tuple[int, np.ndarray]] = []
+        # (node, model, evaluation instant k or None: the node's own evaluation)
+        self._to_eval: list[tuple[int, np.ndarray, int | None]] = []
         self._accs: dict[int, list[float]] = {}
+        self.at: dict[int, np.ndarray] = {}  # instant k -> [N] accuracies (evaluate_at)
 
     def for_node(self, i: int) -> _NodeTrainer:
         return _NodeTrainer(self, int(i))
@@ -133,14 +135,27 @@ class BatchTrainer:
         :meth:`sfg.net.world.Trainer.evaluate` computes it, with one backend for all nodes
         (not a model and backend per node)."""
         if self.defer_eval:
-            self._to_eval.append((int(i), np.array(x, np.float32)))
-            if len(self._to_eval) >= EVAL_BATCH:
-                self._evaluate_waiting()
+            self._defer(int(i), x, None)
             return float("nan")
         if self._eval is None:  # the single-client backend of Trainer, one for all nodes
             self._eval = self.run.make_backend("loop:workers=2")
         P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
         return float(self.run.evaluate(P, [int(i)], backend=self._eval)[0])
+
+    def evaluate_at(self, k: int, models: list[np.ndarray]) -> None:
+        """The evaluation at instant k of every node's model (``models`` [N], node i's
+        first): deferred, then found in ``at[k]`` (after :meth:`resolve`)."""
+        at = self.at[int(k)] = np.full(len(models), np.nan)
+        for i, x in enumerate(models):
+            if self.defer_eval:
+                self._defer(i, x, int(k))
+            else:
+                at[i] = self.evaluate(i, x)
+
+    def _defer(self, i: int, x: np.ndarray, k: int | None) -> None:
+        self._to_eval.append((i, np.array(x, np.float32), k))
+        if len(self._to_eval) >= EVAL_BATCH:
+            self._evaluate_waiting()
 
     def _evaluate_waiting(self) -> None:
         """Evaluate the deferred models in one batch with the training backend (each on its
@@ -149,10 +164,13 @@ class BatchTrainer:
         if not self._to_eval:
             return
         waiting, self._to_eval = self._to_eval, []
-        P = torch.from_numpy(np.stack([x for _, x in waiting]))
-        accs = self.run.evaluate(P, [i for i, _ in waiting], backend=self.backend)
-        for (i, _), a in zip(waiting, accs, strict=True):
-            self._accs.setdefault(i, []).append(float(a))
+        P = torch.from_numpy(np.stack([x for _, x, _ in waiting]))
+        accs = self.run.evaluate(P, [i for i, _, _ in waiting], backend=self.backend)
+        for (i, _, k), a in zip(waiting, accs, strict=True):
+            if k is None:
+                self._accs.setdefault(i, []).append(float(a))
+            else:
+                self.at[k][i] = a
 
     def resolve(self, results: list[dict], nodes: list) -> None:
         """Fill the deferred accuracies into the nodes' results and curves (in order)."""
@@ -160,6 +178,8 @@ class BatchTrainer:
             return
         self._evaluate_waiting()
         for i, (res, nd) in enumerate(zip(results, nodes, strict=True)):
+            if not nd.cfg.evaluate:  # evaluated at the clock's instants instead (at)
+                continue
             vals = iter(self._accs.get(i, []))
             curve = [(r, next(vals) if a != a else a) for r, a in nd.stats.curve]
             nd.stats.curve[:] = curve
@@ -334,12 +354,18 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
     clocks = [NodeClock(drift=float(drift[i]), virtual=True) for i in range(N)]
     keys = _simulated_keys(world) if rule.certified else None  # +certified (sfg.net.certify)
 
+    # async: every node's model evaluated at the clock's engine's instants, at the end of each
+    # instant (after every commit there: docs/concepts/clock.md#one-instant); lockstep rounds
+    # follow the messages, not the clock: each node evaluates after its rounds, as sfg run
+    te = evaluation_times(world, P) if opts.mode == "async" else None
+
     def make_node(i: int, resume: bool = False) -> Node:
         nd = Node(world, i, NodeConfig(mode=opts.mode, period=P, jitter=opts.jitter,
                                        window=opts.window, deadline=opts.deadline, t0=0.0,
                                        linger=0.0, on_round=on_round, checkpoint_dir=ckpt,
                                        resume=resume, record_headers=record_headers,
-                                       keys=None if keys is None else keys[i]),
+                                       keys=None if keys is None else keys[i],
+                                       evaluate=te is None),
                   trainer.for_node(i), net=net, clock=clocks[i])
         if nodes_out is not None:
             nodes_out.append(nd)
@@ -374,6 +400,18 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         if fstats is not None:
             fstats["restarts"] += 1
 
+    evaluated = loop.create_future()  # the last instant's evaluation done
+
+    def evaluate(k: int) -> None:
+        try:
+            trainer.evaluate_at(k, [nd.x for nd in nodes])
+        except BaseException as e:  # the run's error, not the loop's handler's
+            if not evaluated.done():
+                evaluated.set_exception(e)
+            return
+        if k == len(te) - 1 and not evaluated.done():
+            evaluated.set_result(None)
+
     async def main():
         for nd in nodes:
             await nd.server.start("mem", 0)
@@ -381,6 +419,10 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
             nd.connect({int(j): address(int(j)) for j in nd.nbrs})
         tasks.extend(loop.create_task(nd.run()) for nd in nodes)
         control = {loop.create_task(crash(i, at)) for i, at in crashes}
+        if te is not None:
+            for k, t in enumerate(te):
+                loop.call_at_instant_end(float(t), evaluate, k)
+            control.add(evaluated)
         try:
             while True:  # until every node's last run is done; a node's error ends the run
                 live = {t for t in tasks if not t.done()} | {c for c in control if not c.done()}
@@ -415,8 +457,26 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         if tmp is not None:
             tmp.cleanup()
     trainer.resolve(results, nodes)
+    evaluations = None
+    if te is not None:  # the nodes' curves: their accuracies at the instants
+        accs = np.stack([trainer.at[k] for k in range(len(te))])
+        evaluations = (te, accs)
+        for i, res in enumerate(results):
+            res["acc"] = float(accs[-1, i])
+            res["curve"] = [[float(t), float(a)] for t, a in zip(te, accs[:, i], strict=True)]
     return _result(world, results, nodes, time.perf_counter() - wall, restarts[0], loop, trainer,
-                   net, faults)
+                   net, faults, evaluations=evaluations, period=P)
+
+
+def evaluation_times(world, period: float) -> np.ndarray:
+    """The instants (virtual seconds) at which the virtual swarm evaluates every node, those
+    of the clock's engine (:func:`sfg.clock.instant.evaluation_instants`): every
+    ``eval_seconds``, or ``eval_every`` periods, up to the horizon T·P, and the horizon."""
+    from sfg.clock.instant import eval_every_seconds, evaluation_instants
+
+    c = world.cfg
+    return evaluation_instants(world.rounds * period, eval_every_seconds(
+        c.get("eval_seconds"), int(c["eval_every"]), period))
 
 
 def _simulated_keys(world) -> list:
@@ -483,15 +543,18 @@ def network_metrics(world, stats: dict[str, int],
     return out
 
 
-def _result(world, results, nodes, wall, restarts, loop, trainer, net, faults) -> dict[str, Any]:
+def _result(world, results, nodes, wall, restarts, loop, trainer, net, faults, *,
+            evaluations=None, period: float) -> dict[str, Any]:
     """:func:`sfg.net.swarm.summarise`'s JSON plus the clock's figures and the final models."""
     from sfg.net.swarm import summarise
 
-    res = summarise(world, results, wall=wall, restarts=restarts)
+    res = summarise(world, results, wall=wall, restarts=restarts, evaluations=evaluations,
+                    round_seconds=period)
     res["metrics"].update({
         "virtual_seconds": float(loop.time()), "train_batches": float(trainer.batches_run),
         "train_requests": float(trainer.requests),
         "interrupted": float(sum(nd.stats.interrupted for nd in nodes)),
+        "unfinished": float(sum(nd.stats.unfinished for nd in nodes)),
         "skipped": float(sum(nd.stats.skipped for nd in nodes)),
         **network_metrics(world, net.stats, net.message_bytes)})
     if faults is not None and hasattr(faults, "summary"):

@@ -398,6 +398,18 @@ def check_finite(metrics: dict[str, float]) -> None:
         raise SfgError("evaluation produced non-finite accuracies; check the data and model")
 
 
+def curve_point(acc: np.ndarray) -> tuple[float, float]:
+    """One evaluation's point of the accuracy curves every engine reports (``acc_mean``,
+    ``acc_p10``): the mean and the 10th percentile of the clients' accuracies ``acc``."""
+    return float(acc.mean()), float(np.percentile(acc, 10))
+
+
+def clock_hours(seconds: list[float]) -> list[float]:
+    """The evaluation instants (virtual seconds) in hours, the time axis of the curves on
+    the clock (``hours``)."""
+    return [float(t / 3600.0) for t in seconds]
+
+
 def time_to_target(hours: list[float], curve_mean: list[float], target: float) -> dict[str, float]:
     """``time_to_accuracy_h``: the first evaluation time (hours) whose mean accuracy reaches
     ``target`` — NaN with ``reached_target`` 0 when none does."""

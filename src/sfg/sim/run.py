@@ -47,6 +47,8 @@ from sfg.sim.context import (
     backbone_momentum,
     build_run,
     check_finite,
+    clock_hours,
+    curve_point,
     numerics,
     single_threaded,
     time_to_target,
@@ -273,10 +275,10 @@ class RoundLoop:
                 self.diag.observe(seen)
         self.state = rw.state
         if (t + 1) % int(self.c["eval_every"]) == 0 or t == self.run.rounds - 1:
-            acc = self.evaluate()
+            mean, p10 = curve_point(self.evaluate())
             self.curve_round.append(float(t + 1))
-            self.curve_mean.append(float(acc.mean()))
-            self.curve_p10.append(float(np.percentile(acc, 10)))
+            self.curve_mean.append(mean)
+            self.curve_p10.append(p10)
 
     def evaluate(self) -> np.ndarray:
         return self.run.evaluate(self.personal if self.personal is not None else self.X)
@@ -305,7 +307,7 @@ class RoundLoop:
         clock_meta = dict(self.clock_meta)
         if clock_meta:  # lockstep on the clock: the same time metrics as async and event
             metrics.update(clock_meta.pop("_stats"))
-            hours = [r * float(c["round_seconds"]) / 3600.0 for r in self.curve_round]
+            hours = clock_hours([r * float(c["round_seconds"]) for r in self.curve_round])
             target = float(c.get("target_accuracy", 0.8))
             metrics.update(time_to_target(hours, self.curve_mean, target))
             curves["hours"] = hours
