@@ -61,7 +61,7 @@ def _runs(engine: str) -> list[dict[str, Any]]:
 def _engine_run(engine: str, over: dict[str, Any]):
     cfg = {**BASE, **over}
     if engine.startswith("real-"):
-        return sfg.swarm(nodes="real", procs=1, deadline=60, **cfg)
+        return sfg.swarm(nodes="real", procs=0, deadline=60, **cfg)
     kind, _, proto = engine.partition("-")
     if kind == "node":
         return sfg.swarm(nodes="virtual", protocol=proto, **cfg)
@@ -233,3 +233,13 @@ def test_the_report_of_a_store_of_0_2_0_prints_the_same_numbers(tmp_path):
         assert len(old) == len(new), f
         for a, b in zip(old, new, strict=True):
             assert _NUMBER.findall(a) == _NUMBER.findall(b), (f, a, b)
+
+
+def test_the_engines_metric_only_effects_name_registered_metrics():
+    from sfg.engines import METRIC_ONLY
+
+    for (engine, field), shows in METRIC_ONLY.items():
+        for what in shows:
+            kind, _, name = what.partition(" ")
+            if kind == "metric":
+                assert name in reg.reported_by(engine), (engine, field, name)
