@@ -28,6 +28,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from shared_data import STUNNER_100
 
 from sfg.cli.main import main
 from sfg.clock.replay import replay_clock, staleness_events
@@ -49,7 +50,6 @@ from sfg.world.models import make_model
 from sfg.world.outages.anatomy import capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
-STUNNER = ROOT.parent / "shared" / "data" / "stunner" / "peersim_session_100.txt"
 F_AGE, F_LAG = FACTS.index("age"), FACTS.index("lag")
 
 TINY = dict(dataset="digits", model="mlp", n_clients=12, rounds=6, local_steps=2, batch_size=8,
@@ -424,11 +424,11 @@ RULES = ["dfedavg", "sfg", "sfg-l", "sfg-cut", "sfg-counts", "aoi+ipw", "limited
 def clock_worlds(draw, protocol: str):
     n = draw(st.integers(3, 12))
     graph = draw(st.sampled_from([g for g in GRAPHS if int(g[-1]) < n]))
-    kinds = ["iid", "bursty"] + (["stunner"] if STUNNER.exists() else [])
+    kinds = ["iid", "bursty"] + (["stunner"] if STUNNER_100.exists() else [])  # shared data
     kind = draw(st.sampled_from(kinds))
     rounds = max(draw(st.integers(8, 25)), math.ceil(150 / n))
     if kind == "stunner":
-        process = f"stunner:path={STUNNER}"
+        process = f"stunner:path={STUNNER_100}"
     else:
         process = f"{kind}:u={draw(st.integers(1, 7)) / 10}"
     K = draw(st.integers(1, 3))

@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_traces_flash import small_flash
 
 from sfg.cli import console
 from sfg.cli.main import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-FLASH = DATA / "flash" / "flash_state_traces_subset.json"
 ENV = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 GRID = """\
@@ -221,7 +220,7 @@ def test_report_exit_0_and_2(tmp_path, capsys):
 
 def test_traces_exit_0_and_2_and_literal_paths(tmp_path, capsys):
     link = tmp_path / "[red]trace[dim].json"
-    link.symlink_to(FLASH)
+    link.symlink_to(small_flash(tmp_path))
     assert main(["traces", "stats", "--source", "flash", "--path", str(link)]) == 0
     out = "".join(capsys.readouterr().out.split())  # the caption may wrap
     assert "[red]trace[dim].json" in out and "flashtrace" in out
@@ -406,7 +405,8 @@ def test_help_and_listings_import_no_library():
 
 
 def test_traces_and_report_import_no_torch(tmp_path):
-    loaded = imports_of(["traces", "stats", "--source", "flash", "--path", str(FLASH), "--json"])
+    flash = small_flash(tmp_path)
+    loaded = imports_of(["traces", "stats", "--source", "flash", "--path", str(flash), "--json"])
     assert not loaded & {"torch", "matplotlib", "scipy.sparse", "scipy.stats", "numba"}, loaded
     store = finished_store(tmp_path / "s.sqlite")
     loaded = imports_of(["report", "--store", store, "--out", str(tmp_path / "r")])

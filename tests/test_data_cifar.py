@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from shared_data import CIFAR10_JPEG, DATA, require
 
 from sfg.errors import SfgError
 from sfg.world.data import load_federated
 from sfg.world.data.imagefolder import detect_image_folder, image_folder_pool
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-CIFAR10_JPEG = DATA / "cifar10-jpeg" / "cifar10_jpeg_q75_raw.tar.gz"
 
 
 # ------------------------------------------------------------------ tiny archives
@@ -263,6 +261,7 @@ def real_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_cifar(real_cache):
+    require(CIFAR10_JPEG)
     return load_federated(f"cifar10:limit_per_class={LIMIT}", n_clients=20, seed=1,
                           data_root=DATA, cache_dir=real_cache)
 

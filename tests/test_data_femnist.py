@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import DATA, FEMNIST, needs
 
 from sfg.errors import SfgError
 from sfg.world.data import load_federated
 from sfg.world.data.femnist import detect_leaf, read_leaf
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 # writer -> (index, train samples, test samples); None = absent from that split
 WRITERS = {"f0001_01": (1, 30, 5), "f0002_02": (2, 12, 4), "f0003_03": (3, 8, 3),
@@ -180,6 +179,7 @@ def real_femnist_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("sfg-femnist-cache")
 
 
+@needs(FEMNIST)
 def test_real_femnist(real_femnist_cache):
     d = load_federated("femnist", n_clients=20, seed=1, data_root=DATA, min_samples=100,
                        cache_dir=real_femnist_cache)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import FLASH, needs
 
 from sfg.errors import SfgError
 from sfg.util.rng import stream
@@ -18,7 +19,6 @@ from sfg.world.devices import (
 from sfg.world.outages import make_process
 
 ROOT = Path(__file__).resolve().parents[1]
-FLASH = "../shared/data/flash/flash_state_traces_subset.json"
 EDGES = np.array([[0, 1], [1, 2], [0, 3], [2, 3], [1, 3]])
 
 
@@ -97,6 +97,7 @@ def test_trace_by_node_index_and_column(tmp_path):
                            seed=0).tolist() == [2e6, 3e6]
 
 
+@needs(FLASH)
 def test_trace_by_the_devices_drawn_onto_nodes(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     proc = make_process(f"flash:rule=relaxed,path={FLASH}")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_traces_flash import small_flash
 
 from sfg.cli.main import main
 from sfg.cli.options import faults_with
@@ -18,7 +19,6 @@ from sfg.net.cuts import Crash, Cut
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-FLASH = ROOT / ".." / "shared" / "data" / "flash" / "flash_state_traces_subset.json"
 SHARED_COMMANDS = ("run", "replay", "swarm", "node")
 
 
@@ -200,16 +200,18 @@ def test_node_refuses_the_event_protocol_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("short,long", [("-p", "--path"), ("-s", "--source")])
-def test_traces_short_options_are_gone_with_a_pointer(short, long, capsys):
-    args = ["traces", "stats", "--source", "flash", "--path", str(FLASH)]
+def test_traces_short_options_are_gone_with_a_pointer(short, long, capsys, tmp_path):
+    flash = small_flash(tmp_path)
+    args = ["traces", "stats", "--source", "flash", "--path", str(flash)]
     args[args.index(long)] = short
     code, _, lines = _cli(args, capsys)
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: {short} is ") and f"write {long}" in lines[0]
 
 
-def test_traces_rule_is_the_availability_criterion(capsys):
-    base = ["traces", "stats", "--source", "flash", "--path", str(FLASH), "--json"]
+def test_traces_rule_is_the_availability_criterion(capsys, tmp_path):
+    flash = small_flash(tmp_path)  # its own file
+    base = ["traces", "stats", "--source", "flash", "--path", str(flash), "--json"]
     code, out, lines = _cli([*base, "--availability", "relaxed"], capsys)
     assert code == 0 and not lines and json.loads(out)["rule"] == "relaxed"
     code, old, lines = _cli([*base, "--rule", "relaxed"], capsys)

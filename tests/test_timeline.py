@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import shared_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,8 +15,7 @@ from sfg.world.outages import make_process
 from sfg.world.timeline import Intervals, make_intervals
 
 ROOT = Path(__file__).resolve().parents[1]
-FLASH = "../shared/data/flash/flash_state_traces_subset.json"
-STUNNER = "../shared/data/stunner/peersim_session_100.txt"
+FLASH, STUNNER = shared_data.FLASH, shared_data.STUNNER_100
 
 
 @pytest.fixture(autouse=True)
@@ -227,6 +227,7 @@ def test_synthetic_process_is_from_rounds():
     np.testing.assert_array_equal(iv2.to_rounds(600.0, 40), a2)
 
 
+@shared_data.needs(FLASH)
 @pytest.mark.parametrize("rule", ["strict", "relaxed"])
 def test_flash_minutes_agree_with_the_round_pipeline(rule):
     proc = f"flash:rule={rule},path={FLASH}"
@@ -249,6 +250,7 @@ def test_flash_minutes_agree_with_the_round_pipeline(rule):
     np.testing.assert_array_equal(iv.online_at(np.full(mins.size, k), t), mins)
 
 
+@shared_data.needs(FLASH)
 def test_flash_shorter_run_replace_and_wrong_round_length():
     proc = f"flash:rule=relaxed,replace=true,path={FLASH}"
     iv, a = make_intervals(proc, 100, 40, seed=5)
@@ -276,6 +278,7 @@ def _minute_online(iv: Intervals, minutes: int) -> np.ndarray:
     return out
 
 
+@shared_data.needs(STUNNER)
 def test_stunner_sessions_agree_with_the_round_pipeline():
     iv, a = make_intervals(f"stunner:path={STUNNER}", 300, 600, seed=1)
     np.testing.assert_array_equal(a, make_process(f"stunner:path={STUNNER}").sample(
@@ -306,6 +309,7 @@ def test_stunner_sessions_agree_with_the_round_pipeline():
     assert diff.mean() <= (partial > 0).mean()
 
 
+@shared_data.needs(STUNNER)
 def test_tabular_intervals_at_their_own_times(tmp_path):
     # real STUNner sessions written as a user trace at fractional minutes, shifted by an
     # origin, with one online period cut into two touching rows
@@ -334,6 +338,7 @@ def test_tabular_intervals_at_their_own_times(tmp_path):
     assert riv.equals(Intervals.from_rounds(ra, 600.0))
 
 
+@shared_data.needs(STUNNER)
 def test_same_seed_same_intervals_other_seed_other_devices():
     proc = f"stunner:path={STUNNER}"
     a1, _ = make_intervals(proc, 300, 30, seed=7)

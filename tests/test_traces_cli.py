@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+import shared_data
+from test_traces_flash import small_flash
 from typer.testing import CliRunner
 
 from sfg.cli.traces import app
 from sfg.errors import SfgError
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-FLASH = str(DATA / "flash" / "flash_state_traces_subset.json")
+FLASH = str(shared_data.FLASH)
 runner = CliRunner()
 
 
+@shared_data.needs(shared_data.FLASH)
 def test_stats_json():
     r = runner.invoke(app, ["stats", "--source", "flash", "--path", FLASH, "--availability", "relaxed",
                             "--json"])
@@ -25,13 +26,15 @@ def test_stats_json():
     assert 0 < s["mean_availability"] < 1
 
 
+@shared_data.needs(shared_data.STUNNER_100)
 def test_stats_table_stunner():
-    path = str(DATA / "stunner" / "peersim_session_100.txt")
+    path = str(shared_data.STUNNER_100)
     r = runner.invoke(app, ["stats", "--source", "stunner", "--path", path, "--variant", "10min"])
     assert r.exit_code == 0, r.output
     assert "mean_availability" in r.output and "outage_longest_rounds" in r.output
 
 
+@shared_data.needs(shared_data.FLASH)
 def test_plot(tmp_path):
     r = runner.invoke(app, ["plot", "--source", "flash", "--path", FLASH, "--out",
                             str(tmp_path)])
@@ -51,12 +54,13 @@ def test_tabular_source(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["stats", "--source", "flsh", "--path", FLASH], "did you mean 'flash'"),
+    (["stats", "--source", "flsh", "--path", "<flash>"], "did you mean 'flash'"),
     (["stats", "--source", "flash", "--path", "nope.json"], "not found"),
-    (["stats", "--source", "flash", "--path", FLASH, "--rule", "loose"], "unknown FLASH rule"),
+    (["stats", "--source", "flash", "--path", "<flash>", "--rule", "loose"], "unknown FLASH rule"),
 ])
-def test_bad_input_raises_sfgerror(args, match):
-    r = runner.invoke(app, args)
+def test_bad_input_raises_sfgerror(args, match, tmp_path):
+    flash = str(small_flash(tmp_path))  # a FLASH file of the test's own
+    r = runner.invoke(app, [flash if a == "<flash>" else a for a in args])
     assert r.exit_code != 0
     assert isinstance(r.exception, SfgError)
     assert match in str(r.exception)

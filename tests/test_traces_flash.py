@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_data import FLASH, require
 
 from sfg.errors import SfgError
 from sfg.world.traces import flash_trace, load_flash, parse_flash, trace_stats
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-FLASH = DATA / "flash" / "flash_state_traces_subset.json"
 
 
 def write_flash(path: Path, devices: dict[str, list[str]]) -> Path:
@@ -58,6 +56,22 @@ DEVICE_C = [
     "2020-01-01 23:00:00 \tscreen_on",
     "2020-01-02 00:30:00 \tscreen_off",
 ]
+# device long: wifi, charging and locked from 22:00 (unlocked 12:00-13:00 the next day) until
+# its last line three days later: long enough for the default window, so it is eligible
+DEVICE_LONG = [
+    "2020-01-01 22:00:00 \twifi",
+    "2020-01-01 22:00:00 \tbattery_charged_on",
+    "2020-01-01 22:00:05 \tscreen_lock",
+    "2020-01-02 12:00:00 \tscreen_unlock",
+    "2020-01-02 13:00:00 \tscreen_lock",
+    "2020-01-05 01:00:00 \t50.0%",
+]
+
+
+def small_flash(folder: Path) -> Path:
+    """A FLASH file of the tests' own, ``folder/flash.json`` (devices a, b and long), for the
+    tests of commands whose point is not the real data."""
+    return write_flash(folder / "flash.json", {"a": DEVICE_A, "b": DEVICE_B, "long": DEVICE_LONG})
 
 
 @pytest.fixture
@@ -151,6 +165,7 @@ def test_forward_fill_matches_naive_loop(devs):
 
 @pytest.fixture(scope="module")
 def real_states():
+    require(FLASH)
     return parse_flash(FLASH)
 
 

@@ -6,14 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import FLASH, STUNNER_80, needs
 
 import sfg.world.traces.process  # noqa: F401  (registers flash, stunner, trace)
 from sfg.errors import SfgError
 from sfg.world.outages.registry import PROCESSES, make_process
 from sfg.world.traces import Trace, save_tabular
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-FLASH = "../shared/data/flash/flash_state_traces_subset.json"
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +20,7 @@ def repo_root(monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
 
 
+@needs(FLASH)
 def test_example_from_the_brief():
     p = make_process(f"flash:rule=strict,path={FLASH}")
     a = p.sample(300, 20, seed=1)
@@ -30,6 +29,7 @@ def test_example_from_the_brief():
     assert "flash" in PROCESSES.names(tag="trace")
 
 
+@needs(FLASH)
 def test_columns_are_distinct_devices_and_match_the_trace():
     p = PROCESSES.make(f"flash:rule=relaxed,path={FLASH}")
     D = p.trace.n_devices
@@ -41,6 +41,7 @@ def test_columns_are_distinct_devices_and_match_the_trace():
     assert sorted(ids) != ids or D < 3  # a random order (mapping onto nodes)
 
 
+@needs(FLASH)
 def test_per_seed_determinism():
     p = PROCESSES.make(f"flash:path={FLASH}")
     q = PROCESSES.make(f"flash:path={FLASH}")
@@ -50,6 +51,7 @@ def test_per_seed_determinism():
     assert p.device_ids(25, seed=3) != p.device_ids(25, seed=4)
 
 
+@needs(FLASH)
 def test_too_few_devices_and_replace():
     p = PROCESSES.make(f"flash:rule=strict,path={FLASH}")
     D = p.trace.n_devices
@@ -63,6 +65,7 @@ def test_too_few_devices_and_replace():
     assert len(set(r.device_ids(3 * D, seed=1))) <= D
 
 
+@needs(FLASH)
 def test_too_many_rounds_and_bad_params():
     p = PROCESSES.make(f"flash:path={FLASH}")
     with pytest.raises(SfgError, match="300 rounds.*T=301"):
@@ -77,8 +80,9 @@ def test_too_many_rounds_and_bad_params():
         p.sample(300, 0, seed=0)
 
 
+@needs(STUNNER_80)
 def test_stunner_variants():
-    p = PROCESSES.make("stunner:path=../shared/data/stunner/peersim_session_80.txt,variant=6day")
+    p = PROCESSES.make(f"stunner:path={STUNNER_80},variant=6day")
     a = p.sample(300, 100, seed=2)
     assert a.shape == (300, 100) and p.trace.round_minutes == 30
     assert len(set(p.device_ids(100, seed=2))) == 100

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from shared_data import FLASH, needs
 
 from sfg.errors import SfgError
 from sfg.world.traces import Trace, load_trace, outage_runs, trace_stats
 from sfg.world.traces.plot import availability_by_hour, plot_trace
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def make(a, rm=10, offset=0.0):
@@ -77,8 +75,9 @@ def test_availability_by_hour():
     assert shifted[22] == 1.0 and shifted[4] == 0.0 and shifted[3] == 1.0
 
 
+@needs(FLASH)
 def test_plots_written_and_non_empty(tmp_path):
-    tr = load_trace("flash", DATA / "flash" / "flash_state_traces_subset.json", rule="strict")
+    tr = load_trace("flash", FLASH, rule="strict")
     paths = plot_trace(tr, tmp_path / "plots")
     assert [p.name for p in paths] == ["availability_by_hour.png", "outage_lengths.png",
                                        "device_availability.png", "availability_raster.png"]

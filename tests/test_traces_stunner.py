@@ -6,12 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import STUNNER, STUNNER_80, STUNNER_100, needs
 
 from sfg.errors import SfgError
 from sfg.world.traces import load_stunner, load_trace, parse_sessions, trace_stats
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-STUNNER = DATA / "stunner"
 S0 = 1402358400000  # 2014-06-10 00:00 UTC
 H, M, S = 3_600_000, 60_000, 1000
 
@@ -91,6 +90,7 @@ def test_six_day_variant_rounds(tmp_path):
         load_stunner(p, variant="6days")
 
 
+@needs(STUNNER_100, STUNNER_80)
 @pytest.mark.parametrize("suffix,fraction", [("100", 0.233), ("80", 0.353)])
 def test_real_files(suffix, fraction):
     path = STUNNER / f"peersim_session_{suffix}.txt"
@@ -109,6 +109,7 @@ def test_real_files(suffix, fraction):
     assert trace_stats(tr)["outage_longest_rounds"] <= 300
 
 
+@needs(STUNNER_80)
 def test_real_six_day_variant():
     tr = load_trace("stunner", STUNNER / "peersim_session_80.txt", variant="6day")
     assert tr.available.shape[0] == 300 and tr.round_minutes == 30
@@ -161,8 +162,9 @@ def test_empty_and_missing(tmp_path):
         parse_sessions(tmp_path / "missing.txt")
 
 
+@needs(STUNNER_100)
 def test_deterministic(tmp_path):
-    p = STUNNER / "peersim_session_100.txt"
+    p = STUNNER_100
     a = load_stunner(p)
     b = load_stunner(p)
     assert a.devices == b.devices

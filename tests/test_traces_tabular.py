@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from shared_data import FLASH, needs
 
 from sfg.errors import SfgError
 from sfg.world.traces import Trace, load_tabular, load_trace, save_tabular
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
@@ -101,8 +100,9 @@ def test_round_trip(tmp_path_factory, a, rm):
         np.testing.assert_array_equal(back.available, a)
 
 
+@needs(FLASH)
 def test_round_trip_real_flash_window(tmp_path):
-    tr = load_trace("flash", DATA / "flash" / "flash_state_traces_subset.json", rule="relaxed")
+    tr = load_trace("flash", FLASH, rule="relaxed")
     p = save_tabular(tr, tmp_path / "flash.csv", form="intervals")
     back = load_tabular(p, round_minutes=10, rounds=300)
     assert back.devices == tr.devices
