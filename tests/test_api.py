@@ -194,8 +194,9 @@ def test_virtual_swarm_is_the_node_on_the_virtual_clock():
 def test_real_swarm_on_loopback():
     pytest.importorskip("grpc")
     res = bounded(lambda: sfg.swarm(n_clients=4, rounds=5, graph="ring", nodes="real", procs=1,
-                                    period=0.2, deadline=60.0), 300)
-    assert res.meta["engine"] == "real-nodes" and len(res["nodes"]) == 4
+                                    deadline=60.0), 300)
+    assert res.meta["engine"] == "real-lockstep" and len(res["nodes"]) == 4
+    assert res.meta["config"]["nodes"] == "real" and res.meta["config"]["backend"] == "loop"
     assert 0.0 <= res.metrics["acc_mean"] <= 1.0
 
 
@@ -331,3 +332,28 @@ def test_docstring_example_runs(code, tmp_path):
     r = _python(code, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert r.stdout.strip()
+
+
+def test_results_go_into_a_table():
+    """``RunResult.row()`` is one flat dict of plain values (settings, then metrics) from
+    every engine; a list of them is a pandas table; the repr is one short line; ``params`` is
+    a numpy float32 [N, D] array from ``sfg.run`` (rounds and clock) and ``sfg.swarm``."""
+    pd = pytest.importorskip("pandas")
+    tiny = dict(n_clients=6, rounds=2, local_steps=1, batch_size=8, graph="ring:k=1",
+                process="iid:u=0.5")
+    results = [sfg.run(**tiny), sfg.run(**tiny, clock="virtual", protocol="async"),
+               sfg.swarm(**tiny, protocol="async")]
+    rows = [r.row() for r in results]
+    assert [r["engine"] for r in rows] == ["rounds", "clock-async", "node-async"]
+    for res, row in zip(results, rows, strict=True):
+        assert list(row)[:8] == ["run_id", "engine", "kind", "rule", "process", "seed",
+                                 "n_clients", "rounds"]
+        assert row["run_id"] == res.meta["run_id"] and row["n_clients"] == 6
+        assert all(isinstance(v, (str, int, float)) for v in row.values()), row
+        assert {k: row[k] for k in res.metrics} == res.metrics
+        assert isinstance(res.params, np.ndarray) and res.params.dtype == np.float32
+        assert res.params.shape[0] == 6
+        text = repr(res)
+        assert "\n" not in text and len(text) <= 160 and text.startswith("RunResult(engine=")
+    table = pd.DataFrame(rows)
+    assert table.shape[0] == 3 and table["acc_mean"].dtype == np.float64

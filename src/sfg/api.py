@@ -135,7 +135,7 @@ def _execute(cfg: RunConfig, progress: Progress | None) -> RunResult:
     validate_names(cfg)
     res = run_result(cfg, progress=progress)
     res.meta.update(config=cfg.model_dump(mode="json"), run_id=run_id(cfg))
-    return res
+    return res.as_arrays()
 
 
 def run(config: RunConfig | Mapping[str, Any] | None = None, /, *,
@@ -240,7 +240,7 @@ def swarm(config: RunConfig | Mapping[str, Any] | None = None, /, *,
         cfg = _make("swarm", {**values, "nodes": kind}, {}, kind="train")
         return run_nodes_config(cfg, deadline=deadline, procs=int(procs) if kind == "real" else 1,
                                 workdir=None if workdir is None else str(workdir),
-                                progress=progress)
+                                progress=progress).as_arrays()
 
 
 # ----------------------------------------------------------------------------- grids
@@ -349,9 +349,10 @@ class GridResult:
         out = []
         for cfg, rid, res in zip(self.configs, self.run_ids, self.results, strict=True):
             if res is not None:
-                out.append({"run_id": rid, "kind": cfg.kind, "rule": cfg.rule,
-                            "process": cfg.process, "seed": cfg.seed,
-                            "n_clients": cfg.n_clients, "rounds": cfg.rounds, **res.metrics})
+                from sfg.result import ROW_SETTINGS
+
+                out.append({"run_id": rid, **{k: getattr(cfg, k) for k in ROW_SETTINGS},
+                            **res.metrics})
         return out
 
 

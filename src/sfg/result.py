@@ -8,8 +8,31 @@ from typing import Any
 
 import numpy as np
 
+#: the settings in :meth:`RunResult.row` (and :meth:`sfg.GridResult.rows`), in this order
+ROW_SETTINGS = ("kind", "rule", "process", "seed", "n_clients", "rounds")
 
-@dataclass
+
+def _engine(cfg: dict[str, Any]) -> str | None:
+    from sfg.engines import engine_of
+    from sfg.errors import SfgError
+
+    if cfg.get("kind", "train") != "train":
+        return str(cfg.get("kind"))
+    try:
+        return engine_of(cfg)
+    except SfgError:
+        return None
+
+
+def _float32(x: Any) -> Any:
+    if x is None or (isinstance(x, np.ndarray) and x.dtype == np.float32):
+        return x
+    if hasattr(x, "detach"):  # a torch tensor (torch is not imported here)
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float32)
+
+
+@dataclass(repr=False)
 class RunResult:
     """What a training run produced, whatever the engine.
 
@@ -31,6 +54,42 @@ class RunResult:
     weights_log: list[np.ndarray] | None = None
     diagnostics: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One short line: the engine, the run id, the headline metric and the sizes."""
+        cfg = self.meta.get("config") or {}
+        parts = [f"engine={_engine(cfg)}"] if cfg else []
+        if self.meta.get("run_id"):
+            parts.append(f"run_id={self.meta['run_id']}")
+        for k in ("acc_mean", "premise"):
+            if isinstance(self.metrics.get(k), float):
+                parts.append(f"{k}={self.metrics[k]:.4f}")
+                break
+        parts.append(f"{len(self.metrics)} metrics")
+        shape = getattr(self.params, "shape", None)
+        if shape is not None:
+            parts.append(f"params {list(shape)}")
+        return f"RunResult({', '.join(parts)})"
+
+    def row(self) -> dict[str, Any]:
+        """One flat dict of plain values: ``run_id``, ``engine``, the settings that tell runs
+        apart in a table (:data:`ROW_SETTINGS`), then every metric — as
+        :meth:`sfg.GridResult.rows` gives per run; ``pandas.DataFrame([r.row() for r in
+        results])`` is a table. Needs neither pandas nor torch."""
+        cfg = self.meta.get("config") or {}
+        out: dict[str, Any] = {"run_id": self.meta.get("run_id"),
+                               "engine": _engine(cfg) if cfg else None}
+        out.update({k: cfg.get(k) for k in ROW_SETTINGS})
+        out.update(self.metrics)
+        return out
+
+    def as_arrays(self) -> RunResult:
+        """``params`` and ``personal`` as numpy float32 [N, D] (an engine's torch tensor
+        converted once, here); returns this result. What :func:`sfg.run` and :func:`sfg.swarm`
+        return."""
+        self.params = _float32(self.params)
+        self.personal = _float32(self.personal)
+        return self
 
     def __getitem__(self, key: str) -> Any:
         if key in self.extra:
