@@ -97,8 +97,12 @@ def build_world(cfg: dict[str, Any] | None = None, *, available: np.ndarray | No
     from sfg.round.attacks import check_rounds_only
 
     c = resolve_config(cfg, **overrides)
-    run = build_run(c, engine=engine or node_engine(c), edges=edges, available=available,
-                    device="cpu")
+    engine = engine or node_engine(c)
+    if c.get("nodes", "none") == "none":  # settings that name no nodes: the nodes that run them
+        from sfg.engines import SELECTORS
+
+        c = {**c, "nodes": SELECTORS[engine]["nodes"]}
+    run = build_run(c, engine=engine, edges=edges, available=available, device="cpu")
     rule = run.rule
     check(not rule.reads_models and not rule.oracle,
           f"rule {rule.name!r} reads other clients' models or global state; a networked node "
