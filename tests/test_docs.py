@@ -1,8 +1,13 @@
 """The documentation site (MkDocs, docs/ and mkdocs.yml) and its examples.
 
 * the strict build succeeds (a broken link, anchor or API reference fails it);
-* every ```python block in docs/**/*.md and README.md runs (fence info ``norun`` opts out);
-* every ```console block preceded by ``<!-- runnable -->`` runs: each ``$ sfg ...`` line exits 0;
+* every example — each ```console, ```bash and ```python block of docs/**/*.md and README.md —
+  is accounted for by the comment on the line before it: ``<!-- runnable -->`` (it runs as
+  written: each ``$ sfg ...`` line of a console block exits 0, a Python block runs as a
+  script; in a fresh folder holding the sample files it names from beside its page) or
+  ``<!-- not-run: REASON -->`` (a GPU, several hosts, an install, hours), whose ``sfg``
+  command lines are still parsed against the command tree (every option and value is one
+  the command takes); an untagged block fails;
 * the command-line reference lists every command and option of the click tree, and is current;
 * the README stays a landing page (at most 200 lines, links into the docs that exist).
 
@@ -15,6 +20,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md")) + [ROOT / "README.md"]
 RUNNABLE = "<!-- runnable -->"
+NOT_RUN = re.compile(r"^<!-- not-run: (\S.*?) -->$")
+#: the blocks that are examples (each must be tagged)
+EXAMPLES = ("console", "bash", "python")
+#: a runnable example's bound (its budget is 30 s on an idle machine; the bound leaves room for
+#: a loaded one)
+BOUND_S = 120
 
 
 def _blocks(path: Path):
-    """``(info, code, runnable, line)`` for every fenced block of a Markdown file."""
+    """``(info, code, tag, line)`` for every fenced block of a Markdown file; ``tag`` is the
+    comment on the line before it: "runnable", "not-run: REASON" or None."""
     lines = path.read_text(encoding="utf-8").splitlines()
     out, i = [], 0
     while i < len(lines):
@@ -42,23 +55,58 @@ def _blocks(path: Path):
         while j < len(lines) and not lines[j].strip().startswith(fence):
             body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
             j += 1
-        out.append((info, "\n".join(body) + "\n", prev == RUNNABLE, i + 1))
+        nr = NOT_RUN.match(prev)
+        tag = "runnable" if prev == RUNNABLE else f"not-run: {nr.group(1)}" if nr else None
+        out.append((info, "\n".join(body) + "\n", tag, i + 1))
         i = j + 1
     return out
 
 
-def _collect(kind: str):
-    cases = []
+def _lang(info: str) -> str:
+    words = info.replace("{", " ").replace("}", " ").split()
+    return words[0] if words else ""
+
+
+def _examples():
+    """(page, lang, code, tag, id) of every example block."""
     for page in PAGES:
-        for info, code, runnable, line in _blocks(page):
-            words = info.replace("{", " ").replace("}", " ").split()
-            lang = words[0] if words else ""
-            rel = page.relative_to(ROOT).as_posix()
-            if kind == "python" and lang == "python" and "norun" not in words:
-                cases.append(pytest.param(code, id=f"{rel}:{line}"))
-            if kind == "console" and lang == "console" and runnable:
-                cases.append(pytest.param(code, id=f"{rel}:{line}"))
-    return cases
+        for info, code, tag, line in _blocks(page):
+            lang = _lang(info)
+            if lang in EXAMPLES:
+                yield page, lang, code, tag, f"{page.relative_to(ROOT).as_posix()}:{line}"
+
+
+def _collect(lang: str, tag: str):
+    return [pytest.param(page, code, id=ident) for page, lg, code, t, ident in _examples()
+            if lg == lang and (t or "").startswith(tag)]
+
+
+def _commands(code: str, lang: str) -> list[str]:
+    """The ``sfg`` command lines of a console (``$ sfg ...``) or bash (``sfg ...``) block, with
+    continuation lines joined, comments and leading ``VAR=value`` assignments dropped."""
+    text = re.sub(r"\\\n\s*", " ", code)
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if lang == "console":
+            if not ln.startswith("$ "):
+                continue
+            ln = ln[2:]
+        words = shlex.split(ln, comments=True)
+        while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+            words = words[1:]
+        if words and words[0] == "sfg":
+            out.append(shlex.join(words))
+    return out
+
+
+def _samples(page: Path, code: str, into: Path) -> None:
+    """Copy the sample files beside ``page`` that ``code`` names into ``into``."""
+    if page.parent == ROOT:
+        return
+    for f in page.parent.iterdir():
+        if f.is_file() and f.suffix != ".md" and re.search(rf"\b{re.escape(f.name)}\b", code):
+            shutil.copy(f, into / f.name)
 
 
 def _env() -> dict[str, str]:
@@ -70,29 +118,80 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("code", _collect("python"))
-def test_python_example_runs(code, tmp_path):
+def test_every_example_is_runnable_or_says_why_not():
+    untagged = [ident for _, _, _, tag, ident in _examples() if tag is None]
+    assert not untagged, ("tag each example `<!-- runnable -->` or `<!-- not-run: REASON -->`"
+                          f" (docs/contributing.md): {untagged}")
+    for page, lang, code, tag, ident in _examples():
+        if tag == "runnable" and lang in ("console", "bash"):
+            assert lang == "console", f"{ident}: a runnable command block is ```console"
+            lines = [ln for ln in code.splitlines() if ln.startswith("$ ")]
+            assert lines and all(ln.startswith("$ sfg ") for ln in lines), (
+                f"{ident}: a runnable block runs `$ sfg ...` lines only")
+
+
+def _parse(args: list[str]):
+    """Parse ``sfg ARGS`` against the command tree without running it (click's
+    ``make_context`` down to the sub-command): an unknown option, a missing value or one of
+    the wrong type raises."""
+    import typer
+
+    from sfg.cli.main import app
+
+    cmd = typer.main.get_command(app)
+    ctx = cmd.make_context("sfg", list(args))
+    while hasattr(cmd, "commands"):
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        if not rest:
+            break
+        name, cmd, rest = cmd.resolve_command(ctx, rest)
+        ctx = cmd.make_context(name, rest, parent=ctx)
+    return ctx
+
+
+@pytest.mark.parametrize("page, code", [*_collect("console", "not-run"),
+                                        *_collect("bash", "not-run")])
+def test_a_not_run_command_parses(page, code):
+    lang = "console" if "$ " in code else "bash"
+    for command in _commands(code, lang):
+        _parse(shlex.split(command)[1:])
+
+
+def test_the_parse_check_can_fail():
+    with pytest.raises(Exception, match="No such option"):
+        _parse(["replay", "--no-such-option"])
+    with pytest.raises(Exception, match="valid integer"):
+        _parse(["replay", "--clients", "many"])
+    assert _commands("$ SFG_PLUGINS=m sfg replay \\\n   -r sfg  # note\n", "console") == [
+        "sfg replay -r sfg"]
+
+
+@pytest.mark.parametrize("page, code", _collect("python", "runnable"))
+def test_python_example_runs(page, code, tmp_path):
+    _samples(page, code, tmp_path)
     script = tmp_path / "example.py"  # a file, so that numba can cache what it compiles
     script.write_text(code, encoding="utf-8")
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=BOUND_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
-@pytest.mark.parametrize("code", _collect("console"))
-def test_runnable_cli_example(code, tmp_path):
-    commands = [ln[2:] for ln in code.splitlines() if ln.startswith("$ sfg ")]
+@pytest.mark.parametrize("page, code", _collect("console", "runnable"))
+def test_runnable_cli_example(page, code, tmp_path):
+    _samples(page, code, tmp_path)
+    commands = _commands(code, "console")
     assert commands, "a runnable console block needs at least one `$ sfg ...` line"
     for command in commands:
         args = shlex.split(command)[1:]
         r = subprocess.run([sys.executable, "-m", "sfg", *args], cwd=tmp_path, env=_env(),
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=BOUND_S)
         assert r.returncode == 0, f"$ {command}\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
 
 
 def test_examples_found():
-    assert len(_collect("python")) >= 5
-    assert len(_collect("console")) >= 4
+    assert len(_collect("python", "runnable")) >= 10
+    assert len(_collect("console", "runnable")) >= 8
+    assert len(_collect("console", "not-run")) >= 10
 
 
 # ---------------------------------------------------------------- command-line reference
