@@ -122,7 +122,7 @@ def test_every_example_is_runnable_or_says_why_not():
     untagged = [ident for _, _, _, tag, ident in _examples() if tag is None]
     assert not untagged, ("tag each example `<!-- runnable -->` or `<!-- not-run: REASON -->`"
                           f" (docs/contributing.md): {untagged}")
-    for page, lang, code, tag, ident in _examples():
+    for _page, lang, code, tag, ident in _examples():
         if tag == "runnable" and lang in ("console", "bash"):
             assert lang == "console", f"{ident}: a runnable command block is ```console"
             lines = [ln for ln in code.splitlines() if ln.startswith("$ ")]
