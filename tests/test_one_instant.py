@@ -122,6 +122,32 @@ def test_target_accuracy_and_eval_seconds_reach_the_node():
     assert a.curves["hours"] != b.curves["hours"]
 
 
+@pytest.mark.crosspath
+def test_the_swarm_command_takes_eval_seconds_and_target_accuracy(capsys):
+    """``sfg swarm --clock virtual --eval-seconds S --target-accuracy A`` prints the engine's
+    curve (``sfg run --clock virtual`` with the same flags); lockstep refuses eval_seconds
+    (the lockstep engine evaluates by rounds), real nodes both (they take their own time)."""
+    import json
+
+    from sfg.cli.main import main
+
+    flags = ["-n", "8", "-T", "12", "-K", "2", "-p", "bursty:u=0.5", "--protocol", "async",
+             "--eval-seconds", "900", "--target-accuracy", "0.3", "--json"]
+    assert main(["swarm", "--clock", "virtual", *flags]) == 0  # the nodes train with loop
+    nodes = json.loads(capsys.readouterr().out)
+    assert main(["run", "--clock", "virtual", *flags, "--backend", "loop"]) == 0
+    eng = json.loads(capsys.readouterr().out)
+    assert nodes["curves"] == eng["curves"]
+    assert nodes["curves"]["hours"] == (evaluation_instants(7200.0, 900.0) / 3600.0).tolist()
+    assert nodes["metrics"]["time_to_accuracy_h"] == eng["metrics"]["time_to_accuracy_h"]
+    for extra, needle in [(["--clock", "virtual", "--protocol", "lockstep"], "eval_seconds"),
+                          ([], "--eval-seconds is a setting of the virtual clock")]:
+        args = ["swarm", *extra, "-n", "8", "-T", "4", "--eval-seconds", "900"]
+        assert main(args) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+        assert len(err) == 1 and needle in err[0], err
+
+
 def test_a_local_round_ending_after_the_run_is_unfinished_on_the_node_too():
     """A wake late in the last period whose K steps end after T·P: the engine counts it
     unfinished (nothing committed); so does the node, and the models stay equal."""

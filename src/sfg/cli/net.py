@@ -328,6 +328,8 @@ def register(app: typer.Typer) -> None:
         latency: str | None = clockflags.LATENCY,
         loss: str | None = clockflags.LOSS,
         message_bytes: float | None = clockflags.MESSAGE_BYTES,
+        eval_seconds: float | None = clockflags.EVAL_SECONDS,
+        target_accuracy: float | None = clockflags.TARGET,
         as_json: bool = opt("json", False),
     ) -> None:
         """Launch N nodes on this machine that train and gossip over gRPC under churn."""
@@ -373,8 +375,10 @@ def register(app: typer.Typer) -> None:
             if clock != "virtual":
                 raise SfgError("--faults are events of the virtual clock's schedule; add "
                                "--clock virtual (real nodes: --crash and --cut in rounds)")
+        # the virtual clock's settings (the async nodes are evaluated at its instants)
         world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
-                       "message_bytes": message_bytes}
+                       "message_bytes": message_bytes, "eval_seconds": eval_seconds,
+                       "target_accuracy": target_accuracy}
         if clock == "virtual":
             refused = {"--tls-dir": tls_dir, "--record-log": record_log}
             if round_seconds is not None:
