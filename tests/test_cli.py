@@ -237,3 +237,68 @@ def test_rules_read_as_plain_text_and_an_unknown_parameter_is_said_once():
     with pytest.raises(SfgError) as e:
         parse_rule("sfg-cut:LL=1")
     assert str(e.value).endswith("did you mean 'L'? (valid parameters: L, c)")
+
+
+# flags of other programs that sfg's messages name (their own commands, not sfg's)
+_OTHER_PROGRAMS = {"--experiment-id": "mlflow experiments restore"}
+
+
+def _error_texts():
+    """(where, text) of every string constant in an error or notice call in src/sfg: the
+    messages that tell a user what to do."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "sfg"
+    calls = ("refuse", "check", "notice", "WorkFailed", "Rejected")
+    for f in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None) or ""
+            if name.endswith("Error") or name in calls:
+                for a in ast.walk(node):
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                        yield f"{f.relative_to(src)}:{node.lineno}", a.value
+
+
+def test_every_fix_an_error_names_is_an_option_that_exists():
+    """A message that says what to do names options sfg has (and, where it spells out a
+    component — ``--graph knn:k=2`` — one that parses)."""
+    import re
+
+    import typer
+
+    from sfg.cli.main import app
+    from sfg.round.rules import RULES, rule_names
+    from sfg.util.components import parse_component
+    from sfg.world.graphs import GRAPHS
+    from sfg.world.outages import PROCESSES
+
+    rule_names()  # the built-in rules registered
+    registries = {"graph": GRAPHS, "rule": RULES, "process": PROCESSES}
+    opts: set[str] = set()
+
+    def walk(c):
+        for p in getattr(c, "params", []):
+            opts.update(getattr(p, "opts", []))
+            opts.update(getattr(p, "secondary_opts", []))
+        for sub in getattr(c, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    bad, seen = [], 0
+    for where, text in _error_texts():
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
+            seen += 1
+            if flag not in opts and flag not in _OTHER_PROGRAMS:
+                bad.append((where, flag))
+        for flag, value in re.findall(r"(--(?:graph|process|rule|dataset|model)) "
+                                      r"([a-z][\w:.,+-]*[\w)])(?=[\s;),]|$)", text):
+            comp = parse_component(value, kind=flag[2:])
+            registry = registries.get(flag[2:])
+            if registry is not None:
+                registry.check_params(comp.name, comp.params)  # a name and keys that exist
+            seen += 1
+    assert seen > 100
+    assert not bad, bad
