@@ -25,7 +25,7 @@ LOWEST_TESTS := tests/test_rules.py tests/test_round.py tests/test_replay.py \
 	tests/test_experiments_config.py tests/test_cli.py tests/test_data_safe_pickle.py \
 	tests/test_sim.py tests/test_internals.py
 
-.PHONY: demo test test-arith test-lowered test-lowest venv bench clean docs
+.PHONY: demo test test-arith test-lowered test-lowest venv bench clean docs stranger
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ test-lowest: $(LOWEST_STAMP)
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
+
+# A stranger's path (not part of make test): a fresh venv, the CPU torch first, then the built
+# wheel; the README's and the how-tos' runnable examples and a plugin of one's own, end to end.
+stranger: $(STAMP)
+	$(BIN)/python tests/stranger.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_replay.py

@@ -302,3 +302,25 @@ def test_every_fix_an_error_names_is_an_option_that_exists():
             seen += 1
     assert seen > 100
     assert not bad, bad
+
+
+def test_help_and_errors_point_at_no_file_a_pip_user_lacks():
+    """No ``--help`` text and no error message names a ``docs/...`` path (a pip install has
+    no docs folder); they say what they mean instead."""
+    import re
+
+    import typer
+
+    from sfg.cli.main import app
+
+    found = [(w, t) for w, t in _error_texts() if re.search(r"docs/\w", t)]
+
+    def walk(c, path):
+        for t in [c.help or "", *(getattr(p, "help", "") or "" for p in c.params)]:
+            if re.search(r"docs/\w", t):
+                found.append((path, t))
+        for name, sub in getattr(c, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "sfg")
+    assert not found, found

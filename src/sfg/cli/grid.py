@@ -24,7 +24,7 @@ import typer
 from sfg.cli import console
 from sfg.cli.options import opt
 
-app = typer.Typer(help="Run experiment grids into a results store (see docs/concepts/training.md#pairing).",
+app = typer.Typer(help="Run experiment grids into a results store (runs paired by seed across rules).",
                   no_args_is_help=True, add_completion=False)
 
 

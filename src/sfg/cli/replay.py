@@ -215,7 +215,8 @@ def replay(
     cut: list[str] = clockflags.CUT,
     crash: list[str] = clockflags.CRASH,
 ) -> None:
-    """Replay outage processes × rules × seeds with no training (see docs/concepts/replay.md#model-free-analyses)."""
+    """Replay outage processes × rules × seeds with no training: staleness, weights and the
+    model-free metrics of every client, paired across rules by seed."""
     filed = replay_file(config) if config is not None else {}
     flags = {"process": process or None, "rule": rule or None, "seeds": seeds,
              "clients": clients, "rounds": rounds, "graph": graph, "anatomy": anatomy,

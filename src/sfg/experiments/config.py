@@ -344,7 +344,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _link(cls, v: float) -> float:
         if not 0 <= v < 1:
-            raise ValueError(f"link_failure must lie in [0, 1) (got {v}); the study used 0.3-0.6, docs/concepts/outages.md#link-failures")
+            raise ValueError(f"link_failure must lie in [0, 1) (got {v}); the study used 0.3-0.6")
         return v
 
     @field_validator("device")
@@ -397,7 +397,7 @@ class RunConfig(BaseModel):
         if self.kind == "replay" and self.horizon > self.rounds:
             raise ValueError(
                 f"replay horizon ({self.horizon}) is longer than rounds ({self.rounds}); "
-                "set horizon <= rounds (docs/concepts/replay.md#model-free-analyses averages over t <= T - h)"
+                "set horizon <= rounds (the self-return H averages over t <= T - h)"
             )
         return self
 

@@ -123,7 +123,7 @@ def unpack_header(raw: bytes) -> Header:
     if not isinstance(d["lag"], (int, float)) or not math.isfinite(d["lag"]) or d["lag"] < 0:
         raise Rejected("staleness", f"lag {d['lag']!r} must be a finite number >= 0")
     if d["age"] > d["lag"] + 1e-9:
-        raise Rejected("staleness", f"age {d['age']} exceeds lag {d['lag']} (τ ≤ ℓ: docs/concepts/staleness.md#invariants)")
+        raise Rejected("staleness", f"age {d['age']} exceeds lag {d['lag']} (a message's age never exceeds its lag)")
     if d["count"] < 1 or d["local_count"] < 1:
         raise Rejected("staleness", "update counts start at 1")
     if not isinstance(d["sha256"], bytes) or len(d["sha256"]) != 32:
