@@ -149,9 +149,9 @@ def test_the_best_response_liar_and_what_certification_refutes():
             got[(attack, rule)] = res.metrics
     rushing, observed, fresh = ("forge:frac=0.2,claim=certified,knowledge=rushing",
                                 "forge:frac=0.2,claim=certified", "forge:frac=0.2,claim=fresh")
-    assert got[(rushing, "sfg+certified")]["refused"] == 0.0
+    assert got[(rushing, "sfg+certified")]["claims_refused"] == 0.0
     assert got[(rushing, "sfg+certified")]["attack_weight"] == got[(rushing, "sfg")]["attack_weight"]
-    assert got[(observed, "sfg+certified")]["refused"] > 0
+    assert got[(observed, "sfg+certified")]["claims_refused"] > 0
     assert got[(observed, "sfg+certified")]["attack_weight"] < got[(observed, "sfg")]["attack_weight"]
     assert got[(fresh, "sfg+certified")]["attack_weight"] < 0.2 * got[(fresh, "sfg")]["attack_weight"]
 

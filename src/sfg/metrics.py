@@ -34,8 +34,9 @@ _TIMED = ("clock-async", "clock-event")  # the clock's engines with a schedule o
 _VNODES = tuple(e for e in ENGINES if e.startswith("node-"))  # the node on the virtual clock
 _REAL = tuple(e for e in ENGINES if e.startswith("real-"))  # real nodes over gRPC
 _NODES = (*_VNODES, *_REAL)
-# the nodes that pull on return (asynchronous)
+# the nodes that pull on return (asynchronous); the nodes that run +certified (lockstep)
 _PULLING = tuple(e for e in _NODES if not e.endswith("-lockstep"))
+_CERTIFYING = tuple(e for e in _NODES if e.endswith("-lockstep"))
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,10 @@ METRICS: tuple[Metric, ...] = (
        "its K steps ended", (*_TIMED, *_VNODES, REPLAY)),
     _m("unfinished", "local rounds", "local rounds still running at the end of the run",
        (*_TIMED, *_VNODES, REPLAY)),
-    *(_m(f"{k}_per_device_hour", f"{unit} per device-hour", f"`{k}` per device-hour of the "
-         "run (N · horizon / 3600)", (*_CLOCK, REPLAY) if k in ("messages_sent", "bytes",
-                                                               "compute_seconds") else
-         (*_TIMED, REPLAY),
+    # lockstep: the rates of messages sent, bytes and compute-seconds only
+    *(_m(f"{k}_per_device_hour", f"{unit} per device-hour",
+         f"`{k}` per device-hour of the run (N · horizon / 3600)",
+         (*(_CLOCK if k in ("messages_sent", "bytes", "compute_seconds") else _TIMED), REPLAY),
          _PULL if k.startswith("pull_") else "")
       for k, unit in (("local_rounds", "local rounds"), ("messages_sent", "messages"),
                       ("delivered", "messages"), ("bytes", "bytes"),
@@ -158,8 +159,10 @@ METRICS: tuple[Metric, ...] = (
        (*_TIMED, *_PULLING, REPLAY), _PULL),
     _m("pull_abandoned", "waits", "waits abandoned: the device went offline inside its window",
        (*_TIMED, *_PULLING, REPLAY), _PULL),
-    _m("pull_windows", "windows", "waits opened (one per return that pulls)", (*_TIMED, REPLAY), _PULL),
-    _m("pull_timed_out", "windows", "waits ended by the timeout, not by every answer", (*_TIMED, REPLAY), _PULL),
+    _m("pull_windows", "windows", "waits opened (one per return that pulls)",
+       (*_TIMED, REPLAY), _PULL),
+    _m("pull_timed_out", "windows", "waits ended by the timeout, not by every answer",
+       (*_TIMED, REPLAY), _PULL),
     _m("pull_skipped", "wakes", "async: wakes skipped inside a wait", (*_TIMED, REPLAY), _PULL),
     _m("pull_requests_made", "requests", "the nodes' pull requests (one per neighbour and "
        "return)", _PULLING, _PULL),
@@ -210,11 +213,12 @@ METRICS: tuple[Metric, ...] = (
        "corrupted", ("node-async",), _PULL),
     # --------------------------------------------------------------- claims
     _m("claims_refused", "fraction", "share of the neighbours' claims refused by their "
-       "evidence", ("rounds", "clock-lockstep", *_NODES, REPLAY), _CERT),
-    _m("signatures", "signatures", "headers signed", _NODES, _CERT),
-    _m("verifications", "signatures", "signatures verified", _NODES, _CERT),
-    _m("sign_ms_per_node_round", "ms", "signing time per node and round", _NODES, _CERT),
-    _m("verify_ms_per_node_round", "ms", "verification time per node and round", _NODES, _CERT),
+       "evidence", ("rounds", "clock-lockstep", *_CERTIFYING, REPLAY), _CERT),
+    _m("signatures", "signatures", "headers signed", _CERTIFYING, _CERT),
+    _m("verifications", "signatures", "signatures verified", _CERTIFYING, _CERT),
+    _m("sign_ms_per_node_round", "ms", "signing time per node and round", _CERTIFYING, _CERT),
+    _m("verify_ms_per_node_round", "ms", "verification time per node and round", _CERTIFYING,
+       _CERT),
     # --------------------------------------------------------------- the model-free replay
     _m("returning_aggregations", "aggregations", "aggregations by a returning client "
        "(age τ ≥ 1)", (REPLAY,)),
