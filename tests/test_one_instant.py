@@ -178,6 +178,53 @@ def test_instant_order_ranks_by_time_then_phase_then_keys():
     assert time_order(time, dev, kind).tolist() == np.lexsort((-kind, dev, time)).tolist()
 
 
+def test_the_virtual_loop_ends_an_instant_after_everything_else_of_it():
+    """``VirtualLoop.call_at_instant_end(t, f)``: f runs once the clock is at t, after every
+    timer due at t, the callbacks they make ready and the idle hooks' work at t, and before
+    any timer after t; an instant with nothing but its end is reached too."""
+    import asyncio
+
+    from sfg.net.simclock import VirtualLoop, run_virtual
+
+    loop = VirtualLoop()
+    seen: list[tuple[float, str]] = []
+    pending: list[tuple[str, asyncio.Future]] = []
+
+    def hook() -> bool:  # the batched trainer's part: the instant's requests, at once
+        if not pending:
+            return False
+        for name, fut in pending:
+            seen.append((loop.time(), f"train {name}"))
+            fut.set_result(None)
+        pending.clear()
+        return True
+
+    loop.add_idle_hook(hook)
+
+    async def node(name: str, at: float) -> None:
+        await asyncio.sleep(at)
+        seen.append((loop.time(), f"wake {name}"))
+        fut = loop.create_future()
+        pending.append((name, fut))
+        await fut
+        seen.append((loop.time(), f"commit {name}"))
+
+    async def main() -> None:
+        loop.call_at_instant_end(10.0, lambda: seen.append((loop.time(), "end 10")))
+        loop.call_at_instant_end(5.0, lambda: seen.append((loop.time(), "end 5")))
+        await asyncio.gather(node("a", 10.0), node("b", 10.0), node("c", 10.0 + 1e-9))
+
+    run_virtual(main(), loop=loop)
+    loop.close()
+    names = [n for _, n in seen]
+    assert seen[0] == (5.0, "end 5")  # no timer at 5 s: reached for its end alone
+    end = names.index("end 10")
+    assert set(names[1:end]) == {"wake a", "wake b", "train a", "train b", "commit a",
+                                 "commit b"}
+    assert names[end + 1:] == ["wake c", "train c", "commit c"]
+    assert seen[end][0] == 10.0 and seen[end + 1][0] > 10.0
+
+
 # ----------------------------------------------------------------------------- relabelling
 # a hand-built world (docs/concepts/clock.md#one-instant): 5 devices on a graph with degrees
 # 1 to 3, whole-second compute and latency and online intervals on multiples of 10 s, so many
