@@ -159,6 +159,23 @@ def test_a_local_round_ending_after_the_run_is_unfinished_on_the_node_too():
     assert_same_bits(nodes.params, eng.params)
 
 
+def test_pull_with_local_rounds_that_take_no_time_is_one_line_not_a_wrong_number():
+    """Under ``on_return: pull`` with compute 0 a reply at t would carry a local round that
+    ends at t, read by a start at t before it is made (the simulation of returns commits
+    first at an instant, docs/concepts/clock.md#one-instant): refused with one line, by
+    training and by the model-free replay (which read such a round's state before it was
+    computed), instead of an internal error or a wrong number."""
+    from sfg.errors import SfgError
+
+    s = dict(BASE, rounds=20, process="bursty:u=0.8", protocol="async", clock="virtual",
+             on_return="pull:timeout=60")
+    for job in (sfg.run, sfg.replay):
+        with pytest.raises(SfgError, match="pull with local rounds that take no time") as e:
+            job(s)
+        assert "\n" not in str(e.value)
+    assert sfg.replay(s, compute="const:value=1").metrics["pull_requests"] > 0
+
+
 # ----------------------------------------------------------------------------- the phases
 def test_the_phases_are_the_specifications_order():
     assert [p.name for p in Phase] == ["AVAILABILITY", "ARRIVAL", "PULL_END", "WAKE", "COMMIT",

@@ -71,6 +71,13 @@ from sfg.util.numba_start import njit
 from sfg.util.rng import counter_key, counter_uniform
 
 LOCAL, OFFLINE = 0, 1
+# on_return pull: a reply that answers a request at t carries a local round that ends at t
+# (sfg.clock.pull's order at one instant: commits first), which a start at t would read
+# before it is made (docs/concepts/clock.md#one-instant)
+LATER_CANDIDATE = ("on_return pull with local rounds that take no time: a pull's reply would "
+                   "carry a local round that ends at the instant the returning device reads it "
+                   "(docs/concepts/clock.md#one-instant); give --compute a positive time (e.g. "
+                   "const:value=1) or a latency (--latency const:value=1)")
 # the most local rounds a schedule may hold (memory: about 100 bytes each, plus candidates)
 MAX_EVENTS = 30_000_000
 
@@ -496,6 +503,8 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
         cslot[at] = qslot[gq]
         cmsg[at] = m_src[idx[gq]]
         cwait[at] = wait[gq]
+        if (m_src[idx[gq]] >= ge).any():  # a candidate made after the event that reads it
+            raise SfgError(LATER_CANDIDATE)
     n_samples = int(np.floor(world.horizon / unit)) + 1
     samples = np.arange(n_samples, dtype=np.float64) * unit
     sched = Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
