@@ -1,6 +1,7 @@
 """A stranger's path, as a script (``make stranger``; not part of ``make test``).
 
-What a new user does from a copy of the source, end to end, in fresh folders: build the wheel,
+What a new user does from a copy of the source, end to end, in fresh folders: copy the source
+(the files a clone has), build the wheel,
 make a new virtual environment, install the pinned CPU build of PyTorch first and then the
 wheel with the ``train``, ``report`` and ``net`` extras, and run, with that environment's
 ``sfg`` and ``python`` only (no ``src/`` on the path):
@@ -76,9 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     try:
-        dist, venv = work / "dist", work / "venv"
+        dist, venv, copy = work / "dist", work / "venv", work / "source"
+        # a copy of the source as a clone has it (the tracked files and those git does not
+        # ignore), so nothing built here before (build/, egg-info) reaches the wheel
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=ROOT, capture_output=True,
+                                check=True).stdout.decode().split("\0")
+        for name in filter(None, listed):
+            if (ROOT / name).is_file():
+                (copy / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, copy / name)
         _step("build the wheel", [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                                  "--no-build-isolation", "-w", str(dist), str(ROOT)], cwd=work)
+                                  "--no-build-isolation", "-w", str(dist), str(copy)], cwd=work)
         (wheel,) = dist.glob("sfg-*.whl")
         _step("a fresh virtual environment", [sys.executable, "-m", "venv", str(venv)], cwd=work)
         py, sfg = venv / "bin" / "python", venv / "bin" / "sfg"
