@@ -92,7 +92,7 @@ def instant_order(time: np.ndarray, phase: np.ndarray | int, *keys: np.ndarray) 
 
 
 def evaluation_instants(horizon: float, every: float) -> np.ndarray:
-    """The instants of the evaluations (docs/concepts/clock.md#metrics-on-the-clock): k·every
+    """The instants of the evaluations (docs/concepts/clock.md#metrics): k·every
     for k = 1, 2, … up to the horizon, and the horizon itself when it is not one of them."""
     te = np.arange(every, horizon + 1e-9 * every, every)
     if te.size == 0 or te[-1] < horizon - 1e-9 * every:
