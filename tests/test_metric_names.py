@@ -58,15 +58,26 @@ def _runs(engine: str) -> list[dict[str, Any]]:
     return ENGINE_RUNS[engine]
 
 
+_RUNS: dict[str, Any] = {}
+
+
 def _engine_run(engine: str, over: dict[str, Any]):
+    """``engine``'s run of BASE with ``over`` (each run once per session)."""
+    key = repr((engine, sorted(over.items())))
+    if key not in _RUNS:
+        _RUNS[key] = _run_engine(engine, over)
+    return _RUNS[key]
+
+
+def _run_engine(engine: str, over: dict[str, Any]):
     cfg = {**BASE, **over}
     if engine.startswith("real-"):
         return sfg.swarm(nodes="real", procs=0, deadline=60, **cfg)
     kind, _, proto = engine.partition("-")
     if kind == "node":
-        return sfg.swarm(nodes="virtual", protocol=proto, **cfg)
+        return sfg.swarm(nodes="virtual", **{**cfg, "protocol": proto})
     if kind == "clock":
-        return sfg.run(clock="virtual", protocol=proto, **cfg)
+        return sfg.run(clock="virtual", **{**cfg, "protocol": proto})
     return sfg.run(**cfg)
 
 
@@ -153,6 +164,23 @@ ACCURACY = {"acc_mean", "acc_p10", "acc_q1", "acc_q2", "acc_q3", "acc_q4", "acc_
 
 def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def test_every_lockstep_engine_reports_the_same_value_under_every_shared_name():
+    """Under the defaults of time (no compute time, no latency) every lockstep engine runs
+    sfg run's rounds: the rounds, the clock's lockstep, the node on the virtual clock and real
+    nodes report the same value under every name two of them share (wall time aside)."""
+    over = dict(REAL_RUNS["lockstep"], protocol="lockstep")
+    runs = {e: _engine_run(e, over).metrics for e in ENGINES if e.endswith("lockstep")}
+    runs["rounds"] = _engine_run("rounds", dict(REAL_RUNS["lockstep"])).metrics
+    assert len(runs) == 4
+    for a in runs:
+        for b in runs:
+            shared = (set(runs[a]) & set(runs[b])) - {"wall_seconds"}
+            assert {"acc_mean", "acc_time_avg", "messages", "scalars"} <= shared
+            diff = sorted(k for k in shared if not _same(runs[a][k], runs[b][k]))
+            assert not diff, f"{a} != {b}: " + ", ".join(
+                f"{k} {runs[a][k]} != {runs[b][k]}" for k in diff)
 
 
 @pytest.mark.parametrize("case", list(SAME_RUNS))
