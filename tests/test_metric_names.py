@@ -152,7 +152,8 @@ SAME_RUNS = {
 SHARED = {
     "lockstep": {"messages", "scalars", "messages_sent", "bytes", "local_rounds",
                  "unavailability", "local_steps_rel"},
-    "async": {"messages", "messages_sent", "bytes", "local_rounds", "interrupted", "skipped",
+    "async": {"messages", "scalars", "messages_sent", "bytes", "local_rounds", "interrupted",
+              "skipped",
               "unfinished", "returns", "returns_heard", "unavailability", "local_steps_rel"},
 }
 SHARED["async-pull"] = SHARED["async"] | {

@@ -80,8 +80,8 @@ METRICS: tuple[Metric, ...] = (
     # --------------------------------------------------------------- training and messages
     _m("messages", "messages", "neighbour models aggregated (received and used), summed over "
        "every aggregation", REPORTERS),
-    _m("scalars", "scalars", "`messages` times the scalars one message carries (parameters "
-       "and staleness state)", ("rounds", "clock-lockstep", *_NODES)),
+    _m("scalars", "scalars", "staleness scalars received with them: `messages` times the "
+       "scalars of the rule's header", (*_SIM, *_NODES)),
     _m("local_steps_rel", "ratio", "local SGD steps taken relative to DFedAvg's K per "
        "available client and round", ENGINES),
     _m("unavailability", "fraction", "realised offline fraction of the clients' time",

@@ -453,6 +453,7 @@ class EventLoop:
                                self.attackers if self.c.get("attack") is not None else None),
             # neighbour models aggregated, as sfg run counts them (those delivered: `delivered`)
             "messages": float(sched.stats.get("candidates", 0.0)),
+            "scalars": float(sched.stats.get("candidates", 0.0) * self.rule.scalars_per_message),
             "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
             **time_to_target(curve_t, curve_mean, target),
             **per_device_hour(sched.stats, N, world.horizon),
