@@ -11,7 +11,7 @@
      ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of the child (peak resident set), printed
      with the child's baseline after imports and warm-up.
    * N = 100, async, next to the round-based replay of the same process, rule and seeds
-     (:func:`sfg.replay.build_scenario` + :func:`sfg.replay.replay_trace`, one thread), with
+     (:func:`sfg.modelfree.build_scenario` + :func:`sfg.modelfree.replay_trace`, one thread), with
      the self-return H (horizon 50, as ``sfg replay`` runs it) and without it (horizon 0:
      the clock's async replay has no H). Repeats interleaved, the order rotating; the ratio
      is the median of the per-repeat ratios.
@@ -176,7 +176,7 @@ def part_replay(big_n: int, periods: int, repeats: int, seeds: list[int]) -> dic
     from sfg.clock.replay import replay_clock, staleness_events
     from sfg.clock.schedule import make_schedule, make_world
     from sfg.clock.settings import make_settings
-    from sfg.replay import build_scenario, replay_trace, warm_compiled
+    from sfg.modelfree import build_scenario, replay_trace, warm_compiled
     from sfg.round.rules import parse_rule
 
     big = {"async": run_child("replay", {"settings": ASYNC, "n": big_n, "periods": periods}),

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from sfg.replay import build_scenario, default_threads, replay, replay_trace, warm_compiled
+from sfg.modelfree import build_scenario, default_threads, replay, replay_trace, warm_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from machine import banner

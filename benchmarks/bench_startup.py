@@ -73,7 +73,7 @@ import typer, sfg.cli.main
 t2 = time.perf_counter()
 import numba
 t3 = time.perf_counter()
-from sfg.replay import replay
+from sfg.modelfree import replay
 t4 = time.perf_counter()
 kw = dict(n={n}, T=300)
 replay(["bursty:u=0.8"], ["{rule}"], [1], **kw)  # first call: loads the cached kernels
@@ -83,7 +83,7 @@ t6 = time.perf_counter()
 print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4 - (t6 - t5), t6 - t5)
 """
 PHASES = ["import numpy", "import typer + sfg.cli.main (all sub-commands)", "import numba",
-          "import sfg.replay (graphs, outages, rules)", "load the cached kernels (first call)",
+          "import sfg.modelfree (graphs, outages, rules)", "load the cached kernels (first call)",
           "the replay itself (N = {n}, T = 300, with H)"]
 
 

@@ -63,7 +63,7 @@ TRAIN_RUNS = [
 
 
 def replay_rows() -> list[dict]:
-    from sfg.replay import replay
+    from sfg.modelfree import replay
 
     rows = []
     for anatomy, lf in SCENARIOS:

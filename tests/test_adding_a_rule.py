@@ -52,7 +52,7 @@ def test_a_rule_in_one_module_runs_everywhere(tmp_path, monkeypatch):
             parse_rule("test-median-age:share=2")
 
         # the replay
-        from sfg.replay import replay
+        from sfg.modelfree import replay
 
         rows = replay(["bursty:u=0.7"], ["test-median-age", "dfedavg"], [1], n=20, T=30,
                       graph="knn:k=4", horizon=5)

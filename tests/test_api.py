@@ -50,16 +50,53 @@ def test_import_sfg_loads_neither_torch_nor_numba():
     assert callables == "True True"
 
 
-def test_replay_is_the_job_and_the_package_whatever_is_imported_first():
+def test_replay_is_a_plain_function_whatever_is_imported_first():
+    """``sfg.replay`` is a function with a real signature (sfg.run's names), whether the
+    model-free package or its old name was imported first; the old paths still import, with a
+    DeprecationWarning naming the new home."""
     r = _python("""
-        import sfg.replay.api             # the subpackage first: it becomes sfg's attribute
+        import inspect
+        import warnings
+        warnings.simplefilter("error")
+        import sfg.modelfree.api             # the package first
         import sfg
-        from sfg.replay import replay_trace
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from sfg.replay import replay_trace
+            from sfg.replay.metrics import columns
+        assert replay_trace is sfg.modelfree.replay_trace and columns.__module__ == "sfg.modelfree.metrics"
+        assert [w.category for w in caught] == [DeprecationWarning] * 2, caught
+        assert all("sfg.modelfree" in str(w.message) for w in caught)
+        params = inspect.signature(sfg.replay).parameters
+        print(inspect.isfunction(sfg.replay), list(params)[1:6])
         res = sfg.replay(n_clients=8, rounds=5)
-        print(type(res).__name__, sfg.replay.replay_trace is replay_trace)
+        print(type(res).__name__, inspect.isfunction(sfg.replay))
         """)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["RunResult", "True"]
+    lines = r.stdout.splitlines()
+    assert lines[0] == "True ['n_clients', 'rounds', 'rule', 'process', 'seed']"
+    assert lines[1] == "RunResult True"
+
+
+def test_replay_takes_one_value_or_a_list_and_gives_rows():
+    """``rule``, ``process`` and ``seed`` each one value or a list: a list gives one run per
+    combination, each the run its single values give; ``.rows()`` either way; the old
+    ``sfg.replay.replay(processes, rules, seeds, n=, T=)`` gives the same numbers, with a
+    DeprecationWarning."""
+    base = dict(n_clients=12, rounds=8, graph="ring:k=1", horizon=4)
+    many = sfg.replay(**base, rule=["dfedavg", "sfg-cut"], process="bursty:u=0.5", seed=[1, 2])
+    rows = many.rows()
+    assert [(r["rule"], r["seed"]) for r in rows] == [("dfedavg", 1), ("dfedavg", 2),
+                                                     ("sfg-cut", 1), ("sfg-cut", 2)]
+    one = sfg.replay(**base, rule="sfg-cut", process="bursty:u=0.5", seed=2)
+    assert one.rows() == [one.row()] and rows[3] == one.row()
+    assert len(many) == 4 and many[3].metrics == one.metrics
+    with pytest.warns(DeprecationWarning, match=r"sfg.replay\(process=\[...\]"):
+        old = sfg.replay.replay(["bursty:u=0.5"], ["sfg-cut"], [2], n=12, T=8,
+                                graph="ring:k=1", horizon=4)
+    assert old[0]["premise"] == one.metrics["premise"]
+    with pytest.raises(sfg.SfgError, match="rule=\\[\\] names no rule"):
+        sfg.replay(**base, rule=[])
 
 
 def test_a_job_without_its_extra_is_one_line_naming_it():

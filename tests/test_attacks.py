@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
-from sfg.replay import Lane, replay
-from sfg.replay.driver import run_lane
+from sfg.modelfree import Lane, replay
+from sfg.modelfree.driver import run_lane
 from sfg.round.attacks import REACH_LEVEL, availability, claims, parse_attack, place
 from sfg.round.kernel import play_round
 from sfg.round.rules import parse_rule, rule_names

@@ -17,7 +17,7 @@ import pytest
 from sfg.metrics import upgrade
 
 BASE = json.loads((Path(__file__).parent / "fixtures" / "baseline.json").read_text())
-# replay metrics added after the recording (sfg.replay.metrics): not in it, checked elsewhere
+# replay metrics added after the recording (sfg.modelfree.metrics): not in it, checked elsewhere
 ADDED = {"returning_aggregations_heard"}
 
 

@@ -129,7 +129,7 @@ def test_failed_links_make_honest_senders_look_absent():
     sender, which then looks asleep to the witness — honest claims get refused."""
     from test_attacks import _scenario
 
-    from sfg.replay.driver import Lane, run_lane
+    from sfg.modelfree.driver import Lane, run_lane
 
     g, avail = _scenario(n=30, rounds=40)
     res = run_lane(Lane(avail, g, parse_rule("sfg+certified"), 1, None), anatomy="full",

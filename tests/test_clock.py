@@ -37,7 +37,7 @@ from sfg.clock.settings import DEFAULTS, make_settings
 from sfg.clock.train import simulate_events
 from sfg.errors import SfgError
 from sfg.experiments.config import make_config, run_id
-from sfg.replay.api import build_scenario, replay_trace
+from sfg.modelfree.api import build_scenario, replay_trace
 from sfg.round.attacks import parse_attack
 from sfg.round.kernel import FACTS, caps_at, play_round
 from sfg.round.rules import parse_rule

@@ -251,7 +251,7 @@ def test_returns_heard_by_hand():
     """The replay's ``returning_aggregations_heard``: async e8 is device 1's only return (age 1 after its
     offline wake) and holds no neighbour's message; event E6 is the only return (age 1 after
     1.3 Δ offline; E2 comes back after 0.5 Δ, age 0) and holds device 0's."""
-    from sfg.replay.metrics import Accumulator, RunEnd
+    from sfg.modelfree.metrics import Accumulator, RunEnd
 
     for w, sc, want in ((world(**ASYNC), async_sched(), 0.0), (world(**EVENT), event_sched(), 1.0)):
         acc = Accumulator()

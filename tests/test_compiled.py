@@ -21,7 +21,7 @@ SNIPPET = """
 import json, sys
 if sys.argv[1] == "fail":
     sys.executable = "/bin/false"  # the helper exits at once, having compiled nothing
-from sfg.replay.horizon import KERNEL
+from sfg.modelfree.horizon import KERNEL
 KERNEL.ahead()
 helper = KERNEL._helper is not None
 d = KERNEL.get()

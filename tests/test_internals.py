@@ -51,7 +51,7 @@ def test_the_switch_and_the_record():
 # ------------------------------------------------------------------ numba: first-class address
 REPLAY = """
 import json
-from sfg.replay.api import replay
+from sfg.modelfree.api import replay
 OUT = replay(["bursty:u=0.5"], ["sfg-cut", "sfg-cut+guard", "dfedavg+refute+cap", "aoi+ipw"],
              [1], n=40, T=60, horizon=10, attacks=[None, "forge:frac=0.2,claim=fresh"])
 """
@@ -141,7 +141,7 @@ def test_a_numba_without_the_internals_takes_the_fallbacks(monkeypatch):
             pass
 
     monkeypatch.setattr(caching, "FunctionCache", NoIndex)
-    from sfg.replay.horizon import KERNEL
+    from sfg.modelfree.horizon import KERNEL
 
     assert KERNEL.cached() is True  # cannot tell: no helper
     assert "cache-index" in internals.fallbacks()

@@ -156,8 +156,11 @@ def test_an_installed_plugin_runs_everywhere_and_an_edited_helper_is_picked_up(i
     # a broken entry point: other commands keep working; one that needs its rule is one
     # error line naming it and its package
     path.write_text("raise ImportError('a missing piece')\n")
-    assert sfg(["processes"], env).returncode == 0
-    res = sfg(REPLAY, env)
+    try:
+        assert sfg(["processes"], env).returncode == 0
+        res = sfg(REPLAY, env)
+    finally:
+        path.write_text(text + "\n")  # the installed plugin as it was, for the other tests
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     for w in ("error: unknown rule 'plugin-fresh'", "plugin 'sfg_plugin_example.rules'",

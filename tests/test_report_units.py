@@ -187,7 +187,7 @@ def test_attack_report_in_points_and_its_plot_titled(tmp_path, titles):
 
 
 def test_replay_plot_is_titled_with_processes_seeds_and_metrics(tmp_path, titles):
-    from sfg.replay import plot_staleness, replay
+    from sfg.modelfree import plot_staleness, replay
 
     seen, _ = titles
     rows = replay(["bursty:u=0.8", "iid:u=0.5"], ["dfedavg", "sfg"], [1, 2, 3], n=12, T=15,

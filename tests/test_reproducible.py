@@ -31,7 +31,7 @@ import hashlib, json
 import numpy as np
 import torch
 from numba.core import config
-from sfg.replay import replay
+from sfg.modelfree import replay
 from sfg.sim.run import simulate
 
 def digest(t):

@@ -366,7 +366,7 @@ def test_bad_model_attacks(text, fragment):
 
 def test_refused_where_they_do_not_run():
     from sfg.experiments.config import make_config
-    from sfg.replay import replay
+    from sfg.modelfree import replay
 
     with pytest.raises(SfgError, match=r"\+median reads model parameters"):
         replay(["bursty:u=0.7"], ["sfg+median"], [1], n=8, T=5, graph="ring:k=1")

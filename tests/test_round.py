@@ -17,8 +17,8 @@ import pytest
 from reference import SCORES, replay_reference
 
 from sfg.errors import SfgError
-from sfg.replay import Lane, build_scenario, replay, replay_trace
-from sfg.replay.driver import run_lane
+from sfg.modelfree import Lane, build_scenario, replay, replay_trace
+from sfg.modelfree.driver import run_lane
 from sfg.round.rules import parse_rule, rule_names
 from sfg.round.slots import RoundGraph
 from sfg.world.graphs import make_graph
@@ -149,7 +149,7 @@ def test_self_return_following_on_threads_across_blocks(attack):
     """H following the round on threads, in stretches of small blocks (the weight buffer is
     reused from block to block), with the compiled block path and the per-round path of an
     attack: the same rows as one thread, and H equal to the per-client loop without attack."""
-    from sfg.replay.horizon import EXACT_PAIRS
+    from sfg.modelfree.horizon import EXACT_PAIRS
     from sfg.round.attacks import parse_attack
 
     g = make_graph("knn:k=4", 40, seed=3)
@@ -173,8 +173,8 @@ def test_a_failure_while_H_follows_on_threads_propagates_and_stops_the_threads(w
     caller, and no H thread is left running."""
     import threading
 
-    from sfg.replay import driver
-    from sfg.replay.horizon import EXACT_PAIRS
+    from sfg.modelfree import driver
+    from sfg.modelfree.horizon import EXACT_PAIRS
 
     calls = {"n": 0}
     target = (driver, "_rounds_block") if where == "round" else (driver.HorizonPart, "run")
@@ -263,7 +263,7 @@ def test_only_the_rule_is_compiled_per_rule():
 
 
 def test_warm_compiled_loads_the_rules_given():
-    from sfg.replay import warm_compiled
+    from sfg.modelfree import warm_compiled
     from sfg.round.kernel import _KERNELS
 
     warm_compiled(["sfg-l", "dfedavg"])

@@ -8,46 +8,27 @@ virtual clock or real), ``sfg.grid`` (a grid into a results store), ``sfg.parse_
 and the results, ``sfg.RunResult`` and ``sfg.GridResult``.
 
 The packages are the architecture: :mod:`sfg.round` (the round: slots, staleness, rules,
-defences, the compiled kernel) at the centre; the engines that run it — :mod:`sfg.replay`
-(model-free), :mod:`sfg.sim` (training) and :mod:`sfg.net` (networked nodes); the world they
+defences, the compiled kernel) at the centre; the engines that run it — :mod:`sfg.modelfree`
+(model-free replay), :mod:`sfg.sim` (training) and :mod:`sfg.net` (networked nodes); the world they
 run on, :mod:`sfg.world` (graphs, outages, traces, data, models); the experiment layer above,
 :mod:`sfg.experiments` (configs, grids, the store, executors, statistics, reports); and the
 command line, :mod:`sfg.cli`. :mod:`sfg.util` holds the plumbing they share.
 """
-
-import types as _types
 
 from sfg import reproducible as _reproducible
 
 _reproducible.apply()  # SFG_REPRODUCIBLE=1: pin the numerical libraries before they load
 __version__ = "0.2.0"
 
+from sfg.util import moved as _moved  # noqa: E402
 
-class _CallablePackage(_types.ModuleType):
-    """The package :mod:`sfg.replay`, callable as the job ``sfg.replay(...)``
-    (:func:`sfg.api.replay`): importing a subpackage makes it its parent's attribute, so the
-    job and the package share the name ``sfg.replay``, whatever was imported first."""
-
-    def __call__(self, *args, **kwargs):
-        from sfg.api import replay
-
-        return replay(*args, **kwargs)
-
-
-def _callable_replay():
-    import importlib
-
-    package = importlib.import_module("sfg.replay")  # its __init__ loads nothing heavy
-    package.__class__ = _CallablePackage
-    return package
-
-
-replay = _callable_replay()
+_moved.install()  # the model-free package's old name, sfg.replay.*, until 0.4
 
 from sfg.util.lazy import lazy_exports as _lazy_exports  # noqa: E402
 
 _EXPORTS = {
-    "run": "api", "swarm": "api", "grid": "api", "config": "api", "parse_rule": "api",
+    "run": "api", "replay": "api", "swarm": "api", "grid": "api", "config": "api",
+    "parse_rule": "api",
     "rules": "api", "GridResult": "api",
     "RunConfig": "experiments.config", "RunResult": "result", "Rule": "round.rules",
     "Store": "experiments.store", "SfgError": "errors",

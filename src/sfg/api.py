@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for the annotations only
     from sfg.experiments.config import RunConfig
     from sfg.experiments.executors import GridSummary
     from sfg.experiments.grid import Grid
-    from sfg.result import RunResult
+    from sfg.result import Results, RunResult
 
 Progress = Callable[[int, int], None]
 
@@ -163,24 +163,69 @@ def run(config: RunConfig | Mapping[str, Any] | None = None, /, *,
 
 
 def replay(config: RunConfig | Mapping[str, Any] | None = None, /, *,
-           progress: Progress | None = None, **settings: Any) -> RunResult:
-    """Replay one configuration without models and return its `RunResult`.
+           n_clients: int | None = None, rounds: int | None = None,
+           rule: str | Sequence[str] | None = None, process: str | Sequence[str] | None = None,
+           seed: int | Sequence[int] | None = None, progress: Progress | None = None,
+           **settings: Any) -> RunResult | Results:
+    """Replay without models and return the result: the staleness state and the rule's
+    weights on the outage trace (no training; no torch needed) — ages, lags, the premise, the
+    spreads, the self-return `H` over `horizon` rounds and the per-round mean age and lag.
 
-    The staleness state and the rule's weights on the outage trace (no training, no torch
-    needed for the replay itself): ages, lags, the premise, the spreads, the self-return `H`
-    over `horizon` rounds and the per-round mean age and lag. On the rounds by default; on the
-    virtual clock with `clock="virtual"` (its lockstep, async or event protocol). The
-    settings' `kind` is taken as `"replay"`; a model-reading rule is refused.
+    The names are `sfg.run`'s (`n_clients`, `rounds`, every `RunConfig` setting); on the
+    rounds by default, on the virtual clock with `clock="virtual"` (its lockstep, async or
+    event protocol); the settings' `kind` is `"replay"`; a model-reading rule is refused.
+    `rule`, `process` and `seed` each take one value or a list: with one value each, one
+    `RunResult`; with a list, a `Results` of one run per (process, rule, seed), paired by seed
+    (the same world for every rule). Either has `.rows()`: one flat dict per run, for a table.
 
     ```python
     import sfg
 
     res = sfg.replay(n_clients=16, rounds=10, rule="sfg-cut", process="bursty:u=0.5")
     print(res.metrics["premise"], res.curves["mean_age"][:3])
+    grid = sfg.replay(n_clients=16, rounds=10, rule=["dfedavg", "sfg-cut"], seed=[1, 2])
+    print([(r["rule"], r["seed"], r["premise"]) for r in grid.rows()])
     ```
     """
+    given = {k: v for k, v in {"n_clients": n_clients, "rounds": rounds}.items()
+             if v is not None}
+    axes = {k: v for k, v in {"process": process, "rule": rule, "seed": seed}.items()
+            if v is not None}
+    many = {k: list(v) for k, v in axes.items() if isinstance(v, (list, tuple))}
     with _extras("replay"):
-        return _execute(_make("replay", config, settings, kind="replay"), progress)
+        if not many:
+            return _execute(_make("replay", config, {**settings, **given, **axes},
+                                  kind="replay"), progress)
+        for k, v in many.items():
+            if not v:
+                raise SfgError(f"sfg.replay: {k}=[] names no {k}; give one or more")
+        import itertools
+
+        one = {k: [v] for k, v in axes.items() if k not in many}
+        keys = [k for k in ("process", "rule", "seed") if k in many or k in one]
+        combos = list(itertools.product(*[many.get(k, one.get(k)) for k in keys]))
+        cfgs = [_make("replay", config, {**settings, **given, **dict(zip(keys, c, strict=True))},
+                      kind="replay") for c in combos]  # every setting checked before any run
+        from sfg.result import Results
+
+        return Results([_execute(cfg, progress) for cfg in cfgs])
+
+
+def _old_replay(processes: Sequence[str], rules: Sequence[str], seeds: Sequence[int], *,
+                n: int = 100, T: int = 300, **kw: Any) -> list[dict[str, Any]]:
+    """``sfg.replay.replay(processes, rules, seeds, n=, T=)``, the old spelling (until 0.4):
+    the rows of :func:`sfg.modelfree.replay`."""
+    import warnings
+
+    from sfg.modelfree import replay as rows
+
+    warnings.warn("sfg.replay.replay(processes, rules, seeds, n=, T=) is now "
+                  "sfg.replay(process=[...], rule=[...], seed=[...], n_clients=, rounds=)"
+                  ".rows(); the old spelling works until 0.4", DeprecationWarning, stacklevel=2)
+    return rows(processes, rules, seeds, n=n, T=T, **kw)
+
+
+replay.replay = _old_replay  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- swarms

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Iterable
 
 from sfg.errors import SfgError
+from sfg.util.components import broken, broken_by_key, broken_note, note_broken
 
 #: the entry-point groups sfg reads, one per kind of component
 GROUPS = ("sfg.rules", "sfg.datasets", "sfg.models", "sfg.processes")
@@ -49,29 +50,11 @@ _LOCK = threading.RLock()
 _DONE: set[str] = set()  # entry points and modules imported in this process
 _SCANNED: list[list[tuple[str, str, str, str]]] = []  # the entry points found, once per process
 _ACTIVE: list[bool] = []  # set while loading (a plugin's own import may ask for the rules)
-_BROKEN: dict[str, str] = {}  # what failed to import -> its one-line message
 
 
 def installed_off() -> bool:
     """Whether ``SFG_NO_PLUGINS`` turns the installed plugins off (any value but empty or 0)."""
     return os.environ.get(OFF, "").strip() not in ("", "0")
-
-
-def broken() -> list[str]:
-    """The one-line messages of the plugins that failed to import in this process."""
-    with _LOCK:
-        return list(_BROKEN.values())
-
-
-def broken_note() -> str:
-    """``""``, or the clause an unknown-name error adds while a plugin is broken: the name may
-    be one of its components."""
-    gone = broken()
-    if not gone:
-        return ""
-    more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
-    return (f"; note that a plugin that may define it is broken: {gone[0]}{more} (fix it, or "
-            f"turn installed plugins off with --no-plugins or {OFF}=1)")
 
 
 class PluginError(SfgError):
@@ -181,12 +164,13 @@ def load(modules: Iterable[str] = (), *, entry_points_too: bool = True,
                     try:
                         _import(target, what)
                     except PluginError as e:
-                        _BROKEN[key] = str(e)
+                        note_broken(key, str(e))
                         continue
                     done.append(target)
             finally:
                 _ACTIVE.clear()
-        failed = [_BROKEN[key] for key, _, _ in wanted if key in _BROKEN]
+        gone = broken_by_key()
+        failed = [gone[key] for key, _, _ in wanted if key in gone]
         if strict and failed:
             raise PluginError(failed[0])
         return done

@@ -83,6 +83,10 @@ class RunResult:
         out.update(self.metrics)
         return out
 
+    def rows(self) -> list[dict[str, Any]]:
+        """``[self.row()]``: one run as a table of one row (as :meth:`Results.rows`)."""
+        return [self.row()]
+
     def as_arrays(self) -> RunResult:
         """``params`` and ``personal`` as numpy float32 [N, D] (an engine's torch tensor
         converted once, here); returns this result. What :func:`sfg.run` and :func:`sfg.swarm`
@@ -131,3 +135,28 @@ class RunResult:
         if self.diagnostics is not None:
             out["diagnostics"] = self.diagnostics
         return {**out, **self.extra}
+
+
+class Results:
+    """Several runs of one job (``sfg.replay`` over lists of rules, processes or seeds):
+    a sequence of :class:`RunResult` with :meth:`rows` for a table."""
+
+    def __init__(self, results: list[RunResult]):
+        self.results = list(results)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per run (:meth:`RunResult.row`): ``pandas.DataFrame(res.rows())``."""
+        return [r.row() for r in self.results]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __getitem__(self, k: int) -> RunResult:
+        return self.results[k]
+
+    def __repr__(self) -> str:
+        return f"Results({len(self.results)} runs; .rows() for a table)"
+

@@ -54,7 +54,7 @@ def run_pilot(base: dict) -> tuple[float, float]:
 
 def run_replay_demo(*, seeds=(1, 2, 3), n: int = 100, T: int = 100) -> None:
     from sfg.cli.replay import REPLAY_LEGEND, replay_table, summarise_replay
-    from sfg.replay import plot_staleness, replay
+    from sfg.modelfree import plot_staleness, replay
 
     with console.progress("replay") as update:
         rows = replay(["bursty:u=0.8"], DEMO_RULES, list(seeds), n=n, T=T, with_curves=True,

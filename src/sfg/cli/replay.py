@@ -1,6 +1,6 @@
 """``sfg replay``, ``sfg rules``, ``sfg processes``: model-free replay and the registries (docs/concepts/replay.md#model-free-analyses).
 
-Thin: parse, call :func:`sfg.replay.replay`, print. The library (numpy, numba, the graph and
+Thin: parse, call :func:`sfg.modelfree.replay`, print. The library (numpy, numba, the graph and
 outage code) is imported inside the commands, so ``sfg --help`` stays fast; matplotlib only
 with ``--plot``.
 """
@@ -47,13 +47,13 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _replay_columns() -> list[tuple[str, str]]:
-    from sfg.replay.metrics import columns  # the metrics' own list (no numba import)
+    from sfg.modelfree.metrics import columns  # the metrics' own list (no numba import)
 
     return columns()
 
 
 def _replay_legend() -> str:
-    from sfg.replay.metrics import legend
+    from sfg.modelfree.metrics import legend
 
     return legend()
 
@@ -71,7 +71,7 @@ def __getattr__(name: str):
 def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean over seeds per (process, rule[, attack]), in first-seen order (with the damage
     measures of sfg.round.attacks when rows carry an attack)."""
-    from sfg.replay.metrics import columns
+    from sfg.modelfree.metrics import columns
 
     with_attack = any("attack" in r for r in rows)
     groups: dict[tuple[str, str, str | None], list[dict]] = {}
@@ -112,7 +112,7 @@ def _online_returns(rs: list[dict[str, Any]]) -> dict[str, float]:
 
 def replay_table(summary: list[dict[str, Any]], title: str):
     """The per-(process, rule[, attack]) summary as a table (literal names)."""
-    from sfg.replay.metrics import columns
+    from sfg.modelfree.metrics import columns
 
     att = any("attack" in r for r in summary)
     cols = columns(attack=att)
@@ -255,10 +255,10 @@ def replay(
         horizon = min(DEFAULT_HORIZON, rounds) if rounds >= 1 else DEFAULT_HORIZON
     if horizon < 0:
         raise SfgError(f"--horizon {horizon} must be >= 0 (0 skips the self-return H)")
-    from sfg.replay import replay as run_replay
+    from sfg.modelfree import replay as run_replay
 
     if engine is not None:  # deprecated in 0.3, gone in 0.4: checked, noted, then ignored
-        from sfg.replay.api import ENGINES
+        from sfg.modelfree.api import ENGINES
 
         if engine not in ENGINES:
             raise SfgError(f"unknown replay engine {engine!r}; choose one of "
@@ -267,7 +267,7 @@ def replay(
                      "runs every rule); drop it, it goes in 0.4")
 
     if plot is not None:  # a folder, a bare name or an unknown format: settled before the work
-        from sfg.replay.plot import plot_path
+        from sfg.modelfree.plot import plot_path
         from sfg.util.extras import require
 
         require("sfg replay --plot", "matplotlib")
@@ -300,7 +300,7 @@ def replay(
                      f"the self-return H is over h={horizon} rounds (set --horizon to choose, "
                      "0 to skip)")
     if plot is not None:
-        from sfg.replay import plot_staleness
+        from sfg.modelfree import plot_staleness
 
         written = plot_staleness(rows, plot)
         for r in rows:
@@ -314,7 +314,7 @@ def replay(
              f"{rounds * clock_settings.round_seconds / 3600:g} h)" if clock_settings else "")
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
                                        f"seeds {','.join(map(str, seed_list))}{where}"))
-    from sfg.replay.metrics import legend
+    from sfg.modelfree.metrics import legend
 
     text = legend(attack=bool(attack)).replace(
         f"self-return over {DEFAULT_HORIZON} rounds", f"self-return over {horizon} rounds")

@@ -1,12 +1,12 @@
 """Model-free replay on the virtual clock (docs/concepts/replay.md#model-free-analyses on the clock of docs/concepts/clock.md#the-virtual-clock): staleness, weights
 and the replay metrics for the three protocols, without training.
 
-* ``lockstep`` runs the round-based replay (:func:`sfg.replay.driver.run_lane`) on the
+* ``lockstep`` runs the round-based replay (:func:`sfg.modelfree.driver.run_lane`) on the
   lockstep schedule's participants and deliveries: every metric of docs/concepts/replay.md#model-free-analyses, the self-return H
   and the attackers' reach included.
 * ``async`` and ``event`` run the schedule's events through the round's compiled parts
   (:func:`sfg.round.kernel.run_events`); the metrics are the same facts summarised the same
-  way (:mod:`sfg.replay.metrics`) over aggregations instead of rounds. H and the reach are
+  way (:mod:`sfg.modelfree.metrics`) over aggregations instead of rounds. H and the reach are
   defined on synchronous rounds' mixing matrices and are reported as NaN (not defined) here.
   The curves are the mean age and lag sampled every unit (P or Δ) of virtual time.
 
@@ -136,7 +136,7 @@ def staleness_events(rule: Rule, world: World, sched: Schedule, *, seed: int,
 
 def _event_metrics(rule: Rule, world: World, sched: Schedule, *, seed: int,
                    attack: Attack | None) -> tuple[dict[str, float], dict[str, list[float]]]:
-    from sfg.replay.metrics import Accumulator, RunEnd
+    from sfg.modelfree.metrics import Accumulator, RunEnd
 
     got = staleness_events(rule, world, sched, seed=seed, attack=attack)
     acc = Accumulator()
@@ -172,7 +172,7 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
     if world is None:
         world = make_world(settings, process=process, graph=graph, n=n, rounds=rounds, seed=seed)
     if settings.protocol == "lockstep":
-        from sfg.replay.driver import Lane, run_lane
+        from sfg.modelfree.driver import Lane, run_lane
 
         lk = lockstep_rounds(world, settings, local_steps=local_steps, rounds=rounds, seed=seed)
         res = run_lane(Lane(lk.available, world.graph, r, seed, a, live=lk.live),
@@ -215,7 +215,7 @@ def replay_clock_rows(processes: list[str], rules: list[str], seeds: list[int], 
                       attacks: list[str | None] | None = None, with_curves: bool = False,
                       progress=None) -> list[dict[str, Any]]:
     """``sfg replay --clock virtual``: processes × rules × seeds (× attacks), one row each, as
-    :func:`sfg.replay.replay` gives them; each (process, seed) world is built once and shared
+    :func:`sfg.modelfree.replay` gives them; each (process, seed) world is built once and shared
     by its rules (it does not depend on them)."""
     parsed = [parse_rule(r) for r in rules]  # validate every name before any work
     atts = list(attacks or [None])

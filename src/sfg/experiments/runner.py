@@ -45,9 +45,9 @@ def run_result(cfg: RunConfig, *, progress: Progress | None = None):
         out = selftest_run(cfg, progress=progress)
     elif cfg.kind == "replay":
         try:
-            from sfg.replay import replay_config
+            from sfg.modelfree import replay_config
         except ImportError as e:
-            raise broken_module("kind 'replay' needs sfg.replay", e) from None
+            raise broken_module("kind 'replay' needs sfg.modelfree", e) from None
         if cfg.clock == "virtual":
             from sfg.clock.replay import clock_replay_config
 

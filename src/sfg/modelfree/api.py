@@ -2,7 +2,7 @@
 
 No training, no models: given an availability trace, a graph and a rule, replay the staleness
 state and the weights with the shared round (:mod:`sfg.round.kernel`), and measure the metrics of
-:mod:`sfg.replay.metrics` (premise, spreads, kept candidates, self-weights on return, the
+:mod:`sfg.modelfree.metrics` (premise, spreads, kept candidates, self-weights on return, the
 self-return H over a horizon, …). The per-client reference loop the tests and benchmarks
 compare against lives in ``tests/reference.py``.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError, check
-from sfg.replay.driver import Lane, ReplayResult, run_lane
-from sfg.replay.horizon import EXACT_PAIRS, default_threads
-from sfg.replay.horizon import KERNEL as HORIZON_KERNEL
+from sfg.modelfree.driver import Lane, ReplayResult, run_lane
+from sfg.modelfree.horizon import EXACT_PAIRS, default_threads
+from sfg.modelfree.horizon import KERNEL as HORIZON_KERNEL
 from sfg.round.attacks import Attack, parse_attack
 from sfg.round.rules import Rule, check_model_defences, parse_rule
 from sfg.world.graphs import Graph, make_graph

@@ -1,6 +1,6 @@
 """One lane's replay: the shared round (:func:`sfg.round.kernel.play_round`) for every round, the
 metrics' facts accumulated in blocks of rounds, and the self-return H followed through each
-block's weights on parallel threads (:mod:`sfg.replay.horizon`)."""
+block's weights on parallel threads (:mod:`sfg.modelfree.horizon`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sfg.replay.horizon import HorizonPart, default_threads, pair_list
-from sfg.replay.metrics import Accumulator, RunEnd
+from sfg.modelfree.horizon import HorizonPart, default_threads, pair_list
+from sfg.modelfree.metrics import Accumulator, RunEnd
 from sfg.round.attacks import Attack, Heard, Reach, availability, claims, place, true_claims
 from sfg.round.certified import evidence_for
 from sfg.round.defences import GUARD
@@ -176,7 +176,7 @@ _STRETCHES = 16
 
 
 class _Behind:
-    """The self-return's parts (:class:`~sfg.replay.horizon.HorizonPart`), each on its own
+    """The self-return's parts (:class:`~sfg.modelfree.horizon.HorizonPart`), each on its own
     thread, following stretches of rounds in order as the round hands them over. Each pair's
     arithmetic is that of the one-thread replay (a part's rounds run in order, parts are
     disjoint), so results do not depend on threads or stretches."""

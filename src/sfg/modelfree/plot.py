@@ -1,4 +1,4 @@
-"""Plots of replay results: every curve metric of :mod:`sfg.replay.metrics` over rounds."""
+"""Plots of replay results: every curve metric of :mod:`sfg.modelfree.metrics` over rounds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.replay.metrics import curves
+from sfg.modelfree.metrics import curves
 from sfg.util.units import context, title
 
 
@@ -31,7 +31,7 @@ def plot_path(path: str | Path, default_name: str) -> Path:
 
 def plot_staleness(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """PNG of each curve metric (mean age, mean effective lag, …) over rounds, one line per
-    rule (mean over seeds), one column per process. ``rows`` from :func:`sfg.replay.replay`
+    rule (mean over seeds), one column per process. ``rows`` from :func:`sfg.modelfree.replay`
     with ``with_curves=True``. The figure is titled with the metrics, the processes, seeds and
     rounds of ``rows`` (and their attacks, when rows carry one)."""
     import matplotlib

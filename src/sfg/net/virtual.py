@@ -423,27 +423,7 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
             for k, t in enumerate(te):
                 loop.call_at_instant_end(float(t), evaluate, k)
             control.add(evaluated)
-        try:
-            while True:  # until every node's last run is done; a node's error ends the run
-                live = {t for t in tasks if not t.done()} | {c for c in control if not c.done()}
-                if not live:
-                    break
-                done, _ = await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if not t.cancelled() and t.exception() is not None:
-                        raise t.exception()
-            out = [t.result() for t in tasks]
-        finally:
-            for t in [*tasks, *control]:
-                t.cancel()
-            await asyncio.gather(*tasks, *control, return_exceptions=True)
-            for nd in nodes:
-                await nd.close()
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:  # sends and pulls still in flight (a run cut short by an error)
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-        return out
+        return await _supervise(tasks, control, nodes)
 
     wall = time.perf_counter()
     # the set-up's objects (data, models, nodes) are kept out of the cyclic collector's
@@ -457,15 +437,45 @@ def run_virtual_swarm(world, opts, *, clock_settings=None, faults=None,
         if tmp is not None:
             tmp.cleanup()
     trainer.resolve(results, nodes)
-    evaluations = None
-    if te is not None:  # the nodes' curves: their accuracies at the instants
-        accs = np.stack([trainer.at[k] for k in range(len(te))])
-        evaluations = (te, accs)
-        for i, res in enumerate(results):
-            res["acc"] = float(accs[-1, i])
-            res["curve"] = [[float(t), float(a)] for t, a in zip(te, accs[:, i], strict=True)]
+    evaluations = None if te is None else _curves_at(te, trainer, results)
     return _result(world, results, nodes, time.perf_counter() - wall, restarts[0], loop, trainer,
                    net, faults, evaluations=evaluations, period=P)
+
+
+async def _supervise(tasks: list, control: set, nodes: list) -> list:
+    """Wait until every node's last run is done (a node's error ends the run: raised here);
+    then cancel what is left — the control tasks, the sends and pulls still in flight — and
+    close the nodes. Returns the nodes' results."""
+    try:
+        while True:
+            live = {t for t in tasks if not t.done()} | {c for c in control if not c.done()}
+            if not live:
+                break
+            done, _ = await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
+        return [t.result() for t in tasks]
+    finally:
+        for t in [*tasks, *control]:
+            t.cancel()
+        await asyncio.gather(*tasks, *control, return_exceptions=True)
+        for nd in nodes:
+            await nd.close()
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:  # sends and pulls still in flight (a run cut short by an error)
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+
+def _curves_at(te: np.ndarray, trainer, results: list) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes' curves: their accuracies at the evaluation instants ``te`` (into each
+    node's result); returns (te, accuracies [len(te), N])."""
+    accs = np.stack([trainer.at[k] for k in range(len(te))])
+    for i, res in enumerate(results):
+        res["acc"] = float(accs[-1, i])
+        res["curve"] = [[float(t), float(a)] for t, a in zip(te, accs[:, i], strict=True)]
+    return te, accs
 
 
 def evaluation_times(world, period: float) -> np.ndarray:

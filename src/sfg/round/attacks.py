@@ -51,7 +51,7 @@ evolves by the round as usual; only what it sends is forged. Honest receivers' b
 claims at face value, which is how forged counts spread.
 
 Damage (model-free, recorded by the round as facts and defined once in
-:mod:`sfg.replay.metrics`): the weight honest receivers give attackers, the share of honest
+:mod:`sfg.modelfree.metrics`): the weight honest receivers give attackers, the share of honest
 aggregations whose own model is cut, and the reach: the share of honest clients whose model
 carries ≥ 10 % attacker weight at the end of a window of ``h`` rounds (:func:`reach_rounds`).
 """

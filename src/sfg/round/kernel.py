@@ -9,7 +9,7 @@ own model), updates the staleness state (ages, lags, counts, local counts, q̂) 
 the facts that the replay analyses (docs/concepts/replay.md#model-free-analyses) are computed from (:data:`FACTS`).
 
 :func:`play_round` runs it for one round and :func:`run_rounds` for a stretch of rounds; the
-replay (:mod:`sfg.replay`), the training simulator (:mod:`sfg.sim`) and
+replay (:mod:`sfg.modelfree`), the training simulator (:mod:`sfg.sim`) and
 :meth:`sfg.round.rules.Rule.weights_one` (through :func:`one_receiver`, which runs the same
 :func:`_weights`) all call it.
 
@@ -58,7 +58,7 @@ q̂_ij (q[0] = 1); degree [k] int64 live-neighbour counts; key [k] float64 unifo
 rules); given [k] float64 scores computed outside (model-reading rules, oracles)."""
 
 # Per-receiver facts of a round, on the state before it (docs/concepts/replay.md#model-free-analyses); metrics are defined on them
-# in sfg.replay.metrics.
+# in sfg.modelfree.metrics.
 FACTS = ("adopt", "age", "lag", "neighbours", "max_neighbour_age", "spread_age", "spread_lag",
          "kept", "self_weight", "attacker_weight", "honest", "clamped")
 (F_ADOPT, F_AGE, F_LAG, F_NB, F_MAX_NB_AGE, F_SPREAD_AGE, F_SPREAD_LAG, F_KEPT,

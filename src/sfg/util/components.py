@@ -111,6 +111,36 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; choose one of: {shown}"
 
 
+_BROKEN: dict[str, str] = {}  # a plugin that failed to import -> its one-line message
+
+
+def note_broken(key: str, message: str) -> None:
+    """Note a plugin that failed to import (:mod:`sfg.plugins`): an unknown name says so."""
+    _BROKEN[key] = message
+
+
+def broken() -> list[str]:
+    """The one-line messages of the plugins that failed to import in this process."""
+    return list(_BROKEN.values())
+
+
+def broken_by_key() -> dict[str, str]:
+    """What failed to import (:mod:`sfg.plugins`' key) -> its one-line message."""
+    return dict(_BROKEN)
+
+
+def broken_note() -> str:
+    """``""``, or the clause an unknown-name error adds while a plugin is broken: the name may
+    be one of its components."""
+    gone = broken()
+    if not gone:
+        return ""
+    which = "a plugin that may define it is" if len(gone) == 1 else \
+        f"{len(gone)} plugins that may define it are"
+    return (f"; note that {which} broken: {'; '.join(gone)} (fix it, or turn installed "
+            "plugins off with --no-plugins or SFG_NO_PLUGINS=1)")
+
+
 def plain_text(doc: str) -> str:
     """A docstring line as a person reads it in a terminal or a table: reStructuredText's
     ``literal`` and :role:`target` marks dropped (``sfg rules``, :func:`sfg.rules`)."""
@@ -172,8 +202,6 @@ class Registry:
         try:
             return self._entries[name]
         except KeyError:
-            from sfg.plugins import broken_note
-
             raise SfgError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}"
                            f"{broken_note()}") from None
 

@@ -6,7 +6,7 @@ damage is the honest clients' accuracy (``acc_honest_mean``, ``acc_honest_p10``)
 (dataset, process, seed) with the same rule's no-attack run; units are (dataset, seed), the
 interval is the stratified t-interval of :func:`sfg.experiments.stats.stratified_interval`. A defence's cost
 is its no-attack accuracy paired against the undefended rule's. For replays (no training) the
-damage measures of :mod:`sfg.replay.metrics` (weight given to attackers, own model cut, reach)
+damage measures of :mod:`sfg.modelfree.metrics` (weight given to attackers, own model cut, reach)
 are averaged over seeds. :func:`sfg.experiments.report.paired.build_report` keeps reporting the no-attack runs.
 
 Units (:mod:`sfg.util.units`): the Markdown and terminal tables and the plot show honest accuracies in
