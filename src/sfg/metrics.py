@@ -386,13 +386,9 @@ def markdown() -> str:
 
 def main(argv: list[str]) -> int:
     """``python -m sfg.metrics [OUT]``: print the page, or write it to OUT."""
-    text = markdown()
-    if argv:
-        with open(argv[0], "w", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    from sfg.util.page import page_main
+
+    return page_main(markdown, argv)
 
 
 if __name__ == "__main__":
