@@ -143,7 +143,8 @@ def broken_note() -> str:
 
 def plain_text(doc: str) -> str:
     """A docstring line as a person reads it in a terminal or a table: reStructuredText's
-    ``literal`` and :role:`target` marks dropped (``sfg rules``, :func:`sfg.rules`)."""
+    ``literal`` marks and Sphinx roles (a colon-named role before a backquoted target)
+    dropped (``sfg rules``, :func:`sfg.rules`)."""
     import re
 
     doc = re.sub(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`", r"\1", doc)
