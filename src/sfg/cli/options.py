@@ -88,9 +88,11 @@ def opt(name: str, default: Any = None, *, also: tuple[str, ...] = (), **extra: 
     command's own further spelling (``sfg swarm --nodes``)."""
     decls, help_text, panel = SPECS[name]
     decls = (*also, *decls)
+    kw: dict[str, Any] = {}
     if default is None and "show_default" not in extra:
         help_text = with_default(name, help_text)
-    kw: dict[str, Any] = {"help": help_text}
+        kw["show_default"] = False  # said in the text (older typer would add "[default: None]")
+    kw["help"] = help_text
     if panel is not None:
         kw["rich_help_panel"] = panel
     kw.update(extra)
