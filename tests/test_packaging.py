@@ -104,7 +104,7 @@ def test_make_test_ends_with_the_lowest_versions():
     files = files.replace("\\\n", " ").split()
     assert len(files) >= 6 and all((ROOT / f).is_file() for f in files), files
     assert "tests/test_sim.py" in files and "tests/test_round.py" in files  # training, core
-    assert lowest.pins() == ["numpy==1.24", "numba==0.59", "scipy==1.10", "typer==0.13",
+    assert lowest.pins() == ["numpy==1.24", "numba==0.59", "scipy==1.10", "typer==0.16",
                              "pydantic==2"]
     assert ".venv-lowest/" in (ROOT / ".gitignore").read_text().split()
 
