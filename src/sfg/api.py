@@ -391,11 +391,11 @@ class GridResult:
     def rows(self) -> list[dict[str, Any]]:
         """One flat dict per done run: `run_id`, `kind`, `rule`, `process`, `seed`,
         `n_clients`, `rounds`, then its metrics (a table's rows, e.g. for pandas)."""
+        from sfg.result import ROW_SETTINGS
+
         out = []
         for cfg, rid, res in zip(self.configs, self.run_ids, self.results, strict=True):
             if res is not None:
-                from sfg.result import ROW_SETTINGS
-
                 out.append({"run_id": rid, **{k: getattr(cfg, k) for k in ROW_SETTINGS},
                             **res.metrics})
         return out

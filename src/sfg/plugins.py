@@ -23,8 +23,8 @@ rule registry loads them on first use (:func:`sfg.round.rules.parse_rule`), or c
 A plugin that fails to import is one :class:`PluginError` line naming it, reported by what
 needs it: the command line and the registries note it and go on (``--help``, the built-in
 names and ``sfg rules``, which lists it as broken, keep working); an unknown name while a
-plugin is broken says so (:func:`broken_note`); the grid's and the nodes' worker processes,
-given the modules to load, stop with it. ``SFG_NO_PLUGINS=1`` (``sfg --no-plugins``, passed on
+plugin is broken says so (:func:`broken_note`), in the grid's and the nodes' worker
+processes too: a run fails only if it needs the broken plugin. ``SFG_NO_PLUGINS=1`` (``sfg --no-plugins``, passed on
 to child processes through the environment) turns the installed plugins (entry points) off;
 modules named by ``--plugin`` and ``SFG_PLUGINS`` still load.
 """

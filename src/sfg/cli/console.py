@@ -266,7 +266,10 @@ def _notices_as_notes() -> None:
 
     from sfg.errors import SfgNotice
 
+    warnings.filterwarnings("default", category=SfgNotice)
     shown = warnings.showwarning
+    if getattr(shown, "sfg_notes", False):
+        return  # already in place (a second command in this process)
 
     def show(message, category, filename, lineno, file=None, line=None):
         if isinstance(category, type) and issubclass(category, SfgNotice):
@@ -274,8 +277,8 @@ def _notices_as_notes() -> None:
         else:
             shown(message, category, filename, lineno, file, line)
 
+    show.sfg_notes = True  # type: ignore[attr-defined]
     warnings.showwarning = show
-    warnings.filterwarnings("default", category=SfgNotice)
 
 
 def run_app(app: Any, argv: Sequence[str] | None = None, *, prog_name: str = "sfg") -> int:

@@ -63,9 +63,10 @@ def report(
 
     require("sfg report", "matplotlib")
     from sfg.experiments.report.paired import build_report, print_report
-    from sfg.experiments.store import records
+    from sfg.experiments.store import Store
 
-    recs = select_runs(store, records(store), grid)
+    with Store(store, create=False, readonly=True) as st:  # one read of the store
+        recs = select_runs(store, st.records(), st.grids(), grid)
     files: dict = {}
     if any((r.get("config") or {}).get("attack") for r in recs):
         # forged-staleness runs (sfg.round.attacks) get their own paired report; the ordinary one
@@ -95,14 +96,11 @@ def report(
     console.note(f"wrote {', '.join(str(p) for p in files.values())}")
 
 
-def select_runs(store: Path, recs: list[dict], grid: str | None) -> list[dict]:
-    """The runs ``sfg report`` reads: those of ``grid`` (its name) or, without one, every run
-    when they are of one kind (training or replay); otherwise one error line that says which
-    grids and kinds the store holds."""
-    from sfg.experiments.store import Store
-
-    with Store(store, create=False, readonly=True) as st:
-        of = st.grids()  # run id -> grid names
+def select_runs(store: Path, recs: list[dict], of: dict[str, list[str]],
+                grid: str | None) -> list[dict]:
+    """The runs ``sfg report`` reads from ``recs`` (``of``: run id -> its grids' names): those
+    of ``grid`` or, without one, every run when they are of one kind (training or replay);
+    otherwise one error line that says which grids and kinds the store holds."""
 
     def kind(r: dict) -> str:
         return str((r.get("config") or {}).get("kind", "train"))

@@ -101,6 +101,19 @@ def _number(name: str, v: Any, *, positive: bool = False, allow_none: bool = Fal
     return x
 
 
+def check_timer(jitter: Any, window: Any) -> tuple[float, float]:
+    """An async timer's ``jitter`` (a fraction of the period, in [0, 1)) and ``window`` W (in
+    periods, > 0), checked once for the clock, the node and real nodes' settings: one
+    :class:`SfgError` line each."""
+    j = float(_number("jitter", jitter))  # type: ignore[arg-type]
+    if not j < 1:
+        raise SfgError(f"jitter must lie in [0, 1) (a fraction of the period), got {jitter!r}")
+    w = float(_number("window", window))  # type: ignore[arg-type]
+    if not w > 0:
+        raise SfgError(f"window must be > 0 periods (W), got {window!r}")
+    return j, w
+
+
 def make_settings(values: dict[str, Any]) -> ClockSettings:
     """Validated :class:`ClockSettings` from a config's keys (the names of :data:`DEFAULTS`;
     ``clock`` is checked and dropped). Bad values raise a one-line :class:`SfgError`."""
@@ -114,12 +127,12 @@ def make_settings(values: dict[str, Any]) -> ClockSettings:
 
         raise SfgError(f"unknown protocol {v['protocol']!r}{did_you_mean(str(v['protocol']), PROTOCOLS)}; "
                        f"choose one of {', '.join(PROTOCOLS)}")
+    jitter, window = check_timer(v["jitter"], v["window"])
     out = ClockSettings(
         protocol=str(v["protocol"]),
         round_seconds=float(_number("round_seconds", v["round_seconds"], positive=True)),  # type: ignore[arg-type]
         period=_number("period", v["period"], positive=True, allow_none=True),
-        jitter=float(_number("jitter", v["jitter"], below=1.0)),  # type: ignore[arg-type]
-        window=float(_number("window", v["window"], positive=True)),  # type: ignore[arg-type]
+        jitter=jitter, window=window,
         message_bytes=_number("message_bytes", v["message_bytes"], allow_none=True),
         eval_seconds=_number("eval_seconds", v["eval_seconds"], positive=True, allow_none=True),
         faults=_faults(v["faults"], v["faults_seed"]), faults_seed=int(v["faults_seed"]),

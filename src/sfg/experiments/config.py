@@ -440,11 +440,12 @@ def _check_real_timing(cfg: RunConfig) -> None:
         return  # no engine: _engine names the ones there are
     if cfg.period is not None and not (math.isfinite(cfg.period) and cfg.period > 0):
         raise ValueError(f"period must be > 0 wall seconds for real nodes, got {cfg.period}")
-    if not 0 <= cfg.jitter < 1:
-        raise ValueError(f"jitter must lie in [0, 1) (a fraction of the period), got "
-                         f"{cfg.jitter}")
-    if not (math.isfinite(cfg.window) and cfg.window > 0):
-        raise ValueError(f"window W must be > 0 periods, got {cfg.window}")
+    from sfg.clock.settings import check_timer
+
+    try:
+        check_timer(cfg.jitter, cfg.window)
+    except SfgError as e:
+        raise ValueError(str(e)) from None
 
 
 def config_error_message(err: ValidationError) -> tuple[str, str]:

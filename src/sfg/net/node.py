@@ -76,6 +76,7 @@ import numpy as np
 import torch
 
 from sfg.clock.schedule import held_units
+from sfg.clock.settings import check_timer
 from sfg.errors import SfgError
 from sfg.net import persist
 from sfg.net.checkpoints import NodeState, Star
@@ -163,10 +164,7 @@ class NodeConfig:
         for name in ("period", "deadline", "rpc_timeout"):
             if not getattr(self, name) > 0:
                 raise SfgError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not 0 <= self.jitter < 1:
-            raise SfgError(f"jitter must lie in [0, 1) (a fraction of the period), got {self.jitter}")
-        if not self.window > 0:
-            raise SfgError(f"window W must be > 0 periods, got {self.window}")
+        check_timer(self.jitter, self.window)
         if self.pull_timeout is not None:
             S = self.pull_timeout
             if self.mode != "async":
