@@ -276,8 +276,11 @@ def test_certified_headers_cost_bytes_and_signatures_measured(ca):
     plain, _ = _swarm(ca, {**SWARM, "rule": "sfg-cut"})
     cert, _ = _swarm(ca, {**SWARM, "rule": "sfg-cut+certified"})
     assert cert["metrics"]["header_bytes"] > plain["metrics"]["header_bytes"] + 64 + 2 * 90
-    assert cert["metrics"]["sign_ms_per_node_round"] > 0
-    assert cert["metrics"]["verify_ms_per_node_round"] > cert["metrics"]["sign_ms_per_node_round"]
+    m = cert["metrics"]
+    # both costs are measured; a node checks more signatures than it makes (counted, not
+    # timed: which of two sub-millisecond wall times is larger depends on the machine's load)
+    assert m["sign_ms_per_node_round"] > 0 and m["verify_ms_per_node_round"] > 0
+    assert m["verifications"] > m["signatures"] > 0
 
 
 # ------------------------------------------------------------------ the command line
