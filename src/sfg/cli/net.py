@@ -282,295 +282,309 @@ def _virtual_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict
                    f"{res['metrics']['virtual_seconds']:.0f} virtual seconds")
 
 
+def _real_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[str, Any], *,
+                round_seconds: float | None, cuts: list, crashes: list, protocol: str | None,
+                period: float | None, jitter: float | None, window: float | None,
+                deadline: float | None, procs: int, workdir: str | None, tls_dir: str | None,
+                record_log: str | None, store: str | None, as_json: bool) -> None:
+    """``sfg swarm`` on real nodes (worker processes, gRPC on 127.0.0.1): the flags checked
+    for real nodes (rounds, not seconds), the nodes run with a progress bar, the summary."""
+    from sfg.cli.run import run_config
+    from sfg.net.assemble import run_nodes_config
+
+    given = [k for k, v in {**world_flags, "round_seconds": round_seconds}.items()
+             if v is not None]
+    if given:
+        raise SfgError(f"--{given[0].replace('_', '-')} is a setting of the virtual clock; "
+                       "add --clock virtual (real nodes take their own time)")
+    for x, flag, example in [*((c, "--cut", "0,1|2,3@5r-9r") for c in cuts),
+                             *((c, "--crash", "3@10r") for c in crashes)]:
+        if x.unit != "rounds":
+            raise SfgError(f"{flag} in seconds is for the virtual clock; real nodes count "
+                           f"rounds: write e.g. {flag} {example}, or add --clock virtual")
+    if protocol == "event":
+        raise SfgError("--protocol event runs on the virtual clock only; real nodes run "
+                       "lockstep or async (or add --clock virtual)")
+    # the run's settings, the nodes' protocol and timer (wall seconds) among them
+    cfg = run_config(config, {**flags, "protocol": protocol, "period": period,
+                              "jitter": jitter, "window": window}, fixed={"nodes": "real"})
+    if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
+        raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
+                       f"with a bundle per node); create one with "
+                       f"`sfg tls-ca --dir {tls_dir} --nodes N`")
+    n = cfg.n_clients
+    for c in cuts:
+        c.check_nodes(n, f"--cut {c.text()}")
+    for c in crashes:
+        if c.node >= n:
+            raise SfgError(f"--crash {c.node}@{int(c.at)}r: node {c.node} does not exist; "
+                           f"nodes are 0..{n - 1}")
+    prog, update = _progress_printer(n, cfg.rounds, not as_json)
+    kw = dict(deadline=deadline, procs=procs, workdir=workdir,
+              kills=[c.pair for c in crashes], partitions=[c.text() for c in cuts],
+              tls_dir=tls_dir, record_log=record_log)
+    try:
+        if prog is not None:
+            with prog:
+                res = run_nodes_config(cfg, on_round=update, **kw)
+        else:
+            res = run_nodes_config(cfg, **kw)
+    except RuntimeError as e:
+        raise console.WorkFailed(f"swarm failed: {e}") from None
+    mode = cfg.protocol
+    out = {"config": {**res.meta["config"], "mode": mode, "procs": procs}, **res.summary()}
+    if store is not None:
+        out["run_id"] = _store(store, cfg, res.summary())
+    if as_json:
+        console.print_json(out)
+        return
+    _print_summary(res, f"sfg swarm ({mode}): {cfg.rule} under {cfg.process}, {n} nodes")
+
+
+def swarm(
+    nodes: int | None = opt("clients", also=("--nodes",)),
+    protocol: str | None = clockflags.PROTOCOL,
+    mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
+    procs: int = typer.Option(2, help="Worker processes the nodes are spread over", rich_help_panel=REAL_PANEL),
+    config: Path | None = opt("config"),
+    dataset: str | None = opt("dataset"),
+    data_root: str | None = opt("data_root"),
+    model: str | None = opt("model"),
+    process: str | None = opt("process"),
+    rule: str | None = opt("rule"),
+    graph: str | None = opt("graph"),
+    seed: int | None = opt("seed"),
+    rounds: int | None = opt("rounds"),
+    local_steps: int | None = opt("local_steps"),
+    batch_size: int | None = opt("batch_size"),
+    lr: float | None = opt("lr"),
+    weight_decay: float | None = opt("weight_decay"),
+    alpha: float | None = opt("alpha"),
+    partition: list[str] = opt("partition", []),
+    eval_every: int | None = opt("eval_every"),
+    attack: str | None = opt("attack"),
+    period: float | None = clockflags.PERIOD,
+    jitter: float | None = clockflags.JITTER,
+    window: float | None = clockflags.WINDOW,
+    deadline: float | None = clockflags.DEADLINE,
+    on_return: str | None = opt("on_return"),
+    cut: list[str] = clockflags.CUT,
+    crash: list[str] = clockflags.CRASH,
+    kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
+    tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)", rich_help_panel=REAL_PANEL),
+    workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
+    store: str | None = opt("store"),
+    record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it", rich_help_panel=REAL_PANEL),
+    replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
+    clock: str = opt("clock", "rounds"),
+    round_seconds: float | None = clockflags.ROUND_SECONDS,
+    faults: str | None = clockflags.FAULTS,
+    faults_seed: int | None = clockflags.FAULTS_SEED,
+    compute: str | None = clockflags.COMPUTE,
+    uplink: str | None = clockflags.UPLINK,
+    latency: str | None = clockflags.LATENCY,
+    loss: str | None = clockflags.LOSS,
+    message_bytes: float | None = clockflags.MESSAGE_BYTES,
+    eval_seconds: float | None = clockflags.EVAL_SECONDS,
+    target_accuracy: float | None = clockflags.TARGET,
+    as_json: bool = opt("json", False),
+) -> None:
+    """Launch N nodes on this machine that train and gossip over gRPC under churn."""
+    protocol = protocol_of(protocol, mode, "swarm")
+    if clock == "wall":
+        deprecated("--clock wall", "--clock rounds (real nodes)", "swarm")
+        clock = "rounds"
+    if clock not in ("rounds", "virtual"):
+        raise SfgError(f"unknown --clock {clock!r}; choose rounds (real nodes over gRPC) or "
+                       "virtual (the node code on the virtual clock)")
+    split, old_cuts = _split_or_cut(partition)
+    for k in kill:
+        deprecated(f"--kill {k}", f"--crash {k}r", "swarm")
+    from sfg.net.cuts import Crash
+
+    cuts, crashes = cuts_and_crashes(cut, crash)
+    cuts += old_cuts
+    crashes += [Crash.parse_round(k) for k in kill]
+    require("sfg swarm", *NET_MODULES, extra="net")
+    flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
+             "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
+             "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
+             "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
+             "eval_every": eval_every, "attack": attack, "partition": split,
+             "on_return": on_return}
+    if replay_log:
+        given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
+                 "--config": config, "--crash": crashes, "--cut": cuts,
+                 "--store": store, "--record-log": record_log, "--tls-dir": tls_dir,
+                 "--faults": faults, "--faults-seed": faults_seed}
+        _replay_swarm(replay_log, clock, [k for k, v in given.items() if v], workdir,
+                      as_json)
+        return
+    if faults is not None or faults_seed is not None:
+        from sfg.clock.faults import Faults
+
+        # checked here; the virtual clock's run takes
+        # run_virtual_swarm(..., faults=Faults.parse(faults, seed=faults_seed or 0))
+        Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
+        if clock != "virtual":
+            raise SfgError("--faults are events of the virtual clock's schedule; add "
+                           "--clock virtual (real nodes: --crash and --cut in rounds)")
+    # the virtual clock's settings (the async nodes are evaluated at its instants)
+    world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
+                   "message_bytes": message_bytes, "eval_seconds": eval_seconds,
+                   "target_accuracy": target_accuracy}
+    if clock == "virtual":
+        refused = {"--tls-dir": tls_dir, "--record-log": record_log}
+        if round_seconds is not None:
+            if period is not None and period != round_seconds:
+                raise SfgError(f"--round-seconds {round_seconds:g} and --period {period:g} "
+                               "disagree: in `sfg swarm --clock virtual` the period P is "
+                               "also Δ; give one")
+            period = round_seconds
+        _virtual_swarm(config, flags, world_flags, mode=protocol, period=period,
+                       jitter=jitter, window=window, deadline=deadline,
+                       faults=faults_with(faults, cuts, crashes), faults_seed=faults_seed,
+                       refused=[k for k, v in refused.items() if v],
+                       store=store, as_json=as_json)
+        return
+    _real_swarm(config, flags, world_flags, round_seconds=round_seconds, cuts=cuts,
+                crashes=crashes, protocol=protocol, period=period, jitter=jitter,
+                window=window, deadline=deadline, procs=procs, workdir=workdir,
+                tls_dir=tls_dir, record_log=record_log, store=store, as_json=as_json)
+
+
+def node(
+    id: int = typer.Option(..., "--id", help="This node's id (a key of peers.yaml)"),
+    listen: str = typer.Option(..., "--listen", help="HOST:PORT to serve on, e.g. 0.0.0.0:7000"),
+    peers: Path = typer.Option(..., "--peers", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...]"),
+    protocol: str | None = clockflags.PROTOCOL,
+    mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
+    config: Path | None = opt("config"),
+    dataset: str | None = opt("dataset"),
+    data_root: str | None = opt("data_root"),
+    model: str | None = opt("model"),
+    process: str | None = opt("process"),
+    rule: str | None = opt("rule"),
+    graph: str | None = opt("graph"),
+    seed: int | None = opt("seed"),
+    rounds: int | None = opt("rounds"),
+    local_steps: int | None = opt("local_steps"),
+    batch_size: int | None = opt("batch_size"),
+    lr: float | None = opt("lr"),
+    weight_decay: float | None = opt("weight_decay"),
+    alpha: float | None = opt("alpha"),
+    partition: str | None = opt("partition"),
+    eval_every: int | None = opt("eval_every"),
+    attack: str | None = opt("attack"),
+    period: float | None = clockflags.PERIOD,
+    jitter: float | None = clockflags.JITTER,
+    window: float | None = clockflags.WINDOW,
+    deadline: float | None = clockflags.DEADLINE,
+    on_return: str | None = opt("on_return"),
+    tls_dir: str | None = typer.Option(None, help="Mutual TLS with this node's bundle from `sfg tls-ca` (DIR/node-<id>; with a +certified rule also its header-signing key)"),
+    insecure: bool = typer.Option(False, "--insecure", help="Serve and accept models in plaintext on a non-loopback --listen address (without --tls-dir); loopback needs no flag"),
+    checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
+    resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
+    record_log: str | None = typer.Option(None, "--record-log", help="async: append this node's event log to this file (a restarted node continues it); replay the run's logs with `sfg swarm --replay-log ... --clock virtual`"),
+    as_json: bool = opt("json", False),
+) -> None:
+    """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
+    mode = protocol_of(protocol, mode, "node")
+    if mode == "event":
+        raise SfgError("--protocol event runs on the virtual clock only; a node runs "
+                       "lockstep or async")
+    deadline = DEADLINE if deadline is None else deadline
+    require("sfg node", *NET_MODULES, extra="net")
+    import asyncio
+
+    from sfg.net.certify import keys_for
+    from sfg.net.node import Node, NodeConfig
+    from sfg.net.transport import TlsFiles
+    from sfg.net.world import build_world
+
+    addresses, edges = _read_peers(peers)
+    host, _, port_text = listen.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise SfgError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7000")
+    if id not in addresses:
+        raise SfgError(f"--id {id} is not listed in {peers}")
+    if tls_dir is None and not insecure and not is_loopback(host):
+        raise SfgError(f"--listen {listen} is reachable from other machines and, without "
+                       "--tls-dir, models would cross in plaintext with every sender taken "
+                       "at its word; give --tls-dir (a bundle from `sfg tls-ca`), listen on "
+                       "127.0.0.1, or add --insecure")
+    flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
+             "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
+             "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
+             "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
+             "eval_every": eval_every, "attack": attack, "partition": partition,
+             "on_return": on_return}
+    tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
+    from sfg.cli.run import run_config
+
+    # the run's settings as sfg swarm's real nodes take them (protocol and timer included)
+    rc = run_config(config, {**flags, "protocol": mode, "period": period, "jitter": jitter,
+                             "window": window}, fixed={"nodes": "real"})
+    cfg = rc.model_dump()
+    mode, period = rc.protocol, REAL_PERIOD if rc.period is None else rc.period
+    jitter, window = rc.jitter, rc.window
+    world = build_world(cfg, edges=edges)
+    if checkpoint_dir:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
+                    window=window, deadline=deadline, tls=tls,
+                    checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
+                    resume=resume, events=_node_log(record_log, mode),
+                    keys=keys_for(world, tls_dir, id), pull_timeout=_pull_timeout(cfg))
+    if record_log is not None and nc.pull_timeout is not None:
+        raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
+                       "not implement on_return pull; drop --record-log or --on-return")
+
+    async def main() -> dict:
+        n = Node(world, id, nc)
+        try:
+            await n.start()
+            n.connect(addresses)
+            return await n.run()
+        finally:
+            await n.close()
+
+    t = time.perf_counter()
+    try:
+        res = asyncio.run(main())
+    except OSError as e:
+        raise SfgError(f"cannot serve on {listen}: {e}") from None
+    res["wall_seconds"] = time.perf_counter() - t
+    if as_json:
+        console.print_json(res)
+        return
+    console.echo(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
+                 f"rejected {sum(res['rejected'].values())}, final age "
+                 f"{res['state']['age']}, lag {res['state']['lag']:.2f}")
+
+def tls_ca(
+    dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and one bundle per node, node-<id>/, into"),
+    nodes: int = typer.Option(..., "--nodes", help="Certificates for node ids 0..N-1"),
+    host: list[str] = typer.Option([], "--host", help="Extra host name or IP the certificates are valid for (repeatable)"),
+    days: int = typer.Option(30, help="Validity in days"),
+    keep_ca_key: bool = typer.Option(False, "--keep-ca-key", help="Also keep the CA's private key, in DIR/ca-key/ca.key (no bundle holds it; sfg never reads it)"),
+    force: bool = typer.Option(False, "--force", help="Replace existing keys"),
+) -> None:
+    """Create a test CA and a key bundle per node (DIR/node-<id>/: the CA and every node's certificate, that node's own keys) for `sfg node --tls-dir DIR/node-<id>` and `sfg swarm --tls-dir DIR`."""
+    require("sfg tls-ca", "cryptography", extra="net")
+    from sfg.net.tls import make_test_ca
+
+    if nodes < 1 or days < 1:
+        raise SfgError("--nodes and --days must be >= 1")
+    d = make_test_ca(dir, range(nodes), hosts=host, days=days, keep_ca_key=keep_ca_key,
+                     force=force)
+    console.echo(f"wrote {d}/ca.pem and one bundle per node, {d}/node-0 .. "
+                 f"{d}/node-{nodes - 1}: copy node-<id>/ to the machine of node <id> only"
+                 + (f"; the CA's key is in {d}/ca-key/ca.key" if keep_ca_key else ""))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("swarm")
-    def swarm(
-        nodes: int | None = opt("clients", also=("--nodes",)),
-        protocol: str | None = clockflags.PROTOCOL,
-        mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
-        procs: int = typer.Option(2, help="Worker processes the nodes are spread over", rich_help_panel=REAL_PANEL),
-        config: Path | None = opt("config"),
-        dataset: str | None = opt("dataset"),
-        data_root: str | None = opt("data_root"),
-        model: str | None = opt("model"),
-        process: str | None = opt("process"),
-        rule: str | None = opt("rule"),
-        graph: str | None = opt("graph"),
-        seed: int | None = opt("seed"),
-        rounds: int | None = opt("rounds"),
-        local_steps: int | None = opt("local_steps"),
-        batch_size: int | None = opt("batch_size"),
-        lr: float | None = opt("lr"),
-        weight_decay: float | None = opt("weight_decay"),
-        alpha: float | None = opt("alpha"),
-        partition: list[str] = opt("partition", []),
-        eval_every: int | None = opt("eval_every"),
-        attack: str | None = opt("attack"),
-        period: float | None = clockflags.PERIOD,
-        jitter: float | None = clockflags.JITTER,
-        window: float | None = clockflags.WINDOW,
-        deadline: float | None = clockflags.DEADLINE,
-        on_return: str | None = opt("on_return"),
-        cut: list[str] = clockflags.CUT,
-        crash: list[str] = clockflags.CRASH,
-        kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
-        tls_dir: str | None = typer.Option(None, help="Mutual TLS with the folder `sfg tls-ca` writes (each node loads its bundle DIR/node-<id>; with a +certified rule also its header-signing key)", rich_help_panel=REAL_PANEL),
-        workdir: str | None = typer.Option(None, help="Folder for checkpoints and logs (default: a new temporary folder)"),
-        store: str | None = opt("store"),
-        record_log: str | None = typer.Option(None, "--record-log", help="async: write the run's event log (every node's wake-ups, arrivals with their digests, restarts) to this file, the final models beside it", rich_help_panel=REAL_PANEL),
-        replay_log: list[Path] = typer.Option([], "--replay-log", help="Re-execute a recorded run (its log, or every node's log) with the node code on the virtual clock; needs --clock virtual"),
-        clock: str = opt("clock", "rounds"),
-        round_seconds: float | None = clockflags.ROUND_SECONDS,
-        faults: str | None = clockflags.FAULTS,
-        faults_seed: int | None = clockflags.FAULTS_SEED,
-        compute: str | None = clockflags.COMPUTE,
-        uplink: str | None = clockflags.UPLINK,
-        latency: str | None = clockflags.LATENCY,
-        loss: str | None = clockflags.LOSS,
-        message_bytes: float | None = clockflags.MESSAGE_BYTES,
-        eval_seconds: float | None = clockflags.EVAL_SECONDS,
-        target_accuracy: float | None = clockflags.TARGET,
-        as_json: bool = opt("json", False),
-    ) -> None:
-        """Launch N nodes on this machine that train and gossip over gRPC under churn."""
-        protocol = protocol_of(protocol, mode, "swarm")
-        if clock == "wall":
-            deprecated("--clock wall", "--clock rounds (real nodes)", "swarm")
-            clock = "rounds"
-        if clock not in ("rounds", "virtual"):
-            raise SfgError(f"unknown --clock {clock!r}; choose rounds (real nodes over gRPC) or "
-                           "virtual (the node code on the virtual clock)")
-        split, old_cuts = _split_or_cut(partition)
-        for k in kill:
-            deprecated(f"--kill {k}", f"--crash {k}r", "swarm")
-        from sfg.net.cuts import Crash
-
-        cuts, crashes = cuts_and_crashes(cut, crash)
-        cuts += old_cuts
-        crashes += [Crash.parse_round(k) for k in kill]
-        require("sfg swarm", *NET_MODULES, extra="net")
-        from sfg.cli.run import run_config
-        from sfg.net.assemble import run_nodes_config
-
-        flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
-                 "rule": rule, "graph": graph, "seed": seed, "n_clients": nodes,
-                 "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
-                 "eval_every": eval_every, "attack": attack, "partition": split,
-                 "on_return": on_return}
-        if replay_log:
-            given = {**{f"--{k.replace('_', '-')}": v for k, v in flags.items()},
-                     "--config": config, "--crash": crashes, "--cut": cuts,
-                     "--store": store, "--record-log": record_log, "--tls-dir": tls_dir,
-                     "--faults": faults, "--faults-seed": faults_seed}
-            _replay_swarm(replay_log, clock, [k for k, v in given.items() if v], workdir,
-                          as_json)
-            return
-        if faults is not None or faults_seed is not None:
-            from sfg.clock.faults import Faults
-
-            # checked here; the virtual clock's run takes
-            # run_virtual_swarm(..., faults=Faults.parse(faults, seed=faults_seed or 0))
-            Faults.parse(faults, seed=0 if faults_seed is None else faults_seed)
-            if clock != "virtual":
-                raise SfgError("--faults are events of the virtual clock's schedule; add "
-                               "--clock virtual (real nodes: --crash and --cut in rounds)")
-        # the virtual clock's settings (the async nodes are evaluated at its instants)
-        world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
-                       "message_bytes": message_bytes, "eval_seconds": eval_seconds,
-                       "target_accuracy": target_accuracy}
-        if clock == "virtual":
-            refused = {"--tls-dir": tls_dir, "--record-log": record_log}
-            if round_seconds is not None:
-                if period is not None and period != round_seconds:
-                    raise SfgError(f"--round-seconds {round_seconds:g} and --period {period:g} "
-                                   "disagree: in `sfg swarm --clock virtual` the period P is "
-                                   "also Δ; give one")
-                period = round_seconds
-            _virtual_swarm(config, flags, world_flags, mode=protocol, period=period,
-                           jitter=jitter, window=window, deadline=deadline,
-                           faults=faults_with(faults, cuts, crashes), faults_seed=faults_seed,
-                           refused=[k for k, v in refused.items() if v],
-                           store=store, as_json=as_json)
-            return
-        given = [k for k, v in {**world_flags, "round_seconds": round_seconds}.items()
-                 if v is not None]
-        if given:
-            raise SfgError(f"--{given[0].replace('_', '-')} is a setting of the virtual clock; "
-                           "add --clock virtual (real nodes take their own time)")
-        for x, flag, example in [*((c, "--cut", "0,1|2,3@5r-9r") for c in cuts),
-                                 *((c, "--crash", "3@10r") for c in crashes)]:
-            if x.unit != "rounds":
-                raise SfgError(f"{flag} in seconds is for the virtual clock; real nodes count "
-                               f"rounds: write e.g. {flag} {example}, or add --clock virtual")
-        if protocol == "event":
-            raise SfgError("--protocol event runs on the virtual clock only; real nodes run "
-                           "lockstep or async (or add --clock virtual)")
-        # the run's settings, the nodes' protocol and timer (wall seconds) among them
-        cfg = run_config(config, {**flags, "protocol": protocol, "period": period,
-                                  "jitter": jitter, "window": window}, fixed={"nodes": "real"})
-        if tls_dir is not None and not Path(tls_dir, "ca.pem").is_file():
-            raise SfgError(f"no ca.pem in --tls-dir {tls_dir} (the folder `sfg tls-ca` writes, "
-                           f"with a bundle per node); create one with "
-                           f"`sfg tls-ca --dir {tls_dir} --nodes N`")
-        n = cfg.n_clients
-        for c in cuts:
-            c.check_nodes(n, f"--cut {c.text()}")
-        for c in crashes:
-            if c.node >= n:
-                raise SfgError(f"--crash {c.node}@{int(c.at)}r: node {c.node} does not exist; "
-                               f"nodes are 0..{n - 1}")
-        prog, update = _progress_printer(n, cfg.rounds, not as_json)
-        kw = dict(deadline=deadline, procs=procs, workdir=workdir,
-                  kills=[c.pair for c in crashes], partitions=[c.text() for c in cuts],
-                  tls_dir=tls_dir, record_log=record_log)
-        try:
-            if prog is not None:
-                with prog:
-                    res = run_nodes_config(cfg, on_round=update, **kw)
-            else:
-                res = run_nodes_config(cfg, **kw)
-        except RuntimeError as e:
-            raise console.WorkFailed(f"swarm failed: {e}") from None
-        mode = cfg.protocol
-        out = {"config": {**res.meta["config"], "mode": mode, "procs": procs}, **res.summary()}
-        if store is not None:
-            out["run_id"] = _store(store, cfg, res.summary())
-        if as_json:
-            console.print_json(out)
-            return
-        _print_summary(res, f"sfg swarm ({mode}): {cfg.rule} under {cfg.process}, {n} nodes")
-
-    @app.command("node")
-    def node(
-        id: int = typer.Option(..., "--id", help="This node's id (a key of peers.yaml)"),
-        listen: str = typer.Option(..., "--listen", help="HOST:PORT to serve on, e.g. 0.0.0.0:7000"),
-        peers: Path = typer.Option(..., "--peers", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...]"),
-        protocol: str | None = clockflags.PROTOCOL,
-        mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
-        config: Path | None = opt("config"),
-        dataset: str | None = opt("dataset"),
-        data_root: str | None = opt("data_root"),
-        model: str | None = opt("model"),
-        process: str | None = opt("process"),
-        rule: str | None = opt("rule"),
-        graph: str | None = opt("graph"),
-        seed: int | None = opt("seed"),
-        rounds: int | None = opt("rounds"),
-        local_steps: int | None = opt("local_steps"),
-        batch_size: int | None = opt("batch_size"),
-        lr: float | None = opt("lr"),
-        weight_decay: float | None = opt("weight_decay"),
-        alpha: float | None = opt("alpha"),
-        partition: str | None = opt("partition"),
-        eval_every: int | None = opt("eval_every"),
-        attack: str | None = opt("attack"),
-        period: float | None = clockflags.PERIOD,
-        jitter: float | None = clockflags.JITTER,
-        window: float | None = clockflags.WINDOW,
-        deadline: float | None = clockflags.DEADLINE,
-        on_return: str | None = opt("on_return"),
-        tls_dir: str | None = typer.Option(None, help="Mutual TLS with this node's bundle from `sfg tls-ca` (DIR/node-<id>; with a +certified rule also its header-signing key)"),
-        insecure: bool = typer.Option(False, "--insecure", help="Serve and accept models in plaintext on a non-loopback --listen address (without --tls-dir); loopback needs no flag"),
-        checkpoint_dir: str | None = typer.Option(None, help="Write a checkpoint every round here"),
-        resume: bool = typer.Option(False, help="Continue from the checkpoint in --checkpoint-dir"),
-        record_log: str | None = typer.Option(None, "--record-log", help="async: append this node's event log to this file (a restarted node continues it); replay the run's logs with `sfg swarm --replay-log ... --clock virtual`"),
-        as_json: bool = opt("json", False),
-    ) -> None:
-        """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
-        mode = protocol_of(protocol, mode, "node")
-        if mode == "event":
-            raise SfgError("--protocol event runs on the virtual clock only; a node runs "
-                           "lockstep or async")
-        deadline = DEADLINE if deadline is None else deadline
-        require("sfg node", *NET_MODULES, extra="net")
-        import asyncio
-
-        from sfg.net.certify import keys_for
-        from sfg.net.node import Node, NodeConfig
-        from sfg.net.transport import TlsFiles
-        from sfg.net.world import build_world
-
-        addresses, edges = _read_peers(peers)
-        host, _, port_text = listen.rpartition(":")
-        if not host or not port_text.isdigit():
-            raise SfgError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7000")
-        if id not in addresses:
-            raise SfgError(f"--id {id} is not listed in {peers}")
-        if tls_dir is None and not insecure and not is_loopback(host):
-            raise SfgError(f"--listen {listen} is reachable from other machines and, without "
-                           "--tls-dir, models would cross in plaintext with every sender taken "
-                           "at its word; give --tls-dir (a bundle from `sfg tls-ca`), listen on "
-                           "127.0.0.1, or add --insecure")
-        flags = {"dataset": dataset, "data_root": data_root, "model": model, "process": process,
-                 "rule": rule, "graph": graph, "seed": seed, "n_clients": len(addresses),
-                 "rounds": rounds, "local_steps": local_steps, "batch_size": batch_size,
-                 "lr": lr, "weight_decay": weight_decay, "alpha": alpha,
-                 "eval_every": eval_every, "attack": attack, "partition": partition,
-                 "on_return": on_return}
-        tls = TlsFiles.load(tls_dir, id) if tls_dir else None  # a stale certificate stops here
-        from sfg.cli.run import run_config
-
-        # the run's settings as sfg swarm's real nodes take them (protocol and timer included)
-        rc = run_config(config, {**flags, "protocol": mode, "period": period, "jitter": jitter,
-                                 "window": window}, fixed={"nodes": "real"})
-        cfg = rc.model_dump()
-        mode, period = rc.protocol, REAL_PERIOD if rc.period is None else rc.period
-        jitter, window = rc.jitter, rc.window
-        world = build_world(cfg, edges=edges)
-        if checkpoint_dir:
-            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        nc = NodeConfig(mode=mode, host=host, port=int(port_text), period=period, jitter=jitter,
-                        window=window, deadline=deadline, tls=tls,
-                        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
-                        resume=resume, events=_node_log(record_log, mode),
-                        keys=keys_for(world, tls_dir, id), pull_timeout=_pull_timeout(cfg))
-        if record_log is not None and nc.pull_timeout is not None:
-            raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
-                           "not implement on_return pull; drop --record-log or --on-return")
-
-        async def main() -> dict:
-            n = Node(world, id, nc)
-            try:
-                await n.start()
-                n.connect(addresses)
-                return await n.run()
-            finally:
-                await n.close()
-
-        t = time.perf_counter()
-        try:
-            res = asyncio.run(main())
-        except OSError as e:
-            raise SfgError(f"cannot serve on {listen}: {e}") from None
-        res["wall_seconds"] = time.perf_counter() - t
-        if as_json:
-            console.print_json(res)
-            return
-        console.echo(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
-                     f"rejected {sum(res['rejected'].values())}, final age "
-                     f"{res['state']['age']}, lag {res['state']['lag']:.2f}")
-
-    @app.command("tls-ca")
-    def tls_ca(
-        dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and one bundle per node, node-<id>/, into"),
-        nodes: int = typer.Option(..., "--nodes", help="Certificates for node ids 0..N-1"),
-        host: list[str] = typer.Option([], "--host", help="Extra host name or IP the certificates are valid for (repeatable)"),
-        days: int = typer.Option(30, help="Validity in days"),
-        keep_ca_key: bool = typer.Option(False, "--keep-ca-key", help="Also keep the CA's private key, in DIR/ca-key/ca.key (no bundle holds it; sfg never reads it)"),
-        force: bool = typer.Option(False, "--force", help="Replace existing keys"),
-    ) -> None:
-        """Create a test CA and a key bundle per node (DIR/node-<id>/: the CA and every node's certificate, that node's own keys) for `sfg node --tls-dir DIR/node-<id>` and `sfg swarm --tls-dir DIR`."""
-        require("sfg tls-ca", "cryptography", extra="net")
-        from sfg.net.tls import make_test_ca
-
-        if nodes < 1 or days < 1:
-            raise SfgError("--nodes and --days must be >= 1")
-        d = make_test_ca(dir, range(nodes), hosts=host, days=days, keep_ca_key=keep_ca_key,
-                         force=force)
-        console.echo(f"wrote {d}/ca.pem and one bundle per node, {d}/node-0 .. "
-                     f"{d}/node-{nodes - 1}: copy node-<id>/ to the machine of node <id> only"
-                     + (f"; the CA's key is in {d}/ca-key/ca.key" if keep_ca_key else ""))
-
-
-
+    """``sfg swarm``, ``sfg node`` and ``sfg tls-ca`` on ``app``."""
+    app.command("swarm")(swarm)
+    app.command("node")(node)
+    app.command("tls-ca")(tls_ca)
