@@ -1,5 +1,5 @@
 """Fault-sweep throughput: simulated node-rounds per second of the seeded sweep of
-:mod:`sfg.net.faultsweep` — the deployable node on the virtual clock under random faults, with
+``tests/faultsweep.py`` — the deployable node on the virtual clock under random faults, with
 every property check of the sweep (the network's log of every delivery, the nodes' records).
 
     .venv/bin/python benchmarks/bench_faults.py                  # the suite's sweep (24 runs)
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from sfg.net.faultsweep import standard_cases, sweep
+    from faultsweep import standard_cases, sweep
 
     logging.getLogger("sfg.net").setLevel(logging.ERROR)
     if not a.json:
@@ -63,5 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(os.path.dirname(here), "tests")]  # machine, faultsweep
     sys.exit(main())

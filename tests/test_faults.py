@@ -13,10 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
-from sfg.clock.faults import Faults
-from sfg.errors import SfgError
-from sfg.net.faultsweep import (
+from faultsweep import (
     ASYNC_FAULTS,
     LOCKSTEP_FAULTS,
     RULES,
@@ -26,6 +23,9 @@ from sfg.net.faultsweep import (
     standard_cases,
     sweep,
 )
+
+from sfg.clock.faults import Faults
+from sfg.errors import SfgError
 
 SEEDS = (1, 2, 3, 4)
 
@@ -143,7 +143,7 @@ def test_protocol_properties_hold_under_a_seeded_sweep_of_random_faults(capsys):
     """No corrupted or non-neighbour message is accepted or aggregated, every header obeys
     docs/concepts/staleness.md#the-staleness-state, a restarted node resumes its checkpoint plus exactly the rounds it missed, async
     never blocks, lockstep ends with the fault-free models, memory stays bounded under a
-    flood; and the sweep really exercised every kind of fault (see sfg.net.faultsweep)."""
+    flood; and the sweep really exercised every kind of fault (see tests/faultsweep.py)."""
     cases = sweep_cases()
     res = sweep(cases)
     assert res.violations == [], "\n".join(res.violations)
@@ -330,7 +330,7 @@ def test_lockstep_crash_longer_than_the_deadline_is_a_one_line_error_not_a_hang(
     """Neighbours of a crashed lockstep node hit their deadline (virtual seconds) and the run
     stops with the deadline's error; with a deadline longer than the downtime the restarted
     node catches up from its checkpoint and the run ends with the fault-free models."""
-    from sfg.net.faultsweep import reference_params
+    from faultsweep import reference_params
 
     short = Case("lockstep", "sfg-cut", "faults:crash=0@0.6,downtime=120", seed=1, n=6,
                  deadline=60.0, may_time_out=True)

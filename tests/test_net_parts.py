@@ -156,7 +156,7 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates(case):
 
 # ------------------------------------------------------------------ the modules' boundaries
 MINE = ["net/node.py", "net/claims.py", "net/evidence.py", "net/persist.py", "net/cuts.py",
-        "net/certify.py", "net/faultsweep.py", "net/eventlog.py", "net/replaylog.py",
+        "net/certify.py", "net/eventlog.py", "net/replaylog.py",
         "clock/faults.py", "modelfree/horizon.py"]
 
 
