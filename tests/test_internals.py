@@ -5,13 +5,16 @@ checks that the fallback was taken, and that the numbers are the same as with th
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import heapq
 import json
 import os
 import random
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -327,3 +330,101 @@ def test_a_certified_lockstep_swarm_gives_the_same_models_through_every_fallback
     assert {"first-class-address", "clock-resolution"} <= set(slow["fallbacks"])
     assert fast["out"]["messages"] > 0
     assert slow["out"] == fast["out"]
+
+
+# ------------------------------------------------------------------ the list is complete
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _sfgs_own(trees) -> set[str]:
+    """The underscore names sfg gives attributes itself: assigned as ``obj._x = …`` or defined
+    in a class body (methods, class attributes); and namedtuple's documented ``_replace`` and
+    kin."""
+    own = {"_replace", "_fields", "_asdict", "_make"}
+    for tree in trees:
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                own.add(n.attr)
+            elif isinstance(n, ast.ClassDef):
+                for b in n.body:
+                    if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        own.add(b.name)
+                    elif isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name):
+                        own.add(b.target.id)
+                    elif isinstance(b, ast.Assign):
+                        own.update(t.id for t in b.targets if isinstance(t, ast.Name))
+    return own
+
+
+def private_internals(src: Path, package: str = "sfg") -> list[tuple[str, str]]:
+    """Every use under ``src/package`` of another package's private name, as (``path:line``,
+    the name): ``obj._x`` and ``getattr(obj, "_x")`` where sfg gives no attribute ``_x``
+    itself, ``import a._b`` and ``from a._b import …``, ``from a import _x``."""
+    paths = sorted((src / package).rglob("*.py"))
+    trees = [ast.parse(p.read_text(encoding="utf-8"), str(p)) for p in paths]
+    own = _sfgs_own(trees)
+    found = []
+    for path, tree in zip(paths, trees, strict=True):
+        where = f"{path.relative_to(src)}:"
+        for n in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in own:
+                names = [n.attr]
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                  and n.func.id in ("getattr", "hasattr", "setattr") and len(n.args) > 1
+                  and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)
+                  and _private(n.args[1].value) and n.args[1].value not in own):
+                names = [n.args[1].value]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names if a.name.split(".")[0] != package
+                         and any(_private(x) for x in a.name.split("."))]
+            elif isinstance(n, ast.ImportFrom) and not n.level and n.module \
+                    and n.module.split(".")[0] != package:
+                names = ([n.module] if any(_private(x) for x in n.module.split(".")) else [])
+                names += [a.name for a in n.names if _private(a.name)]
+            found += [(f"{where}{n.lineno}", name) for name in names]
+    return sorted(set(found))
+
+
+def _listed(name: str) -> bool:
+    """Whether sfg.util.internals' docstring names ``name`` (a whole name, or its last part)."""
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", internals.__doc__ or "") is not None
+
+
+def test_every_private_internal_sfg_uses_is_listed():
+    """Every private internal of another package that the source touches is named in
+    sfg.util.internals' list (and the scan finds the ones the list names)."""
+    found = private_internals(Path(SRC))
+    names = {name for _, name in found}
+    assert {"_log_softmax_backward_data", "_version", "numpy._core", "_cache_file",
+            "_shutdown"} <= names, found
+    missing = [f"{where} {name}" for where, name in found if not _listed(name)]
+    assert not missing, "private internals not listed in sfg.util.internals:\n" + "\n".join(
+        missing)
+
+
+def test_the_scan_finds_planted_private_internals(tmp_path):
+    pkg = tmp_path / "sfg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(textwrap.dedent("""\
+        import numpy._core as nc
+        from torch import _C
+        from numpy._core import multiarray
+        from sfg.b import _ours
+
+
+        class K:
+            _flag = 1
+
+            def __init__(self):
+                self._mine = 1
+
+            def _helper(self, t, nt):
+                return (self._mine, self._flag, self._helper, t._version, nt._replace(),
+                        getattr(t, "_hidden"), getattr(t, "_mine"), torch.ops.aten._op)
+        """))
+    got = [f"{where} {name}" for where, name in private_internals(tmp_path)]
+    assert got == ["sfg/a.py:1 numpy._core", "sfg/a.py:14 _version", "sfg/a.py:15 _hidden",
+                   "sfg/a.py:15 _op", "sfg/a.py:2 _C", "sfg/a.py:3 numpy._core"], got
+    assert _listed("_version") and _listed("numpy._core") and not _listed("_hidden")
