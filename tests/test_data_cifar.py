@@ -73,7 +73,7 @@ def tar_directory(src: Path, archive: Path) -> Path:
 def _pixels(data, split: str, channel: int) -> np.ndarray:
     """Un-normalised value of pixel (channel, 0, 0) for every image of ``split``, in 0..255."""
     norm = data.meta["normalisation"]
-    x = torch.cat(getattr(data, f"{split}_x")).numpy()[:, channel, 0, 0].astype(np.float64)
+    x = torch.cat(list(getattr(data, f"{split}_x"))).numpy()[:, channel, 0, 0].astype(np.float64)
     v = (x * norm["std"][channel] + norm["mean"][channel]) * norm["scale"]
     assert np.allclose(v, np.rint(v), atol=1e-3)
     return np.rint(v).astype(np.int64)
@@ -211,7 +211,7 @@ def test_wrong_path_lists_what_was_looked_for(tmp_path):
 def test_impossible_partition_is_one_line(cifar10_dir):
     with pytest.raises(SfgError) as info:
         load_federated("cifar10", n_clients=20, seed=0, data_root=cifar10_dir)  # 200 < 20·20
-    assert "lower the minimum (min_train) or use fewer clients" in str(info.value)
+    assert "lower the minimum (the dataset parameter min_train, e.g. cifar10:min_train=5) or use fewer clients" in str(info.value)
     assert "\n" not in str(info.value)
 
 

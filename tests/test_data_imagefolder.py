@@ -35,7 +35,7 @@ def write_folder(root: Path, *, train: int = 30, test: int = 10, size=(6, 6)) ->
 
 def red(data, split: str) -> np.ndarray:
     norm = data.meta["normalisation"]
-    x = torch.cat(getattr(data, f"{split}_x")).numpy()[:, 0, 0, 0].astype(np.float64)
+    x = torch.cat(list(getattr(data, f"{split}_x"))).numpy()[:, 0, 0, 0].astype(np.float64)
     return np.rint((x * norm["std"][0] + norm["mean"][0]) * norm["scale"]).astype(np.int64)
 
 

@@ -52,6 +52,23 @@ class ConfigError(SfgError):
 
 def _canonical_component(text: str, kind: str) -> str:
     comp = parse_component(text, kind=kind)
+    params = comp.params
+    if kind == "dataset" and {"min_train", "test_per_client"} & set(params):
+        # a size spelled out at the dataset's default names the same data: the same run id
+        # (the data package, with torch, is imported only for a dataset string that has one)
+        try:
+            from sfg.world.data import DATASETS
+            from sfg.world.data.base import canonical_sizes
+        except ImportError:  # no torch: a replay-only install never loads a dataset
+            DATASETS = canonical_sizes = None
+        if DATASETS is not None and comp.name in DATASETS:
+            params = canonical_sizes(comp)
+            if params != comp.params:
+                return format_component(comp.name, params, comp.modifiers)
+    return _canonical_component_text(comp, text, kind)
+
+
+def _canonical_component_text(comp: Any, text: str, kind: str) -> str:
     canon = format_component(comp.name, comp.params, comp.modifiers)
     try:
         again = parse_component(canon, kind=kind)
@@ -605,6 +622,10 @@ def _check_dataset(cfg: RunConfig) -> None:
     data = _module("sfg.world.data")
     if data is not None:
         _check_member(data.DATASETS, cfg.dataset, "dataset", "dataset")
+        try:  # the size parameters' values (min_train, test_per_client)
+            data.base.check_sizes(parse_component(cfg.dataset, kind="dataset"))
+        except SfgError as e:
+            raise ConfigError("dataset", str(e)) from None
 
 
 def _check_graph(cfg: RunConfig) -> None:

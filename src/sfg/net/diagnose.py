@@ -132,21 +132,19 @@ def node_tools(world: Any, i: int, kinds: Iterable[str]) -> dict[str, Any]:
     d, c = world.data, world.cfg
     K, B, lr, wd = int(c["local_steps"]), int(c["batch_size"]), float(c["lr"]), \
         float(c["weight_decay"])
-    val = ValidationLoss(sh.model, sh.spec, [d.val_x[i]], [d.val_y[i]], torch.device("cpu")) \
-        if {"finetune", "returning"} & kinds else None
-    x = d.train_x[i].to(torch.float32)
-    y = d.train_y[i]
-    hflip = bool(getattr(d, "augment_hflip", False))
+    from sfg.world.data.base import ClientImages, hflip
+
+    images = ClientImages.of(d.val_x)
+    val = ValidationLoss(sh.model, sh.spec, images.subset([i]), [d.val_y[i]],
+                         torch.device("cpu")) if {"finetune", "returning"} & kinds else None
+    train_x, y = ClientImages.of(d.train_x), d.train_y[i]
+    augment = bool(getattr(d, "augment_hflip", False))
 
     def train_batches(_: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx, flips = finetune_minibatches(len(y), int(i), int(t), K=K, B=B,
-                                          seed=world.seed, hflip=hflip)
-        g = torch.from_numpy(idx[0])
-        xs, ys = x[g], y[g]
-        if flips is not None:
-            f = torch.from_numpy(flips[0])
-            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 2))), xs.flip(-1), xs)
-        return xs, ys
+                                          seed=world.seed, hflip=augment)
+        xs = hflip(train_x.gather(np.array([i]), idx), flips)  # rows of the pool, [1, K, B, ...]
+        return xs[0], y[torch.from_numpy(idx[0])]
 
     def train(P: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         return sh.backend.train(P, xs, ys, lr=lr, weight_decay=wd)

@@ -140,8 +140,7 @@ class Trainer:
         self.world, self.run, self.i = world, run, int(i)
         self.K = run.K
         self.lr = run.lr
-        self.x = world.data.train_x[self.i]
-        self.y = world.data.train_y[self.i]
+        self.clients = run.clients  # the run's one pool, shared by the nodes of a world
         self.batches = run.minibatches()
         self.backend = run.make_backend("loop:workers=2")
 
@@ -152,22 +151,15 @@ class Trainer:
 
     def batches_of(self, t: int, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """xs [1, steps, B, ...], ys [1, steps, B]: this client's minibatches of round t."""
-        idx, flips = self.batches.select(np.array([self.i]), t, n_steps)
-        gidx = torch.from_numpy(idx)
-        xs, ys = self.x[gidx], self.y[gidx]
-        if flips is not None:
-            f = torch.from_numpy(flips)
-            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 3))), xs.flip(-1), xs)
-        return xs, ys
+        me = np.array([self.i])
+        return self.clients.gather(me, *self.batches.select(me, t, n_steps))
 
     def train(self, x: np.ndarray, t: int, age: int) -> np.ndarray:
         """K local SGD steps from ``x: [D] float32`` on round t's minibatches -> new [D]."""
         xs, ys = self.batches_of(t, self.steps(age))
         start = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
-        out = self.run.train(self.backend, start, xs, ys)
-        amplify = self.world.rule.amplify
-        if amplify is not None and age >= 1:
-            out = start + (1 + min(age, amplify)) * (out - start)
+        out = self.world.rule.amplified(start, self.run.train(self.backend, start, xs, ys),
+                                        np.array([age]))
         new = out[0].numpy()
         if not np.isfinite(new).all():
             raise SfgError(f"training diverged (non-finite parameters) at round {t} on node "

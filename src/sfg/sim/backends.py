@@ -49,6 +49,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -733,6 +734,8 @@ class _EvalData:
     @classmethod
     def build(cls, xs: Sequence[Tensor] | Tensor, ys: Sequence[Tensor] | Tensor,
               n: int) -> _EvalData:
+        if hasattr(xs, "rows") and hasattr(xs, "take"):  # sfg.world.data.ClientImages
+            return _PooledEvalData(xs, ys, n)
         if isinstance(xs, Tensor):
             check(isinstance(ys, Tensor) and xs.dim() >= 2 and xs.shape[0] == n
                   and tuple(ys.shape) == tuple(xs.shape[:2]),
@@ -801,6 +804,58 @@ class _EvalData:
         valid = pos[None, :] < counts
         idx = self.offsets[lo:hi, None] + torch.minimum(pos[None, :], counts - 1)
         x = X[idx.to(X.device)].to(device, torch.float32, non_blocking=True)
+        return x, Y[idx.to(Y.device)].to(device), valid.to(device)
+
+
+class _PooledEvalData(_EvalData):
+    """Evaluation examples as rows of one shared image pool
+    (:class:`sfg.world.data.ClientImages`): each batch is gathered as stored and normalised
+    (the floats of normalising every image first), so evaluating N clients holds the pool
+    once and one batch, not N test sets of floats."""
+
+    def __init__(self, images: Any, ys: Sequence[Tensor] | Tensor, n: int):
+        check(len(images) == n, f"evaluation needs one test set per client: {n} clients, got "
+                                f"{len(images)}")
+        sizes = np.asarray(images.sizes, np.int64)
+        check(bool((sizes >= 1).all()), "every client needs at least one evaluation example")
+        if isinstance(ys, Tensor):
+            y = ys.reshape(-1)
+        else:
+            parts = [t.reshape(-1) for t in ys]
+            y = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        check(y.dim() == 1 and y.shape[0] == int(sizes.sum()),
+              f"evaluation labels: {y.shape[0]} for {int(sizes.sum())} examples")
+        self.images = images
+        self.parts_x: list[Tensor] = []
+        self.parts_y = [y]
+        self.counts = torch.from_numpy(sizes.copy())                          # [n]
+        self.offsets = torch.from_numpy(np.asarray(images.offsets[:-1], np.int64).copy())
+        self.rows = torch.from_numpy(np.asarray(images.rows, np.int64))
+        self._xy = None
+
+    def key(self) -> tuple[Any, ...]:
+        # the cache holds this object, so the ids and addresses below are not reused meanwhile
+        y = self.parts_y[0]
+        return ("pooled", id(self.images), id(self.images.images),
+                self.images.rows.__array_interface__["data"][0], int(self.rows.shape[0]),
+                y.data_ptr(), tuple(y.shape), y._version)
+
+    def client(self, i: int) -> tuple[Tensor, Tensor]:
+        s, m = int(self.offsets[i]), int(self.counts[i])
+        return self.images.take(self.rows[s:s + m]), self.parts_y[0][s:s + m]
+
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        return tuple(self.images.example_shape)
+
+    def batch(self, lo: int, hi: int, start: int, size: int,
+              device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        Y = self.parts_y[0]
+        pos = start + torch.arange(size)
+        counts = self.counts[lo:hi, None]
+        valid = pos[None, :] < counts
+        idx = self.offsets[lo:hi, None] + torch.minimum(pos[None, :], counts - 1)
+        x = self.images.take(self.rows[idx], device)
         return x, Y[idx.to(Y.device)].to(device), valid.to(device)
 
 

@@ -90,29 +90,36 @@ def train_sizes(data) -> np.ndarray:
 
 
 class ClientData:
-    """Every client's training split concatenated once, with offsets, on the device.
+    """Every client's training split: rows of the dataset's one shared image pool (as stored,
+    e.g. uint8), on the device, with each client's offset into the rows.
 
-    A batch of n clients' minibatches is one ``index_select`` of ``n·K·B`` rows."""
+    A batch of n clients' minibatches is one ``index_select`` of ``n·K·B`` rows of the pool,
+    normalised and flipped per batch (:meth:`sfg.world.data.ClientImages.take`,
+    :func:`sfg.world.data.base.hflip`): the floats of normalising every image first, with
+    memory the pool once, not a float copy of every client's images."""
 
     def __init__(self, data, device: torch.device):
+        from sfg.world.data.base import ClientImages
+
         self.sizes = train_sizes(data)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
-        self.x = torch.cat(list(data.train_x)).to(device, torch.float32).contiguous()
+        self.images = ClientImages.of(data.train_x)
+        self.images.on(device)  # the pool on the device once
         self.y = torch.cat(list(data.train_y)).to(device).contiguous()
         self.hflip = bool(getattr(data, "augment_hflip", False))
         self.device = device
 
     def gather(self, clients: np.ndarray, local_idx: np.ndarray, flips: np.ndarray | None):
         """xs [n, K, B, *shape], ys [n, K, B] for the given clients' local indices [n, K, B]."""
+        from sfg.world.data.base import hflip
+
         lead = local_idx.shape
-        gidx = torch.from_numpy((self.offsets[clients][:, None, None] + local_idx).reshape(-1))
-        gidx = gidx.to(self.device)
-        xs = self.x.index_select(0, gidx).view(*lead, *self.x.shape[1:])
-        ys = self.y.index_select(0, gidx).view(lead)
-        if self.hflip and flips is not None:
-            f = torch.from_numpy(flips).to(self.device)
-            xs = torch.where(f.reshape(*f.shape, *([1] * (xs.dim() - 3))), xs.flip(-1), xs)
-        return xs, ys
+        gidx = (self.offsets[clients].reshape((-1,) + (1,) * (local_idx.ndim - 1))
+                + local_idx).reshape(-1)
+        xs = self.images.take(self.images.rows[gidx], self.device).view(
+            *lead, *self.images.example_shape)
+        ys = self.y.index_select(0, torch.from_numpy(gidx).to(self.device)).view(lead)
+        return hflip(xs, flips if self.hflip else None), ys
 
 
 # ----------------------------------------------------------------------------- the run
@@ -303,24 +310,18 @@ class Run:
     # -- evaluation
     @cached_property
     def _tests(self):
-        test_x: Any = [x.to(self.device) for x in self.data.test_x]
-        test_y: Any = [y.to(self.device) for y in self.data.test_y]
-        if len({int(y.shape[0]) for y in test_y}) == 1:
-            # equal-sized test sets as one [N, m, ...] tensor: evaluate() then skips its
-            # per-client bookkeeping on every call (same accuracies)
-            test_x, test_y = torch.stack(test_x), torch.stack(test_y)
-        return test_x, test_y
+        return self.data.test_x, [y.to(self.device) for y in self.data.test_y]
 
     def evaluate(self, X: torch.Tensor, clients: np.ndarray | list[int] | None = None,
                  backend=None) -> np.ndarray:
         """float64 [n] personalised test accuracy of row k of ``X`` on client
-        ``clients[k]``'s test set (default: row i on client i, all N)."""
+        ``clients[k]``'s test set (default: row i on client i, all N). The test images are
+        rows of the dataset's pool, normalised per evaluation batch."""
         backend = self.backend if backend is None else backend
-        if clients is None:
-            test_x, test_y = self._tests
-        else:
-            d = self.data
-            test_x, test_y = [d.test_x[i] for i in clients], [d.test_y[i] for i in clients]
+        test_x, test_y = self._tests
+        if clients is not None:
+            clients = [int(i) for i in clients]
+            test_x, test_y = test_x.subset(clients), [test_y[i] for i in clients]
         return backend.evaluate(X, test_x, test_y).detach().cpu().numpy().astype(np.float64)
 
 

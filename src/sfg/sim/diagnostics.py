@@ -189,11 +189,17 @@ class ValidationLoss:
                  chunk: int = 32):
         import torch
 
+        from sfg.world.data.base import ClientImages
+
         self.model, self.spec, self.chunk = model, spec, chunk
         self.sizes = np.array([len(y) for y in val_y], np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.x = torch.cat(list(val_x)).to(device, torch.float32)
-        self.y = torch.cat(list(val_y)).to(device, torch.int64)
+        # rows of the dataset's pool, gathered and normalised per chunk
+        self.images = ClientImages.of(val_x)
+        self.images.on(device)
+        self.device = torch.device(device)
+        self.y = (torch.cat(list(val_y)) if len(val_y) else torch.zeros(0, dtype=torch.int64)
+                  ).to(device, torch.int64)
 
     def losses(self, P: torch.Tensor, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import torch
@@ -207,7 +213,7 @@ class ValidationLoss:
         def logits(p, x):
             return functional_call(self.model, p, (x,))
 
-        dev = self.x.device
+        dev = self.device
         with torch.no_grad():
             for lo in range(0, m, self.chunk):
                 rows = np.arange(lo, min(m, lo + self.chunk))
@@ -221,7 +227,8 @@ class ValidationLoss:
                 gidx = torch.as_tensor(idx, device=dev)
                 mask = torch.as_tensor(pos < n[:, None], device=dev)
                 params = self.spec.unflatten(P[torch.as_tensor(rows, device=P.device)])
-                xs, ys = self.x[gidx], self.y[gidx]  # [r, V, ...], [r, V]
+                xs = self.images.take(self.images.rows[idx], dev)  # [r, V, ...]
+                ys = self.y[gidx]  # [r, V]
                 out = vmap(logits)(params, xs)  # [r, V, C]
                 ce = torch.nn.functional.cross_entropy(
                     out.flatten(0, 1), ys.flatten(), reduction="none").view(out.shape[:2])

@@ -279,7 +279,8 @@ def _factory(classes: int):
     return load_cifar_federated
 
 
-_COMMON = {"cache_dir": None, "limit_per_class": None, "workers": None, "balance": True}
+_COMMON = {"cache_dir": None, "limit_per_class": None, "workers": None, "balance": True,
+           "min_train": 20, "test_per_client": 300}
 DATASETS.register("cifar10", _factory(10), params=dict(_COMMON),
                   doc="CIFAR-10: cifar-10-batches-py (dir or tar.gz) or an image folder",
                   tags=("image", "file"))

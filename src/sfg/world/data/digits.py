@@ -114,6 +114,7 @@ def load_digits_federated(*, n_clients: int, seed: int, data_root=None, alpha: f
 
 
 DATASETS.register(
-    "digits", load_digits_federated, params={"test_fraction": 0.3, "balance": True},
+    "digits", load_digits_federated,
+    params={"test_fraction": 0.3, "balance": True, "min_train": None, "test_per_client": 50},
     doc="scikit-learn's bundled 8x8 digits (1,797 images, 10 classes); no download",
     tags=("image", "embedded"))

@@ -274,6 +274,7 @@ def load_femnist_federated(*, n_clients: int, seed: int, data_root, alpha: float
         raise SfgError(f"min_samples={min_samples} and min_train={min_train} disagree; "
                        "FEMNIST uses one threshold, give only one of them")
     threshold = next((v for v in (min_samples, min_train) if v is not None), 250)
+    key = "min_samples" if min_samples is not None else "min_train"  # as the user named it
     source = locate(data_root, detect_leaf, what="FEMNIST (LEAF) data", looked_for=LOOKED_FOR,
                     hint=r"femnist|leaf", fix=FIX)
     arrays, info = read_leaf(source, cache_dir=cache_dir)
@@ -285,8 +286,8 @@ def load_femnist_federated(*, n_clients: int, seed: int, data_root, alpha: float
     if len(eligible) < n_clients:
         raise SfgError(
             f"FEMNIST at {source.path}: only {len(eligible)} writers have at least {threshold} "
-            f"training samples and a test split, {n_clients} clients requested; lower "
-            f"min_samples (e.g. femnist:min_samples={max(threshold // 2, 1)}) or n_clients")
+            f"training samples and a test split, {n_clients} clients requested; lower {key} "
+            f"(e.g. femnist:{key}={max(threshold // 2, 1)}) or use fewer clients")
     chosen = [eligible[i] for i in stream(seed, "writers").choice(len(eligible), n_clients,
                                                                    replace=False)]
     spans = np.array([table[w] for w in chosen], np.int64)  # [N, 4]
@@ -315,6 +316,7 @@ def load_femnist_federated(*, n_clients: int, seed: int, data_root, alpha: float
 
 
 DATASETS.register(
-    "femnist", load_femnist_federated, params={"min_samples": None, "cache_dir": None},
+    "femnist", load_femnist_federated,
+    params={"min_samples": None, "cache_dir": None, "min_train": None, "test_per_client": None},
     doc="FEMNIST from LEAF JSON shards (directory or .tar.gz), one client per writer",
     tags=("image", "file", "natural-split"))

@@ -369,6 +369,7 @@ def load_imagefolder_federated(*, n_clients: int, seed: int, data_root, alpha: f
 DATASETS.register(
     "imagefolder", load_imagefolder_federated,
     params={"cache_dir": None, "limit_per_class": None, "workers": None, "grayscale": False,
-            "resize": None, "hflip": False, "balance": True},
+            "resize": None, "hflip": False, "balance": True, "min_train": 20,
+            "test_per_client": 300},
     doc="any image folder train/<class>/*, test/<class>/* (directory or .tar.gz)",
     tags=("image", "file"))

@@ -55,7 +55,8 @@ def _dirichlet_counts(class_counts: np.ndarray, n_clients: int, alpha: float,
 
 def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int = 0,
                         rng: np.random.Generator, balance: bool = True,
-                        max_tries: int = 1000, repair: bool = True) -> list[np.ndarray]:
+                        max_tries: int = 1000, repair: bool = True,
+                        lower: str = "min_train") -> list[np.ndarray]:
     """Split example indices over clients with Dirichlet(alpha) label skew (docs/concepts/training.md#the-training-protocol).
 
     ``labels``: int [n]. Returns ``n_clients`` int64 index arrays (ascending), disjoint and
@@ -68,7 +69,8 @@ def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int =
     largest is repaired (``repair``, the default): each client short of ``min_size`` takes,
     one at a time, an example of the most-held class of the largest client. Without
     ``repair`` an :class:`SfgError` says to raise alpha, lower the minimum or use fewer
-    clients. A partition that a draw satisfies is never repaired, so its numbers are those
+    clients (``lower``: how the caller's user sets the minimum). A partition that a draw
+    satisfies is never repaired, so its numbers are those
     of before the repair existed.
     """
     y = _labels(labels)
@@ -80,7 +82,7 @@ def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int =
     n = y.size
     if n_clients * min_size > n:
         raise SfgError(f"cannot give each of {n_clients} clients at least {min_size} of "
-                       f"{n} examples; lower the minimum (min_train) or use fewer clients")
+                       f"{n} examples; lower the minimum ({lower}) or use fewer clients")
     class_counts = np.bincount(y)
     present = np.flatnonzero(class_counts)
     class_counts = class_counts[present]
@@ -102,7 +104,7 @@ def dirichlet_partition(labels, n_clients: int, *, alpha: float, min_size: int =
                 f"cannot split {n} examples over {n_clients} clients with Dirichlet "
                 f"alpha={alpha} so that every client has at least {min_size} (smallest client "
                 f"in the best of {max_tries} draws: {best}); raise alpha, lower the minimum "
-                "(min_train) or use fewer clients")
+                f"({lower}) or use fewer clients")
         counts = _repair(best_counts, min_size)
         sizes = counts.sum(axis=0)
     owner = np.repeat(np.tile(np.arange(n_clients), class_counts.size), counts.ravel())
@@ -289,8 +291,8 @@ def _shard_counts(class_counts: np.ndarray, n_shards: int, n_clients: int) -> np
 
 
 def class_shard_partition(labels, n_clients: int, *, k: int = 2, min_size: int = 0,
-                          rng: np.random.Generator, max_repairs: int | None = None
-                          ) -> list[np.ndarray]:
+                          rng: np.random.Generator, max_repairs: int | None = None,
+                          lower: str = "min_train") -> list[np.ndarray]:
     """The pathological split: every client holds examples of exactly ``k`` classes.
 
     The shard construction of the classic non-IID benchmark (McMahan et al. 2017): the
@@ -352,15 +354,19 @@ def class_shard_partition(labels, n_clients: int, *, k: int = 2, min_size: int =
     smallest = min(g.size for g in groups)
     if smallest < min_size:
         raise SfgError(f"partition classes:k={k} gives a client only {smallest} examples, fewer "
-                       f"than the minimum {min_size}; use fewer clients or lower min_train")
+                       f"than the minimum {min_size}; use fewer clients or lower the minimum "
+                       f"({lower})")
     return groups
 
 
 def make_partition(partition, labels, n_clients: int, *, alpha: float, min_size: int,
-                   rng: np.random.Generator, balance: bool = True) -> list[np.ndarray]:
-    """The client index groups of ``partition`` (:func:`parse_partition`) for ``labels``."""
+                   rng: np.random.Generator, balance: bool = True,
+                   lower: str = "min_train") -> list[np.ndarray]:
+    """The client index groups of ``partition`` (:func:`parse_partition`) for ``labels``;
+    ``lower``: how the minimum ``min_size`` is set, for the error that asks to lower it."""
     kind, params = parse_partition(partition)
     if kind == "classes":
-        return class_shard_partition(labels, n_clients, k=params["k"], min_size=min_size, rng=rng)
+        return class_shard_partition(labels, n_clients, k=params["k"], min_size=min_size, rng=rng,
+                                     lower=lower)
     return dirichlet_partition(labels, n_clients, alpha=alpha, min_size=min_size, rng=rng,
-                               balance=balance)
+                               balance=balance, lower=lower)
