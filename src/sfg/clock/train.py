@@ -110,12 +110,10 @@ _UNBOUNDED = 1e12
 
 
 def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.ndarray,
-              model: str, attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
-    """The candidates' models as sent: an attacker's message poisoned by the attack's
-    ``model`` (the model's definitions of :func:`sfg.sim.attack_train.sent_models`):
-    ``sign-flip`` −x, ``noise`` x + σ·N(0, 1) (stream ``attack-noise`` keyed by the seed and
-    the sending local round), ``constant`` its initial model."""
-    from sfg.util.rng import stream
+              attack, X0: torch.Tensor, seed: int) -> torch.Tensor:
+    """The candidates' models as sent: an attacker's message poisoned as the rounds poison it
+    (:func:`sfg.sim.attack_train.poisoned`, keyed by the sending local round)."""
+    from sfg.sim.attack_train import poisoned
 
     msg = sched.cmsg[cidx]
     hit = np.flatnonzero((msg >= 0) & attackers[np.where(msg >= 0, sched.dev[msg], 0)])
@@ -124,13 +122,7 @@ def _poisoned(M: torch.Tensor, cidx: np.ndarray, sched: Schedule, attackers: np.
     M = M.clone()
     for k in hit:  # few: the attackers' messages of one batch
         j, m = int(sched.dev[msg[k]]), int(msg[k])
-        if model == "sign-flip":
-            M[k] = -M[k]
-        elif model == "noise":
-            g = torch.Generator().manual_seed(int(stream(seed, "attack-noise", m).integers(2**62)))
-            M[k] = M[k] + attack.sigma * torch.randn(M.shape[1], generator=g, dtype=M.dtype)
-        elif model == "constant":
-            M[k] = X0[j]
+        M[k] = poisoned(M[k:k + 1], X0[j:j + 1], attack, seed=seed, key=m)[0]
     return M
 
 
@@ -318,8 +310,8 @@ class EventLoop:
         M = self.pool.get(ids)
         sent = M  # the candidates' models as trained (what the diagnostics read)
         if self.poison != "none":  # what an attacker sends (sfg.sim.attack_train)
-            M = _poisoned(M, cidx, sched, self.attackers, self.poison, self.run.attack_given,
-                          self.X0, self.run.seed)
+            M = _poisoned(M, cidx, sched, self.attackers, self.run.attack_given, self.X0,
+                          self.run.seed)
         es, scorer = self.es, self.scorer
         if scorer is not None:  # the level's staleness, with scores from the models
             es.run(order=self.plan["offline"](L), given=self.given)
@@ -371,13 +363,7 @@ class EventLoop:
             if pers is not None:
                 pers[gi] = run.train(self.backend, agg[gi], xs, ys,
                                      personal=personal.get(p_ids), center=agg[gi])
-        if self.rule.amplify is not None:  # FedAWE-style: returning devices scale the update
-            tau = self.own_age[ev]
-            ret = np.flatnonzero(tau >= 1)
-            if ret.size:
-                gr = torch.from_numpy(ret)
-                f = torch.from_numpy(1.0 + np.minimum(tau[ret], self.rule.amplify)).to(out.dtype)
-                out[gr] = agg[gr] + f[:, None] * (out[gr] - agg[gr])
+        self.rule.amplified(agg, out, self.own_age[ev])
         if not bool(torch.isfinite(out.sum(dim=1)).all()):
             bad = int(np.flatnonzero(~torch.isfinite(out.sum(dim=1)).cpu().numpy())[0])
             raise SfgError(f"training diverged (non-finite parameters) on device "

@@ -60,11 +60,29 @@ def neighbour_stats(X: torch.Tensor, rg: RoundGraph, attackers: np.ndarray
     return c, mu, sd
 
 
+def poisoned(x: torch.Tensor, x0: torch.Tensor, attack: Attack, *, seed: int,
+             key: int) -> torch.Tensor:
+    """THE models ``x`` [m, D] that attackers send, poisoned by ``attack.model`` without
+    reading anyone else's: ``sign-flip`` −x, ``noise`` x + σ·N(0, 1) (one draw [m, D] from
+    stream ``attack-noise`` keyed by the seed and ``key``: the round, or on the clock the
+    sending local round), ``constant`` ``x0`` (their initial models); ``x`` as it is under any
+    other model. The rounds (:func:`sent_models`) and the clock's training
+    (:mod:`sfg.clock.train`) both send these."""
+    if attack.model == "sign-flip":
+        return -x
+    if attack.model == "noise":
+        g = torch.Generator().manual_seed(int(stream(seed, "attack-noise", key).integers(2**62)))
+        noise = torch.randn(tuple(x.shape), generator=g, dtype=x.dtype)
+        return x + attack.sigma * noise.to(x.device)
+    if attack.model == "constant":
+        return x0
+    return x
+
+
 def sent_models(X: torch.Tensor, X0: torch.Tensor, attackers: np.ndarray, attack: Attack | None,
                 *, seed: int, t: int, rg: RoundGraph | None = None) -> torch.Tensor:
     """The models as sent in round ``t``: honest rows as they are; an attacker's row poisoned by
-    ``attack.model`` — ``sign-flip`` −x, ``noise`` x + σ·N(0, 1) (stream ``attack-noise`` keyed
-    by the seed and the round), ``constant`` its initial model ``X0``; from its honest
+    ``attack.model`` — :func:`poisoned` (keyed by the round ``t``); from its honest
     neighbours' models of the round (``rg``; :func:`neighbour_stats`): ``alie`` μ − z·σ
     (z = ``attack.z`` or :func:`alie_z` of N and the number of attackers), ``ipm`` −ε·μ (Xie
     et al. 2020's inner-product manipulation on models, as He et al. 2022 apply it in gossip;
@@ -75,15 +93,7 @@ def sent_models(X: torch.Tensor, X0: torch.Tensor, attackers: np.ndarray, attack
         return X
     idx = torch.from_numpy(np.flatnonzero(attackers)).to(X.device)
     out = X.clone()
-    if attack.model == "sign-flip":
-        out[idx] = -X[idx]
-    elif attack.model == "noise":
-        g = torch.Generator().manual_seed(int(stream(seed, "attack-noise", t).integers(2**62)))
-        noise = torch.randn((idx.numel(), X.shape[1]), generator=g, dtype=X.dtype)
-        out[idx] = X[idx] + attack.sigma * noise.to(X.device)
-    elif attack.model == "constant":
-        out[idx] = X0[idx]
-    elif attack.model in NEIGHBOUR_MODELS:
+    if attack.model in NEIGHBOUR_MODELS:
         if rg is None:
             raise SfgError(f"attack model={attack.model} needs the round's graph")
         c, mu, sd = neighbour_stats(X, rg, attackers)
@@ -94,6 +104,8 @@ def sent_models(X: torch.Tensor, X0: torch.Tensor, attackers: np.ndarray, attack
             bad = -attack.eps * mu
         seen = torch.from_numpy(c > 0).to(X.device)
         out[idx] = torch.where(seen[:, None], bad.to(X.dtype), X[idx])
+    else:
+        out[idx] = poisoned(X[idx], X0[idx], attack, seed=seed, key=t)
     return out
 
 

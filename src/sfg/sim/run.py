@@ -221,21 +221,15 @@ class RoundLoop:
         self.steps_taken += int(steps.sum())
         self.steps_dfedavg += n_train * K
         finite = True
-        X, personal, device, amplify = self.X, self.personal, run.device, rule.amplify
+        X, personal, device = self.X, self.personal, run.device
         groups = [K] if not rule.catchup else np.unique(steps[steps > 0])
         for n_steps in groups if n_train else ():
             group = np.flatnonzero(steps == n_steps)
             xs, ys = self.clients.gather(group, *self.batches.select(group, t, int(n_steps)))
             gi = torch.from_numpy(group).to(device)
             start = X.index_select(0, gi)
-            trained = run.train(self.backend, start, xs, ys)
-            ages = self.state.ages[group]
-            if amplify is not None and (ages >= 1).any():
-                # FedAWE-style: a returning client scales its local update by 1 + min(τ_i, c)
-                ret = torch.from_numpy(np.flatnonzero(ages >= 1)).to(device)
-                tau = torch.from_numpy(np.minimum(ages, amplify)).to(device=device,
-                                                                     dtype=X.dtype)[ret]
-                trained[ret] = start[ret] + (1 + tau)[:, None] * (trained[ret] - start[ret])
+            trained = rule.amplified(start, run.train(self.backend, start, xs, ys),
+                                     self.state.ages[group])
             X.index_copy_(0, gi, trained)
             finite = finite and bool(torch.isfinite(trained.sum(dim=1)).all())
             if personal is not None:

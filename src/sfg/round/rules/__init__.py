@@ -263,6 +263,25 @@ class Rule:
     def scalars_per_message(self) -> int:
         return 1 if self.entry.scalars else 0
 
+    def amplified(self, start: Any, trained: Any, ages: np.ndarray) -> Any:
+        """FedAWE-style update amplification (the rule's :attr:`amplify` cap c), for every
+        engine: the rows of ``trained`` [m, D] (torch) whose client returns (age τ ≥ 1 in
+        ``ages`` [m]) become start + (1 + min(τ, c))·(trained − start), ``start`` [m, D] the
+        models the local steps began from, the factor computed in float64 and rounded once to
+        the models' dtype. In place; returns ``trained`` (as it was where the rule does not
+        amplify or nobody returns)."""
+        cap = self.amplify
+        ret = np.flatnonzero(np.asarray(ages) >= 1) if cap is not None else ()
+        if len(ret) == 0:
+            return trained
+        import torch
+
+        r = torch.from_numpy(ret).to(trained.device)
+        f = torch.from_numpy(1.0 + np.minimum(np.asarray(ages)[ret], cap))
+        f = f.to(device=trained.device, dtype=trained.dtype)
+        trained[r] = start[r] + f[:, None] * (trained[r] - start[r])
+        return trained
+
     def local_steps(self, K: int, trains: np.ndarray, ages: np.ndarray) -> np.ndarray:
         """Local steps per client this round ([N] int): K where it trains, 0 elsewhere;
         K·(1 + min(τ_i, 3)) for a returning client under ``+catchup`` (training only)."""
