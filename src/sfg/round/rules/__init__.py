@@ -271,8 +271,8 @@ class Rule:
         the models' dtype. In place; returns ``trained`` (as it was where the rule does not
         amplify or nobody returns)."""
         cap = self.amplify
-        ret = np.flatnonzero(np.asarray(ages) >= 1) if cap is not None else ()
-        if len(ret) == 0:
+        ret = np.flatnonzero(np.asarray(ages) >= 1)
+        if cap is None or ret.size == 0:
             return trained
         import torch
 
