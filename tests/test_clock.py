@@ -362,13 +362,14 @@ def _check_events(rule_name: str, world, sched, seed: int, attack, window: float
             m, d, e = sched.cmsg[c], sched.cwait[c], sched.cslot[c]
             assert 0 <= m < r and sched.kind[m] == LOCAL
             assert rg.recv[e] == sched.dev[r] and rg.send[e] == sched.dev[m]
-            # arrived strictly before the aggregation, after the sender's K steps, in the window
-            # (under on_return pull: a start moved to its window's end also holds what arrived
-            # at that instant, and a reply is older by its held, so its wait counts from its
-            # sending and the window applies to its arrival: docs/concepts/clock.md#returns-in-time)
+            # arrived by the aggregation and not sent at its instant (the phases of one
+            # instant: docs/concepts/clock.md#one-instant), after the sender's K steps, in the
+            # window (under on_return pull a reply is older by its held, so its wait counts
+            # from its sending and the window applies to its arrival:
+            # docs/concepts/clock.md#returns-in-time)
             arrival = sched.time[r] - d * unit
-            moved = sched.pulls is not None and bool(sched.pulls[1][r])
-            assert (d > 0 or (moved and d >= 0)) and arrival >= sched.end[m] - eps * unit
+            assert d >= 0 and sched.end[m] < sched.time[r]
+            assert arrival >= sched.end[m] - eps * unit
             assert d <= window + eps or sched.pulls is not None
             age, lag = hdr[0, m] + math.floor(d), hdr_lag[m] + d
             assert 0 <= age <= lag + eps and hdr[1, m] >= 1

@@ -355,9 +355,10 @@ def test_anatomy_modes_on_async_by_hand(mode):
 #                         their rounds at 10 (arrived 21, waited 0.2: age 0, lag 0.05 + 0.2),
 #                         adopts untrained (age 1, lag (0 + 2·0.25)/3 + 1) and sends it;
 #                         back at 25 + 0.2
-# At 0's round at 30 it holds 1's newest message: the tick's (arrived 24, waited 0.6) or,
-# without one, its round at 8 (arrived 13, waited 1.7); 1's round at 25 arrives at 30 exactly,
-# not yet held.
+# At 0's round at 30 it holds 1's newest message in every mode: 1's round at 25 (ended 29,
+# arrived 30 exactly, waited 0), held because it arrives in the instant's phase 2 and was sent
+# before it (docs/concepts/clock.md#one-instant); before that it held the tick's (arrived 24)
+# or, without one, the round at 8 (arrived 13).
 EVENT_ANATOMY = dict(compute=[10.0, 4.0, 10.0],
                      online={0: [(0, 40)], 1: [(0, 13), (25, 40)], 2: [(0, 40)]},
                      horizon=40.0)
@@ -378,7 +379,7 @@ def test_anatomy_modes_on_event_by_hand(mode):
     sc = event_anatomy_sched(mode)
     one = [(float(t), int(k)) for t, k, d in zip(sc.time, sc.kind, sc.dev, strict=True)
            if d == 1]
-    e1_25, e1_8 = _local(sc, 25.0, 1), _event(sc, 8.0, 1)
+    e1_25 = _local(sc, 25.0, 1)
     e0_0, e0_10, e2_0, e2_10 = (_event(sc, 0.0, 0), _event(sc, 10.0, 0), _event(sc, 0.0, 2),
                                 _event(sc, 10.0, 2))
     e0_30 = _event(sc, 30.0, 0)
@@ -394,7 +395,7 @@ def test_anatomy_modes_on_event_by_hand(mode):
         assert sc.amount[_event(sc, 25.0, 1)] == pytest.approx(1.2)  # the span comes first
         assert before[age] == 1 and before[lag] == pytest.approx(1.2, abs=1e-12)
         assert candidates(sc, e1_25) == held_0
-        assert (1, e1_8, 1.7) in candidates(sc, e0_30)
+        assert (1, e1_25, 0.0) in candidates(sc, e0_30)
         return
     if mode == "cannot-communicate":
         assert one == head + [(13.0, LOCAL), (17.0, LOCAL), (21.0, LOCAL)] + tail
@@ -405,14 +406,14 @@ def test_anatomy_modes_on_event_by_hand(mode):
         assert sc.step[kept + [e1_25]].tolist() == [3, 4, 5, 6]  # minibatch keys go on
         assert before[age] == 0 and before[lag] == 0.0 and got["hdr"][1, kept[-1]] == 7
         assert candidates(sc, e1_25) == held_0
-        assert (1, e1_8, 1.7) in candidates(sc, e0_30)
+        assert (1, e1_25, 0.0) in candidates(sc, e0_30)
         assert sc.caps[e1_25] == EV_ALL
         return
     e = _event(sc, 23.0, 1)
     assert one == head + [(23.0, LOCAL), (25.0, OFFLINE)] + tail
     assert sc.amount[e + 1] == pytest.approx(0.2) and sc.nsteps[e] == 0
     assert candidates(sc, e1_25) == held_10
-    assert (1, e, 0.6) in candidates(sc, e0_30)
+    assert (1, e1_25, 0.0) in candidates(sc, e0_30)
     if mode == "cannot-train-shares":
         assert sc.caps[e] == EV_SEND and candidates(sc, e) == [(1, -1, 0.0)]
         assert (got["hdr"][0, e], got["hdr_lag"][e], got["hdr"][1, e]) == (1, 1.0, 4)

@@ -145,8 +145,8 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates(case):
     ptr = np.arange(4, dtype=np.int64)  # one message per slot (slots 0..2: neighbours 1..3)
     arrival = np.array([arrivals[j] for j in (1, 2, 3)])
     idx, wait = np.empty(3, np.int64), np.empty(3)
-    held_latest(ptr, arrival, np.arange(3, dtype=np.int64), np.zeros(3),
-                np.arange(3, dtype=np.int64), np.full(3, now), np.zeros(3, bool), W, P, idx, wait)
+    held_latest(ptr, arrival, np.full(3, -np.inf), np.arange(3, dtype=np.int64), np.zeros(3),
+                np.arange(3, dtype=np.int64), np.full(3, now), W, P, idx, wait)
     engine = [j for j, k in zip((1, 2, 3), idx, strict=True) if k >= 0]
     assert senders == engine == want
     d = [(now - arrivals[j]) / P for j in want]

@@ -159,21 +159,61 @@ def test_a_local_round_ending_after_the_run_is_unfinished_on_the_node_too():
     assert_same_bits(nodes.params, eng.params)
 
 
-def test_pull_with_local_rounds_that_take_no_time_is_one_line_not_a_wrong_number():
-    """Under ``on_return: pull`` with compute 0 a reply at t would carry a local round that
-    ends at t, read by a start at t before it is made (the simulation of returns commits
-    first at an instant, docs/concepts/clock.md#one-instant): refused with one line, by
-    training and by the model-free replay (which read such a round's state before it was
-    computed), instead of an internal error or a wrong number."""
-    from sfg.errors import SfgError
-
-    s = dict(BASE, rounds=20, process="bursty:u=0.8", protocol="async", clock="virtual",
+def test_pull_with_local_rounds_that_take_no_time_runs_and_the_node_agrees():
+    """Under ``on_return: pull`` with compute 0 a request arriving at t meets a local round
+    that ends at t: the request (phase 2) is answered before the commit (phase 5), so the
+    reply carries the message sent before t. This was refused with one line while the
+    simulation of returns committed first; now it runs, the node and the engine agree, and
+    the model-free replay gives the schedule the engine trains on."""
+    s = dict(BASE, rounds=20, process="bursty:u=0.8", protocol="async",
              on_return="pull:timeout=60")
-    for job in (sfg.run, sfg.replay):
-        with pytest.raises(SfgError, match="pull with local rounds that take no time") as e:
-            job(s)
-        assert "\n" not in str(e.value)
-    assert sfg.replay(s, compute="const:value=1").metrics["pull_requests"] > 0
+    eng, nodes = _both(**s)
+    assert_same_run(eng, nodes)
+    rep = sfg.replay(dict(s, clock="virtual"))
+    assert rep.metrics["pull_replies"] > 0
+    assert rep.meta["schedule_digest"] == eng.meta["schedule_digest"]
+
+
+@pytest.mark.crosspath
+@pytest.mark.parametrize("settings", [
+    # K·c + λ = 2·30 + 540 = P: every message arrives exactly at its receiver's next wake
+    pytest.param({"latency": "const:value=540", "compute": "const:value=30"}, id="async"),
+    pytest.param({"latency": "const:value=540", "compute": "const:value=30",
+                  "faults": "faults:loss=0.2,delay=40", "faults_seed": 3,
+                  "on_return": "pull:timeout=120"}, id="async-pull-faults"),
+])
+def test_a_message_arriving_at_a_wake_is_held_by_node_and_engine(settings):
+    """A message sent before t that arrives exactly at a wake at t is held by it (phase 2
+    before phase 4), on the engine and on the node; the engine once left it for the next
+    wake, where the node took it: curves and models differed."""
+    eng, nodes = _both(protocol="async", **settings)
+    assert_same_run(eng, nodes)
+    rep = sfg.replay(dict(BASE, protocol="async", clock="virtual", **settings))
+    assert rep.metrics["returns_heard"] > 0  # what arrives at a wake is heard there
+
+
+def test_held_at_is_the_rule_the_schedule_counts():
+    """The one rule of what a local round starting at t holds (sfg.clock.instant.held_at),
+    by hand, and the schedule's compiled count (sfg.clock.schedule.held_count) against it on
+    random sorted messages full of ties."""
+    from sfg.clock.instant import held_at
+    from sfg.clock.schedule import held_count
+
+    assert held_at(600.0, 599.0, 10.0)                # arrived before
+    assert held_at(600.0, 600.0, 60.0)                # arrives at t, sent before: phase 2
+    assert not held_at(600.0, 600.0, 600.0)           # sent at t (phase 5): not yet
+    assert not held_at(600.0, 601.0, 10.0)            # arrives after
+    assert held_at(600.0, 600.0, -np.inf)             # a pull's reply arriving at t
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        m = int(rng.integers(0, 8))
+        arrival = rng.integers(0, 5, m).astype(float)
+        sent = np.minimum(arrival, rng.integers(0, 5, m).astype(float))
+        o = np.lexsort((sent, arrival))
+        arrival, sent = arrival[o], sent[o]
+        now = float(rng.integers(0, 6))
+        want = sum(held_at(now, a, s) for a, s in zip(arrival, sent, strict=True))
+        assert held_count(arrival, sent, 0, m, now) == want
 
 
 # ----------------------------------------------------------------------------- the phases
@@ -240,6 +280,46 @@ def test_the_virtual_loop_ends_an_instant_after_everything_else_of_it():
                                  "commit b"}
     assert names[end + 1:] == ["wake c", "train c", "commit c"]
     assert seen[end][0] == 10.0 and seen[end + 1][0] > 10.0
+
+
+def test_the_virtual_loop_runs_an_instants_phases_in_order():
+    """``VirtualLoop.call_at_phase``: at one instant the timers (arrivals, time-outs) run
+    first, then each phase's callbacks together, lowest phase first, whatever order they
+    were given in; a callback given for the instant while it runs takes its phase's turn."""
+    import asyncio
+
+    from sfg.net.simclock import VirtualLoop, run_virtual
+
+    loop = VirtualLoop()
+    seen: list[tuple[float, str]] = []
+
+    def note(what: str) -> None:
+        seen.append((loop.time(), what))
+
+    def wake(name: str) -> None:
+        note(f"wake {name}")
+        if name == "a":  # a local round that takes no time: it ends in this instant
+            loop.call_at_phase(loop.time(), Phase.COMMIT, note, "commit a")
+
+    async def arrival() -> None:
+        await asyncio.sleep(10.0)
+        note("arrival")
+
+    async def main() -> None:
+        loop.call_at_phase(10.0, Phase.EVALUATE, note, "evaluate")
+        loop.call_at_phase(10.0, Phase.COMMIT, note, "commit b")
+        loop.call_at_phase(10.0, Phase.WAKE, wake, "a")
+        loop.call_at_phase(10.0, Phase.WAKE, wake, "b")
+        loop.call_at_phase(4.0, Phase.WAKE, wake, "c")
+        await arrival()
+        await asyncio.sleep(5.0)
+        note("later")
+
+    run_virtual(main(), loop=loop)
+    loop.close()
+    assert seen == [(4.0, "wake c"), (10.0, "arrival"), (10.0, "wake a"), (10.0, "wake b"),
+                    (10.0, "commit b"), (10.0, "commit a"), (10.0, "evaluate"),
+                    (15.0, "later")]
 
 
 # ----------------------------------------------------------------------------- relabelling

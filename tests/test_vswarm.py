@@ -168,12 +168,12 @@ def test_the_engine_keeps_a_neighbours_newest_model_when_an_older_one_arrives_la
     newest_so_far(ptr, sender, np.zeros(3, bool), newest)
     assert newest.tolist() == [0, 1, 1]
     idx, wait = np.empty(3, np.int64), np.empty(3)
-    no = np.zeros(3, bool)
-    held_latest(ptr, arrival, newest, np.zeros(3), np.zeros(3, np.int64),
-                np.array([11.0, 25.0, 9.0]), no, 100.0, 1.0, idx, wait)
+    sent = arrival - 1.0
+    held_latest(ptr, arrival, sent, newest, np.zeros(3), np.zeros(3, np.int64),
+                np.array([11.0, 25.0, 9.0]), 100.0, 1.0, idx, wait)
     assert idx.tolist() == [0, 1, -1] and wait.tolist() == [1.0, 13.0, 0.0]
-    held_latest(ptr, arrival, newest, np.zeros(3), np.zeros(1, np.int64), np.array([25.0]),
-                no, 6.0, 2.0, idx, wait)
+    held_latest(ptr, arrival, sent, newest, np.zeros(3), np.zeros(1, np.int64), np.array([25.0]),
+                6.0, 2.0, idx, wait)
     assert idx[0] == -1  # the newest is older than the window: nothing (not round 0's copy)
 
 

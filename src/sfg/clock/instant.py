@@ -21,26 +21,25 @@ arrays (and so its digest) and changes no result.
 
 How each part keeps the phases:
 
-* the schedule (:func:`sfg.clock.schedule.held_latest`) holds, at a wake at t, the messages
-  that arrived before t (:data:`WAKE_SIDE`): a message sent at t (phase 5) is not held by a
-  wake at t (phase 4); a local round's start moved to its pull window's end (phase 3 then 4)
-  holds the arrivals at that instant too (:data:`CLOSE_SIDE`);
+* what a local round starting at t holds is one rule, :func:`held_at` (arrived at or before
+  t, sent before t), counted by the schedule over each link's messages sorted by arrival
+  (:func:`sfg.clock.schedule.held_latest`);
+* the simulation of returns (:mod:`sfg.clock.pull`) processes an instant's events in the
+  phases: returns, requests arriving, windows' ends, local rounds' ends, wakes (a device is
+  busy on [start, end) of its local round and broadcast, so a wake at the instant they end
+  finds it free; what is sent at t is still held by no local round starting at t);
 * an evaluation at t reads each device's last local round whose K steps ended at or before
   t (:data:`EVAL_SIDE`; :meth:`sfg.clock.train.EventLoop.finished_by`), at the instants
   :func:`evaluation_instants`;
-* the node on the virtual clock evaluates at the same instants at the end of the instant
-  (:meth:`sfg.net.simclock.VirtualLoop.call_at_instant_end`: when nothing else is ready at t,
-  no idle hook has work and before the clock moves), so after every commit at t.
+* the node on the virtual clock runs an instant's timers first (messages and answers
+  arriving, time-outs, returns), then its wakes (:attr:`Phase.WAKE`), its local rounds' ends
+  (:attr:`Phase.COMMIT`) and its evaluations (:attr:`Phase.EVALUATE`), each phase's callbacks
+  together (:meth:`sfg.net.simclock.VirtualLoop.call_at_phase`).
 
-Where the engine's order departs from the phases (kept, so that schedules and digests do not
-change; docs/concepts/clock.md#one-instant lists them): a wake holds only what arrived
-strictly before it, so a message sent before t that arrives exactly at t (a positive latency
-or transfer time landing on a wake) is not held, where phase 2 would hold it; a local round's
-sends (and a return's pull requests) are queued in the order of the neighbours' ids, so with a
-finite uplink the order of one broadcast's transfers depends on the ids; and the simulation
-of returns (:mod:`sfg.clock.pull`, its event kinds in their order at one instant: commit,
-return, wake, request, window) answers a request arriving at t with a local round that ends
-at t, and ends a window after the wakes of its instant.
+A broadcast's transfers (and a return's pull requests) leave back to back in the order of
+the neighbours' ids, and requests arriving at one device at one instant are answered in the
+order of the asking devices' ids: orders on one uplink, not events of one instant
+(docs/concepts/clock.md#one-instant).
 """
 
 from __future__ import annotations
@@ -61,13 +60,19 @@ class Phase(IntEnum):
     EVALUATE = 6
 
 
-#: a wake at t holds the messages that arrived before t (``np.searchsorted`` side over the
-#: arrival times): what is sent at t (phase 5) comes after the wakes at t (phase 4)
-WAKE_SIDE = "left"
-#: a start moved to its pull window's end (phase 3, then 4) holds the arrivals at that instant
-CLOSE_SIDE = "right"
 #: an evaluation at t (phase 6) sees every local round whose K steps ended at or before t
 EVAL_SIDE = "right"
+
+
+def held_at(now: float, arrival: float, sent: float) -> bool:
+    """Whether a local round starting at ``now`` (phase 4) holds a message that arrives at
+    ``arrival`` and was sent at ``sent`` (its local round's commit; −inf for a pull's reply,
+    answered in phase 2): every arrival up to ``now`` (phase 2 comes first), but nothing sent
+    at ``now`` (phase 5 comes after) — ``arrival <= now and sent < now``. The one rule of both
+    the clock's engine (:func:`sfg.clock.schedule.held_count`, over sorted arrays) and the
+    node on the clock (:mod:`sfg.net.simclock`: its wakes run after the instant's arrivals
+    and before its commits)."""
+    return arrival <= now and sent < now
 
 
 def instant_order(time: np.ndarray, phase: np.ndarray | int, *keys: np.ndarray) -> np.ndarray:

@@ -47,10 +47,13 @@ What happens (everything a function of the seed and the settings, never of the r
 * **Link failures** (per Δ-round, :func:`sfg.clock.links.live_links`): a request or reply
   whose transfer ends while its link is down is lost (silent).
 
-Event priorities at one instant: a local round's end (its broadcast queued), a return, a
-wake (async) or a free device's start (event), a request's arrival, a window's end (where
-this departs from the phases of one instant, :mod:`sfg.clock.instant`, kept so that the
-schedules do not change: docs/concepts/clock.md#one-instant).
+Event priorities at one instant, the phases of one instant (:mod:`sfg.clock.instant`): a
+return, a request's arrival (answered with the message sent before the instant), a window's
+end, a local round's end (its broadcast queued, behind a reply queued at the same instant),
+a wake (async) or a free device's start (event). A local round's end comes before the wakes
+of its instant so that a device whose round and sends end at t is free for a wake at t (busy
+on [start, end)); what it sends at t is held by no local round starting at t
+(:func:`sfg.clock.instant.held_at`: by time, not by the order of processing).
 """
 
 from __future__ import annotations
@@ -65,8 +68,12 @@ from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 from sfg.util.rng import counter_key, counter_uniform
 
-# event kinds of the simulation, in their order at one instant
-_COMMIT, _RETURN, _WAKE, _REQUEST, _WINDOW = 0, 1, 2, 3, 4
+# event kinds of the simulation, in their order at one instant (the phases of one instant,
+# sfg.clock.instant: a return, a request's arrival, a window's end, then the local rounds'
+# ends booked before the wakes — a device whose local round and sends end at t is free for a
+# wake at t, busy on [start, end) as availability is online on [start, end) — while what is
+# sent at t is held by no local round starting at t: sfg.clock.instant.held_at)
+_RETURN, _REQUEST, _WINDOW, _COMMIT, _WAKE = 0, 1, 2, 3, 4
 # request fates known before the simulation
 ARRIVES, UNREACHABLE, SILENT = 0, 1, 2
 # schedule events (sfg.clock.schedule.LOCAL, OFFLINE)

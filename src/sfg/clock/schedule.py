@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from sfg.clock.instant import CLOSE_SIDE, WAKE_SIDE, Phase, instant_order
+from sfg.clock.instant import Phase, instant_order
 from sfg.clock.links import (
     fault_plan,
     link_round,
@@ -71,13 +71,11 @@ from sfg.util.numba_start import njit
 from sfg.util.rng import counter_key, counter_uniform
 
 LOCAL, OFFLINE = 0, 1
-# on_return pull: a reply that answers a request at t carries a local round that ends at t
-# (sfg.clock.pull's order at one instant: commits first), which a start at t would read
-# before it is made (docs/concepts/clock.md#one-instant)
-LATER_CANDIDATE = ("on_return pull with local rounds that take no time: a pull's reply would "
-                   "carry a local round that ends at the instant the returning device reads it "
-                   "(docs/concepts/clock.md#one-instant); give --compute a positive time (e.g. "
-                   "const:value=1) or a latency (--latency const:value=1)")
+# a local round holds only messages sent before it starts (sfg.clock.instant.held_at): a
+# candidate made at or after the local round that reads it is a fault of the schedule
+LATER_CANDIDATE = ("a local round would hold a message made after it started (the phases of "
+                   "one instant, docs/concepts/clock.md#one-instant): an internal error of the "
+                   "schedule; please report it with the command that gave it")
 # the most local rounds a schedule may hold (memory: about 100 bytes each, plus candidates)
 MAX_EVENTS = 30_000_000
 
@@ -340,24 +338,32 @@ def held_units(now, arrival, window, unit):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def held_latest(ptr, arrival, newest, offset, qslot, qtime, qclose, window, unit, out_idx,
+def held_count(arrival, sent, a, b, now):  # pragma: no cover - compiled
+    """How many of the messages ``a:b`` (sorted by arrival, then by sending time) a local
+    round starting at ``now`` holds, by :func:`sfg.clock.instant.held_at` (arrived by
+    ``now``, not sent at ``now``): those that arrived before ``now``, and those arriving at
+    ``now`` that were sent before it."""
+    k = a + np.searchsorted(arrival[a:b], now, side="left")
+    while k < b and arrival[k] == now and sent[k] < now:
+        k += 1
+    return k - a
+
+
+@njit(cache=True, nogil=True)
+def held_latest(ptr, arrival, sent, newest, offset, qslot, qtime, window, unit, out_idx,
                 out_wait):  # pragma: no cover
     """For each query (slot, time): the newest message over the slot (:func:`newest_so_far`)
-    among those that arrived strictly before the time (at or before it when ``qclose``: a
-    start moved to a pull's window end, which comes after the arrivals that closed it), if
-    :func:`held_units` holds it a candidate (arrived within ``window`` units of ``unit``
-    seconds; index into ``arrival``, sorted per slot between ptr[s] and ptr[s+1]), or −1; and
-    the units it waited, plus ``offset`` seconds (a reply's ``held``: its waiting started at
-    its sending, docs/concepts/clock.md#returns-in-time)."""
+    among those a local round starting at that time holds (the phases of one instant,
+    :func:`sfg.clock.instant.held_count`: arrived by then, not sent then; ``sent``: each
+    message's commit, −inf for a pull's reply), if :func:`held_units` holds it a candidate
+    (arrived within ``window`` units of ``unit`` seconds; index into ``arrival``, sorted per
+    slot between ptr[s] and ptr[s+1] by arrival, then sending), or −1; and the units it
+    waited, plus ``offset`` seconds (a reply's ``held``: its waiting started at its sending,
+    docs/concepts/clock.md#returns-in-time)."""
     for q in range(qslot.shape[0]):
         s = qslot[q]
         a, b = ptr[s], ptr[s + 1]
-        # the phases of one instant (sfg.clock.instant): a wake holds what arrived before
-        # it, a start moved to its window's end what arrived at that instant too
-        if qclose[q]:
-            k = a + np.searchsorted(arrival[a:b], qtime[q], side=CLOSE_SIDE) - 1
-        else:
-            k = a + np.searchsorted(arrival[a:b], qtime[q], side=WAKE_SIDE) - 1
+        k = a + held_count(arrival, sent, a, b, qtime[q]) - 1
         d = -1.0
         if k >= a:
             k = newest[k]
@@ -456,15 +462,19 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                  delivered=float(ok.sum()),
                  bytes_sent=float(sent.sum() * float(settings.message_bytes or 0.0)))
     m_slot, m_arr, m_src = slot[ok], arrival[ok], src[ok]
+    m_sent = end[m_src]  # a message is sent when its local round commits (phase 5)
     m_rep, m_off = np.zeros(m_src.size, bool), np.zeros(m_src.size)
     if pull is not None:  # the replies: candidates like messages, older by their held
+        nrep = pull["slot"].size
         m_slot = np.concatenate([m_slot, pull["slot"]])
         m_arr = np.concatenate([m_arr, pull["arrival"]])
         m_src = np.concatenate([m_src, rank[pull["src"]]])
-        m_rep = np.concatenate([m_rep, np.ones(pull["slot"].size, bool)])
+        m_sent = np.concatenate([m_sent, np.full(nrep, -np.inf)])  # answered in phase 2
+        m_rep = np.concatenate([m_rep, np.ones(nrep, bool)])
         m_off = np.concatenate([m_off, pull["held"]])
-    mo = np.lexsort((m_arr, m_slot))
-    m_slot, m_arr, m_src, m_rep, m_off = (a[mo] for a in (m_slot, m_arr, m_src, m_rep, m_off))
+    mo = np.lexsort((m_sent, m_arr, m_slot))
+    m_slot, m_arr, m_src, m_sent, m_rep, m_off = (
+        a[mo] for a in (m_slot, m_arr, m_src, m_sent, m_rep, m_off))
     mptr = np.zeros(rg.n_slots + 1, np.int64)
     np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
     newest = np.empty(m_src.size, np.int64)
@@ -478,8 +488,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     qslot = rg.indptr[dev[qev]] + 1 + qk
     idx = np.empty(qev.size, np.int64)
     wait = np.empty(qev.size)
-    qclose = np.zeros(qev.size, bool) if closes is None else closes[qev]
-    held_latest(mptr, m_arr, newest, m_off, qslot, time[qev], qclose, float(settings.window),
+    held_latest(mptr, m_arr, m_sent, newest, m_off, qslot, time[qev], float(settings.window),
                 unit, idx, wait)
     got = idx >= 0
     stats["candidates"] = float(got.sum())

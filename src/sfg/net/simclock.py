@@ -133,8 +133,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         # dropped when they reach the head
         self._timers: list[tuple[float, int, _Timer]] = []
         self._made = 0
-        # (when, order, callback, args) of the callbacks at the end of an instant
-        self._ends: list[tuple[float, int, Callable, tuple]] = []
+        # (when, phase, order, callback, args) of the callbacks at a phase of an instant
+        self._ends: list[tuple[float, int, int, Callable, tuple]] = []
 
     def time(self) -> float:
         return self._vtime
@@ -147,26 +147,41 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def _run_idle_hooks(self) -> bool:
         return any([h() for h in self._idle_hooks])
 
-    def call_at_instant_end(self, when: float, callback: Callable, *args) -> None:
-        """Run ``callback(*args)`` at the end of the instant ``when`` (virtual seconds): once
-        the clock has reached ``when``, nothing is ready, no idle hook has work and no timer is
-        due at ``when`` — after every other event of that instant, before the clock moves on
-        (the last phase of one instant, :class:`sfg.clock.instant.Phase`). Callbacks of one
-        instant run in the order they were given."""
+    def call_at_phase(self, when: float, phase: int, callback: Callable, *args) -> None:
+        """Run ``callback(*args)`` at the instant ``when`` (virtual seconds) in ``phase`` of
+        that instant (:class:`sfg.clock.instant.Phase`): once the clock has reached ``when``,
+        nothing is ready, no idle hook has work and no timer is due at ``when`` (the timers —
+        messages and answers arriving, time-outs — come first), and every callback of an
+        earlier phase of the instant has run. Callbacks of one phase run together, in the
+        order they were given. The node's wakes take :attr:`~sfg.clock.instant.Phase.WAKE`
+        (they hold what arrived at the instant, nothing sent at it), its local rounds' ends
+        :attr:`~sfg.clock.instant.Phase.COMMIT`, its evaluations
+        :attr:`~sfg.clock.instant.Phase.EVALUATE`."""
         self._made += 1
-        heapq.heappush(self._ends, (float(when), self._made, callback, args))
+        heapq.heappush(self._ends, (float(when), int(phase), self._made, callback, args))
+
+    def call_at_instant_end(self, when: float, callback: Callable, *args) -> None:
+        """Run ``callback(*args)`` at the end of the instant ``when``: after every other event
+        of that instant, before the clock moves on (the last phase of one instant,
+        :attr:`sfg.clock.instant.Phase.EVALUATE`, :meth:`call_at_phase`)."""
+        from sfg.clock.instant import Phase
+
+        self.call_at_phase(when, Phase.EVALUATE, callback, *args)
 
     def _next_instant_end(self) -> float | None:
         return self._ends[0][0] if self._ends else None
 
     def _end_instant(self) -> bool:
-        """Make the callbacks of the ends of the instants reached so far ready; True if any."""
-        ends, now, ran = self._ends, self._vtime, False
-        while ends and ends[0][0] <= now:
-            _, _, cb, args = heapq.heappop(ends)
+        """Make ready the callbacks of the earliest phase due at the clock's instant (every
+        entry due is at the instant: the clock never passes one); True if any."""
+        ends, now = self._ends, self._vtime
+        if not ends or ends[0][0] > now:
+            return False
+        phase = ends[0][1]
+        while ends and ends[0][0] <= now and ends[0][1] == phase:
+            _, _, _, cb, args = heapq.heappop(ends)
             self.call_soon(cb, *args)
-            ran = True
-        return ran
+        return True
 
     def call_at(self, when, callback, *args, context=None):
         """asyncio's ``call_at`` (every ``call_later``, ``sleep`` and timeout comes here), the
@@ -206,6 +221,11 @@ class _Timer:
         return repr(self.callback)
 
 
+def _settle(fut: asyncio.Future, value=None) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
 def run_virtual(coro, *, loop: VirtualLoop | None = None):
     """Run ``coro`` to completion on a (new) :class:`VirtualLoop`; returns its result."""
     own = loop is None
@@ -243,8 +263,19 @@ class NodeClock:
     async def wake(self, r: int, seconds: float) -> None:
         """Sleep until the node's round-``r`` wake, ``seconds`` from now on this clock (always
         yielding to the other tasks; a replay's clock wakes at the logged time instead,
-        :class:`sfg.net.replaylog.ReplayClock`)."""
-        await asyncio.sleep(max(0.0, self.to_loop(seconds)))
+        :class:`sfg.net.replaylog.ReplayClock`). On the virtual loop the wake takes its phase
+        of the instant (:meth:`VirtualLoop.call_at_phase`): after the instant's arrivals,
+        before its local rounds' ends."""
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, self.to_loop(seconds))
+        if not isinstance(loop, VirtualLoop):
+            await asyncio.sleep(delay)
+            return
+        from sfg.clock.instant import Phase
+
+        fut = loop.create_future()
+        loop.call_at_phase(loop.time() + delay, Phase.WAKE, _settle, fut)
+        await fut
 
 
 WALL = NodeClock()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sfg.clock.instant import Phase
 from sfg.errors import SfgError
 from sfg.sim.context import single_threaded
 
@@ -44,6 +45,7 @@ class _Request:
     age: int
     fut: asyncio.Future
     due: float  # virtual time at which the result is needed (request time + K·c_i)
+    made: float  # virtual time of the request
 
 
 class BatchTrainer:
@@ -124,8 +126,8 @@ class BatchTrainer:
                 r.fut.set_exception(SfgError(
                     f"training diverged (non-finite parameters) at round {r.t} on node {r.i}; "
                     f"lower --lr (now {self.lr})"))
-            elif r.due > now:
-                loop.call_at(r.due, _resolve, r.fut, new)
+            elif r.due > now:  # the local round ends then, in its phase of that instant
+                loop.call_at_phase(r.due, Phase.COMMIT, _resolve, r.fut, new)
             else:
                 r.fut.set_result(new)
         return True
@@ -188,21 +190,23 @@ class BatchTrainer:
                 res["acc"] = curve[-1][1] if curve else next(vals)
 
     def idle(self) -> bool:
-        """The loop's idle hook: run the pending batch if a result is due now (requests
-        with no compute time), else leave it for the timer of the first one due."""
+        """The loop's idle hook: run the pending batch if a request made now is due now (no
+        compute time: its local round ends at the instant it started, after the instant's
+        wakes), else leave it for the first one due, in the commit phase of its instant."""
         now = asyncio.get_running_loop().time()
-        if any(r.due <= now for r in self.pending):
+        if any(r.due <= now and r.made >= now for r in self.pending):
             return self.flush()
         return False
 
     def request(self, i: int, x: np.ndarray, t: int, age: int) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        due = loop.time() + self.K * float(self.compute[i])
+        now = loop.time()
+        due = now + self.K * float(self.compute[i])
         if not self.pending or due < min(r.due for r in self.pending):
-            if due > loop.time():
-                loop.call_at(due, self.flush)
-        self.pending.append(_Request(int(i), x, int(t), int(age), fut, due))
+            if due > now:
+                loop.call_at_phase(due, Phase.COMMIT, self.flush)
+        self.pending.append(_Request(int(i), x, int(t), int(age), fut, due, now))
         return fut
 
 
