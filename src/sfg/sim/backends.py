@@ -603,7 +603,10 @@ class _BackendBase:
               f"{getattr(params, 'dtype', type(params).__name__)} "
               f"{tuple(getattr(params, 'shape', ()))}")
         n = params.shape[0]
-        check(isinstance(xs, Tensor) and xs.dim() >= 4 and xs.shape[0] == n,
+        # a tensor, or a PoolBatch (sfg.world.data.base): rows of the data's pool, made into
+        # float examples block by block as the kernels below read xs[c0:c1] or xs[i, k]
+        lazy = hasattr(xs, "images") and hasattr(xs, "rows")
+        check((isinstance(xs, Tensor) or lazy) and xs.dim() >= 4 and xs.shape[0] == n,
               f"xs must be a tensor [n={n}, K, B, *input_shape], got "
               f"{tuple(getattr(xs, 'shape', ()))}")
         K, B = xs.shape[1], xs.shape[2]

@@ -110,16 +110,18 @@ class ClientData:
         self.device = device
 
     def gather(self, clients: np.ndarray, local_idx: np.ndarray, flips: np.ndarray | None):
-        """xs [n, K, B, *shape], ys [n, K, B] for the given clients' local indices [n, K, B]."""
-        from sfg.world.data.base import hflip
+        """xs [n, K, B, *shape] (a :class:`~sfg.world.data.base.PoolBatch`: made block by
+        block as the backend reads it), ys [n, K, B] for the given clients' local indices
+        [n, K, B]."""
+        from sfg.world.data.base import PoolBatch
 
         lead = local_idx.shape
         gidx = (self.offsets[clients].reshape((-1,) + (1,) * (local_idx.ndim - 1))
                 + local_idx).reshape(-1)
-        xs = self.images.take(self.images.rows[gidx], self.device).view(
-            *lead, *self.images.example_shape)
+        xs = PoolBatch(self.images, self.images.rows[gidx].reshape(lead),
+                       flips if self.hflip else None, self.device)
         ys = self.y.index_select(0, torch.from_numpy(gidx).to(self.device)).view(lead)
-        return hflip(xs, flips if self.hflip else None), ys
+        return xs, ys
 
 
 # ----------------------------------------------------------------------------- the run
