@@ -519,6 +519,14 @@ DATASET_CASES = cases_for("data", [
     (lambda f: run_data("femnist", leaf(f, leaf_doc([["a"] * 784], [1]))), "non-numeric"),
     (lambda f: run_data("femnist", leaf(f, leaf_doc([[0.0] * 784], [1]))),
      "only 0 writers have at least 250"),
+    # the sizes of the clients' data, as dataset parameters
+    (lambda f: run_data("cifar10:min_train=0", cifar_dir(f)), "min_train .* whole number >= 1"),
+    (lambda f: run_data("cifar10:min_train=-2", cifar_dir(f)), "cifar10:min_train=4"),
+    (lambda f: run_data("cifar10:min_train=1.5", cifar_dir(f)), "min_train .* got 1.5"),
+    (lambda f: run_data("cifar10:test_per_client=x", cifar_dir(f)), "test_per_client .* 'x'"),
+    (lambda f: run_data("imagefolder:test_per_client=0", image_folder(f)), "test_per_client"),
+    (lambda f: run_data("cifar10:min_train=99", cifar_dir(f)),
+     "lower the minimum \\(the dataset parameter min_train, e.g. cifar10:min_train="),
 ])
 
 # ------------------------------------------------------------------------------ --config
