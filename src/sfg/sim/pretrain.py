@@ -130,7 +130,7 @@ def pretrain(*, dataset: str, model: str = "resnet18-gn", data_root: str | None 
     """
     from safetensors import safe_open
 
-    from sfg.world.data.base import normalised_tensor
+    from sfg.world.data.base import ClientImages
     from sfg.world.models import make_model
 
     check(isinstance(epochs, int) and epochs >= 1, f"epochs must be >= 1, got {epochs!r}")
@@ -147,8 +147,9 @@ def pretrain(*, dataset: str, model: str = "resnet18-gn", data_root: str | None 
     pool = training_pool(dataset, data_root, seed=seed)
     image = pool.train_x.ndim == 4
     n = int(pool.train_y.size)
-    x_all = normalised_tensor(pool.train_x, np.arange(n), scale=pool.scale, mean=pool.mean,
-                              std=pool.std)
+    # the images as stored, normalised per batch (the floats of normalising them all first)
+    x_all = ClientImages(pool.train_x, np.arange(n), np.array([n]), scale=pool.scale,
+                         mean=pool.mean, std=pool.std)
     y_all = torch.from_numpy(pool.train_y.astype(np.int64))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(seed, "pretrain-init"))
@@ -197,7 +198,7 @@ def pretrain(*, dataset: str, model: str = "resnet18-gn", data_root: str | None 
             for group in opt.param_groups:
                 group["lr"] = one_cycle_lr(step, total, lr)
             idx = order[k * batch_size:(k + 1) * batch_size]
-            xb = x_all[idx]
+            xb = x_all.take(idx)
             if image:
                 xb = augment(xb, g, crop=crop, flip=True)
             xb, yb = xb.to(dev), y_all[idx].to(dev)
