@@ -3,8 +3,9 @@ streams, the protocol properties of the node under a seeded sweep of random faul
 protocol bugs that the sweep must catch, determinism, and bounded waits and memory.
 
 Every run here is the deployable node (sfg.net.node.Node) on the virtual clock with the
-in-memory network; nothing is mocked. A planted bug is a monkeypatched function of sfg.net.node
-or sfg.net.wire, for the duration of one test, that the sweep must detect."""
+in-memory network; nothing is mocked. A planted bug is a monkeypatched function of the node's
+parts (sfg.net.inbox, sfg.net.lockstep, sfg.net.persist, sfg.net.claims) or sfg.net.wire, for
+the duration of one test, that the sweep must detect."""
 
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ def test_protocol_properties_hold_under_a_seeded_sweep_of_random_faults(capsys):
 # ------------------------------------------------------------------ planted bugs
 def _lax_digest(monkeypatch):
     """check_message that skips the digest comparison (the announced header is kept)."""
-    import sfg.net.node as node_mod
+    from sfg.net import inbox
     from sfg.net.wire import Message, check_message, unpack_header
 
     def lax(raw_header, payload, layout, **kw):
@@ -189,7 +190,7 @@ def _lax_digest(monkeypatch):
         fixed = replace(h, sha256=hashlib.sha256(payload).digest()).pack()
         return Message(h, check_message(fixed, payload, layout, **kw).params)
 
-    monkeypatch.setattr(node_mod, "check_message", lax)
+    monkeypatch.setattr(inbox, "check_message", lax)
 
 
 def _forget_missed_rounds(monkeypatch):
@@ -226,30 +227,30 @@ def _missed_by_rows(monkeypatch):
 
 def _no_neighbour_check(monkeypatch):
     """check_header that lets any sender through."""
-    import sfg.net.node as node_mod
     import sfg.net.wire as wire
+    from sfg.net import inbox
 
     real = wire.check_header
 
     def anyone(header, *, neighbours, **kw):
         return real(header, neighbours=set(neighbours) | {header.sender}, **kw)
 
-    monkeypatch.setattr(node_mod, "check_header", anyone)
+    monkeypatch.setattr(inbox, "check_header", anyone)
     monkeypatch.setattr(wire, "check_header", anyone)
 
 
 def _older_replaces_newer(monkeypatch):
     """Async: a late (reordered) older message replaces the newer one held."""
-    from sfg.net.node import Node
+    from sfg.net import inbox
 
-    real = Node._accept
+    real = inbox.accept
 
-    def careless(self, msg, *args, **kw):
-        if self.cfg.mode == "async":
-            self.latest.pop(msg.header.sender, None)
-        return real(self, msg, *args, **kw)
+    def careless(node, msg, *args, **kw):
+        if node.cfg.mode == "async":
+            node.latest.pop(msg.header.sender, None)
+        return real(node, msg, *args, **kw)
 
-    monkeypatch.setattr(Node, "_accept", careless)
+    monkeypatch.setattr(inbox, "accept", careless)
 
 
 def _understated_age(monkeypatch):
@@ -268,17 +269,17 @@ def _understated_age(monkeypatch):
 def _served_means_received(monkeypatch):
     """Lockstep's end of run as it was before this sweep: a message handed out to a pull
     counts as received and is dropped from the outbox (the reply may be lost on the way)."""
-    from sfg.net.node import Node
+    from sfg.net import lockstep
 
-    def eager(self):
-        for r in list(self.outbox):
-            if all(self.heard.get(j, -1) > r or (j, r) in self._delivered
-                   for j in self.expected.get(r, ())):
-                del self.outbox[r]
-                self.expected.pop(r, None)
-        return not self.outbox
+    def eager(node):
+        for r in list(node.outbox):
+            if all(node.heard.get(j, -1) > r or (j, r) in node.delivered
+                   for j in node.expected.get(r, ())):
+                del node.outbox[r]
+                node.expected.pop(r, None)
+        return not node.outbox
 
-    monkeypatch.setattr(Node, "_all_handed_out", eager)
+    monkeypatch.setattr(lockstep, "all_handed_out", eager)
 
 
 PLANTED = {

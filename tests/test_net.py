@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from crosspath import assert_same_bits
 
+from sfg.net import localround, lockstep, outgoing
 from sfg.net.cuts import Cut
 from sfg.net.node import Node, NodeConfig
 from sfg.net.swarm import SwarmOptions, run_nodes, run_swarm, summarise
@@ -409,7 +410,7 @@ def _hand_node_and_round(rule: str):
         return Message(head, x)
 
     msgs = [msg(1, 1, 4.0, 7, 1.0), msg(2, 1, 4.0, 7, 2.0), msg(3, 0, 0.0, 8, 3.0)]
-    _, full = node._aggregate(t, [1, 2, 3], msgs, [1, 1, 0], [4.0, 4.0, 0.0])
+    _, full = localround.aggregate(node, t, [1, 2, 3], msgs, [1, 1, 0], [4.0, 4.0, 0.0])
     rg = RoundGraph.from_edges(4, edges)
     st = StalenessState(t=t, ages=np.ones(4, np.int64), lags=np.full(4, 4.0),
                         counts=np.full(4, 7, np.int64), local_counts=np.full(4, 7, np.int64),
@@ -437,7 +438,7 @@ def test_node_clamps_claims_with_the_rounds_defence_and_keeps_them_for_its_state
     assert nxt.count == rr.state.counts[0] and nxt.age == rr.state.ages[0]
     assert node.weights[-1]["clamped"] == 1
     # evidence: the attacker's content unchanged 6 rounds later -> age >= 6, lag >= 6
-    _, full = node._aggregate(t + 6, [1, 2, 3], [msg(1, 1, 10.0, 7, 4.0), msg(2, 1, 10.0, 7, 5.0),
+    _, full = localround.aggregate(node, t + 6, [1, 2, 3], [msg(1, 1, 10.0, 7, 4.0), msg(2, 1, 10.0, 7, 5.0),
                                                  msg(3, 0, 0.0, 8, 3.0)],
                               [1, 1, 0], [10.0, 10.0, 0.0])
     assert full["ages"][3] == 6 and full["lags"][3] >= 6.0
@@ -490,17 +491,17 @@ def test_restarted_lockstep_node_still_serves_its_unfetched_older_messages(tmp_p
     node.state = NodeState(t=6, age=0, lag=0.0, count=7, local_count=7, q_hat=[1.0, 1.0])
     for r in (4, 5):
         node.round = r
-        node.outbox[r] = node._message()
+        node.outbox[r] = outgoing.message(node)
         node.expected[r] = [1] if r == 4 else [1, 3]
     node.checkpoint()
     want = {r: (h, p.join()) for r, (h, p) in node.outbox.items()}
     back = Node(world, 2, NodeConfig(**cfg, resume=True))
     assert back.state.t == 6 and sorted(back.outbox) == [4, 5]
-    assert back._on_fetch(4, 1) == want[4] and back._on_fetch(5, 3) == want[5]
+    assert lockstep.serve_fetch(back, 4, 1) == want[4] and lockstep.serve_fetch(back, 5, 3) == want[5]
     assert back.expected == {4: [1], 5: [1, 3]}
     # once every neighbour is past round 4 it is pruned, and so is its file
     back.heard = {1: 5, 3: 5}
-    back._prune_outbox()
+    lockstep.prune_outbox(back)
     back.files.save_outbox(back.outbox, back.expected)
     assert sorted(back.outbox) == [5]
     assert sorted(p.name for p in tmp_path.glob("node-2-out-*")) == ["node-2-out-5.msgpack"]

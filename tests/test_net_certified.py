@@ -16,6 +16,7 @@ import pytest
 from crosspath import assert_same_bits
 
 from sfg.errors import SfgError
+from sfg.net import inbox, outgoing
 from sfg.net.certify import Keys, make_cert, make_stamp, read_stamp, refuted
 from sfg.net.evidence import Prev
 from sfg.net.node import Node, NodeConfig
@@ -150,7 +151,7 @@ async def _deliver(node, header: bytes, payload: bytes):
     async def chunks():
         yield payload
 
-    return await node._on_deliver(header, chunks(), None, "test")
+    return await inbox.deliver(node, header, chunks(), None, "test")
 
 
 def _nodes(ca, world):
@@ -163,7 +164,7 @@ def _round_message(sender: Node, r: int, heard: set[int], stamps: dict[int, byte
     if r:
         sender.evidence.prev = Prev(aggregated=True, own=(0, 0.0, 1), heard=frozenset(heard),
                                     stamps=stamps)
-    head, payload = sender._message()
+    head, payload = outgoing.message(sender)
     body = payload.join() if hasattr(payload, "join") else payload
     return head, body
 

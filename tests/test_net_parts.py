@@ -13,6 +13,7 @@ import pytest
 
 from sfg.clock.faults import Faults
 from sfg.errors import SfgError
+from sfg.net import asyncmode, outgoing
 from sfg.net.claims import CertifiedLiar, ForgedClaims, HonestClaims, claim_policy
 from sfg.net.cuts import Crash, Cut
 from sfg.net.node import Node, NodeConfig
@@ -97,9 +98,9 @@ def test_a_node_sends_what_the_policy_it_is_given_claims():
 
     world = build_world(WORLD)
     node = Node(world, 0, NodeConfig(mode="lockstep"), claims=Boast())
-    head = unpack_header(node._message()[0])
+    head = unpack_header(outgoing.message(node)[0])
     assert (head.age, head.lag, head.count) == (0, 0.0, 99)
-    plain = unpack_header(Node(world, 0, NodeConfig(mode="lockstep"))._message()[0])
+    plain = unpack_header(outgoing.message(Node(world, 0, NodeConfig(mode="lockstep")))[0])
     assert (plain.age, plain.lag, plain.count) == (0, 0.0, 1)
 
 
@@ -141,7 +142,7 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates(case):
         head = Header(sender=j, round=0, age=1, lag=2.0, count=3, local_count=3, length=0,
                       sha256=hashlib.sha256(b"%d" % j).digest())
         node.latest[j] = (Message(head, world.x0), a)
-    senders, _, ages, lags = node._async_candidates(0, now)
+    senders, _, ages, lags = asyncmode.candidates(node, 0, now)
     ptr = np.arange(4, dtype=np.int64)  # one message per slot (slots 0..2: neighbours 1..3)
     arrival = np.array([arrivals[j] for j in (1, 2, 3)])
     idx, wait = np.empty(3, np.int64), np.empty(3)
@@ -155,7 +156,9 @@ def test_the_node_and_the_clocks_engine_select_the_same_async_candidates(case):
 
 
 # ------------------------------------------------------------------ the modules' boundaries
-MINE = ["net/node.py", "net/claims.py", "net/evidence.py", "net/persist.py", "net/cuts.py",
+MINE = ["net/node.py", "net/nodeconfig.py", "net/lockstep.py", "net/asyncmode.py",
+        "net/returns.py", "net/inbox.py", "net/outgoing.py", "net/localround.py",
+        "net/claims.py", "net/evidence.py", "net/persist.py", "net/cuts.py",
         "net/certify.py", "net/eventlog.py", "net/replaylog.py",
         "clock/faults.py", "modelfree/horizon.py"]
 
@@ -169,3 +172,18 @@ def test_no_private_imports_and_no_function_over_150_lines(rel):
             assert not private, f"{rel} imports private {private} from {n.module}"
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert n.end_lineno - n.lineno + 1 <= 150, f"{rel}: {n.name} is over 150 lines"
+
+
+NODE_PARTS = ["net/lockstep.py", "net/asyncmode.py", "net/returns.py", "net/inbox.py",
+              "net/outgoing.py", "net/localround.py"]
+
+
+def test_the_node_is_short_and_its_parts_use_only_its_public_attributes():
+    """Node holds what the protocols share (about 300 lines); its parts are functions of the
+    node that read and change it through public attributes only."""
+    assert len((SRC / "net/node.py").read_text().splitlines()) <= 320
+    for rel in NODE_PARTS:
+        for n in ast.walk(ast.parse((SRC / rel).read_text())):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) \
+                    and n.value.id == "node":
+                assert not n.attr.startswith("_"), f"{rel}:{n.lineno} node.{n.attr}"

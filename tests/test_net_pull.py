@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
+from sfg.net import asyncmode, inbox, returns
 from sfg.net.node import Node, NodeConfig
 from sfg.net.swarm import run_nodes, summarise
 from sfg.net.transport import Server
@@ -177,7 +178,7 @@ def test_a_replys_waited_staleness_starts_at_its_sending(node):
     m, _, _ = _msg(node, j, round=5, age=2, lag=2.5)
     mk, _, _ = _msg(node, k, round=5, age=1, lag=1.0)
     node.latest, node.held = {j: (m, 10.0), k: (mk, 10.0)}, {j: 0.35}
-    senders, _, ages, lags = node._async_candidates(7, 10.3)
+    senders, _, ages, lags = asyncmode.candidates(node, 7, 10.3)
     got = dict(zip(senders, zip(ages, lags, strict=True), strict=True))
     # j: d = (0.35 + 0.3)/0.5 = 1.3 → age 2 + 1, lag 2.5 + 1.3
     assert got[j][0] == 3 and got[j][1] == pytest.approx(3.8, abs=1e-12)
@@ -185,11 +186,11 @@ def test_a_replys_waited_staleness_starts_at_its_sending(node):
     assert got[k][0] == 1 and got[k][1] == pytest.approx(1.6, abs=1e-12)
     # a long-held reply that arrived within the window is a candidate, much older
     node.latest, node.held = {j: (m, 10.0)}, {j: 5.0}
-    senders, _, ages, lags = node._async_candidates(7, 10.3)
+    senders, _, ages, lags = asyncmode.candidates(node, 7, 10.3)
     assert senders == [j] and ages == [2 + 10] and lags[0] == pytest.approx(2.5 + 10.6)
     # one that arrived more than W periods ago is none, held or not
     node.latest, node.held = {j: (m, 10.0), k: (mk, 10.0)}, {k: 0.1}
-    assert node._async_candidates(7, 10.6)[0] == []
+    assert asyncmode.candidates(node, 7, 10.6)[0] == []
 
 
 def test_a_reply_not_newer_than_what_is_held_changes_nothing(node):
@@ -197,19 +198,19 @@ def test_a_reply_not_newer_than_what_is_held_changes_nothing(node):
     node.latest, node.held = {}, {}
     node.stats.replies_unused = 0
     pushed, _, _ = _msg(node, j, round=6, age=0, lag=0.0)
-    node._accept(pushed, 100)
+    inbox.accept(node, pushed, 100)
     held = node.latest[j]
     for r in (6, 5):  # as old as, or older than, the message held
         reply, _, _ = _msg(node, j, round=r, age=4, lag=9.0, x=node.world.x0 + 1)
-        node._accept(reply, 100, held=0.1)
+        inbox.accept(node, reply, 100, held=0.1)
         assert node.latest[j] is held and j not in node.held
     assert node.stats.replies_unused == 2
     newer, _, _ = _msg(node, j, round=7, age=1, lag=1.0)
-    node._accept(newer, 100, held=0.2)
+    inbox.accept(node, newer, 100, held=0.2)
     assert node.latest[j][0] is newer and node.held[j] == 0.2
     # a push of the same round replaces the reply, waiting from its own arrival
     push7, _, _ = _msg(node, j, round=7, age=1, lag=1.0)
-    node._accept(push7, 100)
+    inbox.accept(node, push7, 100)
     assert node.latest[j][0] is push7 and j not in node.held
 
 
@@ -252,9 +253,9 @@ def test_forged_oversized_and_misshapen_replies_are_rejected_and_counted():
         try:
             for name, (reply, _) in cases.items():
                 answer["reply"] = reply
-                out[name] = await me._pull_one(j, 2.0)
+                out[name] = await returns.pull_one(me, j, 2.0)
             answer["reply"] = (header(), payload, 0.1)  # a good one is taken
-            out["good"] = await me._pull_one(j, 2.0)
+            out["good"] = await returns.pull_one(me, j, 2.0)
         finally:
             await me.close()
             await srv.stop()
@@ -307,13 +308,13 @@ def test_a_reply_after_the_window_is_kept_as_a_later_candidate(offline_then):
     async def go():
         me.connect({j: f"127.0.0.1:{port}", k: f"127.0.0.1:{dead}"})
         try:
-            await me._pull_at(me.clock.time())
+            await returns.pull_at(me, me.clock.time())
             in_window = (dict(me.latest), me.stats.replies, me.stats.unreachable)
             if offline_then:  # from now on, row 0 of the node's trace, where it is offline
                 world.available[0, 0] = False
                 me.t0 = me.clock.time()
             gate.set()
-            await asyncio.wait(me._backlog, timeout=20)
+            await asyncio.wait(me.backlog, timeout=20)
             return in_window, asked.is_set()
         finally:
             gate.set()
@@ -402,7 +403,7 @@ def test_with_tls_a_pull_reply_comes_only_from_the_neighbour_its_certificate_nam
         port = await srv.start("127.0.0.1", 0)
         me.connect({j: f"127.0.0.1:{port}", k: f"127.0.0.1:{port}"})
         try:
-            return await me._pull_one(j, 5.0)
+            return await returns.pull_one(me, j, 5.0)
         finally:
             for p in me.peers.values():
                 await p.close()

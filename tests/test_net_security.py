@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from sfg.errors import SfgError
+from sfg.net import inbox, lockstep, outgoing
 from sfg.net.node import Node, NodeConfig, header_for
 from sfg.net.tls import make_test_ca
 from sfg.net.transport import SERVICE, Peer, Server, TlsFiles, channel_options, message_limit
@@ -137,7 +138,7 @@ def test_a_lockstep_node_counts_an_endless_fetch_reply_as_a_rejection(caplog):
         node.connect({1: f"127.0.0.1:{port}", 3: f"127.0.0.1:{port}"})
         try:
             with pytest.raises(SfgError, match="did not get the round-0 models"):
-                await node._wait_lockstep(0, [1])
+                await lockstep.wait(node, 0, [1])
         finally:
             for p in node.peers.values():
                 await p.close()
@@ -200,14 +201,14 @@ def test_with_tls_a_fetch_on_another_nodes_behalf_is_refused_and_counted(tmp_pat
     async def main():
         node = Node(world, 0, NodeConfig(mode="lockstep", tls=TlsFiles.load(ca, 0)))
         port = await node.start()
-        node.outbox[0] = node._message()
+        node.outbox[0] = outgoing.message(node)
         node.expected[0] = [1, 3]
         out = {}
         try:
             for name, who, me in (("3 as 1", 3, 1), ("3 as 3", 3, 3), ("1 as 1", 1, 1)):
                 peer = Peer(f"127.0.0.1:{port}", max_bytes=1 << 26, tls=TlsFiles.load(ca, who))
                 out[name] = await peer.fetch(0, me, timeout=60)
-                out[name + " delivered"] = set(node._delivered)
+                out[name + " delivered"] = set(node.delivered)
                 await peer.close()
         finally:
             await node.close()
@@ -442,7 +443,7 @@ def test_a_peers_expired_certificate_is_a_counted_rejection(tmp_path):
         async def chunks():
             yield payload
 
-        return await node._on_deliver(h, chunks(), None, "test")
+        return await inbox.deliver(node, h, chunks(), None, "test")
 
     assert asyncio.run(deliver(header(k1, 1))) == (False, "expired")
     assert asyncio.run(deliver(header(k2, 2))) == (True, "")
@@ -486,16 +487,16 @@ def test_a_neighbours_certificate_refused_by_the_tls_handshake_is_a_counted_reje
         for n in nodes:
             addr[n.i] = f"127.0.0.1:{await n.start()}"
         for n in (n1, n3):  # each holds its round-0 message for node 0
-            n.outbox[0] = n._message()
+            n.outbox[0] = outgoing.message(n)
             n.expected[0] = [0, 2]
         n0.connect({**addr, 2: addr[3]})
         out = {}
         try:
             with pytest.raises(SfgError, match=r"did not get the round-0 models of neighbour\(s\) \[1\]"):
-                await n0._wait_lockstep(0, [1, 3])
+                await lockstep.wait(n0, 0, [1, 3])
             out["pulled"] = dict(n0.rejections.as_dict())
-            msg = n0._message([1])
-            await n0._send(1, 0, header_for(msg, 1), msg[1])
+            msg = outgoing.message(n0, [1])
+            await outgoing.send(n0, 1, 0, header_for(msg, 1), msg[1])
             out["pushed"] = dict(n0.rejections.as_dict())
             back = Peer(addr[0], max_bytes=1 << 26, tls=_tls_as_is(ca, 1))
             n0.outbox[0], n0.expected[0] = msg, [1]
@@ -512,6 +513,6 @@ def test_a_neighbours_certificate_refused_by_the_tls_handshake_is_a_counted_reje
     assert out["pushed"] == {"expired": pulls + 1}, out  # the push: one more, not retried
     assert n0.stats.send_failed == 1 and n0.stats.sent == 0
     assert list(n0.inbox) == [(3, 0)]  # node 3's message only: nothing from node 1
-    assert not n1.inbox and (1, 0) not in n0._delivered
+    assert not n1.inbox and (1, 0) not in n0.delivered
     assert out["node 1 fetches"] is None  # refused by node 0's handshake ...
     assert n0.rejections.as_dict() == out["pushed"]  # ... which node 0 cannot count

@@ -1,0 +1,104 @@
+"""What a node sends: its own message (:func:`message`) and the pushes to its neighbours.
+
+An own message (:data:`Outgoing`) is a header and the model's payload: the header and the
+model are its claim policy's (:mod:`sfg.net.claims`), with +certified's evidence signed into
+it (:meth:`sfg.net.evidence.CertifiedEvidence.cert`). :func:`send_all` pushes it to each
+target without waiting (a send never blocks the round on a neighbour that is gone): async
+keeps only the latest send per neighbour, lockstep every round's (``node.backlog``).
+The answers to a neighbour's ``Fetch`` (:func:`sfg.net.lockstep.serve_fetch`) and pull
+(:func:`sfg.net.returns.serve_pull`) hand out the same messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from sfg.net.transport import CHUNK
+from sfg.net.wire import Chunked, encode_params, make_header, payload_digest
+
+if TYPE_CHECKING:
+    from sfg.net.node import Node
+
+# an own message: (header, payload), the payload in the transport's chunks or as bytes; the
+# header one for all, or one per neighbour (a liar's per-receiver claims, claim=certified)
+Outgoing = tuple[bytes | dict[int, bytes], bytes | Chunked]
+
+log = logging.getLogger("sfg.net")
+
+
+def header_for(msg: Outgoing, j: int) -> bytes | None:
+    """The header of own message ``msg`` meant for neighbour ``j`` (None: none for j)."""
+    h = msg[0]
+    return h.get(int(j)) if isinstance(h, dict) else h
+
+
+def message(node: Node, targets: Iterable[int] | None = None) -> Outgoing:
+    """This round's own message for ``targets`` (default every neighbour), as the claim
+    policy (``node.claims``) says: one header for all, or one per target (a liar's
+    per-receiver claims, claim=certified); with +certified each header carries its
+    evidence, signed (:meth:`sfg.net.evidence.CertifiedEvidence.cert`)."""
+    s = node.state
+    payload = encode_params(node.claims.model(node), node.layout, chunk=CHUNK)
+    digest = payload_digest(payload)
+    targets = [int(j) for j in (node.nbrs if targets is None else targets)]
+
+    def head(claim: tuple[int, float, int]) -> bytes:
+        cert = node.evidence.cert(node.round, claim, len(node.nbrs)) if node.certified \
+            else b""
+        return make_header(digest, sender=node.i, round=node.round, age=claim[0],
+                           lag=claim[1], count=claim[2], local_count=s.local_count,
+                           cert=cert, sign=node.cfg.keys.sign if cert else None)
+
+    header: bytes | dict[int, bytes]
+    if node.claims.per_receiver:
+        told = {j: node.claims.claim_for(node, j) for j in targets}
+        header = {j: head(c) for j, c in told.items()}
+    else:
+        claim = node.claims.claim(node)
+        told = dict.fromkeys(targets, claim)
+        header = head(claim)
+    node.evidence.told = told
+    return header, payload
+
+
+async def send(node: Node, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
+    """Push round ``r``'s message to neighbour ``j`` and count how it went."""
+    ok, reason = await node.peers[j].deliver(header, payload, timeout=node.cfg.rpc_timeout,
+                                             retries=node.cfg.retries)
+    if ok:
+        node.stats.sent += 1
+        node.delivered.add((j, r))
+    elif reason == "unavailable":
+        node.stats.offline_peer += 1  # the neighbour is offline: its server refuses
+    else:
+        node.stats.send_failed += 1
+        log.info("node %d -> %d round %d not delivered: %s", node.i, j, node.round, reason)
+
+
+def send_all(node: Node, targets: Iterable[int], msg: Outgoing) -> None:
+    """Hand ``msg`` to the transport for each of ``targets`` (see the module docstring)."""
+    for j in targets:
+        j = int(j)
+        prev = node.sends.get(j)
+        if prev is not None and not prev.done():
+            if node.cfg.mode == "async":
+                prev.cancel()  # only the latest model matters: never pile up sends
+            else:
+                node.backlog.append(prev)  # lockstep needs every round's message
+        header = header_for(msg, j)
+        if header is None:
+            continue
+        node.stats.header_bytes += len(header)
+        node.stats.headers += 1
+        node.sends[j] = asyncio.ensure_future(send(node, j, node.round, header, msg[1]))
+    node.backlog = [t for t in node.backlog if not t.done()]
+
+
+async def drain(node: Node) -> None:
+    """Wait (up to the RPC time-out) for the sends and pulls still in flight."""
+    waiting = [t for t in [*node.sends.values(), *node.backlog] if not t.done()]
+    if waiting:
+        await asyncio.wait(waiting, timeout=node.cfg.rpc_timeout)
