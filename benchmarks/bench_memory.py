@@ -44,9 +44,7 @@ def run_once(n: int, args: argparse.Namespace, out: Path) -> tuple[float, float,
     env = dict(os.environ)
     if args.src:
         env["PYTHONPATH"] = os.pathsep.join([str(args.src), env.get("PYTHONPATH", "")])
-        if args.min_train != 20 or args.test_per_client is not None:
-            # an older tree may lack the dataset parameters: its defaults only
-            cmd[cmd.index(dataset)] = "cifar10"
+        cmd[cmd.index(dataset)] = "cifar10"  # an older tree lacks the size parameters
     t0 = time.perf_counter()
     with open(out, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
@@ -68,8 +66,9 @@ def main() -> None:
     if not args.data_root.exists():
         sys.exit(f"error: no CIFAR-10 at {args.data_root}; pass --data-root")
     print(banner())
-    print(f"sfg from {args.src or 'this checkout'}; cifar10:min_train={args.min_train}, "
-          f"small-cnn, -T {args.rounds} -K 2 --alpha 1000")
+    dataset = "cifar10 (defaults)" if args.src else f"cifar10:min_train={args.min_train}"
+    print(f"sfg from {args.src or 'this checkout'}; {dataset}, small-cnn, -T {args.rounds} "
+          "-K 2 --alpha 1000")
     print(f"{'clients':>8} {'wall s':>8} {'peak MB':>9} {'MB/client':>10}")
     last = None
     with tempfile.TemporaryDirectory() as tmp:
