@@ -36,7 +36,7 @@ REAL_PERIOD = _REAL_PERIOD
 # commands differ in what they run, never a different concept under the same name.
 SPECS: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "config": (("--config", "-c"), "YAML/JSON file of run settings (as for `sfg run`; `kind: replay` files for `sfg replay`); flags given explicitly override it", None),
-    "dataset": (("--dataset",), "digits (embedded), cifar10, cifar100, femnist", None),
+    "dataset": (("--dataset",), "digits (embedded), cifar10, cifar100, femnist, imagefolder; the clients' data sizes as parameters, e.g. cifar10:min_train=4,test_per_client=50", None),
     "data_root": (("--data-root",), "Path to the dataset in its standard format", None),
     "model": (("--model",), "mlp, small-cnn, cnn, resnet18-gn", None),
     "process": (("--process", "-p"), "Outage process or trace, e.g. iid:u=0.6, bursty:u=0.8, flash:rule=strict,path=FILE, trace:path=fleet.csv", None),
