@@ -98,8 +98,9 @@ def augment(x: torch.Tensor, g: np.random.Generator, *, crop: bool, flip: bool) 
         cols = (ox[:, None] + torch.arange(W)[None, :])[:, None, :]  # [B, 1, W]
         x = xp[torch.arange(B)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
     if flip:
-        f = torch.from_numpy(g.random(B) < 0.5)
-        x = torch.where(f[:, None, None, None], x.flip(-1), x)
+        from sfg.world.data.base import hflip
+
+        x = hflip(x, g.random(B) < 0.5)
     return x
 
 
