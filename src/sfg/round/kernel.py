@@ -277,6 +277,94 @@ def _update_q(q, a, b, cand):  # pragma: no cover - compiled
         q[e] = Q_HAT_FLOOR if Q_HAT_FLOOR > qe else qe  # max(qe, floor)
 
 
+# Stages of _rounds and _events, inlined into them (numba IR, before typing, so that a None
+# argument still removes its branches). An inlined stage binds each array it takes to a new
+# reference (counted up and down by each call): a stage called per receiver or per event
+# would cost the events ~4 % (callgrind), so the stages below run once per call or per round,
+# or only with defences; the per-receiver and per-event code that writes arrays is written out.
+@njit(inline="always")
+def _kmax(indptr):  # pragma: no cover - compiled
+    """The most slots any receiver has (its candidates' buffers' length), at least 1."""
+    kmax = 1
+    for i in range(indptr.shape[0] - 1):
+        ki = indptr[i + 1] - indptr[i]
+        if ki > kmax:
+            kmax = ki
+    return kmax
+
+
+@njit(inline="always")
+def _buffers(kmax):  # pragma: no cover - compiled
+    """One receiver's candidates, gathered into [kmax] buffers (index 0 = the receiver): slot,
+    age, lag as the rule sees it, raw lag, count, local count, q̂, live-neighbour count, key
+    (0), score given (1), weight, +guard's least age (0), candidate proper (True), sent by an
+    attacker (False)."""
+    return (np.empty(kmax, np.int64), np.empty(kmax, np.int64), np.empty(kmax, np.float64),
+            np.empty(kmax, np.float64), np.empty(kmax, np.int64), np.empty(kmax, np.int64),
+            np.empty(kmax, np.float64), np.empty(kmax, np.int64), np.zeros(kmax, np.float64),
+            np.ones(kmax, np.float64), np.empty(kmax, np.float64), np.zeros(kmax, np.int64),
+            np.ones(kmax, np.bool_), np.zeros(kmax, np.bool_))
+
+
+@njit(inline="always")
+def _defend_claims(defend, defence, margin, kappa, t, k, b_age, b_raw, b_count, b_min_age,
+                   b_w, b_lag, rounded):  # pragma: no cover - compiled
+    """The defences' clamp of the candidates' claims (``defend``: not None), the lags as the
+    rule sees them made again from the clamped ones; returns the claims clamped. Called only
+    where there are defences, so that a round without them binds none of these arrays."""
+    n_clamped = 0
+    if defence != 0:
+        n_clamped = defend(0, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age,
+                           b_w)
+        for d in range(k):
+            b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
+    return n_clamped
+
+
+@njit(inline="always")
+def _defend_weights(defend, defence, margin, kappa, t, k, b_age, b_raw, b_count, b_min_age,
+                    wk, adopts):  # pragma: no cover - compiled
+    """The defences' cap or refutation of an adopting receiver's weights ``wk`` (``defend``:
+    not None, as :func:`_defend_claims`)."""
+    if (defence & (CAP | REFUTE)) != 0 and adopts:
+        defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age, wk)
+
+
+@njit(inline="always")
+def _degrees(indptr, send, edge_id, sends, live, r, degree):  # pragma: no cover - compiled
+    """Round ``r``'s live-neighbour counts d_j (whether or not j aggregates) into degree [N]."""
+    use_live = live.shape[0] > 0
+    for i in range(indptr.shape[0] - 1):
+        dg = 0
+        for e in range(indptr[i] + 1, indptr[i + 1]):
+            if sends[send[e]] and (not use_live or live[r, edge_id[e]]):
+                dg += 1
+        degree[i] = dg
+
+
+@njit(inline="always")
+def _next_round(indptr, train, adopts, wr, marks, ev, st, lags, new_age, new_lag,
+                new_count):  # pragma: no cover - compiled
+    """The state after a round: content versions (+guard's evidence: a model changes when
+    trained or mixed, unless its content never changes), then ages, lags, counts and local
+    counts."""
+    if ev is not None:
+        if ev.shape[0] > 0:
+            for i in range(indptr.shape[0] - 1):
+                if train[i] or (adopts[i] and wr[indptr[i]] < 1.0):
+                    frozen = False
+                    if marks is not None:
+                        frozen = marks.shape[0] > 0 and marks[1, i]
+                    if not frozen:
+                        st[3, i] += 1
+    for i in range(indptr.shape[0] - 1):
+        st[0, i] = new_age[i]
+        lags[i] = new_lag[i]
+        st[1, i] = new_count[i]
+        if train[i]:
+            st[2, i] += 1
+
+
 def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, indptr, send,
             edge_id, caps, live, u, key, st, lags, q, w, cand, facts, given, claim_ic,
             claim_lag, extra, marks, defend, ev):  # pragma: no cover - compiled once
@@ -304,30 +392,8 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
     n = indptr.shape[0] - 1
     use_live = live.shape[0] > 0
     use_u = u.shape[0] > 0
-    use_key = key.shape[0] > 0
-    kmax = 1
-    for i in range(n):
-        ki = indptr[i + 1] - indptr[i]
-        if ki > kmax:
-            kmax = ki
-    b_slot = np.empty(kmax, np.int64)
-    b_age = np.empty(kmax, np.int64)
-    b_lag = np.empty(kmax, np.float64)
-    b_raw = np.empty(kmax, np.float64)
-    b_count = np.empty(kmax, np.int64)
-    b_local = np.empty(kmax, np.int64)
-    b_q = np.empty(kmax, np.float64)
-    b_deg = np.empty(kmax, np.int64)
-    b_key = np.empty(kmax, np.float64)
-    b_given = np.empty(kmax, np.float64)
-    b_w = np.empty(kmax, np.float64)
-    b_min_age = np.empty(kmax, np.int64)
-    b_cand = np.empty(kmax, np.bool_)
-    b_att = np.empty(kmax, np.bool_)
-    for d in range(kmax):
-        b_key[d] = 0.0
-        b_given[d] = 1.0
-        b_min_age[d] = 0
+    (b_slot, b_age, b_lag, b_raw, b_count, b_local, b_q, b_deg, b_key, b_given, b_w,
+     b_min_age, b_cand, b_att) = _buffers(_kmax(indptr))
     degree = np.empty(n, np.int64)
     new_age = np.empty(n, np.int64)
     new_lag = np.empty(n, np.float64)
@@ -345,20 +411,13 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
         adopts = caps[3, r]
         wr = w[r]
         fr = facts[r]
-        # live-neighbour counts d_j (whether or not j aggregates)
-        for i in range(n):
-            dg = 0
-            for e in range(indptr[i] + 1, indptr[i + 1]):
-                if sends[send[e]] and (not use_live or live[r, edge_id[e]]):
-                    dg += 1
-            degree[i] = dg
+        _degrees(indptr, send, edge_id, sends, live, r, degree)
         for i in range(n):
             a = indptr[i]
             b = indptr[i + 1]
             trained = train[i]
-            not_trained = 0.0 if trained else 1.0
             # a client that keeps its model (overwritten below for adopters)
-            new_lag[i] = lags[i] + not_trained
+            new_lag[i] = lags[i] + (0.0 if trained else 1.0)
             new_age[i] = 0 if trained else ages[i] + 1
             new_count[i] = counts[i] + (1 if trained else 0)
             for f in range(fr.shape[1]):
@@ -402,7 +461,7 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
                 b_local[k] = local_counts[j]
                 b_q[k] = 1.0 if e == a else q[e]
                 b_deg[k] = degree[j]
-                if use_key:
+                if key.shape[0] > 0:
                     b_key[k] = key[r, e]
                 if given is not None:
                     if given.shape[0] > 0:
@@ -421,11 +480,8 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
                 k += 1
             n_clamped = 0
             if defend is not None:
-                if defence != 0:
-                    n_clamped = defend(0, t, defence, margin, kappa, k, b_age, b_raw, b_count,
-                                       b_min_age, b_w)
-                    for d in range(k):
-                        b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
+                n_clamped = _defend_claims(defend, defence, margin, kappa, t, k, b_age, b_raw,
+                                           b_count, b_min_age, b_w, b_lag, rounded)
             x = Candidates(t, u[r, i] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                            b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
             wk = b_w[:k]
@@ -434,9 +490,8 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
             if failed == 0 and _weights(score, x, params, c_self, ipw, adopts[i], wk) != 0:
                 failed = 1 + r * n + i
             if defend is not None:
-                if (defence & (CAP | REFUTE)) != 0 and adopts[i]:
-                    defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age,
-                           wk)
+                _defend_weights(defend, defence, margin, kappa, t, k, b_age, b_raw, b_count,
+                                b_min_age, wk, adopts[i])
             for d in range(k):
                 e = b_slot[d]
                 wr[e] = wk[d]
@@ -456,23 +511,20 @@ def _rounds(score, params, t0, c_self, ipw, rounded, defence, margin, kappa, ind
             fr[i, F_NB] = n_nb
             fr[i, F_SELF_W] = wr[a]
             fr[i, F_CLAMPED] = n_clamped
-        if ev is not None:
-            if ev.shape[0] > 0:  # content versions: a model changes when trained or mixed
-                for i in range(n):
-                    if train[i] or (adopts[i] and wr[indptr[i]] < 1.0):
-                        frozen = False
-                        if marks is not None:
-                            frozen = marks.shape[0] > 0 and marks[1, i]
-                        if not frozen:
-                            versions[i] += 1
-        for i in range(n):
-            ages[i] = new_age[i]
-            lags[i] = new_lag[i]
-            counts[i] = new_count[i]
-            if train[i]:
-                local_counts[i] += 1
+        _next_round(indptr, train, adopts, wr, marks, ev, st, lags, new_age, new_lag,
+                    new_count)
     return failed
 
+
+@njit(inline="always")
+def _sample(curve, s, samples, until, ages, lags):  # pragma: no cover - compiled
+    """The mean age and lag into curve [2, S] at the samples from ``s`` up to time ``until``
+    (every one left if ``until`` is None); returns the next sample's index."""
+    while s < samples.shape[0] and (until is None or samples[s] <= until):
+        curve[0, s] = np.mean(ages)
+        curve[1, s] = np.mean(lags)
+        s += 1
+    return s
 
 
 def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr, send, times,
@@ -499,16 +551,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     candidates of later rounds). Out: w [C] weights, facts [R, F] (:data:`FACTS`, on the
     state before the event), curve [2, S] the mean age and lag at the times samples [S].
 
-    order [R']: the events to run, in this order (all of them in time order, or — for rules
-    whose scores are computed from models between the calls — one batch of a dependency
-    level: every event only reads state that earlier events of its device and its messages'
-    sending events wrote, so any order that keeps those before it gives the same results;
-    the sampled curves need time order and all events). given [C] or [0]: the candidates'
-    scores computed outside (``score`` is then :func:`given_scores`). caps [R] or [0] (all
-    capabilities): a local round's capabilities under an anatomy mode (docs/concepts/outages.md#anatomy-modes; bits
-    :data:`EV_TRAIN`, :data:`EV_SEND`, :data:`EV_AGGREGATE`): one that does not aggregate has
-    only itself as candidate and keeps its model (weight 1, q̂ unchanged), one that does not
-    train settles as untrained (age + 1, lag + 1 when alone).
+    order [R'] (the events to run, in this order), given [C] or [0] and caps [R] or [0]: as
+    :func:`run_events` says.
 
     Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
     code of the attackers' claim on what they send (:data:`CLAIM_CODE`;
@@ -517,44 +561,16 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     (:func:`sfg.round.attacks.random_claims_clock`), else [0, 0]). An attacker knows only
     what it received (its candidates), not its neighbours' state.
     Defences: ``defend`` and ev [2, E] as in :func:`_rounds` (None without them)."""
-    n = indptr.shape[0] - 1
-    use_given = given.shape[0] > 0
-    use_caps = caps.shape[0] > 0
-    use_u = u.shape[0] > 0
-    use_key = key.shape[0] > 0
-    kmax = 1
-    for i in range(n):
-        ki = indptr[i + 1] - indptr[i]
-        if ki > kmax:
-            kmax = ki
-    b_slot = np.empty(kmax, np.int64)
-    b_age = np.empty(kmax, np.int64)
-    b_lag = np.empty(kmax, np.float64)
-    b_raw = np.empty(kmax, np.float64)
-    b_count = np.empty(kmax, np.int64)
-    b_local = np.empty(kmax, np.int64)
-    b_q = np.empty(kmax, np.float64)
-    b_deg = np.empty(kmax, np.int64)
-    b_key = np.zeros(kmax, np.float64)
-    b_given = np.ones(kmax, np.float64)
-    b_w = np.empty(kmax, np.float64)
-    b_min_age = np.zeros(kmax, np.int64)
-    b_cand = np.ones(kmax, np.bool_)
-    b_att = np.zeros(kmax, np.bool_)
+    (b_slot, b_age, b_lag, b_raw, b_count, b_local, b_q, b_deg, b_key, b_given, b_w,
+     b_min_age, b_cand, b_att) = _buffers(_kmax(indptr))
     cand = np.zeros(send.shape[0], np.bool_)
     ages = st[0]
-    counts = st[1]
-    local_counts = st[2]
-    versions = st[3]
-    S = samples.shape[0]
     s = 0
     failed = 0
     for o in range(order.shape[0]):
         r = order[o]
-        while s < S and samples[s] <= times[r]:
-            curve[0, s] = np.mean(ages)
-            curve[1, s] = np.mean(lags)
-            s += 1
+        if s < samples.shape[0] and samples[s] <= times[r]:
+            s = _sample(curve, s, samples, times[r], ages, lags)
         i = dev[r]
         t = tt[r]
         fr = facts[r]
@@ -583,8 +599,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             if d == 0:
                 b_age[d] = ages[i]
                 b_raw[d] = lags[i]
-                b_count[d] = counts[i]
-                b_local[d] = local_counts[i]
+                b_count[d] = st[1, i]
+                b_local[d] = st[2, i]
                 b_deg[d] = k - 1
                 b_q[d] = 1.0
                 b_att[d] = False
@@ -607,28 +623,25 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
                             ev[0, e] = hdr[4, m]
                             ev[1, e] = t
             b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
-            if use_key:
+            if key.shape[0] > 0:
                 b_key[d] = key[c]
-            if use_given:
+            if given.shape[0] > 0:
                 b_given[d] = given[c]
         n_clamped = 0
         if defend is not None:
-            if defence != 0:
-                n_clamped = defend(0, t, defence, margin, kappa, k, b_age, b_raw, b_count,
-                                   b_min_age, b_w)
-                for d in range(k):
-                    b_lag[d] = np.rint(b_raw[d]) if rounded else b_raw[d]
-        x = Candidates(t, u[r] if use_u else 0.5, b_age[:k], b_lag[:k], b_count[:k],
+            n_clamped = _defend_claims(defend, defence, margin, kappa, t, k, b_age, b_raw,
+                                       b_count, b_min_age, b_w, b_lag, rounded)
+        x = Candidates(t, u[r] if u.shape[0] > 0 else 0.5, b_age[:k], b_lag[:k], b_count[:k],
                        b_local[:k], b_q[:k], b_deg[:k], b_key[:k], b_given[:k])
         wk = b_w[:k]
-        mk = caps[r] if use_caps else EV_ALL
+        mk = caps[r] if caps.shape[0] > 0 else EV_ALL
         trains = (mk & EV_TRAIN) != 0
         adopts = (mk & EV_AGGREGATE) != 0
         if failed == 0 and _weights(score, x, params, c_self, ipw, adopts, wk) != 0:
             failed = 1 + r
         if defend is not None:
-            if (defence & (CAP | REFUTE)) != 0:
-                defend(1, t, defence, margin, kappa, k, b_age, b_raw, b_count, b_min_age, wk)
+            _defend_weights(defend, defence, margin, kappa, t, k, b_age, b_raw, b_count,
+                            b_min_age, wk, True)
         heard = 0
         for d in range(k):
             w[p0 + d] = wk[d]
@@ -643,16 +656,16 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
         fr[F_CLAMPED] = n_clamped
         ages[i] = na
         lags[i] = nl
-        counts[i] = nc
+        st[1, i] = nc
         if trains:
-            local_counts[i] += 1
+            st[2, i] += 1
         if not marks[1, i] and (trains or wk[0] < 1.0):
-            versions[i] += 1
+            st[3, i] += 1
         hdr[0, r] = na
         hdr[1, r] = nc
-        hdr[2, r] = local_counts[i]
+        hdr[2, r] = st[2, i]
         hdr[3, r] = k - 1
-        hdr[4, r] = versions[i]
+        hdr[4, r] = st[3, i]
         hdr_lag[r] = nl
         if forge != HONEST and marks[0, i]:
             ra, rl, rc = 0.0, 0.0, 0.0
@@ -660,10 +673,7 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
                 ra, rl, rc = rnd[0, r], rnd[1, r], rnd[2, r]
             hdr[0, r], hdr_lag[r], hdr[1, r] = forged_claim(forge, t, heard, na, nl, nc, ra,
                                                             rl, rc)
-    while s < S:
-        curve[0, s] = np.mean(ages)
-        curve[1, s] = np.mean(lags)
-        s += 1
+    _sample(curve, s, samples, None, ages, lags)
     return failed
 
 
@@ -878,11 +888,22 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                order: np.ndarray | None = None, given: np.ndarray | None = None,
                caps: np.ndarray | None = None) -> None:
     """:func:`_events` (the virtual clock's events, compiled once for every rule) with
-    ``rule``'s compiled function, modifiers and defences; arguments as there (``order``: all
-    events in time order when None; ``given``: scores computed outside, [C], for rules that
-    read models or global information — the rule's modifiers and defences still apply). The
-    state (st, lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in place.
-    Raises :class:`RuleError` if the rule raised."""
+    ``rule``'s compiled function, modifiers and defences; arguments as there, and:
+
+    order [R']: the events to run, in this order (None: all of them in time order; or — for
+    rules whose scores are computed from models between the calls — one batch of a
+    dependency level: every event only reads state that earlier events of its device and
+    its messages' sending events wrote, so any order that keeps those before it gives the
+    same results; the sampled curves need time order and all events). given [C]: the
+    candidates' scores computed outside, for rules that read models or global information
+    (the rule's modifiers and defences still apply). caps [R] (None: all capabilities): a
+    local round's capabilities under an anatomy mode (docs/concepts/outages.md#anatomy-modes;
+    bits :data:`EV_TRAIN`, :data:`EV_SEND`, :data:`EV_AGGREGATE`): one that does not
+    aggregate has only itself as candidate and keeps its model (weight 1, q̂ unchanged), one
+    that does not train settles as untrained (age + 1, lag + 1 when alone).
+
+    The state (st, lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in
+    place. Raises :class:`RuleError` if the rule raised."""
     if given is None and (not rule.compiled or rule.oracle or rule.reads_models):
         raise SfgError(f"rule {rule.name!r} reads models or global information: its scores "
                        "are computed outside the events (give them as given=)")
