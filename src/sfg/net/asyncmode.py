@@ -13,6 +13,8 @@ sends nor answers (its server refuses deliveries); each of its rounds adds 1 to 
 lag. q̂_ij is updated with "j is a candidate" as the event. Timestamps are the receiver's own
 clock only. At a return, with ``on_return: pull``, the first local round waits for the pull's
 window (:mod:`sfg.net.returns`).
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +32,6 @@ from sfg.net.localround import aggregate, commit, train
 from sfg.net.wire import Message
 from sfg.round.staleness import waited as _waited
 
-if TYPE_CHECKING:
-    from sfg.net.node import Node
-
 
 def waited(age: int, lag: float, d: float) -> tuple[int, float]:
     """Scalars of a message that sat in the inbox for ``d`` periods (docs/concepts/nodes.md#asynchronous-mode):
@@ -41,7 +40,7 @@ def waited(age: int, lag: float, d: float) -> tuple[int, float]:
     return int(a), float(lg)
 
 
-async def run(node: Node) -> None:
+async def run(node: Any) -> None:
     """The node's remaining wakes, then a linger while its neighbours finish."""
     T = node.world.rounds
     if node.t0 is None:
@@ -87,7 +86,7 @@ async def run(node: Node) -> None:
         await asyncio.wait(backlog)
 
 
-async def one_round(node: Node, r: int) -> None:
+async def one_round(node: Any, r: int) -> None:
     """The local round of wake ``r``: (the pull's window,) aggregate, train, commit, send."""
     start = node.clock.time()
     now = node.clock.monotonic()
@@ -138,7 +137,7 @@ async def one_round(node: Node, r: int) -> None:
     node.last_sent = (msg, node.clock.monotonic())  # what a pull is answered with
 
 
-def candidates(node: Node, r: int, now: float) -> tuple[list[int], list[Message],
+def candidates(node: Any, r: int, now: float) -> tuple[list[int], list[Message],
                                                          list[int], list[float]]:
     """Async round r's neighbour candidates at ``now`` (this node's monotonic clock):
     each neighbour's latest message that :func:`sfg.clock.schedule.held_units` holds a
@@ -165,7 +164,7 @@ def candidates(node: Node, r: int, now: float) -> tuple[list[int], list[Message]
     return senders, msgs, ages, lags
 
 
-def online_through(node: Node, t0: float, t1: float) -> bool:
+def online_through(node: Any, t0: float, t1: float) -> bool:
     """Online during all of [t0, t1) of this node's clock."""
     r0 = node.row(t0)
     r1 = max(r0, int(math.ceil((t1 - float(node.t0 or 0.0)) / node.cfg.period)) - 1)
@@ -173,7 +172,7 @@ def online_through(node: Node, t0: float, t1: float) -> bool:
                for r in range(r0, r1 + 1))
 
 
-def return_time(node: Node, r: int) -> float | None:
+def return_time(node: Any, r: int) -> float | None:
     """The time of the return whose first local round is round ``r`` (this node's clock), or
     None when round r follows no return (docs/concepts/nodes.md#returns-in-the-node): the
     start t0 + r·P of an online row after an offline one (not the run's start); after a

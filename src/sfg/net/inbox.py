@@ -9,28 +9,27 @@ with the node's neighbours and limits) and is taken by :func:`accept`: lockstep 
 pull's reply); both note the count each neighbour claimed (``node.claimed``) and wake a waiting
 round (``node.arrived``). A node refuses deliveries while it is unavailable or cut off
 (:func:`accepting`); lockstep bounds what a neighbour may have waiting (:func:`check_ahead`).
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sfg.net.wire import Message, Rejected, check_header, check_message, unpack_header
 
-if TYPE_CHECKING:
-    from sfg.net.node import Node
 
-
-def check(node: Node, raw_header: bytes, payload: bytes, **kw: Any) -> Message:
+def check(node: Any, raw_header: bytes, payload: bytes, **kw: Any) -> Message:
     """The checks of any message this node takes (:func:`sfg.net.wire.check_message` with
     its neighbours and size limit; ``kw``: ``identity``, ``parsed``)."""
     return check_message(raw_header, payload, node.layout, neighbours=node.nbr_set,
                          max_bytes=node.cfg.max_bytes, **kw)
 
 
-def accepting(node: Node, sender: int, r: int, t: float | None = None) -> bool:
+def accepting(node: Any, sender: int, r: int, t: float | None = None) -> bool:
     """Whether the node takes ``sender``'s round-``r`` delivery (at time ``t``, async)."""
     if node.cfg.mode == "lockstep":
         # an unavailable node answers no message of a round it is offline in
@@ -40,7 +39,7 @@ def accepting(node: Node, sender: int, r: int, t: float | None = None) -> bool:
         not node.blocked(sender, node.round)
 
 
-async def deliver(node: Node, raw_header: bytes, chunks: AsyncIterator[bytes],
+async def deliver(node: Any, raw_header: bytes, chunks: AsyncIterator[bytes],
                   identity: int | None, peer: str) -> tuple[bool, str]:
     """The server's handler of a push: (taken, the reason it was not)."""
     try:
@@ -77,7 +76,7 @@ async def deliver(node: Node, raw_header: bytes, chunks: AsyncIterator[bytes],
     return True, ""
 
 
-def check_ahead(node: Node, sender: int, r: int) -> None:
+def check_ahead(node: Any, sender: int, r: int) -> None:
     """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
     round in which both are available without this node's message, so it is at most one
     such round ahead — at most two of its messages (rounds >= this node's) are pending."""
@@ -89,7 +88,7 @@ def check_ahead(node: Node, sender: int, r: int) -> None:
                                 f"{sorted(k[1] for k in pending)} waiting here")
 
 
-def accept(node: Node, msg: Message, nbytes: int, t_in: float | None = None,
+def accept(node: Any, msg: Message, nbytes: int, t_in: float | None = None,
            held: float | None = None) -> None:
     """Take an accepted message. ``held``: a pull's reply, sent ``held`` seconds before it
     arrived (docs/concepts/nodes.md#returns-in-the-node): kept only if strictly newer, by

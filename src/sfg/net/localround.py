@@ -8,12 +8,14 @@ and sums them with the simulator's one aggregation (:func:`sfg.sim.gossip.weight
 the rounds' clipped steps under ``+clip``); it also returns the candidates' scalars as the rule
 saw them. :func:`train` takes the K local steps; :func:`commit` makes the result the node's
 model and staleness state, updated with the claims as clamped — as in ``sfg run``.
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,11 +25,8 @@ from sfg.round.defences import GUARD, RELATIVE, clamp_one, weights_after
 from sfg.round.kernel import rule_draws
 from sfg.sim.gossip import weighted_sum
 
-if TYPE_CHECKING:
-    from sfg.net.node import Node
 
-
-def degrees(node: Node, r: int, nodes: list[int]) -> list[int] | None:
+def degrees(node: Any, r: int, nodes: list[int]) -> list[int] | None:
     """Lockstep: the live-neighbour counts of ``nodes`` at round r (the trace and graph are
     common knowledge), for rules that read them; async: None (the rule's default)."""
     if node.cfg.mode != "lockstep":
@@ -39,7 +38,7 @@ def degrees(node: Node, r: int, nodes: list[int]) -> list[int] | None:
     return out
 
 
-def aggregate(node: Node, r: int, senders: list[int], msgs: list[Message],
+def aggregate(node: Any, r: int, senders: list[int], msgs: list[Message],
               ages: list[int], lags: list[float]) -> tuple[np.ndarray, dict]:
     """Weights with the rule's one-receiver form (:meth:`Rule.weights_one`), the
     aggregate Σ_j w_j x_j, and the candidates' scalars as the rule saw them.
@@ -117,7 +116,7 @@ def aggregate(node: Node, r: int, senders: list[int], msgs: list[Message],
     return agg, full
 
 
-async def train(node: Node, r: int, agg: np.ndarray) -> tuple[np.ndarray, int]:
+async def train(node: Any, r: int, agg: np.ndarray) -> tuple[np.ndarray, int]:
     """K local steps from ``agg`` (the trainer's; on the virtual clock, batched with the
     other nodes' requests and taking the device's compute time): (model, steps)."""
     n_steps = node.trainer.steps(node.state.age)
@@ -125,7 +124,7 @@ async def train(node: Node, r: int, agg: np.ndarray) -> tuple[np.ndarray, int]:
     return x, n_steps
 
 
-def commit(node: Node, x: np.ndarray, n_steps: int, full: dict) -> None:
+def commit(node: Any, x: np.ndarray, n_steps: int, full: dict) -> None:
     """The local round's result becomes the node's model and state (docs/concepts/staleness.md#the-staleness-state)."""
     if node.diagnostics is not None:  # docs/concepts/diagnostics.md#training-diagnostics: the local round, before the state changes
         assert node.last_aggregation is not None

@@ -14,12 +14,14 @@ each was handed out (:func:`all_handed_out`).
 (:mod:`sfg.net.outgoing`); a receiver checks it on arrival and leaves out, when it aggregates,
 the claims the evidence refutes (:class:`sfg.net.evidence.CertifiedEvidence`); what it keeps of
 the round (:class:`sfg.net.evidence.Prev`) backs its next claims.
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sfg.errors import SfgError
 from sfg.net import inbox, outgoing
@@ -28,11 +30,8 @@ from sfg.net.evidence import Prev
 from sfg.net.localround import aggregate, commit, train
 from sfg.net.wire import Chunked, Rejected
 
-if TYPE_CHECKING:
-    from sfg.net.node import Node
 
-
-async def run(node: Node) -> None:
+async def run(node: Any) -> None:
     """The node's remaining rounds, then the wait until its messages were handed out."""
     T = node.world.rounds
     while node.state.t < T:
@@ -52,7 +51,7 @@ async def run(node: Node) -> None:
     node.files.save_outbox(node.outbox, node.expected)  # drop what nobody needs any more
 
 
-async def one_round(node: Node, r: int) -> None:
+async def one_round(node: Any, r: int) -> None:
     """Round ``r``: send, wait for the neighbours' messages, aggregate, train, commit."""
     A = node.world.available
     if not A[r, node.i]:
@@ -89,7 +88,7 @@ async def one_round(node: Node, r: int) -> None:
     commit(node, x, n_steps, full)
 
 
-async def wait(node: Node, r: int, expected: list[int]) -> None:
+async def wait(node: Any, r: int, expected: list[int]) -> None:
     """Wait for the round-``r`` messages of ``expected``, fetching the missing ones every
     ``pull_after`` seconds; past the deadline, an error."""
     start = node.clock.monotonic()
@@ -114,7 +113,7 @@ async def wait(node: Node, r: int, expected: list[int]) -> None:
             pass
 
 
-async def fetch(node: Node, r: int, missing: list[int]) -> None:
+async def fetch(node: Any, r: int, missing: list[int]) -> None:
     """Ask each of ``missing`` for its round-``r`` message (``Fetch``); take what passes."""
     got = await asyncio.gather(*(node.peers[j].fetch(r, node.i, timeout=node.cfg.rpc_timeout)
                                  for j in missing), return_exceptions=True)
@@ -138,7 +137,7 @@ async def fetch(node: Node, r: int, missing: list[int]) -> None:
         inbox.accept(node, msg, len(m[0]) + len(m[1]))
 
 
-def prune_outbox(node: Node) -> None:
+def prune_outbox(node: Any) -> None:
     """Drop own round-r messages every neighbour expecting them is past: a neighbour that
     sent a message of a later round has finished round r. A delivery is no proof (the
     receiver may crash and restart from its checkpoint before using it; the reply to a
@@ -149,14 +148,14 @@ def prune_outbox(node: Node) -> None:
             node.expected.pop(r, None)
 
 
-def all_handed_out(node: Node) -> bool:
+def all_handed_out(node: Any) -> bool:
     """Whether every message left in the outbox was pushed to, or pulled by, every
     neighbour expecting it (the end of a run: nothing more to wait for)."""
     return all(node.heard.get(j, -1) > r or (j, r) in node.delivered
                for r in node.outbox for j in node.expected.get(r, ()))
 
 
-def serve_fetch(node: Node, t: int, who: int) -> tuple[bytes, bytes | Chunked] | None:
+def serve_fetch(node: Any, t: int, who: int) -> tuple[bytes, bytes | Chunked] | None:
     """The server's answer to neighbour ``who``'s ``Fetch`` of round ``t``: the own message
     as sent (None: none kept)."""
     msg = node.outbox.get(t)

@@ -7,6 +7,8 @@ target without waiting (a send never blocks the round on a neighbour that is gon
 keeps only the latest send per neighbour, lockstep every round's (``node.backlog``).
 The answers to a neighbour's ``Fetch`` (:func:`sfg.net.lockstep.serve_fetch`) and pull
 (:func:`sfg.net.returns.serve_pull`) hand out the same messages.
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sfg.net.transport import CHUNK
 from sfg.net.wire import Chunked, encode_params, make_header, payload_digest
-
-if TYPE_CHECKING:
-    from sfg.net.node import Node
 
 # an own message: (header, payload), the payload in the transport's chunks or as bytes; the
 # header one for all, or one per neighbour (a liar's per-receiver claims, claim=certified)
@@ -35,7 +34,7 @@ def header_for(msg: Outgoing, j: int) -> bytes | None:
     return h.get(int(j)) if isinstance(h, dict) else h
 
 
-def message(node: Node, targets: Iterable[int] | None = None) -> Outgoing:
+def message(node: Any, targets: Iterable[int] | None = None) -> Outgoing:
     """This round's own message for ``targets`` (default every neighbour), as the claim
     policy (``node.claims``) says: one header for all, or one per target (a liar's
     per-receiver claims, claim=certified); with +certified each header carries its
@@ -64,7 +63,7 @@ def message(node: Node, targets: Iterable[int] | None = None) -> Outgoing:
     return header, payload
 
 
-async def send(node: Node, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
+async def send(node: Any, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
     """Push round ``r``'s message to neighbour ``j`` and count how it went."""
     ok, reason = await node.peers[j].deliver(header, payload, timeout=node.cfg.rpc_timeout,
                                              retries=node.cfg.retries)
@@ -78,7 +77,7 @@ async def send(node: Node, j: int, r: int, header: bytes, payload: bytes | Chunk
         log.info("node %d -> %d round %d not delivered: %s", node.i, j, node.round, reason)
 
 
-def send_all(node: Node, targets: Iterable[int], msg: Outgoing) -> None:
+def send_all(node: Any, targets: Iterable[int], msg: Outgoing) -> None:
     """Hand ``msg`` to the transport for each of ``targets`` (see the module docstring)."""
     for j in targets:
         j = int(j)
@@ -97,7 +96,7 @@ def send_all(node: Node, targets: Iterable[int], msg: Outgoing) -> None:
     node.backlog = [t for t in node.backlog if not t.done()]
 
 
-async def drain(node: Node) -> None:
+async def drain(node: Any) -> None:
     """Wait (up to the RPC time-out) for the sends and pulls still in flight."""
     waiting = [t for t in [*node.sends.values(), *node.backlog] if not t.done()]
     if waiting:

@@ -12,23 +12,22 @@ whose waited staleness starts at its sending: d = (held + now − arrival)/P; on
 the sender's round, than what the node holds from that neighbour changes nothing
 (:func:`sfg.net.inbox.accept`). A node answers its neighbours' pulls with the latest message
 it sent (:func:`serve_pull`). :func:`result` is what a node reports of its returns.
+
+Each function takes the node (a :class:`sfg.net.node.Node`) first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sfg.net import inbox
 from sfg.net.outgoing import header_for
 from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE
 from sfg.net.wire import Chunked, Rejected
 
-if TYPE_CHECKING:
-    from sfg.net.node import Node
 
-
-async def pull_at(node: Node, t_ret: float) -> None:
+async def pull_at(node: Any, t_ret: float) -> None:
     """At ``t_ret``, ask every neighbour for its latest sent message; return when each
     has answered (a reply, empty or unreachable) or S seconds have passed. A neighbour
     across a cut is asked and stays silent; a reply the checks reject, or none within
@@ -60,7 +59,7 @@ async def pull_at(node: Node, t_ret: float) -> None:
             await asyncio.sleep(rest)
 
 
-async def pull_one(node: Node, j: int, S: float) -> str:
+async def pull_one(node: Any, j: int, S: float) -> str:
     """One pull from neighbour ``j``: its answer, ``reply``, ``empty`` or
     ``unreachable``, or ``""`` for none (no answer in time, a failed call, a rejected reply)."""
     try:
@@ -99,7 +98,7 @@ async def pull_one(node: Node, j: int, S: float) -> str:
     return "reply"
 
 
-def serve_pull(node: Node, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
+def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
     """Answer a returning neighbour's pull: the latest message this node sent, header and
     model as sent, and the seconds since it sent it; None (an empty answer) if it never
     sent; ``OFFLINE`` while it is offline (or not async); ``SILENT`` across a network cut or
@@ -121,7 +120,7 @@ def serve_pull(node: Node, who: int) -> tuple[bytes, bytes | Chunked, float] | N
     return header, msg[1], max(0.0, node.clock.monotonic() - sent_at)
 
 
-def result(node: Node) -> dict[str, Any] | None:
+def result(node: Any) -> dict[str, Any] | None:
     """An async node's returns and, with pull, its requests and answers; None for a
     lockstep node."""
     if node.cfg.mode != "async":
