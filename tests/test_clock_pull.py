@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_schedules import vectorised_async_schedule, vectorised_event_schedule
 
-from sfg.clock.pull import simulate
+from sfg.clock.pull import all_events, simulate
 from sfg.clock.schedule import (
     LOCAL,
     OFFLINE,
@@ -357,13 +358,17 @@ def test_a_second_wake_inside_the_window_is_skipped():
 @pytest.mark.parametrize("protocol", ["async", "event"])
 @pytest.mark.parametrize("process", ["bursty:u=0.8", "iid:u=0.6"])
 @pytest.mark.parametrize(("catchup", "anatomy"), [(False, "full"), (True, "full"),
-                                                  (True, "cannot-communicate")])
+                                                  (True, "cannot-communicate"),
+                                                  (False, "cannot-train-shares"),
+                                                  (True, "cannot-train-adopts")])
 def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, process, catchup,
                                                                 anatomy):
-    """The time-ordered simulation with pull off gives the vectorised schedule's events and
-    counts exactly, on random worlds: one protocol, two implementations (under
-    ``cannot-communicate`` too: the local rounds an offline device trains alone, their steps
-    and capabilities)."""
+    """The one simulation of the protocols with pull off gives the vectorised reference's
+    events and counts exactly, on random worlds (tests/reference_schedules.py, written the
+    other way: per wake over all devices), and the schedule ``src`` assembles from it has the
+    reference's digest — under every anatomy mode too: the local rounds an offline device
+    trains alone, and what it keeps doing while it still communicates (ticks under event),
+    their steps and capabilities."""
     for seed, kw in ((1, {"compute": "const:value=30"}),
                      (2, {"compute": "lognormal:median=30,sigma=1",
                           **({"jitter": 0.5} if protocol == "async" else {})}),
@@ -371,16 +376,22 @@ def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, proces
                           "message_bytes": 50000.0, "latency": "const:value=3"})):
         st = make_settings({"protocol": protocol, **kw})
         w = make_world(st, process=process, graph="knn:k=4", n=30, rounds=40, seed=seed)
-        ref = (async_schedule if protocol == "async" else event_schedule)(
+        ref = (vectorised_async_schedule if protocol == "async" else vectorised_event_schedule)(
             w, st, local_steps=5, seed=seed, catchup=catchup, anatomy=anatomy)
+        one = (async_schedule if protocol == "async" else event_schedule)(
+            w, st, local_steps=5, seed=seed, catchup=catchup, anatomy=anatomy)
+        assert one.digest() == ref.digest()  # the schedule src makes is the reference's
         got = simulate(w, st, protocol, local_steps=5, seed=seed, catchup=catchup, pull=False,
                        anatomy=anatomy)
-        E = got["events"]
+        E = all_events(got)
         E = E[np.lexsort((-E[:, 2], E[:, 1], E[:, 0]))]
         cols = [("time", 0), ("dev", 1), ("kind", 2), ("amount", 3), ("end", 4), ("step", 5),
                 ("t", 6)]
-        if anatomy != "full":
+        if anatomy == "cannot-communicate":
             assert (E[:, 10] == EV_TRAIN).sum() > 100  # rounds trained alone, offline
+        if anatomy.startswith("cannot-train"):  # what an offline device keeps doing
+            assert ((E[:, 10] != 0) & (E[:, 10] != EV_ALL)).sum() > 100
+        if anatomy != "full":
             cols += [("nsteps", 7), ("caps", 10)]
         for k, col in cols:
             assert np.array_equal(getattr(ref, k), E[:, col]), (k, seed)
@@ -388,6 +399,8 @@ def test_without_pull_the_simulation_is_the_vectorised_schedule(protocol, proces
         assert (ref.stats["interrupted"], ref.stats["unfinished"]) == (c[1], c[2])
         if protocol == "async":
             assert (ref.stats["skipped"], ref.stats["offline_wakes"]) == (c[0], c[3])
+        elif anatomy.startswith("cannot-train"):
+            assert ref.stats["skipped"] == c[0]
 
 
 @pytest.mark.parametrize("protocol", ["async", "event"])

@@ -1,14 +1,14 @@
-"""Returns in time (docs/concepts/clock.md#returns-in-time): the async and event protocols
-with ``on_return: pull:timeout=S``, as one discrete-event simulation in time order.
-
-Under ``on_return: none`` the protocols' schedules are made by
-:func:`sfg.clock.schedule.async_schedule` and :func:`~sfg.clock.schedule.event_schedule`,
-vectorised over devices. ``pull`` couples devices in time: a neighbour's reply waits on its
-uplink behind a broadcast in progress and delays the broadcast queued after it, and the
-returning device's first local round waits for the replies. So here every device's uplink is
-a first-in-first-out queue and the events run in time order (:func:`_simulate`, compiled).
-The same simulation with ``pull`` off reproduces the vectorised schedules exactly (tested on
-random worlds: tests/test_clock_pull.py), so the two encode one protocol.
+"""The async and event protocols (docs/concepts/clock.md#the-three-protocols), with
+``on_return: none`` or ``pull:timeout=S`` (docs/concepts/clock.md#returns-in-time), as one
+discrete-event simulation in time order — the one definition of their schedules
+(:func:`sfg.clock.schedule.async_schedule` and :func:`~sfg.clock.schedule.event_schedule`
+assemble what it makes). Every device's uplink is a first-in-first-out queue and the events
+run in time order (:func:`_simulate`, compiled): ``pull`` couples devices in time (a
+neighbour's reply waits on its uplink behind a broadcast in progress and delays the broadcast
+queued after it, and the returning device's first local round waits for the replies), and so
+will peers chosen per exchange. Written a second way, vectorised per wake over all devices,
+the protocols without pull are the reference it is checked against, event by event, on
+random worlds under every anatomy mode (tests/reference_schedules.py, tests/test_clock_pull.py).
 
 What happens (everything a function of the seed and the settings, never of the rule):
 
@@ -130,12 +130,15 @@ _BUSY, _UFREE, _SENT_FE, _OFF_SINCE, _W_START, _W_MOVED, _W_LAST, _CHAIN_AT = ra
 
 
 @njit(cache=True, nogil=True)
-def _on_commit(heap, E, F, G, i, r, proto, alone, ipt, ist, ien, deg,
+def _on_commit(heap, E, F, G, i, r, proto, alone, talk, pull, ipt, ist, ien, deg,
                dt):  # pragma: no cover - compiled
     """Local round r of device i has done its steps: its broadcast is queued on the uplink
     (behind what was queued before), the device stays busy until it has left (``alone``:
-    offline devices train alone, anatomy ``cannot-communicate``)."""
-    start = max(E[4, r], F[i, _UFREE])
+    offline devices train alone, anatomy ``cannot-communicate``; ``talk``: they keep
+    communicating, ``cannot-train-*``). Without ``pull`` nothing but broadcasts uses the
+    uplink, and a local round starts only once the last has left or the device went
+    offline: a broadcast starts at its round's end."""
+    start = max(E[4, r], F[i, _UFREE]) if pull else E[4, r]
     bend = start + deg[i] * dt[i]
     F[i, _UFREE] = bend
     E[8, r] = start
@@ -149,17 +152,22 @@ def _on_commit(heap, E, F, G, i, r, proto, alone, ipt, ist, ien, deg,
         heapq.heappush(heap, (bend, _WAKE, i, 0))
     elif alone:  # gone before its sends are done: it trains alone from then
         heapq.heappush(heap, (off, _WAKE, i, 0))
+    elif talk:  # gone before its sends are done, which go on: it ticks from then
+        F[i, _OFF_SINCE] = off
+        heapq.heappush(heap, (bend, _WAKE, i, 0))
     else:
         F[i, _OFF_SINCE] = off  # gone before its sends are done: free at its next return
 
 
 @njit(cache=True, nogil=True)
-def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, alone, S, unit, rptr, rtime,
-               rend, deg, dth, qptr, qcode, qtime):  # pragma: no cover - compiled
+def _on_return(heap, E, ne, F, G, st, i, k, now, proto, pull, alone, talk, S, unit, rptr,
+               rtime, rend, deg, dth, qptr, qcode, qtime):  # pragma: no cover - compiled
     """Return k of device i at ``now``: the offline span (event), the requests and the
     window's end at the latest (pull), or the start at once (event without pull; ``alone``:
     the local round it trains alone, if any, starts the next when it ends). Returns the
     events' count."""
+    if talk:  # a device that keeps communicating has no returns: its ticks say when it starts
+        return ne
     if k + 1 < rptr[i + 1]:
         heapq.heappush(heap, (rtime[k + 1], _RETURN, i, k + 1))
     if G[i, _W_OPEN]:  # the last window ended by going offline: abandoned
@@ -272,15 +280,37 @@ def _on_window(F, G, st, i, token, now, proto, alone, S, horizon, ipt, ist,
 
 
 @njit(cache=True, nogil=True)
-def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit, ipt, ist, ien,
-              compute, K, catchup, cap, keeps, ev_all):  # pragma: no cover - compiled
+def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, horizon, unit,
+              ipt, ist, ien, compute, K, ns_table, keeps, ev_all, deg,
+              dt):  # pragma: no cover - compiled
     """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
     device's start (event; arg < 0 when moved): the local round, an offline wake (``alone``:
-    a local round trained alone, capabilities ``keeps``), a skip. Returns the events'
-    count."""
+    a local round trained alone, capabilities ``keeps``; ``talk``: what the mode keeps, its
+    sends taking deg·dt seconds), a skip. Without ``pull`` the local round's commit is made
+    at once (:func:`_on_commit`: nothing else reads it). Returns the events' count."""
     k, on = _locate(ipt, ist, ien, i, now)  # online now, and until when
     on = on and now < horizon
     off = ien[k] if on else now
+    if talk and not on:  # offline, still communicating (anatomy cannot-train-*)
+        if now >= horizon:
+            return ne
+        if proto == 1:
+            return _ticks(heap, E, ne, F, G, st, i, now, horizon, unit, ipt, ist, ien,
+                          deg[i] * dt[i], keeps)
+        st[_OFFLINE_WAKES] += 1
+        if now < F[i, _BUSY]:
+            st[_SKIPPED] += 1
+            return ne
+        _put(E, ne, now, i, _LOCAL, 0.0, now, arg, arg, 0, now, False, keeps)
+        F[i, _BUSY] = now + deg[i] * dt[i]
+        G[i, _TAU] += 1
+        return ne + 1
+    if talk and proto == 1 and not np.isnan(F[i, _OFF_SINCE]):  # back: the offline span
+        amt = (now - F[i, _OFF_SINCE]) / unit
+        _put(E, ne, now, i, _OFFLINE, amt, now, -1, np.floor(now / unit), 0, now, False, 0)
+        ne += 1
+        G[i, _TAU] += np.int64(np.floor(amt))
+        F[i, _OFF_SINCE] = np.nan
     if alone and not on:  # offline: K steps alone, no candidates, nothing sent
         if now >= horizon:
             return ne
@@ -341,7 +371,7 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit, i
             return ne
         step, t_ev = G[i, _COUNT], np.int64(np.floor(now / unit))
     tau = G[i, _TAU]
-    ns = K * (1 + min(tau, cap)) if (catchup and tau >= 1) else K
+    ns = ns_table[min(tau, ns_table.shape[0] - 1)]  # the rule's steps at this age
     fe = now + ns * compute[i]
     through = min(fe, horizon) <= off
     if not (through and fe <= horizon):
@@ -350,20 +380,65 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit, i
         if proto == 1 and not through:
             if alone:
                 heapq.heappush(heap, (off, _WAKE, i, 0))  # it trains alone from then
+            elif talk:
+                F[i, _OFF_SINCE] = off
+                heapq.heappush(heap, (off, _WAKE, i, 0))  # it ticks from then
             else:
                 F[i, _OFF_SINCE] = off
         return ne
     _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, arg < 0, ev_all)
-    F[i, _BUSY] = np.inf
     G[i, _COUNT] += 1
     G[i, _TAU] = 0
-    heapq.heappush(heap, (fe, _COMMIT, i, ne))
+    if pull:  # the commit at fe, in its place among the requests and replies
+        F[i, _BUSY] = np.inf
+        heapq.heappush(heap, (fe, _COMMIT, i, ne))
+    else:  # nothing but the device itself reads its commit: made at once
+        _on_commit(heap, E, F, G, i, ne, proto, alone, talk, pull, ipt, ist, ien, deg, dt)
     return ne + 1
 
 
 @njit(cache=True, nogil=True)
-def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
-              rtime, rend, compute, K, catchup, cap, deg, dt, dth, qptr, qj, qcode, qtime,
+def _ticks(heap, E, ne, F, G, st, i, y, horizon, delta, ipt, ist, ien, s_i,
+           keeps):  # pragma: no cover - compiled
+    """Event protocol, ``cannot-train-*``: device i, offline at its free time ``y`` since
+    its last unit counted (``_OFF_SINCE``), ticks every Δ = ``delta`` from then until it is
+    online again: a tick at or after ``y`` acts (a local round of what the mode keeps, then
+    its sends of ``s_i`` seconds take every ⌈s_i/Δ⌉-th tick), any other tick is an offline
+    span of one unit (counted as skipped). Its next start: its return, or the end of its
+    last sends if later. Returns the events' count."""
+    anchor = F[i, _OFF_SINCE]
+    k, _ = _locate(ipt, ist, ien, i, y)
+    nxt = ist[k + 1] if k + 1 < ipt[i + 1] else np.inf  # the next online interval's start
+    lim = min(nxt, horizon)
+    every = max(1, np.int64(np.ceil(s_i / delta)))
+    first, pos, busy = -1, 0, y
+    tick = anchor + delta
+    while tick < lim:
+        if first < 0 and tick >= y:
+            first = pos
+        if first >= 0 and (pos - first) % every == 0:
+            _put(E, ne, tick, i, _LOCAL, 0.0, tick, G[i, _COUNT], np.floor(tick / delta), 0,
+                 tick, False, keeps)
+            G[i, _COUNT] += 1
+            busy = max(busy, tick + s_i)
+        else:
+            _put(E, ne, tick, i, _OFFLINE, 1.0, tick, -1, np.floor(tick / delta), 0, tick,
+                 False, 0)
+            st[_SKIPPED] += 1
+        ne += 1
+        G[i, _TAU] += 1
+        pos += 1
+        tick = anchor + (pos + 1) * delta
+    if pos > 0:
+        F[i, _OFF_SINCE] = anchor + pos * delta
+    if lim < horizon:
+        heapq.heappush(heap, (max(lim, busy), _WAKE, i, 0))
+    return ne
+
+
+@njit(cache=True, nogil=True)
+def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
+              rtime, rend, compute, K, ns_table, deg, dt, dth, qptr, qj, qcode, qtime,
               qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd, wr, rt, rd,
               rq):  # pragma: no cover - compiled
     """The events in time order (see the module docstring). proto 0: async, 1: event;
@@ -394,6 +469,9 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
             pass  # async wakes: the sorted table (wt, wd, wr), merged with the heap below
         elif alone or _online(ipt, ist, ien, i, 0.0, horizon):
             heapq.heappush(heap, (0.0, _WAKE, i, 0))
+        elif talk:  # offline at 0: it ticks from 0
+            heapq.heappush(heap, (0.0, _WAKE, i, 0))
+            F[i, _OFF_SINCE] = 0.0
         else:
             F[i, _OFF_SINCE] = 0.0
     wi, NW, ri, NR = 0, wt.shape[0], 0, rt.shape[0]
@@ -420,10 +498,10 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
             if kind == 9:
                 break
         if kind == _COMMIT:
-            _on_commit(heap, E, F, G, i, arg, proto, alone, ipt, ist, ien, deg, dt)
+            _on_commit(heap, E, F, G, i, arg, proto, alone, talk, pull, ipt, ist, ien, deg, dt)
         elif kind == _RETURN:
-            ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, S, unit,
-                            rptr, rtime, rend, deg, dth, qptr, qcode, qtime)
+            ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, S,
+                            unit, rptr, rtime, rend, deg, dth, qptr, qcode, qtime)
         elif kind == _REQUEST:
             _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
                         qlat, qextra, qdrop, qret, qedge, live, lf_unit, rep)
@@ -433,8 +511,9 @@ def _simulate(proto, pull, alone, keeps, ev_all, S, n, horizon, unit, ipt, ist, 
                                  ien)
                 if arg == 0:
                     continue
-            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, alone, horizon, unit,
-                           ipt, ist, ien, compute, K, catchup, cap, keeps, ev_all)
+            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk,
+                           horizon, unit, ipt, ist, ien, compute, K, ns_table, keeps, ev_all,
+                           deg, dt)
     return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st
 
 
@@ -518,33 +597,40 @@ def _reverse_slots(rg) -> np.ndarray:
     return order[np.searchsorted(key[order], rkey)]
 
 
-def _wake_table(jit: np.ndarray, P: float, horizon: float
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every async wake before the horizon, sorted by (time, device): times, devices, rounds."""
+def _wake_table(jit: np.ndarray, P: float, horizon: float, online
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every async wake before the horizon, sorted by (time, device): times, devices, rounds
+    and whether the device is online then (asked round by round in the order of the devices,
+    which keeps the availability's search local)."""
     wakes, n = jit.shape
+    t0 = np.arange(wakes, dtype=np.float64)[:, None] * P + jit
+    up = online.online_at(np.tile(np.arange(n, dtype=np.int64), wakes), t0.ravel())
     # round r's wakes lie in [rP, (r+1)P) (jitter < 1): sorting each round's is enough, by
     # time and, at one time, by device (a stable sort of the devices in id order)
     d = np.argsort(jit, axis=1, kind="stable")
-    t = (np.arange(wakes, dtype=np.float64)[:, None] * P + np.take_along_axis(jit, d, axis=1))
+    t = np.take_along_axis(t0, d, axis=1).ravel()
+    up = np.take_along_axis(up.reshape(wakes, n), d, axis=1).ravel()
     r = np.repeat(np.arange(wakes, dtype=np.int64), n)
-    t, d = t.ravel(), d.ravel().astype(np.int64)
+    d = d.ravel().astype(np.int64)
     keep = t < horizon
-    return t[keep], d[keep], r[keep]
+    return t[keep], d[keep], r[keep], up[keep]
 
 
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
              catchup: bool, pull: bool = True, anatomy: str = "full",
              link_failure: float = 0.0) -> dict[str, Any]:
-    """Run :func:`_simulate` on a world (``pull`` False: the protocol without it, as the
-    vectorised schedules make it; for the tests). ``anatomy``: ``full`` or
-    ``cannot-communicate`` (an offline device trains alone); ``link_failure``: the per-round
+    """Run :func:`_simulate` on a world (``pull`` False: the protocol without it).
+    ``anatomy``: what an offline device still does (``cannot-communicate``: it trains alone;
+    ``cannot-train-*``: it keeps communicating, and has no returns); ``link_failure``: the per-round
     link failures, for the requests and replies (the ordinary messages' are applied when the
-    schedule is assembled). Returns the events (columns of :func:`_put`), the replies
+    schedule is assembled). Returns the events (columns of :func:`_put`; async offline
+    wakes that only count a unit apart, as (time, device, round): :func:`all_events` joins
+    them), the replies
     (slot, sending event, arrival, held) that reached their device, the counts and ``keeps``
     (the capabilities of a local round trained alone; 0: none)."""
     from sfg.clock.links import live_links, out_slots, transfer_seconds
-    from sfg.round.kernel import EV_ALL
-    from sfg.round.rules import CATCHUP_CAP
+    from sfg.round.kernel import EV_ALL, EV_SEND
+    from sfg.round.rules import CATCHUP_CAP, catchup_steps
     from sfg.round.staleness import wake_jitter
 
     n, H = world.n, world.horizon
@@ -555,8 +641,12 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
     deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
     S = float(settings.pull_timeout or 0.0)
-    keeps = _keeps(anatomy)
-    alone = keeps != 0
+    keeps = _keeps(anatomy, pull)
+    # local steps by the device's own age (index min(τ, last)): +catchup's, or K
+    ns_table = catchup_steps(local_steps, np.arange(CATCHUP_CAP + 1)) if catchup else \
+        np.array([local_steps], np.int64)
+    talk = bool(keeps & EV_SEND)
+    alone = keeps != 0 and not talk
     live, lf_unit = live_links(world, settings, link_failure if pull else 0.0, seed)
     if pull:
         rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth, live=live,
@@ -580,21 +670,21 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
         L = on.end - on.start
         idev = np.repeat(np.arange(n), np.diff(on.indptr))
         max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
+        off_s = np.maximum(H - on.online_seconds(), 0.0)
         if alone:  # local rounds trained alone while offline
-            off_s = np.maximum(H - on.online_seconds(), 0.0)
             max_events += int(np.ceil(off_s / np.maximum(train, 1e-300)).sum()) + L.size + n
+        elif talk:  # a tick every Δ while offline
+            max_events += int(np.ceil(off_s / unit).sum()) + 2 * L.size + 2 * n
     else:
         raise SfgError(f"protocol {protocol!r} has no event schedule")
-    wt, wd, wr = _wake_table(jit, P, H) if proto == 0 else (np.zeros(0), z64, z64)
-    off_cols = np.zeros((11, 0))
-    if proto == 0 and not catchup and not alone:
+    wt, wd, wr, up = _wake_table(jit, P, H, on) if proto == 0 else \
+        (np.zeros(0), z64, z64, np.zeros(0, bool))
+    offline = (np.zeros(0), z64, z64)
+    if proto == 0 and not catchup and not keeps:
         # an offline wake only counts a unit of offline time (its age matters to +catchup
-        # alone): those are made here, at once, and the simulation runs the online ones
-        up = on.online_at(wd, wt)
-        ow, od, orr = wt[~up], wd[~up], wr[~up].astype(np.float64)
-        zero = np.zeros(ow.size)
-        off_cols = np.stack([ow, od, np.full(ow.size, float(_OFFLINE)), np.ones(ow.size), ow,
-                             orr, orr, zero, ow, zero, zero])  # the columns of _put
+        # alone): those are made here, at once (``offline``: time, device, round), and the
+        # simulation runs the online ones
+        offline = (wt[~up], wd[~up], wr[~up])
         wt, wd, wr = wt[up], wd[up], wr[up]
     # every request's arrival (their returns are the world's: all known before), sorted as
     # the heap would pop them: time, then the device it reaches, then the request
@@ -602,45 +692,63 @@ def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int,
     ro = ra[np.lexsort((ra, rq["qj"][ra], rq["qtime"][ra]))]
     rt, rd = np.ascontiguousarray(rq["qtime"][ro]), np.ascontiguousarray(rq["qj"][ro])
     E, src, held, arr, ok, sent, st = _simulate(
-        proto, bool(pull), alone, int(keeps), int(EV_ALL), S, n, float(H), float(unit),
+        proto, bool(pull), alone, talk, int(keeps), int(EV_ALL), S, n, float(H), float(unit),
         on.indptr, on.start, on.end, rptr, rtime, rend,
-        np.ascontiguousarray(world.compute, float), int(local_steps), bool(catchup),
-        int(CATCHUP_CAP), deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
+        np.ascontiguousarray(world.compute, float), int(local_steps), ns_table, deg, dt, dth,
+        rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
         rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit),
         int(max_events), wt, wd, wr, rt, rd, ro.astype(np.int64))
-    if off_cols.shape[1]:
-        E = np.concatenate([E.T, off_cols], axis=1).T
-        st[_OFFLINE_WAKES] += off_cols.shape[1]
-    return {"events": E, "requests": rq, "reply_src": src, "reply_held": held,
+    st[_OFFLINE_WAKES] += offline[0].size
+    return {"events": E, "offline": offline, "requests": rq, "reply_src": src, "reply_held": held,
             "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
             "counts": st, "returns": (rptr, rtime, rend), "keeps": keeps}
 
 
-def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: int,
-               seed: int, catchup: bool, link_failure: float, anatomy: str,
-               stats: dict[str, float] | None = None):
-    """The async or event protocol's events under ``on_return: pull`` (see the module
-    docstring), as :func:`sfg.clock.schedule.finish_schedule` assembles them: (parts,
-    each event's local steps, the counts, the pull's part of the schedule)."""
+def protocol_parts(world, settings: ClockSettings, protocol: str, *, local_steps: int,
+                   seed: int, catchup: bool, link_failure: float, anatomy: str,
+                   stats: dict[str, float] | None = None):
+    """The async or event protocol's events (see the module docstring; ``on_return`` pull
+    or none), as :func:`sfg.clock.schedule.finish_schedule` assembles them: (parts, each
+    event's local steps, the counts, the pull's part of the schedule or None, the
+    capabilities or None, whether offline devices keep communicating)."""
     import hashlib
 
+    from sfg.clock.links import offline_keeps
+    from sfg.round.kernel import EV_SEND
+
+    # a device that keeps communicating while offline has no returns: nothing to pull
+    # (docs/concepts/clock.md#returns-in-time), the schedule is on_return none's
+    pull_on = settings.pull_timeout is not None and not offline_keeps(anatomy) & EV_SEND
     r = simulate(world, settings, protocol, local_steps=local_steps, seed=seed,
-                 catchup=catchup, pull=True, anatomy=anatomy, link_failure=link_failure)
+                 catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure)
     E, rq, c = r["events"], r["requests"], r["counts"]
     time, kind = E[:, 0], E[:, 2].astype(np.int64)
     parts = [(time, E[:, 1].astype(np.int64), kind, E[:, 3], E[:, 4], E[:, 5].astype(np.int64),
               E[:, 6].astype(np.int64))]
     steps_of = [E[:, 7].astype(np.int64)]
-    caps_of = [E[:, 10].astype(np.int64)] if r["keeps"] else None
+    keeps = r["keeps"]
+    caps_of = [E[:, 10].astype(np.int64)] if keeps else None
+    ow, od, orr = r["offline"]
+    if ow.size:  # (never with keeps: no capabilities to add)
+        parts.append((ow, od, np.full(ow.size, _OFFLINE, np.int64), np.ones(ow.size), ow, orr,
+                      orr))
+        steps_of.append(np.zeros(ow.size, np.int64))
+    talks = bool(keeps & EV_SEND)
+    out = dict(stats or {})
+    if protocol == "async":
+        out.update(skipped=float(c[0]))
+    out.update(interrupted=float(c[1]), unfinished=float(c[2]))
+    if protocol == "async":
+        out.update(offline_wakes=float(c[3]))
+    elif talks:  # ticks that were offline spans (the uplink still busy)
+        out.update(skipped=float(c[0]))
+    if not pull_on:
+        return parts, steps_of, out, None, caps_of, talks
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]
     model = src >= 0
     got = ok & model
     mb = float(settings.message_bytes or 0.0)
     n_req = int(rq["sent"].sum())
-    out = dict(stats or {})
-    if protocol == "async":
-        out.update(skipped=float(c[0]), offline_wakes=float(c[3]))
-    out.update(interrupted=float(c[1]), unfinished=float(c[2]))
     out.update(pull_requests=float(n_req),
                pull_replies=float((sent & model).sum()),
                pull_empty=float((sent & ~model).sum()),
@@ -658,21 +766,33 @@ def pull_parts(world, settings: ClockSettings, protocol: str, *, local_steps: in
     for a in (rq["qcode"], rq["qtime"], s_dev, s_time, r["reply_held"], r["reply_arrival"], ok,
               sent):
         h.update(np.ascontiguousarray(a).tobytes())
-    pull = {"bstart": E[:, 8], "closes": E[:, 9] > 0, "slot": rq["qback"][got],
+    pull = {"bstart": np.concatenate([E[:, 8], ow]),
+            "closes": np.concatenate([E[:, 9] > 0, np.zeros(ow.size, bool)]), "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}
-    return parts, steps_of, out, pull, caps_of
+    return parts, steps_of, out, pull, caps_of, talks
 
 
-def _keeps(anatomy: str) -> int:
-    """What an offline device still does under ``anatomy`` in the simulation: 0 (``full``)
-    or the capabilities of a local round trained alone (``cannot-communicate``). The modes
-    that keep communicating while offline have no returns and never reach it."""
+def all_events(r: dict[str, Any]) -> np.ndarray:
+    """The events of :func:`simulate`'s result ``r`` as rows (the columns of :func:`_put`),
+    the async offline wakes made apart included (for the tests)."""
+    ow, od, orr = r["offline"]
+    z = np.zeros(ow.size)
+    off = np.stack([ow, od.astype(float), np.full(ow.size, float(_OFFLINE)), np.ones(ow.size),
+                    ow, orr.astype(float), orr.astype(float), z, ow, z, z], axis=1)
+    return np.concatenate([r["events"], off])
+
+
+def _keeps(anatomy: str, pull: bool) -> int:
+    """What an offline device still does under ``anatomy`` in the simulation: 0 (``full``),
+    the capabilities of a local round trained alone (``cannot-communicate``) or of what the
+    modes that keep communicating while offline do (``cannot-train-*``: they have no
+    returns, so ``pull`` is refused there)."""
     from sfg.clock.links import offline_keeps
     from sfg.round.kernel import EV_SEND
 
     keeps = offline_keeps(anatomy)
-    if keeps & EV_SEND:
+    if pull and keeps & EV_SEND:
         raise SfgError(f"under anatomy {anatomy!r} a device keeps communicating while offline: "
                        "it has no returns, so on_return pull has nothing to do")
     return keeps

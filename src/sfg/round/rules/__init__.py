@@ -59,6 +59,14 @@ MODIFIERS = ("ipw", "rounded", "catchup", "guard", "refute", "certified", "relat
 CATCHUP_CAP = 3
 # the robust aggregators (sfg.sim.robust): model-reading, they replace the weighted mean
 ROBUST = ("median", "trim", "scclip", "balance")
+
+
+def catchup_steps(K: int, ages: np.ndarray) -> np.ndarray:
+    """``+catchup``'s local steps for clients of own age τ = ``ages`` that train: K·(1 +
+    min(τ, 3)) for a returning client (τ ≥ 1), else K — written once, for the rounds
+    (:meth:`Rule.local_steps`), the clock's simulation and the node."""
+    ages = np.asarray(ages, np.int64)
+    return np.where(ages >= 1, K * (1 + np.minimum(ages, CATCHUP_CAP)), K).astype(np.int64)
 MODEL_DEFENCES = ("clip",) + ROBUST  # read the models: training only, at most one per rule
 # a defence parameter's valid range: (low, high, high included, what it is)
 _DEFENCE_RANGES = {
@@ -285,10 +293,9 @@ class Rule:
     def local_steps(self, K: int, trains: np.ndarray, ages: np.ndarray) -> np.ndarray:
         """Local steps per client this round ([N] int): K where it trains, 0 elsewhere;
         K·(1 + min(τ_i, 3)) for a returning client under ``+catchup`` (training only)."""
-        steps = np.where(trains, K, 0)
         if self.catchup:
-            steps = np.where(trains & (ages >= 1), K * (1 + np.minimum(ages, CATCHUP_CAP)), steps)
-        return steps
+            return np.where(trains, catchup_steps(K, ages), 0)
+        return np.where(trains, K, 0)
 
     @property
     def defence_flags(self) -> int:
