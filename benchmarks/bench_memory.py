@@ -11,7 +11,9 @@ constant; before, every client held its images as normalised floats (about 7.5 M
     .venv/bin/python benchmarks/bench_memory.py                 # N = 100, 1,000, 10,000
     .venv/bin/python benchmarks/bench_memory.py --clients 100 1000 --src /old/checkout/src
 
-``--src`` runs another source tree's sfg (PYTHONPATH) for a before/after comparison;
+Options after ``--`` go to ``sfg run`` (``-- --clock virtual --protocol async``: the clock's
+async engine). ``--src`` runs another source tree's sfg (PYTHONPATH) for a before/after
+comparison;
 ``--min-train`` is the dataset parameter (``cifar10:min_train=K``, default 4: 10,000 clients
 need at most 5 of the 50,000 training images each); ``--test-per-client`` the other one.
 """
@@ -40,7 +42,7 @@ def run_once(n: int, args: argparse.Namespace, out: Path) -> tuple[float, float,
     cmd = [sys.executable, "-m", "sfg", "run", "--dataset", dataset, "--data-root",
            str(args.data_root), "--model", "small-cnn", "--clients", str(n), "-T",
            str(args.rounds), "-K", "2", "--alpha", "1000", "--eval-every", str(args.rounds),
-           "--json"]
+           "--json", *args.run_args]
     env = dict(os.environ)
     if args.src:
         env["PYTHONPATH"] = os.pathsep.join([str(args.src), env.get("PYTHONPATH", "")])
@@ -62,13 +64,15 @@ def main() -> None:
     ap.add_argument("--test-per-client", type=int, default=None)
     ap.add_argument("--data-root", type=Path, default=DATA)
     ap.add_argument("--src", type=Path, default=None, help="another source tree's sfg")
+    ap.add_argument("run_args", nargs="*", help="more `sfg run` options, after --, e.g. "
+                                                "-- --clock virtual --protocol async")
     args = ap.parse_args()
     if not args.data_root.exists():
         sys.exit(f"error: no CIFAR-10 at {args.data_root}; pass --data-root")
     print(banner())
     dataset = "cifar10 (defaults)" if args.src else f"cifar10:min_train={args.min_train}"
     print(f"sfg from {args.src or 'this checkout'}; {dataset}, small-cnn, -T {args.rounds} "
-          "-K 2 --alpha 1000")
+          f"-K 2 --alpha 1000 {' '.join(args.run_args)}")
     print(f"{'clients':>8} {'wall s':>8} {'peak MB':>9} {'MB/client':>10}")
     last = None
     with tempfile.TemporaryDirectory() as tmp:
