@@ -649,7 +649,10 @@ class _BackendBase:
         """K SGD steps for each of n clients (docs/concepts/round.md#local-training).
 
         params: [n, D] float32 (the aggregated models x̃; not modified);
-        xs: [n, K, B, *input_shape]; ys: [n, K, B] int64 (step k uses ``xs[:, k]``);
+        xs: [n, K, B, *input_shape] float32, a tensor or a
+        :class:`~sfg.world.data.base.PoolBatch` (rows of the data's pool, made into examples
+        block by block as the backend reads them); ys: [n, K, B] int64 (step k uses
+        ``xs[:, k]``);
         momentum_buf: [n, D] heavy-ball buffers, updated in place (None: fresh zero buffers);
         prox_center: [n, D] with ``prox_lam`` > 0 adds ``prox_lam/2 ||x - center||²``;
         trainable_mask: bool[D], only these coordinates change.
@@ -673,7 +676,8 @@ class _BackendBase:
                  ys: Sequence[Tensor] | Tensor, *, batch_size: int = 1024) -> Tensor:
         """Top-1 accuracy of each client's model on its own examples -> [n] float32 in [0, 1].
 
-        params: [n, D]; xs: n tensors [m_i, *input_shape] (or one [n, m, *input_shape]);
+        params: [n, D]; xs: n tensors [m_i, *input_shape] (or one [n, m, *input_shape], or a
+        :class:`~sfg.world.data.ClientImages`: rows of the data's pool, normalised per batch);
         ys: n int64 tensors [m_i] (or [n, m]). ``batch_size`` bounds the examples in one
         forward pass (summed over the clients evaluated together).
         """
