@@ -1,7 +1,8 @@
 """Datasets in their standard formats, label-skew partitions, per-client test sets (docs/concepts/training.md#the-training-protocol).
 
 ``load_federated(name, n_clients=N, seed=s, data_root=...)`` returns a :class:`FederatedData`
-(per-client normalised train/validation/test tensors). Datasets (registry :data:`DATASETS`):
+(per-client train/validation/test examples: rows of one shared pool of the images as stored,
+:class:`ClientImages`, normalised when read). Datasets (registry :data:`DATASETS`):
 
 * ``digits`` — scikit-learn's bundled 8×8 digits; no download (the default data);
 * ``cifar10`` / ``cifar100`` — the python pickle archives or an image folder;
@@ -11,8 +12,10 @@
 
 from sfg.world.data.base import (
     DATASETS,
+    ClientImages,
     FederatedData,
     ImagePool,
+    PoolBatch,
     dataset_names,
     federate_label_skew,
     load_federated,
@@ -28,8 +31,10 @@ from sfg.world.data.partition import (
 
 __all__ = [
     "DATASETS",
+    "ClientImages",
     "FederatedData",
     "ImagePool",
+    "PoolBatch",
     "dataset_names",
     "dirichlet_partition",
     "federate_label_skew",
