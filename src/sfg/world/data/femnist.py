@@ -286,8 +286,10 @@ def load_femnist_federated(*, n_clients: int, seed: int, data_root, alpha: float
     if len(eligible) < n_clients:
         raise SfgError(
             f"FEMNIST at {source.path}: only {len(eligible)} writers have at least {threshold} "
-            f"training samples and a test split, {n_clients} clients requested; lower {key} "
-            f"(e.g. femnist:{key}={max(threshold // 2, 1)}) or use fewer clients")
+            f"training samples and a test split, {n_clients} clients requested; "
+            + (f"lower {key} (e.g. femnist:{key}={max(threshold // 2, 1)}) or " if threshold > 1
+               else "")
+            + f"use at most {len(eligible)} clients")
     chosen = [eligible[i] for i in stream(seed, "writers").choice(len(eligible), n_clients,
                                                                    replace=False)]
     spans = np.array([table[w] for w in chosen], np.int64)  # [N, 4]
