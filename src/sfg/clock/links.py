@@ -1,8 +1,12 @@
-"""The links of the virtual clock's world (docs/concepts/clock.md#the-world-in-time): a
-message's transfer time on each uplink, each sender's outgoing slots in sending order, and the
-message faults as the schedule applies them, the link failures, and what an offline device
-keeps under an anatomy mode. Shared by :mod:`sfg.clock.schedule` and
-:mod:`sfg.clock.pull`."""
+"""The links of the virtual clock's world (docs/concepts/clock.md#the-world-in-time): the
+one link model — a transfer's time on an uplink (:func:`transfer_time`), when back-to-back
+transfers end (:func:`transfer_end`), when a transfer arrives (:func:`arrival_time`) and
+whether the link's loss takes it (:func:`transfer_lost`, on the streams of
+:data:`LOSS_STREAMS`) — each sender's outgoing slots in sending order, the message faults as
+the schedule applies them, the link failures, and what an offline device keeps under an
+anatomy mode. Shared by the clock's engine (:mod:`sfg.clock.schedule`,
+:mod:`sfg.clock.pull`) and the node's in-memory network (:mod:`sfg.net.memory`), which asks
+the same functions for every transfer instead of deriving them again."""
 
 from __future__ import annotations
 
@@ -13,13 +17,51 @@ import numpy as np
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.slots import RoundGraph
+from sfg.util.rng import counter_key, counter_uniform
+
+#: the streams of the links' loss draws, by what a transfer carries: ordinary messages, a
+#: pull's requests and its replies (each its own, so that one kind's draws never move
+#: another's: docs/concepts/clock.md#returns-in-time)
+LOSS_STREAMS = {"message": "clock-loss", "request": "clock-pull-request",
+                "reply": "clock-pull-reply"}
+
+
+def loss_key(seed: int, kind: str):
+    """The key of the loss draws of ``kind`` (:data:`LOSS_STREAMS`) under ``seed``."""
+    return counter_key(seed, LOSS_STREAMS[kind])
+
+
+def transfer_time(nbytes: float, uplink: Any) -> Any:
+    """Seconds ``nbytes`` take on an uplink of ``uplink`` bytes/s (an array or one value):
+    none at an infinite rate or for no bytes."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dt = np.where(np.isinf(uplink) | (nbytes == 0), 0.0, nbytes / uplink)
+    return dt if np.ndim(dt) else float(dt)
 
 
 def transfer_seconds(world: Any, nbytes: float) -> np.ndarray:
-    """[N] seconds one message takes on each device's uplink."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dt = np.where(np.isinf(world.uplink) | (nbytes == 0), 0.0, nbytes / world.uplink)
-    return dt
+    """[N] seconds one message takes on each device's uplink (:func:`transfer_time`)."""
+    return np.asarray(transfer_time(nbytes, world.uplink))
+
+
+def transfer_end(start: Any, k: Any, seconds: Any) -> Any:
+    """When the transfer at position ``k`` (from 0) of a queue that starts at ``start`` ends,
+    the transfers leaving back to back, ``seconds`` each."""
+    return start + (k + 1) * seconds
+
+
+def arrival_time(tx_end: Any, latency: Any, extra: Any = 0.0) -> Any:
+    """When a transfer that ends at ``tx_end`` arrives over a link of ``latency`` seconds,
+    held back ``extra`` seconds more by a fault."""
+    return tx_end + latency + extra
+
+
+def transfer_lost(key: Any, snd: Any, rcv: Any, nth: Any, p: Any) -> Any:
+    """Whether the link's loss takes the ``nth`` transfer (from 0, of the stream ``key``:
+    :func:`loss_key`) on the link ``snd`` → ``rcv`` of loss probability ``p``: a
+    counter-based draw, so the engine (all at once) and the node's network (one at a time)
+    draw the same."""
+    return counter_uniform(key, snd, rcv, 0, nth) < p
 
 
 def out_slots(rg: RoundGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

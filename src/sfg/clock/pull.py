@@ -66,7 +66,6 @@ import numpy as np
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
-from sfg.util.rng import counter_key, counter_uniform
 
 # event kinds of the simulation, in their order at one instant (the phases of one instant,
 # sfg.clock.instant: a return, a request's arrival, a window's end, then the local rounds'
@@ -537,7 +536,15 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
     latency, fault delay, whether it is dropped on the way and its link (``live``: the links
     up per Δ-round, :func:`sfg.clock.links.live_links`)."""
-    from sfg.clock.links import fault_plan, link_round, out_slots
+    from sfg.clock.links import (
+        arrival_time,
+        fault_plan,
+        link_round,
+        loss_key,
+        out_slots,
+        transfer_end,
+        transfer_lost,
+    )
 
     rg = world.rg
     ptr, out, _ = out_slots(rg)
@@ -555,23 +562,21 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     j = rg.recv[slot]
     back = _reverse_slots(rg)[slot]
     nth = nth_ret[ret]
-    tx_end = rtime[ret] + (k + 1) * dth[i]
+    tx_end = transfer_end(rtime[ret], k, dth[i])
     sent = (tx_end <= rend[ret]) & (tx_end <= world.horizon)
-    arrival = tx_end + world.latency[slot]
     drop = np.zeros(ret.size, bool)
     if world.loss.any():
-        drop = counter_uniform(counter_key(seed, "clock-pull-request"), i, j, 0, nth) \
-            < world.loss[slot]
+        drop = transfer_lost(loss_key(seed, "request"), i, j, nth, world.loss[slot])
     rdrop = np.zeros(ret.size, bool)
     if world.loss.any():
-        rdrop = counter_uniform(counter_key(seed, "clock-pull-reply"), j, i, 0, nth) \
-            < world.loss[back]
+        rdrop = transfer_lost(loss_key(seed, "reply"), j, i, nth, world.loss[back])
     rextra = np.zeros(ret.size)
     plan = fault_plan(settings, world.n)
+    qextra: np.ndarray | float = 0.0
     if plan is not None:
-        cut, lost, extra, bad = plan.fates(i, j, nth, tx_end, channel=2)
+        cut, lost, qextra, bad = plan.fates(i, j, nth, tx_end, channel=2)
         drop |= cut | lost | bad
-        arrival = arrival + extra
+    arrival = arrival_time(tx_end, world.latency[slot], qextra)
     edge = rg.edge_id[slot].astype(np.int64)
     if live.shape[0] > 1 or not live.all():  # link failures: a request sent over a down link
         drop |= ~live[link_round(tx_end, lf_unit, live.shape[0]), edge]

@@ -62,11 +62,15 @@ import numpy as np
 
 from sfg.clock.instant import Phase, instant_order
 from sfg.clock.links import (
+    arrival_time,
     fault_plan,
     link_round,
     live_links,
+    loss_key,
     offline_keeps,
     out_slots,
+    transfer_end,
+    transfer_lost,
     transfer_seconds,
 )
 from sfg.clock.settings import ClockSettings
@@ -74,7 +78,6 @@ from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_SEND, EV_TRAIN
 from sfg.round.slots import RoundGraph
 from sfg.util.numba_start import njit
-from sfg.util.rng import counter_key, counter_uniform
 
 LOCAL, OFFLINE = 0, 1
 # a local round holds only messages sent before it starts (sfg.clock.instant.held_at): a
@@ -208,14 +211,15 @@ def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, 
     live = None
     late = lost = 0
     if not trivial:
-        arrival = start + ((pos[s_nb] + 1) * dt[j] + world.latency[s_nb])[None, :]
+        arrival = arrival_time(transfer_end(start, pos[s_nb][None, :], dt[j][None, :]),
+                               world.latency[s_nb][None, :])
         in_time = arrival <= start + delta - train[i][None, :]
         rx = world.online.online_at(np.broadcast_to(i, arrival.shape).ravel(),
                                     arrival.ravel()).reshape(arrival.shape)
         # the message of round r over a link is that link's message r (counter-based draws,
         # as the node's network makes them: sfg.net.memory)
-        dropped = counter_uniform(counter_key(seed, "clock-loss"), j[None, :], i[None, :], 0,
-                                  np.arange(T)[:, None]) < world.loss[s_nb][None, :]
+        dropped = transfer_lost(loss_key(seed, "message"), j[None, :], i[None, :],
+                                np.arange(T)[:, None], world.loss[s_nb][None, :])
         ok = both & in_time & rx & ~dropped
         late = int(np.count_nonzero(both & ~in_time))
         lost = int(np.count_nonzero(both & in_time & ~(rx & ~dropped)))
@@ -426,7 +430,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     first = np.repeat(ptr[dev[loc]], deg[dev[loc]])
     k = np.arange(src.size) - np.repeat(np.cumsum(deg[dev[loc]]) - deg[dev[loc]], deg[dev[loc]])
     slot = out[first + k]
-    tx_end = bstart[src] + (k + 1) * dt[dev[src]]
+    tx_end = transfer_end(bstart[src], k, dt[dev[src]])
     sent = (tx_end <= world.horizon) if offline_talks else \
         world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
     # message k over a link is the link's k-th, in the order its sender sends (the identity its
@@ -436,13 +440,12 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
     starts = np.searchsorted(slot[by_slot], slot[by_slot], side="left")
     nth[by_slot] = np.arange(slot.size) - starts
     snd, rcv = rg.send[slot], rg.recv[slot]
-    arrival = tx_end + world.latency[slot]
     dropped = np.zeros(src.size, bool)
     if world.loss.any():
-        dropped = counter_uniform(counter_key(seed, "clock-loss"), snd, rcv, 0, nth) \
-            < world.loss[slot]
+        dropped = transfer_lost(loss_key(seed, "message"), snd, rcv, nth, world.loss[slot])
     plan = fault_plan(settings, world.n)
     bad = np.zeros(src.size, bool)
+    extra = 0.0
     if plan is not None:  # docs/concepts/clock.md#the-node-on-the-clock: the faults as events of the schedule
         fcut, flost, extra, bad = plan.fates(snd, rcv, nth, tx_end)
         ok_sent = sent & ~dropped
@@ -450,7 +453,7 @@ def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int
                      fault_lost=float((ok_sent & flost).sum()),
                      fault_delayed=float((ok_sent & ~fcut & ~flost & (extra > 0)).sum()))
         dropped = dropped | fcut | flost
-        arrival = arrival + extra
+    arrival = arrival_time(tx_end, world.latency[slot], extra)
     rx = (arrival < world.horizon) if offline_talks else \
         world.online.online_at(rcv, arrival) & (arrival < world.horizon)
     if plan is not None:  # a flipped byte: the receiver's digest check refuses the message

@@ -22,7 +22,7 @@ A returning node's pull (``on_return: pull``, docs/concepts/clock.md#returns-in-
 :meth:`MemoryPeer.pull`, :meth:`MemoryNetwork.request`) takes the clock's engine's times and
 draws (:mod:`sfg.clock.pull`): the requests of a return leave back to back on the returning
 device's uplink (emptied at the return: what it held was lost), a header each; a neighbour
-online at a request's arrival queues its answer (the node's own ``_on_pull``) on its uplink
+online at a request's arrival queues its answer (the node's own :func:`sfg.net.returns.serve_pull`) on its uplink
 behind what was queued before; the losses and faults of requests and replies are drawn on
 their own streams and channels (``clock-pull-request``, ``clock-pull-reply``; faults'
 channels 2 and 3), by the return's index among the device's returns.
@@ -36,9 +36,15 @@ from typing import Any
 
 import numpy as np
 
+from sfg.clock.links import (
+    arrival_time,
+    loss_key,
+    transfer_end,
+    transfer_lost,
+    transfer_time,
+)
 from sfg.clock.settings import HEADER_BYTES
 from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE, chunks
-from sfg.util.rng import counter_key, counter_uniform
 
 ADDRESS = "mem:{}"
 
@@ -71,10 +77,10 @@ class MemoryNetwork:
         # the world's per-link loss probability (docs/concepts/clock.md#the-world-in-time), drawn per message as the clock's
         # engine draws it (sfg.clock.schedule: key "clock-loss" of the run's seed)
         self.loss = loss
-        self.loss_key = counter_key(loss_seed, "clock-loss")
+        self.loss_key = loss_key(loss_seed, "message")
         # a pull's requests and replies: streams of their own (sfg.clock.pull._requests)
-        self.request_key = counter_key(loss_seed, "clock-pull-request")
-        self.reply_key = counter_key(loss_seed, "clock-pull-reply")
+        self.request_key = loss_key(loss_seed, "request")
+        self.reply_key = loss_key(loss_seed, "reply")
         self.next_off = next_off
         self.horizon = float(horizon)
         self._count: dict[tuple[int, int, int], int] = {}
@@ -87,6 +93,9 @@ class MemoryNetwork:
         self.uplink_free = np.zeros(self.n)
         self.busy = np.zeros(self.n)  # until when each device's latest broadcast is sending
         self._queued = np.full(self.n, -np.inf)  # when each device last queued a transfer
+        # each device's broadcast being queued: [queued at, its start, transfers so far,
+        # seconds each, the last one's end]
+        self._job: dict[int, list] = {}
         self._batch: dict[int, list] = {}  # device -> [return time, requests queued, return index]
         self._returns: dict[int, int] = {}  # device -> returns pulled so far
         self._arrivals: dict[float, list] = {}  # time -> the pull requests arriving then
@@ -127,20 +136,32 @@ class MemoryNetwork:
 
     def seconds(self, i: int, nbytes: float) -> float:
         """The transfer time of ``nbytes`` on device i's uplink
-        (:func:`sfg.clock.schedule.transfer_seconds`)."""
-        up = float(self.uplink[int(i)])
-        return 0.0 if np.isinf(up) or nbytes == 0 else float(nbytes) / up
+        (:func:`sfg.clock.links.transfer_time`, as the clock's engine times it)."""
+        return float(transfer_time(float(nbytes), float(self.uplink[int(i)])))
 
-    def reserve(self, i: int, now: float, seconds: float) -> tuple[float, float]:
+    def reserve(self, i: int, now: float, seconds: float, *,
+                alone: bool = False) -> tuple[float, float]:
         """Queue a transfer of ``seconds`` on device i's uplink at ``now`` (first in, first
-        out): (start, end). A device that was offline since it last queued something lost
-        what its uplink held (the clock's engine empties it at each return)."""
+        out): (start, end), timed as the clock's engine times it
+        (:func:`sfg.clock.links.transfer_end`): the messages of one broadcast (queued at one
+        instant, one after the other) leave back to back from the broadcast's start, the k-th
+        ending at start + (k+1)·seconds; ``alone``: a transfer of its own (a pull's reply). A
+        device that was offline since it last queued something lost what its uplink held (the
+        clock's engine empties it at each return)."""
         free = float(self.uplink_free[i])
         if free > now and self.online is not None and \
                 not self.online(i, float(self._queued[i]), now):
             free = now
-        start = max(now, free)
-        end = start + seconds
+        job = self._job.get(i)
+        if alone or job is None or job[0] != now or job[3] != seconds or job[4] != free:
+            # a new broadcast (or a transfer of its own): it starts when the uplink is free
+            job = self._job[i] = [now, max(now, free), 0, seconds, None]
+        start = free if job[2] else job[1]
+        end = float(transfer_end(job[1], job[2], seconds))
+        job[2] += 1
+        job[4] = end
+        if alone:
+            self._job.pop(i, None)
         self.uplink_free[i] = end
         self._queued[i] = now
         return start, end
@@ -153,7 +174,7 @@ class MemoryNetwork:
         them (:func:`sfg.clock.pull._requests`)."""
         drop = False
         if self.loss is not None:
-            drop = bool(counter_uniform(key, src, dst, 0, nth) < self.loss(src, dst))
+            drop = bool(transfer_lost(key, src, dst, nth, self.loss(src, dst)))
         extra = 0.0
         fates = getattr(self.faults, "fates", None)
         if fates is not None:
@@ -180,14 +201,13 @@ class MemoryNetwork:
             self.uplink_free[i] = now
         k, nth = b[1], b[2]
         b[1] += 1
-        tx_end = now + (k + 1) * self.seconds(i, HEADER_BYTES)
+        tx_end = transfer_end(now, k, self.seconds(i, HEADER_BYTES))
         self.uplink_free[i] = tx_end
         self._queued[i] = now
         sent = tx_end <= self.horizon and (self.online is None or self.online(i, now, tx_end))
         self.stats["pull_requests"] = self.stats.get("pull_requests", 0) + int(sent)
         drop, extra = self._pull_drop(self.request_key, i, j, nth, tx_end, 2)
-        arrival = tx_end + float(self.latency(i, j))
-        arrival = arrival + extra
+        arrival = arrival_time(tx_end, float(self.latency(i, j)), extra)
         if not sent or drop or not arrival < self.horizon:
             fut.set_result(None)  # silent: the returning node waits S for it
             return fut
@@ -215,12 +235,11 @@ class MemoryNetwork:
             model = got is not None
             drop, extra = self._pull_drop(self.reply_key, j, i, nth, q, 3)
             size = (self.message_bytes or 0.0) if model else HEADER_BYTES
-            _, end = self.reserve(j, q, self.seconds(j, size))
+            _, end = self.reserve(j, q, self.seconds(j, size), alone=True)
             sent = end <= self.horizon and (self.online is None or self.online(j, q, end))
             name = "pull_replies" if model else "pull_empty"
             self.stats[name] = self.stats.get(name, 0) + int(sent)
-            arr = end + float(self.latency(j, i))
-            arr = arr + extra
+            arr = arrival_time(end, float(self.latency(j, i)), extra)
             ok = sent and not drop and arr < self.horizon and \
                 (self.online is None or self.online(i, arr, arr))
             if not ok:
@@ -240,10 +259,23 @@ def _resolve(fut: asyncio.Future, value) -> None:
         fut.set_result(value)
 
 
+async def _until(t: float) -> None:
+    """Wait until the loop's instant ``t`` exactly (a timer at ``t``, not ``now + (t −
+    now)``, which floats may round to another instant); at once (yielding) when it has
+    passed."""
+    loop = asyncio.get_running_loop()
+    if t <= loop.time():
+        await asyncio.sleep(0)
+        return
+    fut = loop.create_future()
+    loop.call_at(t, _resolve, fut, None)
+    await fut
+
+
 class MemoryServer:
     def __init__(self, net: MemoryNetwork, i: int, deliver, fetch, pull=None):
         self.net, self.i, self.deliver, self.fetch = net, i, deliver, fetch
-        self.pull = pull  # answers pulls (the node's _on_pull); None: none
+        self.pull = pull  # answers pulls (sfg.net.returns.serve_pull); None: none
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -275,12 +307,11 @@ class MemoryPeer:
             len(header) + (sum(len(c) for c in payload) if isinstance(payload, tuple)
                            else len(payload))
         now = loop.time()
-        up = net.uplink[self.src]
-        _, end = net.reserve(self.src, now, 0.0 if np.isinf(up) else size / up)
+        _, end = net.reserve(self.src, now, net.seconds(self.src, size))
         # busy until the broadcast has left, or the device has gone offline
         net.busy[self.src] = end if net.next_off is None else min(end, net.next_off(self.src, now))
         if end > now:
-            await asyncio.sleep(end - now)
+            await _until(end)
         net.stats["sent"] += 1
         if net.log is not None:
             net.note(src=self.src, dst=self.dst, kind="send", changed=False, header=header,
@@ -290,7 +321,7 @@ class MemoryPeer:
             return False, "lost"
         if net.loss is not None:
             p = net.loss(self.src, self.dst)
-            if p > 0 and counter_uniform(net.loss_key, self.src, self.dst, 0, k) < p:
+            if p > 0 and transfer_lost(net.loss_key, self.src, self.dst, k, p):
                 net.stats["lost_random"] += 1
                 await asyncio.sleep(timeout)
                 return False, "DEADLINE_EXCEEDED"
@@ -306,7 +337,8 @@ class MemoryPeer:
         sent, stranger = (payload, None) if tamper is None else \
             tamper(self.src, self.dst, end, payload, k=k)
         changed = sent is not payload
-        transit = self._transit(header, sent, float(net.latency(self.src, self.dst)) + extra,
+        transit = self._transit(header, sent,
+                                arrival_time(end, float(net.latency(self.src, self.dst)), extra),
                                 copies, stranger, changed)
         if extra <= 0:
             return await transit
@@ -320,10 +352,10 @@ class MemoryPeer:
         except asyncio.TimeoutError:
             return False, "DEADLINE_EXCEEDED"
 
-    async def _transit(self, header: bytes, sent, delay: float, copies: int,
+    async def _transit(self, header: bytes, sent, arrival: float, copies: int,
                        stranger: int | None, changed: bool) -> tuple[bool, str]:
         net = self.net
-        await asyncio.sleep(delay)
+        await _until(arrival)
         ok, reason = await self._arrive(header, sent, kind="push", changed=changed)
         for _ in range(copies - 1):  # duplicates arrive right after the original
             net.stats["duplicated"] += 1
