@@ -81,6 +81,10 @@ def test_lockstep_node_has_the_engines_curves(settings):
                   "latency": "const:value=2", "eval_seconds": 450.0}, id="jitter"),
     # message faults (lost, delayed) under the defaults' ties
     pytest.param({"faults": "faults:loss=0.2,delay=40", "faults_seed": 3}, id="faults"),
+    # a finite uplink: each broadcast's transfers back to back, times that floats round
+    # (the one link model, sfg.clock.links, for the engine and the node's network)
+    pytest.param({"uplink": "const:value=30000", "compute": "const:value=7",
+                  "latency": "const:value=0.3", "jitter": 0.3}, id="uplink"),
     # pull on return: K steps of 150 s end on every other evaluation instant (300 s apart)
     pytest.param({"on_return": "pull:timeout=60", "compute": "const:value=150",
                   "eval_seconds": 300.0}, id="pull"),
@@ -190,6 +194,33 @@ def test_a_message_arriving_at_a_wake_is_held_by_node_and_engine(settings):
     assert_same_run(eng, nodes)
     rep = sfg.replay(dict(BASE, protocol="async", clock="virtual", **settings))
     assert rep.metrics["returns_heard"] > 0  # what arrives at a wake is heard there
+
+
+def test_the_nodes_network_times_a_broadcast_as_the_engine():
+    """The in-memory network's uplink queue (sfg.net.memory.MemoryNetwork.reserve) gives a
+    broadcast's k-th transfer the engine's end, start + (k+1)·s (sfg.clock.links.
+    transfer_end), not a running sum; a transfer of its own (a reply) starts a new queue."""
+    from sfg.clock.links import transfer_end
+    from sfg.net.memory import MemoryNetwork
+    from sfg.net.simclock import run_virtual
+
+    s = 0.1
+    net = MemoryNetwork(2, uplink=np.array([10.0, 10.0]))
+
+    async def main() -> list[float]:
+        ends = [net.reserve(0, 0.7, s)[1] for _ in range(7)]
+        ends.append(net.reserve(0, 0.7, s, alone=True)[1])  # a reply behind the broadcast
+        ends.append(net.reserve(0, 0.7, s)[1])              # a new broadcast behind it
+        return ends
+
+    ends = run_virtual(main())
+    want = [transfer_end(0.7, k, s) for k in range(7)]
+    assert ends[:7] == want
+    running = 0.7
+    for _ in range(7):
+        running += s
+    assert running != want[-1]  # the running sum rounds elsewhere: the case is real
+    assert ends[7] == transfer_end(want[-1], 0, s) and ends[8] == transfer_end(ends[7], 0, s)
 
 
 def test_held_at_is_the_rule_the_schedule_counts():
