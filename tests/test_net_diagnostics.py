@@ -35,17 +35,17 @@ ALL = "raw,lag,finetune,returning"
 pytestmark = pytest.mark.crosspath
 
 
-def _swarm(diagnostics: str | None, nodes: list | None = None) -> dict:
-    world = build_world({**BASE, "diagnostics": diagnostics or ""})
+def _swarm(diagnostics: str | None, nodes: list | None = None, **settings) -> dict:
+    world = build_world({**BASE, **settings, "diagnostics": diagnostics or ""})
     return bounded(lambda: run_virtual_swarm(world, OPTS, clock_settings=WORLD, nodes_out=nodes),
                    240, "the run hangs")
 
 
-def _engine(diagnostics: str) -> dict:
+def _engine(diagnostics: str, **settings) -> dict:
     from sfg.clock.train import simulate_events
     from sfg.sim.run import resolve_config
 
-    return simulate_events(resolve_config({**BASE, **WORLD, "clock": "virtual",
+    return simulate_events(resolve_config({**BASE, **WORLD, **settings, "clock": "virtual",
                                            "protocol": "async", "period": P, "jitter": 0.5,
                                            "window": 4, "diagnostics": diagnostics}))
 
@@ -106,6 +106,26 @@ def test_async_node_diagnostics_equal_the_clock_engines():
     assert ret["returns"] == wret["returns"] > 0
     assert _same_block(ret, wret, RETURN_COLUMNS, "returning", LOSSES) > 0
     assert 0 < sum(ret["loss_later"]["count"]) < ret["returns"]
+
+
+def test_node_diagnostics_are_computed_at_the_runs_precision():
+    """precision=bf16 (the local training under bf16 autocast, sfg.sim.precision): a node's
+    fine-tuning is the run's local training at the run's precision, as the clock engine's
+    is, so the pooled fine-tuned geometry equals the engine's at bf16 — and is not the fp32
+    run's (nor would a node fine-tuning in fp32 give the engine's bf16 numbers)."""
+    nodes: list = []
+    res = _swarm("finetune", nodes, precision="bf16")
+    eng = _engine("finetune", precision="bf16")
+    assert np.array_equal(res["params"], eng["params"].numpy())  # bf16 training, both
+    got, want = pool(_node_diagnostics(nodes))["finetune"], eng["diagnostics"]["finetune"]
+    assert got["receivers"] == want["receivers"] > 0
+    assert _same_block(got, want, ["before", "after"], "finetune") > 0
+    assert _same_block(got, want, ["loss", "acc"], "finetune", LOSSES) > 0
+    for k in ("own_loss", "own_acc"):
+        assert got[k][1] == want[k][1] > 0
+        assert math.isclose(got[k][0], want[k][0], rel_tol=LOSSES), k
+    fp32 = _engine("finetune")["diagnostics"]["finetune"]
+    assert got["receivers"] == fp32["receivers"] and got["after"] != fp32["after"]
 
 
 def test_diagnostics_never_change_the_nodes_training():

@@ -52,6 +52,12 @@ used: the headers' (forged ones too), waited, and clamped where the rule has ``+
 for clamped claims). Everything is kept in memory: a node restarted from its checkpoint
 records from its restart on.
 
+What it reads besides the models is the run's (:attr:`sfg.net.world.World.diagnostic_tools`): the validation splits
+and fine-tuning minibatches every engine's diagnostics read
+(:meth:`sfg.sim.context.Run.diagnostic_tools`) and the run's local training on the node's
+own backend at the run's precision (``precision``, :mod:`sfg.sim.precision`), so a node's
+diagnostics are computed as its training is.
+
 Results are JSON-ready per-bin sums and counts (:meth:`NodeDiagnostics.result`); the swarm
 adds its nodes' with :func:`pool` into the rounds' JSON shape (the report reads both alike).
 Diagnostics read the node's models and draw from their own streams: training is
@@ -60,7 +66,6 @@ bit-identical with and without them.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -77,8 +82,6 @@ from sfg.sim.diagnostics import (
     RETURN_COLUMNS,
     Binned,
     Recorder,
-    ValidationLoss,
-    finetune_minibatches,
     lag_bins,
     lag_law,
     parse_diagnostics,
@@ -86,74 +89,10 @@ from sfg.sim.diagnostics import (
 )
 from sfg.sim.diagnostics import pool as pool_binned
 
-ME = 0  # the node's own client id in its recorder (its validation split is the only one)
-
-
-class _Shared:
-    """What all nodes of one world in this process share: the model, its spec and the
-    single-client training backend (made on first use)."""
-
-    def __init__(self, world: Any):
-        self.world = world
-        self.model = world.model_factory()
-        from sfg.sim.params import ParamSpec
-
-        self.spec = ParamSpec.from_module(self.model)
-        self._backend: Any = None
-
-    @property
-    def backend(self) -> Any:
-        if self._backend is None:  # the node's own training backend (sfg.net.world.Trainer's)
-            from sfg.sim.backends import make_backend
-
-            self._backend = make_backend("loop:workers=2", self.world.model_factory(),
-                                         device="cpu")
-        return self._backend
-
-
-_SHARED: dict[int, tuple[Any, _Shared]] = {}
-
-
-def _shared(world: Any) -> _Shared:
-    got = _SHARED.get(id(world))
-    if got is None or got[0]() is not world:
-        got = (weakref.ref(world), _Shared(world))
-        _SHARED[id(world)] = got
-        weakref.finalize(world, _SHARED.pop, id(world), None)
-    return got[1]
-
-
-def node_tools(world: Any, i: int, kinds: Iterable[str]) -> dict[str, Any]:
-    """What node i's recorder reads besides the models: its own validation split ``val``
-    (client id :data:`ME`), ``train_batches(ME, t)``: its fine-tuning minibatches of round t,
-    ``train(P, xs, ys)``: the run's local training (lr, weight decay; nodes run no momentum)."""
-    kinds = set(kinds)
-    sh = _shared(world)
-    d, c = world.data, world.cfg
-    K, B, lr, wd = int(c["local_steps"]), int(c["batch_size"]), float(c["lr"]), \
-        float(c["weight_decay"])
-    from sfg.world.data.base import ClientImages, hflip
-
-    images = ClientImages.of(d.val_x)
-    val = ValidationLoss(sh.model, sh.spec, images.subset([i]), [d.val_y[i]],
-                         torch.device("cpu")) if {"finetune", "returning"} & kinds else None
-    train_x, y = ClientImages.of(d.train_x), d.train_y[i]
-    augment = bool(getattr(d, "augment_hflip", False))
-
-    def train_batches(_: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx, flips = finetune_minibatches(len(y), int(i), int(t), K=K, B=B,
-                                          seed=world.seed, hflip=augment)
-        xs = hflip(train_x.gather(np.array([i]), idx), flips)  # rows of the pool, [1, K, B, ...]
-        return xs[0], y[torch.from_numpy(idx[0])]
-
-    def train(P: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        return sh.backend.train(P, xs, ys, lr=lr, weight_decay=wd)
-
-    return {"val": val, "train_batches": train_batches, "train": train}
-
 
 def _rows(models: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.stack([np.asarray(m, np.float32) for m in models]))
+    """[m, D] the models as the node holds them (the run's parameters; no cast)."""
+    return torch.from_numpy(np.stack([np.asarray(m) for m in models]))
 
 
 class NodeDiagnostics(Recorder):
@@ -163,14 +102,15 @@ class NodeDiagnostics(Recorder):
     ``unit``: seconds per round on the node's clock (async: P; lockstep: 1); ``rounds``: T;
     ``origin()``: the start of round 0 on the node's clock (async; read when needed, as a
     node sets it when it starts). The last time whose model counts as LATER: async
-    origin + T·unit, lockstep round T − 1. ``tools``: :func:`node_tools`'s (default: node i's
-    of ``world``)."""
+    origin + T·unit, lockstep round T − 1. ``tools``: ``val``, ``train_batches``, ``train``
+    as :class:`~sfg.sim.diagnostics.Recorder` reads them, with client ids (default:
+    :attr:`sfg.net.world.World.diagnostic_tools`)."""
 
     def __init__(self, kinds: Iterable[str], *, world: Any, i: int, lockstep: bool,
                  unit: float, rounds: int, origin: Callable[[], float] | None = None,
                  tools: Mapping[str, Any] | None = None):
         kinds = parse_diagnostics(list(kinds))
-        tools = dict(node_tools(world, i, kinds) if tools is None else tools)
+        tools = dict(world.diagnostic_tools if tools is None else tools)
         super().__init__(kinds, seed=world.seed, **tools)
         self.i, self.lockstep = int(i), bool(lockstep)
         self.unit, self.rounds = float(unit), int(rounds)
@@ -235,7 +175,7 @@ class NodeDiagnostics(Recorder):
                     unit[by].add("d", x, d)
         if ("finetune" in self.kinds and r % FINETUNE_EVERY == 0 and age == 0
                 and (a_j == 0).any() and (a_j >= 1).any()):
-            self.record_finetune(X, [k + 1], [ME], r, a_j)
+            self.record_finetune(X, [k + 1], [self.i], r, a_j)
         if "returning" in self.kinds:
             self._returning(r, age, start, end, X, self_weight, agg, trained)
 
@@ -266,7 +206,7 @@ class NodeDiagnostics(Recorder):
         if D < 1:
             return
         k = X.shape[0] - 1
-        self.record_returning([D], [ME], X[:1], _rows([agg]), _rows([trained]), [self_weight],
+        self.record_returning([D], [self.i], X[:1], _rows([agg]), _rows([trained]), [self_weight],
                               X[1:], np.zeros(k, np.int64))
         q = start + LATER * self.unit
         if q <= self.horizon and end <= q:
@@ -275,7 +215,7 @@ class NodeDiagnostics(Recorder):
     def _resolve(self, due: list[tuple[float, int]], model: np.ndarray) -> None:
         if due:
             self.record_later(np.array([d for _, d in due], np.int64),
-                              np.full(len(due), ME, np.int64), _rows([model] * len(due)))
+                              np.full(len(due), self.i, np.int64), _rows([model] * len(due)))
 
     # -- the result
     def result(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ run's precision, its evaluation).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,11 @@ from sfg.round.slots import RoundGraph
 from sfg.sim.context import Run, build_run
 from sfg.sim.run import resolve_config
 from sfg.world.graphs import Graph
+
+#: the backend a node trains one client with, at the run's precision
+#: (:meth:`sfg.sim.context.Run.make_backend`): the simulator's ``loop``, whose ``workers=2``
+#: runs the single client with one intra-op thread, as the simulator runs each client
+NODE_BACKEND = "loop:workers=2"
 
 
 @dataclass
@@ -71,6 +77,27 @@ class World:
     @property
     def scalars_per_message(self) -> int:
         return self.rule.scalars_per_message
+
+    @cached_property
+    def diagnostic_tools(self) -> dict[str, Any]:
+        """What the nodes' diagnostics (:mod:`sfg.net.diagnose`) read besides their models,
+        made once for the nodes of this world: the run's own
+        (:meth:`sfg.sim.context.Run.diagnostic_tools`: ``val``, ``train_batches``), with
+        ``train(P, xs, ys)`` the run's local training on the nodes' single-client backend at
+        the run's precision (:data:`NODE_BACKEND`, made on first use), as :class:`Trainer`
+        trains."""
+        run = self.run
+        assert run is not None, "a World made by build_world"
+        backend: list[Any] = []
+
+        def train(P: torch.Tensor, xs: Any, ys: torch.Tensor) -> torch.Tensor:
+            if not backend:
+                backend.append(run.make_backend(NODE_BACKEND))
+            return run.train(backend[0], P, xs, ys)
+
+        given = run.diagnostic_tools() or {}
+        return {"val": given.get("val"), "train_batches": given.get("train_batches"),
+                "train": train}
 
 
 def node_engine(c: dict[str, Any]) -> str:
@@ -142,7 +169,7 @@ class Trainer:
         self.lr = run.lr
         self.clients = run.clients  # the run's one pool, shared by the nodes of a world
         self.batches = run.minibatches()
-        self.backend = run.make_backend("loop:workers=2")
+        self.backend = run.make_backend(NODE_BACKEND)
 
     def steps(self, age: int) -> int:
         """Local steps this round: K, or K·(1 + min(τ, 3)) for a returning client with +catchup."""
