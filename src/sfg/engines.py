@@ -320,6 +320,12 @@ not `none`. The engines:
 
 {engines}
 
+The event protocol runs on the clock's engine only: no node runs it (a node swarm with
+`protocol: event` is refused with one line), so its schedules, `on_return: pull` included,
+are checked against the protocols' reference written the other way and against worlds worked
+out by hand (`tests/test_clock_pull.py`, `tests/test_clock_hand.py`), not against a node;
+lockstep and async are also checked node against engine, curve by curve.
+
 *affects* is checked on the final models, an accuracy, or, for a setting that acts on a run's
 counts or times only, the metrics it is declared to move (below). Real asynchronous nodes run
 in wall time, so their runs differ from one another: their settings are checked to reach the
