@@ -16,11 +16,11 @@ from sfg.clock.schedule import (
     Schedule,
     World,
     _check_budget,
+    check_event,
     check_period,
     finish_schedule,
 )
 from sfg.clock.settings import ClockSettings
-from sfg.errors import SfgError
 from sfg.round.kernel import EV_ALL, EV_SEND, EV_TRAIN
 from sfg.round.rules import catchup_steps
 from sfg.round.staleness import wake_jitter
@@ -29,15 +29,8 @@ from sfg.round.staleness import wake_jitter
 def vectorised_async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
                    anatomy: str = "full") -> Schedule:
-    """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
-    of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
-    which says so: docs/concepts/clock.md#pairing-and-the-schedule-digest); ``link_failure``: the per-round link failures of docs/concepts/outages.md#link-failures, per
-    Δ-round of virtual time. ``anatomy`` (docs/concepts/outages.md#anatomy-modes): what an offline wake still does —
-    ``cannot-communicate`` trains K steps alone (no candidates, nothing sent),
-    ``cannot-train-shares`` sends its model as it is, ``cannot-train-adopts`` aggregates what
-    it holds, adopts it untrained and sends it; under the last two a device keeps
-    communicating while offline (its messages leave and arrive whatever its availability). A
-    wake while still busy is skipped, as online."""
+    """:func:`sfg.clock.schedule.async_schedule` (``on_return: none``), per wake over all
+    devices."""
     n, P = world.n, settings.P
     keeps = offline_keeps(anatomy)
     talks = bool(keeps & EV_SEND)
@@ -124,27 +117,9 @@ def vectorised_async_schedule(world: World, settings: ClockSettings, *, local_st
 def vectorised_event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
                    anatomy: str = "full") -> Schedule:
-    """The event protocol's schedule (see the module docstring; ``catchup`` and
-    ``link_failure`` as for :func:`async_schedule`).
-
-    ``anatomy`` (docs/concepts/outages.md#anatomy-modes): what an offline device still does. The event protocol has no
-    timer, so an offline device keeps the pace of what it still does:
-
-    * ``cannot-communicate`` trains alone, back to back, as it does online: a local round of
-      K·c_i seconds from the moment it goes offline (or its sends end), then the next, with no
-      candidates and nothing sent; age stays 0. A local round running when it comes back is
-      finished first; one that would end after the run is unfinished. Every device then needs
-      a positive compute time.
-    * ``cannot-train-shares`` and ``cannot-train-adopts`` do not train, so no compute paces
-      them: they act on *ticks* one Δ apart from the moment the device went offline (each
-      tick one staleness unit: the untrained round's + 1), sending their model back to back as
-      online (``shares``) or aggregating what they hold, adopting it untrained and sending it
-      (``adopts``). A tick while the uplink is still busy with the last sends (a broadcast of
-      s_i = k·transfer seconds takes every ⌈s_i/Δ⌉-th tick) or with the sends of the local
-      round it went offline in is an offline span of one unit. Back online at t, the part of
-      a unit since the last tick is an offline span ((t − tick)/Δ lag, its floor age), so the
-      offline time counts exactly as under ``full``. Their messages leave and arrive whatever
-      the availability, as under async."""
+    """:func:`sfg.clock.schedule.event_schedule` (``on_return: none``), per free instant
+    over all devices."""
+    check_event(world, settings, local_steps=local_steps, anatomy=anatomy)
     n, delta = world.n, float(settings.round_seconds)
     keeps = offline_keeps(anatomy)
     trains_off = bool(keeps & EV_TRAIN)
@@ -153,27 +128,6 @@ def vectorised_event_schedule(world: World, settings: ClockSettings, *, local_st
     train = local_steps * world.compute
     dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
     deg = np.diff(out_slots(world.rg)[0])
-    dur = train + deg * dt
-    if n and float(dur.min()) <= 0.0:
-        i = int(np.argmin(dur))
-        raise SfgError(f"the event protocol starts a device's next local round as soon as the "
-                       f"last one is done; device {i}'s takes no time (compute 0 and instant "
-                       "transfers), so it would never stop: give --compute a positive time "
-                       "(e.g. const:value=1) or a finite --uplink with --message-bytes")
-    if trains_off and n and float(train.min()) <= 0.0:
-        i = int(np.argmin(train))
-        raise SfgError(f"under anatomy {anatomy!r} an offline device trains alone, one local "
-                       f"round after the other; device {i}'s K steps take no time (compute 0), "
-                       "so it would never stop: give --compute a positive time "
-                       "(e.g. const:value=1)")
-    on_s = world.online.online_seconds()
-    est = float((on_s / np.maximum(dur, 1e-300)).sum())
-    off_s = np.maximum(world.horizon - on_s, 0.0)
-    if trains_off:
-        est += float((off_s / np.maximum(train, 1e-300)).sum())
-    elif ticks_off:
-        est += float(off_s.sum()) / delta
-    _check_budget(est, "event schedule")
     assert settings.pull_timeout is None or talks, "the reference is on_return none's"
     ids = np.arange(n)
     on0 = world.online.online_at(ids, np.zeros(n))

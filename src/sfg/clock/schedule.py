@@ -568,6 +568,41 @@ def _check_budget(n_events: float, what: str) -> None:
                        "longer local rounds (--compute, --uplink)")
 
 
+def check_event(world: World, settings: ClockSettings, *, local_steps: int,
+                anatomy: str) -> None:
+    """The event protocol's refusals: a local round that takes no time (it would never
+    stop), an offline device trained alone with no compute time, and a schedule over the
+    budget of local rounds (:data:`MAX_EVENTS`)."""
+    n, delta = world.n, float(settings.round_seconds)
+    keeps = offline_keeps(anatomy)
+    trains_off = bool(keeps & EV_TRAIN)
+    ticks_off = bool(keeps) and not trains_off
+    train = local_steps * world.compute
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    deg = np.diff(out_slots(world.rg)[0])
+    dur = train + deg * dt
+    if n and float(dur.min()) <= 0.0:
+        i = int(np.argmin(dur))
+        raise SfgError(f"the event protocol starts a device's next local round as soon as the "
+                       f"last one is done; device {i}'s takes no time (compute 0 and instant "
+                       "transfers), so it would never stop: give --compute a positive time "
+                       "(e.g. const:value=1) or a finite --uplink with --message-bytes")
+    if trains_off and n and float(train.min()) <= 0.0:
+        i = int(np.argmin(train))
+        raise SfgError(f"under anatomy {anatomy!r} an offline device trains alone, one local "
+                       f"round after the other; device {i}'s K steps take no time (compute 0), "
+                       "so it would never stop: give --compute a positive time "
+                       "(e.g. const:value=1)")
+    on_s = world.online.online_seconds()
+    est = float((on_s / np.maximum(dur, 1e-300)).sum())
+    off_s = np.maximum(world.horizon - on_s, 0.0)
+    if trains_off:
+        est += float((off_s / np.maximum(train, 1e-300)).sum())
+    elif ticks_off:
+        est += float(off_s.sum()) / delta
+    _check_budget(est, "event schedule")
+
+
 def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_steps: int,
                seed: int, catchup: bool, link_failure: float, anatomy: str,
                stats: dict[str, float] | None = None) -> Schedule:
@@ -639,34 +674,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
       a unit since the last tick is an offline span ((t − tick)/Δ lag, its floor age), so the
       offline time counts exactly as under ``full``. Their messages leave and arrive whatever
       the availability, as under async."""
-    n, delta = world.n, float(settings.round_seconds)
-    keeps = offline_keeps(anatomy)
-    trains_off = bool(keeps & EV_TRAIN)
-    ticks_off = bool(keeps) and not trains_off
-    train = local_steps * world.compute
-    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
-    deg = np.diff(out_slots(world.rg)[0])
-    dur = train + deg * dt
-    if n and float(dur.min()) <= 0.0:
-        i = int(np.argmin(dur))
-        raise SfgError(f"the event protocol starts a device's next local round as soon as the "
-                       f"last one is done; device {i}'s takes no time (compute 0 and instant "
-                       "transfers), so it would never stop: give --compute a positive time "
-                       "(e.g. const:value=1) or a finite --uplink with --message-bytes")
-    if trains_off and n and float(train.min()) <= 0.0:
-        i = int(np.argmin(train))
-        raise SfgError(f"under anatomy {anatomy!r} an offline device trains alone, one local "
-                       f"round after the other; device {i}'s K steps take no time (compute 0), "
-                       "so it would never stop: give --compute a positive time "
-                       "(e.g. const:value=1)")
-    on_s = world.online.online_seconds()
-    est = float((on_s / np.maximum(dur, 1e-300)).sum())
-    off_s = np.maximum(world.horizon - on_s, 0.0)
-    if trains_off:
-        est += float((off_s / np.maximum(train, 1e-300)).sum())
-    elif ticks_off:
-        est += float(off_s.sum()) / delta
-    _check_budget(est, "event schedule")
+    check_event(world, settings, local_steps=local_steps, anatomy=anatomy)
     return _simulated(world, settings, "event", local_steps=local_steps, seed=seed,
                       catchup=catchup, link_failure=link_failure, anatomy=anatomy)
 
