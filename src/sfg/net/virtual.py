@@ -140,7 +140,9 @@ class BatchTrainer:
             self._defer(int(i), x, None)
             return float("nan")
         if self._eval is None:  # the single-client backend of Trainer, one for all nodes
-            self._eval = self.run.make_backend("loop:workers=2")
+            from sfg.net.world import NODE_BACKEND
+
+            self._eval = self.run.make_backend(NODE_BACKEND)
         P = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
         return float(self.run.evaluate(P, [int(i)], backend=self._eval)[0])
 
