@@ -170,3 +170,94 @@ def test_empty_and_missing(tmp_path):
     with pytest.raises(SfgError, match="round_minutes"):
         load_tabular(write(tmp_path, "device,round,available\na,0,1\n", "ok.csv"),
                      round_minutes=0)
+
+
+# ------------------------------------------------ fleet-sized files: the plain reader, the cut
+def _dense_cut(D, dev, s, e, T, L):
+    """The rounds as the loader cut them before it was sparse: a dense device x round matrix
+    of coverage, one entry per covered device-round, summed in the periods' order."""
+    cover = np.zeros((D, T + 1))
+    r0 = np.floor(s / L).astype(np.int64)
+    n = np.ceil(e / L).astype(np.int64) - r0
+    rep = np.repeat(np.arange(len(n)), n)
+    rr = r0[rep] + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+    overlap = np.minimum(e[rep], (rr + 1) * L) - np.maximum(s[rep], rr * L)
+    np.add.at(cover, (dev[rep], rr), overlap)
+    return (2 * cover[:, :T] >= L - 1e-9).T
+
+
+@pytest.mark.parametrize("L,block", [(10.0, 1 << 24), (7.3, 40), (0.7, 7), (1e-10, 3)])
+def test_sparse_cut_equals_the_dense_matrix(monkeypatch, L, block):
+    """Each round decided from the periods' first and last rounds (exact overlaps, in order)
+    and the rounds they cover whole, by blocks of devices: the dense matrix's answer."""
+    from sfg.world.traces import tabular
+
+    monkeypatch.setattr(tabular, "_BLOCK_CELLS", block)
+    rng = np.random.default_rng(7)
+    D, T = 23, 40
+    rows = []
+    for d in range(D):
+        t = float(rng.uniform(0, 30) * L)
+        for _ in range(int(rng.integers(0, 9))):
+            t += float(rng.choice([0.0, rng.uniform(0, 3 * L), L * rng.integers(0, 4)]))
+            dur = float(rng.choice([rng.uniform(0.01, 4) * L, L * rng.integers(1, 5), L / 2]))
+            rows.append((d, t, t + dur))
+            t += dur
+    dev = np.array([r[0] for r in rows])
+    s = np.clip([r[1] for r in rows], 0, T * L)
+    e = np.clip([r[2] for r in rows], 0, T * L)
+    keep = e > s
+    dev, s, e = dev[keep], s[keep], e[keep]
+    got = tabular._cut_rounds(D, dev, s, e, T, L)
+    assert got.shape == (T, D) and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, _dense_cut(D, dev, s, e, T, L))
+
+
+PLAIN = [
+    "device,start,end\nb,0,25\na,5,12.5\n\n b ,30,31\n,,\n  \nc,1e1,1_1\n",
+    "Device , Start,END,available,note\r\na,0,10,1,x\r\nb,0,10, No ,y\r\na,10,20,TRUE,\r\n",
+    "device,start,end\na,2024-03-01T00:00,2024-03-01 07:30:05\nb,2024-02-29,2024-03-01T01:00\n",
+    "device,start,end\nx,2024-03-01T00:00,2024-03-01T01:00+02:00\n",
+    "device,start,end\nx,2024-02-30T00:00,2024-03-01T00:00\n",
+    "device,start,end\nx,2024-03-01T24:00,2024-03-02T00:00\n",
+    "device,start,end\nx,20240301T0000,20240301T0100\n",
+    "device,start,end\nx,2024/03/01T00:00,2024/03/01T01:00\n",
+    "device,start,end\nx,2024-03-01X00:00,2024-03-01T01:00\n",
+    "device,start,end\nx,0,10\ny,5\n",
+    "device,start,end\nx,0,10\ny,5,6,7\n ,, \n",
+    "device,start,end\nx,10,5\n",
+    "device,start,end\nx,0,10\nx,5,20\n",
+    "device,start,end,available\nx,0,10,maybe\n",
+    "device,round,available\nx,0,1\ny,3,0\nx,2,yes\n",
+    "device,round,available\nx,0,1\nx,0,0\n",
+    "device,round,available\nx,1.5,1\n",
+    "device,start,end\n",
+]
+
+
+@pytest.mark.parametrize("text", PLAIN)
+def test_plain_reader_equals_the_csv_module(tmp_path, monkeypatch, text):
+    """A plain file (ASCII, unquoted) is split with numpy; the trace, or the one-line error,
+    is the csv module's on the same file."""
+    from sfg.world.traces import tabular
+
+    p = tmp_path / "t.csv"
+    p.write_bytes(text.encode())
+
+    def load():
+        try:
+            tr = load_tabular(p, round_minutes=5)
+        except SfgError as e:
+            return str(e)
+        got = tabular.tabular_intervals(p, round_minutes=5)
+        return (tr.available.tolist(), tr.devices, tr.start, tr.meta,
+                None if got is None else (got[0], got[1].tolist(), got[2].tolist(),
+                                          got[3].tolist(), got[4]))
+
+    plain = load()
+    try:
+        assert tabular._plain_columns(p, text.encode()) is not None  # it takes the plain path
+    except SfgError:
+        pass
+    monkeypatch.setattr(tabular, "_plain_columns", lambda path, data: None)
+    assert plain == load()
