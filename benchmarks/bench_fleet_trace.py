@@ -1,4 +1,4 @@
-"""A fleet-sized trace file: loading a 136,000-device interval CSV (issue 43, item 4).
+"""A fleet-sized trace file: loading a 136,000-device interval CSV (the clock at fleet scale).
 
 Writes a synthetic trace in the standard interval form (``device,start,end``; ISO timestamps,
 docs/reference/formats.md) for 136,000 devices -- the size of the FLASH smartphone study --
