@@ -741,12 +741,12 @@ def protocol_parts(world, settings: ClockSettings, protocol: str, *, local_steps
     talks = bool(keeps & EV_SEND)
     out = dict(stats or {})
     if protocol == "async":
-        out.update(skipped=float(c[0]))
-    out.update(interrupted=float(c[1]), unfinished=float(c[2]))
-    if protocol == "async":
-        out.update(offline_wakes=float(c[3]))
-    elif talks:  # ticks that were offline spans (the uplink still busy)
-        out.update(skipped=float(c[0]))
+        out.update(skipped=float(c[0]), interrupted=float(c[1]), unfinished=float(c[2]),
+                   offline_wakes=float(c[3]))
+    else:
+        out.update(interrupted=float(c[1]), unfinished=float(c[2]))
+        if talks:  # ticks that were offline spans (the uplink still busy)
+            out.update(skipped=float(c[0]))
     if not pull_on:
         return parts, steps_of, out, None, caps_of, talks
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]

@@ -364,7 +364,7 @@ def held_latest(ptr, arrival, sent, newest, offset, qslot, qtime, window, unit, 
                 out_wait):  # pragma: no cover
     """For each query (slot, time): the newest message over the slot (:func:`newest_so_far`)
     among those a local round starting at that time holds (the phases of one instant,
-    :func:`sfg.clock.instant.held_count`: arrived by then, not sent then; ``sent``: each
+    :func:`held_count`: arrived by then, not sent then; ``sent``: each
     message's commit, −inf for a pull's reply), if :func:`held_units` holds it a candidate
     (arrived within ``window`` units of ``unit`` seconds; index into ``arrival``, sorted per
     slot between ptr[s] and ptr[s+1] by arrival, then sending), or −1; and the units it

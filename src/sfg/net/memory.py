@@ -44,6 +44,7 @@ from sfg.clock.links import (
     transfer_time,
 )
 from sfg.clock.settings import HEADER_BYTES
+from sfg.net.simclock import resolve as _resolve
 from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE, chunks
 
 ADDRESS = "mem:{}"
@@ -252,11 +253,6 @@ class MemoryNetwork:
                 loop.call_at(arr, _resolve, fut, (h, body, held))
             else:
                 loop.call_at(arr, _resolve, fut, EMPTY)
-
-
-def _resolve(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)
 
 
 async def _until(t: float) -> None:

@@ -5,9 +5,10 @@ clock that jumps to the next timer instead of waiting for it.
 virtual clock in seconds starting at 0, and the selector never blocks — when nothing is ready
 it first calls the loop's *idle hooks* (e.g. the batched trainer, which then runs every
 training request of this instant together and resolves their futures), and only when no hook
-has work does it end the instant — the callbacks given to :meth:`VirtualLoop.call_at_instant_end`
-for this instant run (the last phase of one instant, :mod:`sfg.clock.instant`: they see every
-event of the instant) — and only then move the clock to the earliest scheduled timer or
+has work does it run the callbacks given for this instant's phases, one phase after the
+other (:meth:`VirtualLoop.call_at_phase`, the phases of :mod:`sfg.clock.instant`: wakes, then
+local rounds' ends, then evaluations, which see every event of the instant) — and only then
+move the clock to the earliest scheduled timer or
 instant's end. ``asyncio.sleep``,
 ``wait_for`` and every timeout therefore run in virtual time, deterministically: the same
 program gives the same sequence of events on every run (no threads, no real I/O; the
@@ -221,7 +222,9 @@ class _Timer:
         return repr(self.callback)
 
 
-def _settle(fut: asyncio.Future, value=None) -> None:
+def resolve(fut: asyncio.Future, value=None) -> None:
+    """Give ``fut`` its result ``value`` unless it is done (cancelled, say): the callback the
+    virtual loop's timers and phases run to wake a waiting task."""
     if not fut.done():
         fut.set_result(value)
 
@@ -274,7 +277,7 @@ class NodeClock:
         from sfg.clock.instant import Phase
 
         fut = loop.create_future()
-        loop.call_at_phase(loop.time() + delay, Phase.WAKE, _settle, fut)
+        loop.call_at_phase(loop.time() + delay, Phase.WAKE, resolve, fut)
         await fut
 
 

@@ -32,6 +32,7 @@ import torch
 
 from sfg.clock.instant import Phase
 from sfg.errors import SfgError
+from sfg.net.simclock import resolve as _resolve
 from sfg.sim.context import single_threaded
 
 EVAL_BATCH = 256  # deferred evaluations run in batches of this many models (memory bound)
@@ -210,11 +211,6 @@ class BatchTrainer:
                 loop.call_at_phase(due, Phase.COMMIT, self.flush)
         self.pending.append(_Request(int(i), x, int(t), int(age), fut, due, now))
         return fut
-
-
-def _resolve(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)
 
 
 class _NodeTrainer:
