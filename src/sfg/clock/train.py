@@ -67,16 +67,28 @@ def _last_by(ptr, vals, group, q):  # pragma: no cover - compiled
 
 
 class _Pool:
-    """Models by id in one growing [capacity, D] tensor with a free list: the initial models
-    are ids 0..N−1, local round r's model is id N + r."""
+    """Models by id: the initial models are ids 0..N−1, local round r's model is id N + r.
+
+    The initial models are read from ``X0`` as given (one row expanded over the N devices
+    holds them all: no copy per device); the trained ones live in one [capacity, D] tensor
+    with a free list, sized once from the plan (:meth:`reserve`: the most models alive at
+    once) or grown."""
 
     def __init__(self, X0: torch.Tensor, n_ids: int):
         self.n0 = X0.shape[0]
-        self.buf = X0.clone()
-        self.row = np.full(n_ids, -1, np.int64)
-        self.row[: self.n0] = np.arange(self.n0)
+        self.base = X0
+        self.buf = X0.new_empty((0, X0.shape[1]))
         self.free: list[int] = []
-        self.peak = self.n0
+        self.row = np.full(n_ids, -1, np.int64)  # a trained model's row in buf
+        self.alive = np.zeros(n_ids, bool)
+        self.alive[: self.n0] = True
+        self.live = self.peak = self.n0
+
+    def reserve(self, capacity: int) -> _Pool:
+        """Room for ``capacity`` trained models (before any is put); returns the pool."""
+        self.buf = self.buf.new_empty((capacity, self.buf.shape[1]))
+        self.free = list(range(capacity - 1, -1, -1))
+        return self
 
     def put(self, ids: np.ndarray, X: torch.Tensor) -> None:
         k = ids.size
@@ -91,18 +103,30 @@ class _Pool:
         rows = np.array(take, np.int64)
         self.buf.index_copy_(0, torch.from_numpy(rows), X)
         self.row[ids] = rows
-        self.peak = max(self.peak, int((self.row >= 0).sum()))
+        self.live += int(k - np.count_nonzero(self.alive[ids]))
+        self.alive[ids] = True
+        self.peak = max(self.peak, self.live)
 
     def get(self, ids: np.ndarray) -> torch.Tensor:
-        rows = self.row[ids]
-        assert (rows >= 0).all(), "a model was read after it was freed"
-        return self.buf.index_select(0, torch.from_numpy(rows))
+        assert self.alive[ids].all(), "a model was read after it was freed"
+        first = ids < self.n0
+        if not first.any():
+            return self.buf.index_select(0, torch.from_numpy(self.row[ids]))
+        out = self.base.new_empty((ids.size, self.base.shape[1]))
+        at = np.flatnonzero(first)
+        out[torch.from_numpy(at)] = self.base[torch.from_numpy(ids[at])]
+        at = np.flatnonzero(~first)
+        if at.size:
+            out[torch.from_numpy(at)] = self.buf.index_select(0, torch.from_numpy(self.row[ids[at]]))
+        return out
 
     def drop(self, ids: np.ndarray) -> None:
+        ids = ids[self.alive[ids]]
         rows = self.row[ids]
-        rows = rows[rows >= 0]
-        self.free.extend(rows.tolist())
+        self.free.extend(rows[rows >= 0].tolist())
         self.row[ids] = -1
+        self.alive[ids] = False
+        self.live -= ids.size
 
 
 # "every neighbour's latest message is a candidate": a window longer than any run
@@ -192,7 +216,10 @@ class EventLoop:
             make_scorer(rule, n=1, n_slots=1, X0=torch.zeros(1, 1))  # refuse unknown ones early
         self.settings = run.clock_settings(settings)
         self._schedule()
-        self.X0 = run.initial()
+        X0 = run.initial()
+        if torch.equal(X0, X0[:1].expand_as(X0)):  # the common initial model: held once
+            X0 = X0[:1].clone().expand_as(X0)
+        self.X0 = X0
         self.backend = run.backend
         self.clients = run.clients
         self.batches = run.minibatches(keep=64)
@@ -259,10 +286,14 @@ class EventLoop:
         self.free_bounds = np.searchsorted(last_use[self.by_last], np.arange(0, n_levels + 2),
                                            side="right")
         self.eval_order = np.argsort(self.eval_level, kind="stable")
-        self.pool = _Pool(self.X0, N + R)
+        # the most trained models alive at once: made at their level, freed after their last read
+        made = np.bincount(level[loc], minlength=n_levels + 1)
+        freed = np.bincount(last_use[N + loc], minlength=n_levels + 1)
+        cap = int((np.cumsum(made - freed) + freed).max()) if loc.size else 0
+        self.pool = _Pool(self.X0, N + R).reserve(cap)
         # ditto (docs/concepts/training.md#the-training-protocol backbones): a personal model per device beside the shared one,
         # trained from its own previous personal model towards the local round's aggregate
-        self.personal = _Pool(self.X0, N + R) if self.run.backbone == "ditto" else None
+        self.personal = _Pool(self.X0, N + R).reserve(cap) if self.run.backbone == "ditto" else None
         self.diag = self._diagnostics()
         self.scorer = None
         if self.scored:
