@@ -21,9 +21,10 @@ the engine its settings name.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -80,6 +81,17 @@ def single_threaded() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def timed(times: dict[str, float], part: str) -> Iterator[None]:
+    """Add the wall seconds of the block to ``times[part]``: the per-part costs a run reports
+    in ``meta['timings']`` (two clock reads a block, whatever N)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[part] = times.get(part, 0.0) + time.perf_counter() - t
 
 
 def train_sizes(data) -> np.ndarray:
@@ -139,6 +151,7 @@ class Run:
     device: torch.device
     attack_given: Any = None  # the attack as configured (``attack`` is None without attackers)
     trace: np.ndarray | None = None  # an availability trace given by the caller (nodes)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per part (:func:`timed`)
 
     @property
     def seed(self) -> int:
@@ -345,20 +358,24 @@ def build_run(c: dict[str, Any], *, engine: str, edges: np.ndarray | None = None
     seed, N = int(c["seed"]), int(c["n_clients"])
     rule = parse_rule(c["rule"])
     device_ = device_of(str(c["device"]) if device is None else device)
+    times: dict[str, float] = {}
     # -- everything keyed by the seed only (pairing)
-    data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
-                          alpha=float(c["alpha"]), partition=c["partition"])
-    if edges is not None:  # the edges of peers.yaml; no node positions
-        graph = Graph(N, _edges(edges, N), None, "peers")
-    else:
-        graph = make_graph(c["graph"], N, seed=seed)
+    with timed(times, "data"):  # the pool and its partition into the clients' shares
+        data = load_federated(c["dataset"], n_clients=N, seed=seed, data_root=c["data_root"],
+                              alpha=float(c["alpha"]), partition=c["partition"])
+    with timed(times, "graph"):
+        if edges is not None:  # the edges of peers.yaml; no node positions
+            graph = Graph(N, _edges(edges, N), None, "peers")
+        else:
+            graph = make_graph(c["graph"], N, seed=seed)
     # forged staleness (sfg.round.attacks): attackers from the attack's own stream; frac=0 is
     # no attack
     given = parse_attack(c.get("attack"))
     attackers = place(given, N, np.bincount(graph.edges.ravel(), minlength=N), seed=seed)
     attack = given if attackers.any() else None
     return Run(c=c, engine=engine, rule=rule, data=data, graph=graph, attack=attack,
-               attackers=attackers, device=device_, attack_given=given, trace=available)
+               attackers=attackers, device=device_, attack_given=given, trace=available,
+               timings=times)
 
 
 def _edges(edges, n: int) -> np.ndarray:

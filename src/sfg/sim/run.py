@@ -52,6 +52,7 @@ from sfg.sim.context import (
     numerics,
     single_threaded,
     time_to_target,
+    timed,
 )
 from sfg.sim.gossip import gossip_
 from sfg.sim.minibatches import minibatch_indices
@@ -89,19 +90,23 @@ class RoundLoop:
         self.rule = rule = run.rule
         N, T = run.n, run.rounds
         self.attack, self.attackers = run.attack, run.attackers
-        self.X = run.initial()
-        self.backend = run.backend
-        self.clients = run.clients
-        self.batches = run.minibatches()
-        self.available = run.available
-        self.clock_meta, self.clock_live = self._clock()
-        self.caps_all = capabilities(self.available, c["anatomy"])
+        self.times = times = run.timings  # seconds per part, meta['timings']
+        with timed(times, "setup"):  # the models, the backend, the clients' data, the streams
+            self.X = run.initial()
+            self.backend = run.backend
+            self.clients = run.clients
+            self.batches = run.minibatches()
+        with timed(times, "trace"):  # availability (and the clock's lockstep schedule)
+            self.available = run.available
+            self.clock_meta, self.clock_live = self._clock()
+            self.caps_all = capabilities(self.available, c["anatomy"])
         self.head = run.head
         self.personal = self.X.clone() if run.backbone == "ditto" else None
         D = run.spec.D
         self.model_rule = (make_model_rule(rule, N=N, D=D, device=run.device)
                            if rule.reads_models else None)
-        rg = RoundGraph.from_graph(run.graph)
+        with timed(times, "graph"):
+            rg = RoundGraph.from_graph(run.graph)
         self.undirected_id = rg.edge_id
         self.evidence = evidence_for(rule, self.attack, rg, anatomy=str(c["anatomy"]))
         if self.clock_live is not None or rule.certified:  # deliveries per direction
@@ -125,6 +130,7 @@ class RoundLoop:
         self.curve_mean: list[float] = []
         self.curve_p10: list[float] = []
         self.weights_log: list[np.ndarray] | None = [] if record_weights else None
+        self.last_acc: np.ndarray | None = None  # the evaluation of the models as they are
         self.digest = hashlib.blake2b(digest_size=16)  # of every minibatch drawn (pairing)
         self.diag = self._diagnostics()
         self.watch = observer is not None or self.diag is not None  # keep the round's tensors
@@ -247,17 +253,21 @@ class RoundLoop:
 
     def play(self, t: int) -> None:
         """Round t: aggregation, local training, the staleness update, evaluation."""
-        caps = caps_at(self.caps_all, t)
-        live = self._live(t)
-        X_start = self.X.clone() if self.watch else self.X
-        rw = self._aggregate(t, caps, live)
-        X_agg = self.X.clone() if self.watch else self.X
-        if self.weights_log is not None:
-            self.weights_log.append(rw.weights.copy())
-        nb = int(np.count_nonzero(rw.candidate & ~self.rg.is_self))
-        self.messages += nb
-        self.scalars += nb * self.rule.scalars_per_message
-        self._train(t, caps)
+        times = self.times
+        with timed(times, "rounds"):  # the round's bookkeeping: who, the weights, gossip
+            caps = caps_at(self.caps_all, t)
+            live = self._live(t)
+            X_start = self.X.clone() if self.watch else self.X
+            rw = self._aggregate(t, caps, live)
+            X_agg = self.X.clone() if self.watch else self.X
+            if self.weights_log is not None:
+                self.weights_log.append(rw.weights.copy())
+            nb = int(np.count_nonzero(rw.candidate & ~self.rg.is_self))
+            self.messages += nb
+            self.scalars += nb * self.rule.scalars_per_message
+        self.last_acc = None
+        with timed(times, "train"):
+            self._train(t, caps)
         if self.watch:
             seen = {"t": t, "X": X_start, "X_agg": X_agg, "X_next": self.X,
                     "weights": rw.weights, "candidate": rw.candidate, "caps": caps,
@@ -269,13 +279,19 @@ class RoundLoop:
                 self.diag.observe(seen)
         self.state = rw.state
         if (t + 1) % int(self.c["eval_every"]) == 0 or t == self.run.rounds - 1:
-            mean, p10 = curve_point(self.evaluate())
+            mean, p10 = curve_point(self.evaluate(fresh=True))
             self.curve_round.append(float(t + 1))
             self.curve_mean.append(mean)
             self.curve_p10.append(p10)
 
-    def evaluate(self) -> np.ndarray:
-        return self.run.evaluate(self.personal if self.personal is not None else self.X)
+    def evaluate(self, fresh: bool = False) -> np.ndarray:
+        """float64 [N] every client's test accuracy of its model as it is now (evaluated once
+        for the models of one round: the last round's evaluation is the final one)."""
+        if self.last_acc is None or fresh:
+            with timed(self.times, "evaluate"):
+                self.last_acc = self.run.evaluate(self.personal if self.personal is not None
+                                                  else self.X)
+        return self.last_acc
 
     def result(self, acc: np.ndarray, seconds: float) -> RunResult:
         """The run's :class:`RunResult` with the final accuracies ``acc``."""
@@ -297,7 +313,7 @@ class RoundLoop:
                 "with_replacement_clients": int((self.clients.sizes < run.B).sum()),
                 "backend": getattr(self.backend, "name", ""), "D": run.spec.D,
                 "minibatch_digest": self.digest.hexdigest(), "client_steps": self.steps_taken,
-                "numerics": numerics()}
+                "numerics": numerics(), "timings": dict(self.times)}
         clock_meta = dict(self.clock_meta)
         if clock_meta:  # lockstep on the clock: the same time metrics as async and event
             metrics.update(clock_meta.pop("_stats"))
