@@ -439,29 +439,25 @@ def _ticks(heap, E, ne, F, G, st, i, y, horizon, delta, ipt, ist, ien, s_i,
 def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
               rtime, rend, compute, K, ns_table, deg, dt, dth, qptr, qj, qcode, qtime,
               qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd, wr, rt, rd,
-              rq):  # pragma: no cover - compiled
-    """The events in time order (see the module docstring). proto 0: async, 1: event;
-    ``alone``: offline devices train alone (capabilities ``keeps``). Returns the events
+              rq, F, G, st, hq, fresh, t_stop):  # pragma: no cover - compiled
+    """The events in time order (see the module docstring) before ``t_stop``. proto 0:
+    async, 1: event; ``alone``: offline devices train alone (capabilities ``keeps``).
+    F [N, 8], G [N, 10], st [9]: the devices' state and the counts, carried from one span of
+    time to the next (:func:`fresh_state`); hq (times, kinds, devices, args): the pending
+    events the last span left (``fresh``: none yet, the first span). Returns the events
     (time, dev, kind, amount, end, step, t, nsteps, bstart, closes, caps), the replies per
-    request (src local round −1: empty or none, held, arrival, delivered, sent) and the
-    counts."""
+    request (src local round −1: empty or none, held, arrival, delivered, sent), the counts
+    and the pending events."""
     # the events by column (time dev kind amount end step t nsteps bstart closes caps)
     E = np.empty((11, max_events))
     ne = 0
     NQ = qj.shape[0]
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
-    F = np.zeros((n, 8))
-    F[:, _OFF_SINCE] = np.nan
-    F[:, _W_MOVED] = np.nan
-    G = np.zeros((n, 10), np.int64)
-    G[:, _CHAIN_POS] = -1
-    G[:, _SENT_ID] = -1
-    G[:, _W_RET] = -1
-    G[:, _W_ROUND] = -1
-    st = np.zeros(9)
     heap = [(np.inf, 9, 0, 0)]
-    for i in range(n):
+    for h in range(hq[0].shape[0]):
+        heapq.heappush(heap, (hq[0][h], hq[1][h], hq[2][h], hq[3][h]))
+    for i in range(n if fresh else 0):
         if rptr[i] < rptr[i + 1]:
             heapq.heappush(heap, (rtime[rptr[i]], _RETURN, i, rptr[i]))
         if proto == 0:
@@ -485,7 +481,9 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             t0, k0, d0, src = wt[wi], _WAKE, wd[wi], 1
         if ri < NR and (rt[ri] < t0 or (rt[ri] == t0 and (_REQUEST < k0 or (
                 _REQUEST == k0 and rd[ri] <= d0)))):
-            src = 2
+            t0, src = rt[ri], 2
+        if t0 >= t_stop:
+            break  # the span ends: what is pending waits in the heap
         if src == 1:
             now, kind, i, arg = wt[wi], _WAKE, wd[wi], wr[wi]
             wi += 1
@@ -513,7 +511,26 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk,
                            horizon, unit, ipt, ist, ien, compute, K, ns_table, keeps, ev_all,
                            deg, dt)
-    return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st
+    m = len(heap) - 1  # the pending events, in order (the sentinel last)
+    out = (np.empty(m), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64))
+    for h in range(m):
+        out[0][h], out[1][h], out[2][h], out[3][h] = heapq.heappop(heap)
+    return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st, out
+
+
+@njit(cache=True, nogil=True)
+def fresh_state(n):  # pragma: no cover - compiled
+    """The simulation's state before time 0 (:func:`_simulate`): F [N, 8], G [N, 10], the
+    counts [9]."""
+    F = np.zeros((n, 8))
+    F[:, _OFF_SINCE] = np.nan
+    F[:, _W_MOVED] = np.nan
+    G = np.zeros((n, 10), np.int64)
+    G[:, _CHAIN_POS] = -1
+    G[:, _SENT_ID] = -1
+    G[:, _W_RET] = -1
+    G[:, _W_ROUND] = -1
+    return F, G, np.zeros(9)
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -602,130 +619,205 @@ def _reverse_slots(rg) -> np.ndarray:
     return order[np.searchsorted(key[order], rkey)]
 
 
-def _wake_table(jit: np.ndarray, P: float, horizon: float, online
+def _wake_table(jit: np.ndarray, P: float, horizon: float, online, r0: int = 0
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every async wake before the horizon, sorted by (time, device): times, devices, rounds
-    and whether the device is online then (asked round by round in the order of the devices,
-    which keeps the availability's search local)."""
+    """The async wakes of rounds r0, r0 + 1, … (jit [rounds, N]: their jitter in seconds)
+    before the horizon, sorted by (time, device): times, devices, rounds and whether the
+    device is online then (asked round by round in the order of the devices, which keeps
+    the availability's search local)."""
     wakes, n = jit.shape
-    t0 = np.arange(wakes, dtype=np.float64)[:, None] * P + jit
+    t0 = np.arange(r0, r0 + wakes, dtype=np.float64)[:, None] * P + jit
     up = online.online_at(np.tile(np.arange(n, dtype=np.int64), wakes), t0.ravel())
     # round r's wakes lie in [rP, (r+1)P) (jitter < 1): sorting each round's is enough, by
     # time and, at one time, by device (a stable sort of the devices in id order)
     d = np.argsort(jit, axis=1, kind="stable")
     t = np.take_along_axis(t0, d, axis=1).ravel()
     up = np.take_along_axis(up.reshape(wakes, n), d, axis=1).ravel()
-    r = np.repeat(np.arange(wakes, dtype=np.int64), n)
+    r = np.repeat(np.arange(r0, r0 + wakes, dtype=np.int64), n)
     d = d.ravel().astype(np.int64)
     keep = t < horizon
     return t[keep], d[keep], r[keep], up[keep]
 
 
+class Simulation:
+    """:func:`_simulate` on a world, span by span of time (``pull`` False: the protocol
+    without it). ``anatomy``: what an offline device still does (``cannot-communicate``: it
+    trains alone; ``cannot-train-*``: it keeps communicating, and has no returns);
+    ``link_failure``: the per-round link failures, for the requests and replies (the
+    ordinary messages' are applied when the schedule is assembled). :meth:`span` runs the
+    events before a time and keeps the devices' state and the pending events for the next;
+    one span over the whole run is :func:`simulate`. Spans need no pull, no anatomy mode and
+    no link failures (:attr:`spans`): then nothing but its own state couples a device's
+    events across time, apart from the messages, which the assembly carries."""
+
+    def __init__(self, world, settings: ClockSettings, protocol: str, *, local_steps: int,
+                 seed: int, catchup: bool, pull: bool = True, anatomy: str = "full",
+                 link_failure: float = 0.0):
+        from sfg.clock.links import live_links, out_slots, transfer_seconds
+        from sfg.round.kernel import EV_SEND
+        from sfg.round.rules import CATCHUP_CAP, catchup_steps
+        from sfg.util.rng import stream
+
+        n, H = world.n, world.horizon
+        on = world.online
+        self.world, self.settings, self.catchup = world, settings, catchup
+        rptr, rtime, rend = self.returns = returns_of(world)
+        dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+        dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
+        deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
+        self.keeps = keeps = _keeps(anatomy, pull)
+        self.spans = not pull and not keeps and not link_failure
+        # local steps by the device's own age (index min(τ, last)): +catchup's, or K
+        ns_table = catchup_steps(local_steps, np.arange(CATCHUP_CAP + 1)) if catchup else \
+            np.array([local_steps], np.int64)
+        talk = bool(keeps & EV_SEND)
+        alone = keeps != 0 and not talk
+        live, lf_unit = live_links(world, settings, link_failure if pull else 0.0, seed)
+        if pull:
+            rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth, live=live,
+                           lf_unit=lf_unit)
+        else:
+            z = np.zeros(0, np.int64)
+            rq = {"qptr": np.zeros(rtime.size + 1, np.int64), "qj": z, "qcode": z,
+                  "qtime": np.zeros(0), "qlat": np.zeros(0), "qextra": np.zeros(0),
+                  "qdrop": np.zeros(0, bool), "qret": z, "qslot": z, "qback": z, "qedge": z,
+                  "sent": np.zeros(0, bool)}
+        self.requests = rq
+        if protocol == "async":
+            self.P = settings.P
+            self.wakes = int(np.ceil(H / self.P))
+            self.jitter = stream(int(seed), "clock-jitter")  # rows drawn span by span
+            self.max_events = n + 1  # a span's, per round of wakes
+            proto, unit = 0, self.P
+        elif protocol == "event":
+            proto, unit = 1, float(settings.round_seconds)
+            train = local_steps * world.compute
+            dur = np.maximum(train + deg * dt, 1e-300)
+            L = on.end - on.start
+            idev = np.repeat(np.arange(n), np.diff(on.indptr))
+            max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
+            off_s = np.maximum(H - on.online_seconds(), 0.0)
+            if alone:  # local rounds trained alone while offline
+                max_events += int(np.ceil(off_s / np.maximum(train, 1e-300)).sum()) + L.size + n
+            elif talk:  # a tick every Δ while offline
+                max_events += int(np.ceil(off_s / unit).sum()) + 2 * L.size + 2 * n
+            self.max_events = max_events
+        else:
+            raise SfgError(f"protocol {protocol!r} has no event schedule")
+        self.proto, self.unit, self.r0 = proto, unit, 0
+        # every request's arrival (their returns are the world's: all known before), sorted
+        # as the heap would pop them: time, then the device it reaches, then the request
+        ra = np.flatnonzero(rq["qcode"] == ARRIVES)
+        ro = ra[np.lexsort((ra, rq["qj"][ra], rq["qtime"][ra]))]
+        rt, rd = np.ascontiguousarray(rq["qtime"][ro]), np.ascontiguousarray(rq["qj"][ro])
+        from sfg.round.kernel import EV_ALL
+
+        self.args = (proto, bool(pull), alone, talk, int(keeps), int(EV_ALL),
+                     float(settings.pull_timeout or 0.0), n, float(H), float(unit), on.indptr,
+                     on.start, on.end, rptr, rtime, rend,
+                     np.ascontiguousarray(world.compute, float), int(local_steps), ns_table,
+                     deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"], rq["qlat"],
+                     rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit))
+        self.req = (rt, rd, ro.astype(np.int64))
+        self.state = fresh_state(n)
+        z64 = np.zeros(0, np.int64)
+        self.hq = (np.zeros(0), z64, z64, z64)
+
+    def span(self, r1: int | None = None) -> dict[str, Any]:
+        """The events before r1 units of time (None: all the rest): as :func:`simulate`
+        returns them, the counts so far."""
+        world, n, H = self.world, self.world.n, self.world.horizon
+        z64 = np.zeros(0, np.int64)
+        r0 = self.r0
+        if r1 is not None and not self.spans and (r0 > 0 or r1 * self.unit < H):
+            raise SfgError("the simulation runs in one span under pull, anatomy modes and "
+                           "link failures")
+        t_stop = np.inf if r1 is None else float(r1) * self.unit
+        offline = (np.zeros(0), z64, z64)
+        if self.proto == 0:
+            r1 = self.wakes if r1 is None else min(int(r1), self.wakes)
+            jit = self.jitter.random((max(r1 - r0, 0), n)) * (self.settings.jitter * self.P)
+            wt, wd, wr, up = _wake_table(jit, self.P, H, world.online, r0)
+            max_events = self.max_events * max(r1 - r0, 0) + 1
+            if not self.catchup and not self.keeps:
+                # an offline wake only counts a unit of offline time (its age matters to
+                # +catchup alone): those are made here, at once (``offline``: time, device,
+                # round), and the simulation runs the online ones
+                offline = (wt[~up], wd[~up], wr[~up])
+                wt, wd, wr = wt[up], wd[up], wr[up]
+        else:
+            wt, wd, wr = np.zeros(0), z64, z64
+            max_events = self.max_events
+        self.r0 = r0 if r1 is None else r1
+        F, G, st = self.state
+        E, src, held, arr, ok, sent, st, self.hq = _simulate(
+            *self.args, int(max_events), wt, wd, wr, *self.req, F, G, st, self.hq, r0 == 0,
+            t_stop)
+        st[_OFFLINE_WAKES] += offline[0].size
+        return {"events": E, "offline": offline, "requests": self.requests, "reply_src": src,
+                "reply_held": held, "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
+                "counts": st, "returns": self.returns, "keeps": self.keeps}
+
+
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
              catchup: bool, pull: bool = True, anatomy: str = "full",
              link_failure: float = 0.0) -> dict[str, Any]:
-    """Run :func:`_simulate` on a world (``pull`` False: the protocol without it).
-    ``anatomy``: what an offline device still does (``cannot-communicate``: it trains alone;
-    ``cannot-train-*``: it keeps communicating, and has no returns); ``link_failure``: the per-round
-    link failures, for the requests and replies (the ordinary messages' are applied when the
-    schedule is assembled). Returns the events (columns of :func:`_put`; async offline
-    wakes that only count a unit apart, as (time, device, round): :func:`all_events` joins
-    them), the replies
-    (slot, sending event, arrival, held) that reached their device, the counts and ``keeps``
-    (the capabilities of a local round trained alone; 0: none)."""
-    from sfg.clock.links import live_links, out_slots, transfer_seconds
-    from sfg.round.kernel import EV_ALL, EV_SEND
-    from sfg.round.rules import CATCHUP_CAP, catchup_steps
-    from sfg.round.staleness import wake_jitter
-
-    n, H = world.n, world.horizon
-    on = world.online
-    z64 = np.zeros(0, np.int64)
-    rptr, rtime, rend = returns_of(world)
-    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
-    dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
-    deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
-    S = float(settings.pull_timeout or 0.0)
-    keeps = _keeps(anatomy, pull)
-    # local steps by the device's own age (index min(τ, last)): +catchup's, or K
-    ns_table = catchup_steps(local_steps, np.arange(CATCHUP_CAP + 1)) if catchup else \
-        np.array([local_steps], np.int64)
-    talk = bool(keeps & EV_SEND)
-    alone = keeps != 0 and not talk
-    live, lf_unit = live_links(world, settings, link_failure if pull else 0.0, seed)
-    if pull:
-        rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth, live=live,
-                       lf_unit=lf_unit)
-    else:
-        z = np.zeros(0, np.int64)
-        rq = {"qptr": np.zeros(rtime.size + 1, np.int64), "qj": z, "qcode": z,
-              "qtime": np.zeros(0), "qlat": np.zeros(0), "qextra": np.zeros(0),
-              "qdrop": np.zeros(0, bool), "qret": z, "qslot": z, "qback": z, "qedge": z,
-              "sent": np.zeros(0, bool)}
-    if protocol == "async":
-        P = settings.P
-        wakes = int(np.ceil(H / P))
-        jit = np.asarray(wake_jitter(seed, wakes, n), np.float64) * (settings.jitter * P)
-        max_events = n * wakes + 1
-        proto, unit = 0, P
-    elif protocol == "event":
-        proto, unit = 1, float(settings.round_seconds)
-        train = local_steps * world.compute
-        dur = np.maximum(train + deg * dt, 1e-300)
-        L = on.end - on.start
-        idev = np.repeat(np.arange(n), np.diff(on.indptr))
-        max_events = int(np.ceil(L / dur[idev]).sum()) + 2 * L.size + 2 * n + 1
-        off_s = np.maximum(H - on.online_seconds(), 0.0)
-        if alone:  # local rounds trained alone while offline
-            max_events += int(np.ceil(off_s / np.maximum(train, 1e-300)).sum()) + L.size + n
-        elif talk:  # a tick every Δ while offline
-            max_events += int(np.ceil(off_s / unit).sum()) + 2 * L.size + 2 * n
-    else:
-        raise SfgError(f"protocol {protocol!r} has no event schedule")
-    wt, wd, wr, up = _wake_table(jit, P, H, on) if proto == 0 else \
-        (np.zeros(0), z64, z64, np.zeros(0, bool))
-    offline = (np.zeros(0), z64, z64)
-    if proto == 0 and not catchup and not keeps:
-        # an offline wake only counts a unit of offline time (its age matters to +catchup
-        # alone): those are made here, at once (``offline``: time, device, round), and the
-        # simulation runs the online ones
-        offline = (wt[~up], wd[~up], wr[~up])
-        wt, wd, wr = wt[up], wd[up], wr[up]
-    # every request's arrival (their returns are the world's: all known before), sorted as
-    # the heap would pop them: time, then the device it reaches, then the request
-    ra = np.flatnonzero(rq["qcode"] == ARRIVES)
-    ro = ra[np.lexsort((ra, rq["qj"][ra], rq["qtime"][ra]))]
-    rt, rd = np.ascontiguousarray(rq["qtime"][ro]), np.ascontiguousarray(rq["qj"][ro])
-    E, src, held, arr, ok, sent, st = _simulate(
-        proto, bool(pull), alone, talk, int(keeps), int(EV_ALL), S, n, float(H), float(unit),
-        on.indptr, on.start, on.end, rptr, rtime, rend,
-        np.ascontiguousarray(world.compute, float), int(local_steps), ns_table, deg, dt, dth,
-        rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"],
-        rq["qlat"], rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit),
-        int(max_events), wt, wd, wr, rt, rd, ro.astype(np.int64))
-    st[_OFFLINE_WAKES] += offline[0].size
-    return {"events": E, "offline": offline, "requests": rq, "reply_src": src, "reply_held": held,
-            "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
-            "counts": st, "returns": (rptr, rtime, rend), "keeps": keeps}
+    """The whole run's events (:class:`Simulation`, one span): the events (columns of
+    :func:`_put`; async offline wakes that only count a unit apart, as (time, device,
+    round): :func:`all_events` joins them), the replies (slot, sending event, arrival, held)
+    that reached their device, the counts and ``keeps`` (the capabilities of a local round
+    trained alone; 0: none)."""
+    return Simulation(world, settings, protocol, local_steps=local_steps, seed=seed,
+                      catchup=catchup, pull=pull, anatomy=anatomy,
+                      link_failure=link_failure).span()
 
 
 def protocol_parts(world, settings: ClockSettings, protocol: str, *, local_steps: int,
                    seed: int, catchup: bool, link_failure: float, anatomy: str,
                    stats: dict[str, float] | None = None):
     """The async or event protocol's events (see the module docstring; ``on_return`` pull
-    or none), as :func:`sfg.clock.schedule.finish_schedule` assembles them: (parts, each
-    event's local steps, the counts, the pull's part of the schedule or None, the
-    capabilities or None, whether offline devices keep communicating)."""
-    import hashlib
+    or none) in one span, as :func:`sfg.clock.schedule.finish_schedule` assembles them:
+    (parts, each event's local steps, the counts, the pull's part of the schedule or None,
+    the capabilities or None, whether offline devices keep communicating)."""
+    return next(protocol_spans(world, settings, protocol, local_steps=local_steps, seed=seed,
+                               catchup=catchup, link_failure=link_failure, anatomy=anatomy,
+                               stats=stats))[1:]
 
+
+def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps: int,
+                   seed: int, catchup: bool, link_failure: float, anatomy: str,
+                   stats: dict[str, float] | None = None, every: int | None = None):
+    """:func:`protocol_parts` span by span: every ``every`` units of time (None: one span),
+    each as (its end in seconds, then :func:`protocol_parts`' tuple, the counts so far).
+    Spans need :attr:`Simulation.spans` (else one span)."""
     from sfg.clock.links import offline_keeps
     from sfg.round.kernel import EV_SEND
 
     # a device that keeps communicating while offline has no returns: nothing to pull
     # (docs/concepts/clock.md#returns-in-time), the schedule is on_return none's
     pull_on = settings.pull_timeout is not None and not offline_keeps(anatomy) & EV_SEND
-    r = simulate(world, settings, protocol, local_steps=local_steps, seed=seed,
-                 catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure)
+    sim = Simulation(world, settings, protocol, local_steps=local_steps, seed=seed,
+                     catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure)
+    if not sim.spans:
+        every = None
+    total = sim.wakes if protocol == "async" else int(np.ceil(world.horizon / sim.unit))
+    r1 = 0
+    while True:
+        r1 = None if every is None or r1 + every >= total else r1 + every
+        r = sim.span(r1)
+        until = np.inf if r1 is None else r1 * sim.unit
+        yield (until, *_parts(r, settings, protocol, stats, pull_on))
+        if r1 is None:
+            return
+
+
+def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
+           stats: dict[str, float] | None, pull_on: bool):
+    """One span's result of :class:`Simulation` as :func:`protocol_parts` gives it."""
+    import hashlib
+
+    from sfg.round.kernel import EV_SEND
+
     E, rq, c = r["events"], r["requests"], r["counts"]
     time, kind = E[:, 0], E[:, 2].astype(np.int64)
     parts = [(time, E[:, 1].astype(np.int64), kind, E[:, 3], E[:, 4], E[:, 5].astype(np.int64),

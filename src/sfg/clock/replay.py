@@ -134,24 +134,113 @@ def staleness_events(rule: Rule, world: World, sched: Schedule, *, seed: int,
     return es.result()
 
 
-def _event_metrics(rule: Rule, world: World, sched: Schedule, *, seed: int,
-                   attack: Attack | None) -> tuple[dict[str, float], dict[str, list[float]]]:
+class PieceStaleness:
+    """:class:`EventStaleness` over a schedule's pieces (:mod:`sfg.clock.assemble`), one at
+    a time and in time order, for the rules that draw nothing and read no models, without an
+    attack: the devices' state carries over, and of the headers only those that a later
+    piece's candidates may still read (the piece's ``keep``). Memory O(N), whatever the
+    length of the run. The facts of each piece go into ``acc`` (:class:`Accumulator`), the
+    sampled curves into ``curve``."""
+
+    def __init__(self, rule: Rule, world: World, *, n_samples: int):
+        from sfg.modelfree.metrics import Accumulator
+
+        rg, n = world.rg, world.n
+        certified_in_rounds(rule, "the virtual clock's async and event protocols")
+        if rule.robust:  # model-reading aggregators: training in rounds only
+            from sfg.round.rules import check_model_defences
+
+            check_model_defences(rule, "the virtual clock's async and event protocols")
+        self.rule, self.rg = rule, rg
+        self.st = np.zeros((4, n), np.int64)
+        self.st[1] = 1
+        self.st[2] = 1
+        self.lags = np.zeros(n)
+        self.q = np.ones(rg.n_slots)
+        self.ev = np.full((2, rg.n_slots), -1, np.int64) if rule.defence_flags & GUARD else None
+        self.marks = np.zeros((2, n), bool)
+        self.ids = np.zeros(0, np.int64)  # the headers kept: events' ids in the schedule
+        self.hdr, self.hdr_lag = np.zeros((5, 0), np.int64), np.zeros(0)
+        self.acc = Accumulator()
+        self.curve = np.zeros((2, n_samples))
+        self.s0 = self.aggregations = 0
+
+    def run(self, p: Schedule) -> None:
+        R, base, P = p.n_events, p.first, self.ids.size
+        # candidates' sending events: this piece's (0..R-1), then the kept ones (R..R+P-1)
+        cmsg = p.cmsg.copy()
+        old = (cmsg >= 0) & (cmsg < base)
+        cmsg[cmsg >= base] -= base
+        if old.any():
+            pos = np.searchsorted(self.ids, cmsg[old])
+            cmsg[old] = R + pos
+        hdr = np.zeros((5, R + P), np.int64)
+        hdr[:, R:] = self.hdr
+        hdr_lag = np.concatenate([np.zeros(R), self.hdr_lag])
+        facts = np.zeros((R, len(FACTS)))
+        curve = np.zeros((2, p.samples.shape[0]))
+        z = np.zeros(0)
+        run_events(self.rule, self.rg, times=p.time, kind=p.kind, dev=p.dev, tt=p.t,
+                   amount=p.amount, cptr=p.cptr, cslot=p.cslot, cmsg=cmsg, cwait=p.cwait,
+                   u=z, key=z, st=self.st, lags=self.lags, q=self.q, hdr=hdr,
+                   hdr_lag=hdr_lag, w=np.zeros(int(p.cptr[-1])), facts=facts,
+                   marks=self.marks, forge=HONEST, rnd=np.zeros((0, 0)), samples=p.samples,
+                   curve=curve, ev=self.ev, caps=p.caps)
+        self.acc.add(facts[None])
+        self.curve[:, self.s0:self.s0 + curve.shape[1]] = curve
+        self.s0 += curve.shape[1]
+        self.aggregations += int(np.count_nonzero(p.kind == LOCAL))
+        keep = p.keep if p.keep is not None else np.zeros(0, np.int64)
+        at = np.where(keep >= base, keep - base, R + np.searchsorted(self.ids, keep))
+        self.ids, self.hdr, self.hdr_lag = keep, hdr[:, at], hdr_lag[at]
+
+
+def streams(rule: Rule, attack: Attack | None) -> bool:
+    """Whether the model-free replay of ``rule`` runs through its schedule piece by piece
+    (:class:`PieceStaleness`): no draws of its own, no oracle, no attack."""
+    return attack is None and not rule.random and not rule.oracle
+
+
+# events per piece of a streamed replay (about 1 kB each while it is assembled)
+SPAN_EVENTS = 1_000_000
+
+
+def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: int,
+                   attack: Attack | None, local_steps: int, link_failure: float,
+                   anatomy: str) -> tuple[dict[str, float], dict[str, list[float]], dict, str]:
+    from sfg.clock.assemble import SpilledDigest, curve_times
     from sfg.modelfree.metrics import Accumulator, RunEnd
 
-    got = staleness_events(rule, world, sched, seed=seed, attack=attack)
-    acc = Accumulator()
-    acc.add(got["facts"][None])
+    kw = {"local_steps": local_steps, "seed": seed, "catchup": rule.catchup,
+          "link_failure": link_failure, "anatomy": anatomy}
+    if streams(rule, attack):
+        ps = PieceStaleness(rule, world, n_samples=curve_times(world, settings.unit).size)
+        dig = SpilledDigest(settings.protocol)
+        every = max(1, SPAN_EVENTS // max(world.n, 1))
+        for piece in make_schedule(world, settings, every=every, **kw):
+            dig.add(piece)
+            ps.run(piece)
+            stats = piece.stats
+        acc, final_lags, curve, aggs = ps.acc, ps.lags, ps.curve, ps.aggregations
+        samples, digest, unit = curve_times(world, settings.unit), dig.hexdigest(), settings.unit
+    else:
+        sched = make_schedule(world, settings, **kw)
+        got = staleness_events(rule, world, sched, seed=seed, attack=attack)
+        acc = Accumulator()
+        acc.add(got["facts"][None])
+        final_lags, curve = got["lags"], got["curve"]
+        aggs = int(np.count_nonzero(sched.kind == LOCAL))
+        samples, digest, stats, unit = sched.samples, sched.digest(), sched.stats, sched.unit
     end = RunEnd(available=np.zeros((1, 1), bool), H=np.zeros(0), sampled=False,
-                 final_lags=got["lags"], reach=float("nan"))
+                 final_lags=final_lags, reach=float("nan"))
     metrics, _ = acc.summary(end, attack=attack is not None, defence=bool(rule.defence_flags))
     metrics["unavailability"] = 1.0 - float(world.online.online_seconds().sum()) / (
         world.n * world.horizon)
-    units = sched.samples / sched.unit
-    curves = {"round": units.tolist(), "hours": (sched.samples / 3600.0).tolist(),
-              "mean_age": got["curve"][0].tolist(), "mean_lag": got["curve"][1].tolist()}
-    local = sched.kind == LOCAL
-    metrics["aggregations"] = float(np.count_nonzero(local))
-    return metrics, curves
+    units = samples / unit
+    curves = {"round": units.tolist(), "hours": (samples / 3600.0).tolist(),
+              "mean_age": curve[0].tolist(), "mean_lag": curve[1].tolist()}
+    metrics["aggregations"] = float(aggs)
+    return metrics, curves, stats, digest
 
 
 def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSettings,
@@ -182,10 +271,9 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
         curves["hours"] = [float(x) * settings.round_seconds / 3600.0 for x in curves["round"]]
         stats, digest = lk.stats, lk.digest
     else:
-        sched = make_schedule(world, settings, local_steps=local_steps, seed=seed,
-                              catchup=r.catchup, link_failure=link_failure, anatomy=anatomy)
-        metrics, curves = _event_metrics(r, world, sched, seed=seed, attack=a)
-        stats, digest = sched.stats, sched.digest()
+        metrics, curves, stats, digest = _event_metrics(
+            r, world, settings, seed=seed, attack=a, local_steps=local_steps,
+            link_failure=link_failure, anatomy=anatomy)
     metrics.update(per_device_hour(stats, world.n, world.horizon))
     meta = {"clock": "virtual", "protocol": settings.protocol, "schedule_digest": digest,
             "virtual_seconds": world.horizon, "unit_seconds": settings.unit}

@@ -64,8 +64,6 @@ from sfg.clock.instant import Phase, instant_order
 from sfg.clock.links import (
     arrival_time,
     fault_plan,
-    link_round,
-    live_links,
     loss_key,
     offline_keeps,
     out_slots,
@@ -75,7 +73,7 @@ from sfg.clock.links import (
 )
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
-from sfg.round.kernel import EV_AGGREGATE, EV_SEND, EV_TRAIN
+from sfg.round.kernel import EV_TRAIN
 from sfg.round.slots import RoundGraph
 from sfg.util.numba_start import njit
 
@@ -87,6 +85,8 @@ LATER_CANDIDATE = ("a local round would hold a message made after it started (th
                    "schedule; please report it with the command that gave it")
 # the most local rounds a schedule may hold (memory: about 100 bytes each, plus candidates)
 MAX_EVENTS = 30_000_000
+# the most a model-free replay runs through in pieces (time: about 3 µs each)
+MAX_STREAMED = 500_000_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,30 +292,27 @@ class Schedule:
     # on_return pull (sfg.clock.pull): [R] broadcast starts, [R] starts moved to a window's
     # end, and the digest of the requests and replies; None under on_return none
     pulls: tuple[np.ndarray, np.ndarray, str] | None = None
+    # a piece of a schedule assembled span by span (sfg.clock.assemble): the index of its
+    # first event in the whole schedule (cmsg counts in the whole), and the events before
+    # its end that later pieces' candidates may still name (None: a whole schedule)
+    first: int = 0
+    keep: np.ndarray | None = None
 
     @property
     def n_events(self) -> int:
         return int(self.time.shape[0])
 
     def digest(self) -> str:
-        """A digest of every event and candidate (docs/concepts/clock.md#pairing-and-the-schedule-digest: the same for every rule)."""
-        h = hashlib.blake2b(digest_size=16)
-        h.update(self.protocol.encode())
-        for a in (self.time, self.dev, self.kind, self.t, self.amount, self.end, self.step,
-                  self.cptr, self.cslot, self.cmsg, self.cwait):
-            h.update(np.ascontiguousarray(a).tobytes())
-        if self.nsteps is not None:  # +catchup: the schedule of its own compute (docs/concepts/clock.md#pairing-and-the-schedule-digest)
-            h.update(b"catchup")
-            h.update(np.ascontiguousarray(self.nsteps).tobytes())
-        if self.caps is not None:  # an anatomy mode's capabilities
-            h.update(b"caps")
-            h.update(np.ascontiguousarray(self.caps).tobytes())
-        if self.pulls is not None:  # on_return pull: the uplinks' queues, the waits, the replies
-            h.update(b"pull")
-            for a in self.pulls[:2]:
-                h.update(np.ascontiguousarray(a).tobytes())
-            h.update(self.pulls[2].encode())
-        return h.hexdigest()
+        """A digest of every event and candidate (docs/concepts/clock.md#pairing-and-the-schedule-digest: the same for every rule;
+        :func:`sfg.clock.assemble.digest_of`)."""
+        from sfg.clock.assemble import DIGESTED, TAGGED, digest_of
+
+        cols: dict[str, Any] = {name: [np.ascontiguousarray(getattr(self, name)).tobytes()]
+                                for name in DIGESTED}
+        for name, _ in TAGGED:  # +catchup: the schedule of its own compute; anatomy's caps
+            a = getattr(self, name)
+            cols[name] = None if a is None else [np.ascontiguousarray(a).tobytes()]
+        return digest_of(self.protocol, cols, self.pulls)
 
 
 @njit(cache=True, nogil=True)
@@ -394,182 +391,68 @@ def time_order(time: np.ndarray, dev: np.ndarray, kind: np.ndarray) -> np.ndarra
     return instant_order(time, Phase.WAKE, dev, -kind)
 
 
-def _assemble(world: World, settings: ClockSettings, protocol: str, *, seed: int,
-              time: np.ndarray, dev: np.ndarray, kind: np.ndarray, amount: np.ndarray,
-              end: np.ndarray, step: np.ndarray, t: np.ndarray,
-              stats: dict[str, float], nsteps: np.ndarray | None = None,
-              link_failure: float = 0.0, caps: np.ndarray | None = None,
-              offline_talks: bool = False, pull: dict[str, Any] | None = None) -> Schedule:
-    """Order the events, make every committed local round's messages and each local
-    round's candidates (see the module docstring). ``pull`` (:mod:`sfg.clock.pull`): each
-    event's broadcast start ``bstart`` and ``closes`` (a start moved to its window's end),
-    and the replies that reached their device (``slot``, sending event ``src``,
-    ``arrival``, ``held``), in the events' order as given."""
-    rg = world.rg
-    unit = settings.unit
-    order = time_order(time, dev, kind)
-    time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount, end,
-                                                                  step, t))
-    bstart, closes = end, None
-    if pull is not None:
-        bstart, closes = pull["bstart"][order], pull["closes"][order]
-        rank = np.empty(order.size, np.int64)
-        rank[order] = np.arange(order.size)
-    if nsteps is not None:
-        nsteps = nsteps[order]
-    if caps is not None:
-        caps = caps[order]
-    R = time.shape[0]
-    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
-    ptr, out, _ = out_slots(rg)
-    deg = np.diff(ptr)
-    loc_all = np.flatnonzero(kind == LOCAL)
-    loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
-    # messages: every committed local round to each neighbour, back to back
-    src = np.repeat(loc, deg[dev[loc]])
-    first = np.repeat(ptr[dev[loc]], deg[dev[loc]])
-    k = np.arange(src.size) - np.repeat(np.cumsum(deg[dev[loc]]) - deg[dev[loc]], deg[dev[loc]])
-    slot = out[first + k]
-    tx_end = transfer_end(bstart[src], k, dt[dev[src]])
-    sent = (tx_end <= world.horizon) if offline_talks else \
-        world.online.online_through(dev[src], time[src], tx_end) & (tx_end <= world.horizon)
-    # message k over a link is the link's k-th, in the order its sender sends (the identity its
-    # loss and faults are drawn for, as the node's network numbers them: sfg.net.memory)
-    by_slot = np.argsort(slot, kind="stable")
-    nth = np.empty(slot.size, np.int64)
-    starts = np.searchsorted(slot[by_slot], slot[by_slot], side="left")
-    nth[by_slot] = np.arange(slot.size) - starts
-    snd, rcv = rg.send[slot], rg.recv[slot]
-    dropped = np.zeros(src.size, bool)
-    if world.loss.any():
-        dropped = transfer_lost(loss_key(seed, "message"), snd, rcv, nth, world.loss[slot])
-    plan = fault_plan(settings, world.n)
-    bad = np.zeros(src.size, bool)
-    extra = 0.0
-    if plan is not None:  # docs/concepts/clock.md#the-node-on-the-clock: the faults as events of the schedule
-        fcut, flost, extra, bad = plan.fates(snd, rcv, nth, tx_end)
-        ok_sent = sent & ~dropped
-        stats.update(fault_partitioned=float((ok_sent & fcut).sum()),
-                     fault_lost=float((ok_sent & flost).sum()),
-                     fault_delayed=float((ok_sent & ~fcut & ~flost & (extra > 0)).sum()))
-        dropped = dropped | fcut | flost
-    arrival = arrival_time(tx_end, world.latency[slot], extra)
-    rx = (arrival < world.horizon) if offline_talks else \
-        world.online.online_at(rcv, arrival) & (arrival < world.horizon)
-    if plan is not None:  # a flipped byte: the receiver's digest check refuses the message
-        stats["fault_corrupted"] = float((sent & rx & ~dropped & bad).sum())
-    cut = np.zeros(src.size, bool)
-    if link_failure > 0:  # docs/concepts/outages.md#link-failures per Δ-round: a message sent while its link is down is lost
-        live, delta = live_links(world, settings, link_failure, seed)
-        cut = ~live[link_round(tx_end, delta, live.shape[0]), rg.edge_id[slot]]
-        dropped = dropped | cut
-    ok = sent & rx & ~dropped & ~bad
-    stats.update(messages_sent=float(sent.sum()), lost_sender=float((~sent).sum()),
-                 lost_receiver=float((sent & ~rx).sum()),
-                 lost_random=float((sent & rx & dropped & ~cut).sum()),
-                 lost_link=float((sent & rx & cut).sum()),
-                 delivered=float(ok.sum()),
-                 bytes_sent=float(sent.sum() * float(settings.message_bytes or 0.0)))
-    m_slot, m_arr, m_src = slot[ok], arrival[ok], src[ok]
-    m_sent = end[m_src]  # a message is sent when its local round commits (phase 5)
-    m_rep, m_off = np.zeros(m_src.size, bool), np.zeros(m_src.size)
-    if pull is not None:  # the replies: candidates like messages, older by their held
-        nrep = pull["slot"].size
-        m_slot = np.concatenate([m_slot, pull["slot"]])
-        m_arr = np.concatenate([m_arr, pull["arrival"]])
-        m_src = np.concatenate([m_src, rank[pull["src"]]])
-        m_sent = np.concatenate([m_sent, np.full(nrep, -np.inf)])  # answered in phase 2
-        m_rep = np.concatenate([m_rep, np.ones(nrep, bool)])
-        m_off = np.concatenate([m_off, pull["held"]])
-    mo = np.lexsort((m_sent, m_arr, m_slot))
-    m_slot, m_arr, m_src, m_sent, m_rep, m_off = (
-        a[mo] for a in (m_slot, m_arr, m_src, m_sent, m_rep, m_off))
-    mptr = np.zeros(rg.n_slots + 1, np.int64)
-    np.cumsum(np.bincount(m_slot, minlength=rg.n_slots), out=mptr[1:])
-    newest = np.empty(m_src.size, np.int64)
-    newest_so_far(mptr, m_src, m_rep, newest)
-    # queries: every local round that aggregates × the receiver's incoming slots
-    loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_AGGREGATE) != 0]
-    nin = np.diff(rg.indptr) - 1
-    qn = nin[dev[loc]]
-    qev = np.repeat(loc, qn)
-    qk = np.arange(qev.size) - np.repeat(np.cumsum(qn) - qn, qn)
-    qslot = rg.indptr[dev[qev]] + 1 + qk
-    idx = np.empty(qev.size, np.int64)
-    wait = np.empty(qev.size)
-    held_latest(mptr, m_arr, m_sent, newest, m_off, qslot, time[qev], float(settings.window),
-                unit, idx, wait)
-    got = idx >= 0
-    stats["candidates"] = float(got.sum())
-    # candidates per event: the receiver first, then the messages held
-    per = np.zeros(R, np.int64)
-    per[loc_all] = 1
-    per[loc] += np.bincount(qev[got], minlength=R)[loc]
-    cptr = np.zeros(R + 1, np.int64)
-    np.cumsum(per, out=cptr[1:])
-    C = int(cptr[-1])
-    cslot = np.empty(C, np.int64)
-    cmsg = np.full(C, -1, np.int64)
-    cwait = np.zeros(C)
-    cslot[cptr[loc_all]] = rg.indptr[dev[loc_all]]
-    gq = np.flatnonzero(got)
-    if gq.size:
-        ge = qev[gq]
-        # position of each held message after its event's self entry (queries are in order)
-        rank = np.arange(gq.size) - np.searchsorted(ge, ge, side="left")
-        at = cptr[ge] + 1 + rank
-        cslot[at] = qslot[gq]
-        cmsg[at] = m_src[idx[gq]]
-        cwait[at] = wait[gq]
-        if (m_src[idx[gq]] >= ge).any():  # a candidate made after the event that reads it
-            raise SfgError(LATER_CANDIDATE)
-    n_samples = int(np.floor(world.horizon / unit)) + 1
-    samples = np.arange(n_samples, dtype=np.float64) * unit
-    sched = Schedule(protocol=protocol, n=world.n, unit=unit, horizon=world.horizon, time=time,
-                    dev=dev, kind=kind, t=t, amount=amount, end=end, step=step, cptr=cptr,
-                    cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples, stats=stats,
-                    nsteps=nsteps, caps=caps,
-                    pulls=None if pull is None else (bstart, closes, pull["digest"]))
-    from sfg.clock.pull import return_counts
-
-    stats.update(return_counts(world, sched, settings, talks=offline_talks))
-    return sched
-
-
 def finish_schedule(world: World, settings: ClockSettings, protocol: str,
             parts: list[tuple[np.ndarray, ...]], steps_of: list[np.ndarray], *, seed: int,
             catchup: bool, link_failure: float, stats: dict[str, float],
             caps_of: list[np.ndarray] | None = None, offline_talks: bool = False,
-            pull: dict[str, Any] | None = None) -> Schedule:
+            pull: dict[str, Any] | None = None, assembler=None,
+            until: float = np.inf) -> Schedule:
     """A protocol's events, gathered in the order they were made (parts of (time, dev, kind,
     amount, end, step, t) and each event's local steps), counted (local rounds,
-    compute-seconds, after the protocol's own ``stats``) and assembled (:func:`_assemble`)."""
+    compute-seconds, after the protocol's own ``stats``) and assembled
+    (:class:`sfg.clock.assemble.Assembler`: one span, or the span of ``assembler`` that
+    ends at ``until``)."""
+    from sfg.clock.assemble import Assembler
+
+    if assembler is None:
+        assembler = Assembler(world, settings, protocol, seed=seed, link_failure=link_failure,
+                              offline_talks=offline_talks)
     cols = [np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(7)]
     time, dev, kind, amount, end, step, t = cols
     dev = dev.astype(np.int64)
+    kind = kind.astype(np.int64)
     nsteps = np.concatenate(steps_of) if steps_of else np.zeros(0, np.int64)
     loc = kind == LOCAL
-    stats = {**stats, "local_rounds": float(np.count_nonzero(loc)),
-             # exactly rounded, so the order the events were made in does not matter
-             "compute_seconds": math.fsum((nsteps[loc] * world.compute[dev[loc]]).tolist())}
-    return _assemble(world, settings, protocol, seed=seed, time=time.astype(np.float64),
-                     dev=dev, kind=kind.astype(np.int64), amount=amount, end=end,
-                     step=step.astype(np.int64), t=t.astype(np.int64), stats=stats,
-                     nsteps=nsteps if (catchup or caps_of is not None) else None,
-                     link_failure=link_failure,
-                     caps=None if caps_of is None else np.concatenate(caps_of).astype(np.int64),
-                     offline_talks=offline_talks, pull=pull)
+    # local rounds and compute-seconds (exactly rounded: the order the events were made in,
+    # and the spans, do not matter)
+    got = assembler.tally
+    got["local_rounds"] += int(np.count_nonzero(loc))
+    got["compute"].extend(exact_parts((nsteps[loc] * world.compute[dev[loc]]).tolist()))
+    stats = {**stats, "local_rounds": float(got["local_rounds"]),
+             "compute_seconds": math.fsum(got["compute"])}
+    return assembler.piece(time=time.astype(np.float64), dev=dev, kind=kind, amount=amount,
+                           end=end, step=step.astype(np.int64), t=t.astype(np.int64),
+                           stats=stats, until=until,
+                           nsteps=nsteps if (catchup or caps_of is not None) else None,
+                           caps=None if caps_of is None else
+                           np.concatenate(caps_of).astype(np.int64), pull=pull)
 
 
-def _check_budget(n_events: float, what: str) -> None:
-    if n_events > MAX_EVENTS:
+def exact_parts(values: list[float]) -> list[float]:
+    """Floats whose exact sum is the exact sum of ``values`` (a few: math.fsum's rounded sum,
+    then what it left out, and so on), so that math.fsum over the parts of several lists is
+    math.fsum over all their values."""
+    out: list[float] = []
+    for _ in range(64):  # each part takes 53 more bits of the exact sum
+        r = math.fsum(values + [-p for p in out])
+        if r == 0.0:
+            break
+        out.append(r)
+    return out
+
+
+def _check_budget(n_events: float, what: str, every: int | None = None) -> None:
+    """A schedule held whole holds at most :data:`MAX_EVENTS` events; one made in pieces
+    (``every``) holds one piece at a time, and runs at most :data:`MAX_STREAMED` (time)."""
+    limit = MAX_EVENTS if every is None else MAX_STREAMED
+    if n_events > limit:
         raise SfgError(f"the {what} would hold about {n_events:.3g} local rounds, more than "
-                       f"the limit of {MAX_EVENTS:.3g}; use fewer clients or rounds, or "
+                       f"the limit of {limit:.3g}; use fewer clients or rounds, or "
                        "longer local rounds (--compute, --uplink)")
 
 
 def check_event(world: World, settings: ClockSettings, *, local_steps: int,
-                anatomy: str) -> None:
+                anatomy: str, every: int | None = None) -> None:
     """The event protocol's refusals: a local round that takes no time (it would never
     stop), an offline device trained alone with no compute time, and a schedule over the
     budget of local rounds (:data:`MAX_EVENTS`)."""
@@ -600,23 +483,34 @@ def check_event(world: World, settings: ClockSettings, *, local_steps: int,
         est += float((off_s / np.maximum(train, 1e-300)).sum())
     elif ticks_off:
         est += float(off_s.sum()) / delta
-    _check_budget(est, "event schedule")
+    _check_budget(est, "event schedule", every)
 
 
 def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_steps: int,
                seed: int, catchup: bool, link_failure: float, anatomy: str,
-               stats: dict[str, float] | None = None) -> Schedule:
+               stats: dict[str, float] | None = None, every: int | None = None):
     """The async or event protocol's schedule, from the one time-ordered simulation of the
-    protocols (:func:`sfg.clock.pull.protocol_parts`, ``on_return`` pull or none),
-    assembled."""
-    from sfg.clock.pull import protocol_parts
+    protocols (:func:`sfg.clock.pull.protocol_spans`, ``on_return`` pull or none),
+    assembled: one :class:`Schedule` (``every`` None), or its pieces, one per ``every``
+    units of time (a generator; :mod:`sfg.clock.assemble`)."""
+    from sfg.clock.assemble import Assembler
+    from sfg.clock.pull import protocol_spans
 
-    parts, steps_of, st, pull, caps_of, talks = protocol_parts(
-        world, settings, protocol, local_steps=local_steps, seed=seed, catchup=catchup,
-        link_failure=link_failure, anatomy=anatomy, stats=stats)
-    return finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
-                           catchup=catchup, link_failure=link_failure, stats=st, pull=pull,
-                           caps_of=caps_of, offline_talks=talks)
+    def pieces():
+        asm = None
+        for until, parts, steps_of, st, pull, caps_of, talks in protocol_spans(
+                world, settings, protocol, local_steps=local_steps, seed=seed,
+                catchup=catchup, link_failure=link_failure, anatomy=anatomy, stats=stats,
+                every=every):
+            if asm is None:
+                asm = Assembler(world, settings, protocol, seed=seed,
+                                link_failure=link_failure, offline_talks=talks)
+            yield finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
+                                  catchup=catchup, link_failure=link_failure, stats=st,
+                                  pull=pull, caps_of=caps_of, offline_talks=talks,
+                                  assembler=asm, until=until)
+
+    return pieces() if every is not None else next(pieces())
 
 
 def check_period(train: np.ndarray, P: float) -> None:
@@ -631,7 +525,7 @@ def check_period(train: np.ndarray, P: float) -> None:
 
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
-                   anatomy: str = "full") -> Schedule:
+                   anatomy: str = "full", every: int | None = None):
     """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
     of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
     which says so: docs/concepts/clock.md#pairing-and-the-schedule-digest); ``link_failure``: the per-round link failures of docs/concepts/outages.md#link-failures, per
@@ -644,15 +538,15 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     n, P = world.n, settings.P
     check_period(local_steps * world.compute, P)
     wakes = int(np.ceil(world.horizon / P))
-    _check_budget(float(n) * wakes, "async schedule")
+    _check_budget(float(n) * wakes, "async schedule", every)
     return _simulated(world, settings, "async", local_steps=local_steps, seed=seed,
                       catchup=catchup, link_failure=link_failure, anatomy=anatomy,
-                      stats={"wakes": float(n * wakes)})
+                      stats={"wakes": float(n * wakes)}, every=every)
 
 
 def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
-                   anatomy: str = "full") -> Schedule:
+                   anatomy: str = "full", every: int | None = None):
     """The event protocol's schedule (see the module docstring; ``catchup`` and
     ``link_failure`` as for :func:`async_schedule`).
 
@@ -674,9 +568,10 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
       a unit since the last tick is an offline span ((t − tick)/Δ lag, its floor age), so the
       offline time counts exactly as under ``full``. Their messages leave and arrive whatever
       the availability, as under async."""
-    check_event(world, settings, local_steps=local_steps, anatomy=anatomy)
+    check_event(world, settings, local_steps=local_steps, anatomy=anatomy, every=every)
     return _simulated(world, settings, "event", local_steps=local_steps, seed=seed,
-                      catchup=catchup, link_failure=link_failure, anatomy=anatomy)
+                      catchup=catchup, link_failure=link_failure, anatomy=anatomy,
+                      every=every)
 
 
 @njit(cache=True, nogil=True)
@@ -762,11 +657,12 @@ def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
 
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                   seed: int, catchup: bool = False, link_failure: float = 0.0,
-                  anatomy: str = "full") -> Schedule:
+                  anatomy: str = "full", every: int | None = None):
     """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``,
-    ``anatomy``: see :func:`async_schedule` and :func:`event_schedule`)."""
+    ``anatomy``: see :func:`async_schedule` and :func:`event_schedule`); with ``every``, its
+    pieces one per ``every`` units of time (:mod:`sfg.clock.assemble`)."""
     kw = {"local_steps": local_steps, "seed": seed, "catchup": catchup,
-          "link_failure": link_failure}
+          "link_failure": link_failure, "every": every}
     if settings.protocol == "async":
         return async_schedule(world, settings, anatomy=anatomy, **kw)  # type: ignore[arg-type]
     if settings.protocol == "event":

@@ -67,6 +67,8 @@ __all__ = ["Intervals", "make_intervals"]
 # to_rounds: a round is available when 2 * online >= Δ (1 - _TOL); the tolerance (6e-8 s of
 # a 600-s round, the 1e-9 minute of the tabular pipeline) absorbs float rounding of sums
 _TOL = 1e-10
+# queries at or above which a batch is searched compiled, per device (sfg.world.locate)
+LOCATE_COMPILED = 50_000
 
 
 def _seconds(value: Any, what: str = "round_seconds") -> float:
@@ -257,6 +259,13 @@ class Intervals:
         lo = self.indptr[d]
         if self.start.size == 0:
             return lo - 1, np.zeros(d.shape, bool)
+        if d.size >= LOCATE_COMPILED:  # many queries: compiled, per device (the same answers)
+            from sfg.world.locate import locate
+
+            j, on = np.empty(d.shape, np.int64), np.empty(d.shape, bool)
+            locate(self.indptr, self.start, self.end, d.reshape(-1), t.reshape(-1),
+                   j.reshape(-1), on.reshape(-1))
+            return j, on
         B, keys = self._search
         q = np.searchsorted(B, t, side="right")  # distinct starts <= t
         j = np.searchsorted(keys, d * (B.size + 1) + q, side="right") - 1
