@@ -136,7 +136,7 @@ REPLAY_DEFAULTS: dict[str, Any] = {"process": ["bursty:u=0.8"],
                                    "rule": ["dfedavg", "sfg", "sfg-l", "sfg-cut"],
                                    "seeds": "1,2,3", "clients": 100, "rounds": 300,
                                    "graph": "knn:k=6", "anatomy": "full", "link_failure": 0.0,
-                                   "local_steps": 10}
+                                   "local_steps": 10, "peers": "fixed"}
 # a replay config file's keys (RunConfig's names) -> this command's parameters
 _FROM_FILE = {"process": "process", "rule": "rule", "seed": "seeds", "n_clients": "clients",
               "rounds": "rounds", "graph": "graph", "anatomy": "anatomy",
@@ -182,6 +182,20 @@ def replay_file(path) -> dict[str, Any]:
     return out
 
 
+def _in_rounds(peers, settings, n: int = 0):
+    """The parsed ``peers`` setting (checked for ``n`` devices), or ``settings`` after
+    refusing a ``peers`` the virtual clock's replay does not run in this version."""
+    from sfg.world.peers import parse_peers
+
+    if settings is None:
+        return parse_peers(peers).check(n)
+    if not peers.fixed:
+        raise SfgError(f"--peers {peers} runs in the replay in rounds in this version; the "
+                       "virtual clock's replay takes peers fixed (drop --clock virtual, or "
+                       "--peers)")
+    return settings
+
+
 def replay(
     config: Path | None = opt("config"),
     process: list[str] = opt("process", [], show_default=_shown("process")),
@@ -190,6 +204,7 @@ def replay(
     clients: int | None = opt("clients", show_default=_shown("clients")),
     rounds: int | None = opt("rounds", show_default=_shown("rounds")),
     graph: str | None = opt("graph", show_default=_shown("graph")),
+    peers: str | None = opt("peers", show_default=_shown("peers")),
     anatomy: str | None = opt("anatomy", show_default=_shown("anatomy")),
     link_failure: float | None = opt("link_failure", show_default=_shown("link_failure")),
     horizon: int | None = typer.Option(None, show_default="50, or T when T < 50", help="Horizon h of the self-return H (0 = skip)"),
@@ -221,7 +236,7 @@ def replay(
     flags = {"process": process or None, "rule": rule or None, "seeds": seeds,
              "clients": clients, "rounds": rounds, "graph": graph, "anatomy": anatomy,
              "link_failure": link_failure, "local_steps": local_steps, "horizon": horizon,
-             "attack": attack or None}
+             "attack": attack or None, "peers": peers}
     got = {**REPLAY_DEFAULTS, "horizon": None, "attack": []}
     got.update({k: v for k, v in filed.items() if k in got and v is not None})
     got.update({k: v for k, v in flags.items() if v is not None})
@@ -230,6 +245,7 @@ def replay(
                                             "graph", "anatomy", "link_failure", "local_steps",
                                             "horizon", "attack"))
     seed_list = parse_seeds(seeds)
+    sampler = _in_rounds(got["peers"], None, clients)
     faults = faults_with(faults, *cuts_and_crashes(cut, crash))
     on_clock = {k: v for k, v in filed.items() if k not in got}
     on_clock.update(clockflags.clock_values(
@@ -249,7 +265,7 @@ def replay(
                 raise SfgError(f"--{extra[0].replace('_', '-')} is a setting of the virtual "
                                "clock; add --clock virtual or drop it")
         else:
-            clock_settings = make_settings(on_clock)
+            clock_settings = _in_rounds(sampler, make_settings(on_clock))
     fitted = horizon is None and 1 <= rounds < DEFAULT_HORIZON
     if horizon is None:  # the default horizon, or what fits in a shorter replay
         horizon = min(DEFAULT_HORIZON, rounds) if rounds >= 1 else DEFAULT_HORIZON
@@ -294,7 +310,7 @@ def replay(
             rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                               anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                               with_curves=plot is not None, progress=update,
-                              attacks=attack or [None])
+                              attacks=attack or [None], peers=str(sampler))
     if fitted:  # said once the replay has run: bad input stays one error line
         console.note(f"note: T={rounds} is shorter than the default horizon {DEFAULT_HORIZON}; "
                      f"the self-return H is over h={horizon} rounds (set --horizon to choose, "
@@ -312,7 +328,8 @@ def replay(
         return
     where = (f", virtual clock {clock_settings.protocol} (T·Δ = "
              f"{rounds * clock_settings.round_seconds / 3600:g} h)" if clock_settings else "")
-    console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}, "
+    whom = f", peers {sampler}" if not sampler.fixed else ""
+    console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}{whom}, "
                                        f"seeds {','.join(map(str, seed_list))}{where}"))
     from sfg.modelfree.metrics import legend
 

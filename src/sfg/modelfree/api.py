@@ -152,6 +152,8 @@ def replay(
     engine: str = "auto",
     threads: int | None = None,
     attacks: Sequence[str | None] = (None,),
+    peers: str | None = None,
+    round_seconds: float = 600.0,
 ) -> list[dict[str, Any]]:
     """Replay processes × rules × seeds; one row per combination (rules share each trace).
 
@@ -159,11 +161,20 @@ def replay(
     batches of up to ``batch_clients`` clients; results do not depend on the batching.
     ``with_curves`` adds each replay's per-round mean age and lag under the key ``"curves"``.
     ``attacks``: attack strings (:mod:`sfg.round.attacks`; None = no attack), one more axis; rows
-    carry ``"attack"`` when an attack is given."""
+    carry ``"attack"`` when an attack is given. ``peers`` (docs/concepts/peers.md): whom
+    each send goes to (``fixed``: the graph; ``epidemic:s=S``, ``online:s=S,…``: drawn per
+    round, :mod:`sfg.modelfree.peers`; ``round_seconds`` Δ dates what the tables hear and
+    gives the rows' per-device-hour counts)."""
+    from sfg.modelfree.peers import check_rule, sampled_deliveries
+    from sfg.world.peers import parse_peers
+
     check(len(processes) > 0, "give at least one --process, e.g. --process bursty:u=0.8")
     check(len(rules) > 0, "give at least one --rule, e.g. --rule sfg-cut")
     check(len(seeds) > 0, "give at least one seed, e.g. --seeds 1,2,3")
     parsed = [parse_rule(r) for r in rules]  # validate every name before any work
+    sampler = parse_peers(peers).check(n)
+    for r in parsed:
+        check_rule(r, sampler)
     attacks = list(attacks) or [None]
     parsed_attacks = [parse_attack(a) for a in attacks]
     tag_attack = any(a is not None for a in parsed_attacks)
@@ -179,11 +190,15 @@ def replay(
     for p in processes:
         for seed in seeds:
             g, avail = build_scenario(p, n=n, T=T, graph=graph, seed=seed)
+            live, counts = None, {}
+            if not sampler.fixed:  # the seed's sends, the same for every rule
+                g, live, counts = sampled_deliveries(sampler, seed, avail, g, round_seconds)
             for r in parsed:
                 for a in parsed_attacks:
                     key = {"process": p, "rule": str(r), "seed": seed,
                            **({"attack": str(a) if a else "none"} if tag_attack else {})}
-                    lanes.append((key, Lane(avail, g, r, seed, a)))
+                    lanes.append(({**key, "_counts": counts}, Lane(avail, g, r, seed, a,
+                                                                  live=live)))
     rows: list[dict[str, Any]] = []
     done = 0
     for batch in _batches([ln for _, ln in lanes], max_clients=batch_clients):
@@ -191,7 +206,8 @@ def replay(
                                link_failure=link_failure, horizon=horizon, engine=engine,
                                threads=threads)
         for k, res in zip(batch, results, strict=True):
-            rows.append({**lanes[k][0], **res.metrics,
+            key = {f: v for f, v in lanes[k][0].items() if f != "_counts"}
+            rows.append({**key, **res.metrics, **lanes[k][0]["_counts"],
                          **({"curves": res.curves} if with_curves else {})})
         done += len(batch)
         if progress is not None:

@@ -1,0 +1,75 @@
+"""The model-free replay in rounds with peers chosen per exchange (docs/concepts/peers.md): the
+sends of :func:`sfg.world.peers.round_sends` as the round's deliveries. Every pair of devices
+that ever exchanged a message is a link of the run's graph (its union), and round t delivers
+over a link in one direction exactly when the sender sent to the receiver in round t and the
+receiver was available; the round (docs/concepts/round.md#one-round) then runs unchanged, so
+every rule of a seed sees the same messages (they come from the seed's own streams, never from
+the rule) and the staleness scalars act on them as they are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sfg.errors import SfgError
+from sfg.world.peers import Peers, round_sends
+
+# rules whose state is kept per neighbour, refused when peers change from one exchange to the
+# next (docs/concepts/peers.md#rules-that-keep-state-per-neighbour)
+PER_NEIGHBOUR_RULES = ("dfl-aa", "metropolis-hastings")
+
+
+def check_rule(rule, peers: Peers) -> None:
+    """Refuse (one line) a rule that keeps state per neighbour under ``peers`` ≠ fixed: link
+    estimates q̂ (``dfl-aa``, ``+ipw``), degrees (``metropolis-hastings``), certified
+    evidence (``+certified``) and ``+guard``'s evidence per link."""
+    from sfg.round.defences import GUARD
+
+    if peers.fixed:
+        return
+    why = None
+    if rule.name in PER_NEIGHBOUR_RULES:
+        why = "its weights read per-neighbour state (link estimates or degrees)"
+    elif rule.ipw:
+        why = "+ipw divides by a per-link estimate q̂"
+    elif rule.certified:
+        why = "+certified keeps evidence per neighbour"
+    elif rule.defence_flags & GUARD:
+        why = "+guard keeps evidence per link"
+    if why is not None:
+        raise SfgError(f"rule {str(rule)!r} cannot run with peers {str(peers)!r}: {why}, and "
+                       "the peers change from one exchange to the next; use peers fixed, or a "
+                       "rule without it")
+
+
+def sampled_deliveries(peers: Peers, seed: int, available: np.ndarray, graph,
+                       round_seconds: float) -> tuple[Any, np.ndarray, dict[str, float]]:
+    """(the union graph, its deliveries per slot bool[T, E], the counts) of a run in rounds
+    under ``peers``; the counts are the messages, those sent to an unavailable target and the
+    membership bytes, per device-hour of the run (N · T · Δ)."""
+    from sfg.round.slots import RoundGraph
+    from sfg.util.safety import check_memory
+    from sfg.world.graphs import Graph
+
+    T, n = available.shape
+    got = round_sends(peers, seed, available, graph, round_seconds)
+    ok = got["reached"]
+    s, r, t = got["send"][ok], got["recv"][ok], got["round"][ok]
+    pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
+    union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
+                             name=f"peers {peers}")
+    rg = RoundGraph.from_graph(union)
+    check_memory(T * rg.n_slots, f"the deliveries of peers {str(peers)!r} ({T} rounds × "
+                 f"{rg.n_slots} links)", fix="use fewer clients or rounds")
+    nb = np.flatnonzero(~rg.is_self)
+    key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
+    order = np.argsort(key)
+    slot = nb[order[np.searchsorted(key[order], r * n + s)]]
+    live = np.zeros((T, rg.n_slots), bool)
+    live[t, slot] = True
+    hours = n * T * round_seconds / 3600.0
+    counts = {"peer_messages_per_device_hour": got["messages"] / hours,
+              "messages_to_offline_per_device_hour": got["to_offline"] / hours,
+              "membership_bytes_per_device_hour": got["membership_bytes"] / hours}
+    return union, live, counts

@@ -1,0 +1,348 @@
+"""Peers chosen per exchange (docs/concepts/peers.md): the ``peers`` setting, the membership
+table of the availability-aware sampler and the target draws, written once for every engine
+that runs them.
+
+* ``fixed`` (the default): a device sends to its graph neighbours, as before.
+* ``epidemic:s=S``: each send goes to S distinct devices drawn uniformly from all others
+  (Epidemic Learning's oracle variant).
+* ``online:s=S,view=V,gossip=M``: every device keeps a table of at most V peers (id, when it
+  was last heard of online), never itself; at the start its graph neighbours, "never heard"
+  (ranked lowest). It hears first-hand of the sender of every message that reaches it (at
+  the message's sending time) and second-hand of the M freshest entries the message carries
+  (their times as the sender knew them; an entry replaces one only when strictly fresher).
+  The table keeps the V freshest, ties ordered by a keyed hash of (seed, i, j), never by id.
+  Each send goes to S distinct entries drawn uniformly (topped up uniformly from all others
+  when the table holds fewer). Nothing reads true availability.
+
+Draws are counter-based (:func:`sfg.util.rng.counter_uniform`, compiled here as
+:func:`uniform`): send c of device i under seed s draws from the stream (s, "peers"), ids
+(i, c, k) for its k-th try, so every rule of a seed, and the engine and a node, draw the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sfg.errors import SfgError
+from sfg.util.numba_start import njit
+
+KINDS = ("fixed", "epidemic", "online")
+NEVER = -np.inf  # a table entry not heard of yet (the graph neighbours at the start)
+ENTRY_BYTES = 12  # a carried entry: u32 id, f64 seconds
+
+
+@dataclass(frozen=True)
+class Peers:
+    """A parsed ``peers`` setting: ``kind`` (:data:`KINDS`), S, V and M (0 under ``fixed``)."""
+
+    kind: str = "fixed"
+    s: int = 0
+    view: int = 0
+    gossip: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return "fixed"
+        if self.kind == "epidemic":
+            return f"epidemic:s={self.s}"
+        return f"online:s={self.s},view={self.view},gossip={self.gossip}"
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind == "fixed"
+
+    def check(self, n: int) -> Peers:
+        """Refuse S ≥ N (one line): a device cannot send to S distinct others."""
+        if not self.fixed and self.s >= n:
+            raise SfgError(f"peers {str(self)!r}: s={self.s} needs more devices than that; "
+                           f"s must be below the number of devices ({n}), e.g. s=6")
+        return self
+
+
+def _whole(text: str, name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(float(value)) or float(value) != int(value) or int(value) < low:
+        raise SfgError(f"peers {text!r}: {name} must be a whole number ≥ {low}, got {value!r} "
+                       "(e.g. online:s=6,view=24,gossip=6)")
+    return int(value)
+
+
+def parse_peers(text: Any) -> Peers:
+    """``fixed`` (None too), ``epidemic:s=S`` or ``online:s=S,view=V,gossip=M`` (V ≥ S,
+    default 4S; 1 ≤ M ≤ V, default S); anything else is one error line."""
+    from sfg.util.components import did_you_mean, parse_component
+
+    if text is None or isinstance(text, Peers):
+        return text or Peers()
+    c = parse_component(str(text), kind="peers")
+    if c.name not in KINDS or c.modifiers:
+        raise SfgError(f"unknown peers {str(text)!r}{did_you_mean(c.name, KINDS)} (fixed: the "
+                       "graph, the default; epidemic:s=S; online:s=S,view=V,gossip=M)")
+    allowed = {"fixed": (), "epidemic": ("s",), "online": ("s", "view", "gossip")}[c.name]
+    extra = sorted(set(c.params) - set(allowed))
+    if extra:
+        takes = ", ".join(allowed) if allowed else "no parameters"
+        raise SfgError(f"peers {str(text)!r}: unknown parameter {extra[0]!r}; {c.name} takes "
+                       f"{takes}")
+    if c.name == "fixed":
+        return Peers()
+    if "s" not in c.params:
+        raise SfgError(f"peers {str(text)!r}: give s, the peers of each send (e.g. {c.name}:s=6)")
+    s = _whole(str(text), "s", c.params["s"], 1)
+    if c.name == "epidemic":
+        return Peers("epidemic", s)
+    v = _whole(str(text), "view", c.params.get("view", 4 * s), 1)
+    m = _whole(str(text), "gossip", c.params.get("gossip", s), 1)
+    if v < s:
+        raise SfgError(f"peers {str(text)!r}: view={v} must be at least s={s} (default 4·s)")
+    if m > v:
+        raise SfgError(f"peers {str(text)!r}: gossip={m} must be at most view={v}")
+    return Peers("online", s, v, m)
+
+
+def canonical_peers(text: Any) -> str:
+    """The canonical text of a ``peers`` setting (defaults written out)."""
+    return str(parse_peers(text))
+
+
+def peers_key(seed: int) -> int:
+    """The key of the target draws under ``seed`` (stream (seed, "peers"))."""
+    from sfg.util.rng import counter_key
+
+    return counter_key(seed, "peers")
+
+
+def tie_key(seed: int) -> int:
+    """The key of the table's tie order under ``seed`` (stream (seed, "peers-ties"))."""
+    from sfg.util.rng import counter_key
+
+    return counter_key(seed, "peers-ties")
+
+
+# ----------------------------------------------------------------------------- compiled
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def _mix(z):  # pragma: no cover - compiled
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def uniform(key, a, b, c):  # pragma: no cover - compiled
+    """:func:`sfg.util.rng.counter_uniform` (key, a, b, c), compiled: the same value."""
+    z = np.uint64(key)
+    z = _mix(z + np.uint64(a) * _GOLDEN)
+    z = _mix(z + np.uint64(b) * _GOLDEN)
+    z = _mix(z + np.uint64(c) * _GOLDEN)
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, nogil=True)
+def draw_epidemic(key, i, count, n, s, out):  # pragma: no cover - compiled
+    """out[:s]: s distinct devices other than i, uniform (send ``count`` of device i; try k
+    draws ids (i, count, k), a device drawn twice is drawn again)."""
+    k = 0
+    got = 0
+    while got < s:
+        j = np.int64(uniform(key, i, count, k) * (n - 1))
+        k += 1
+        if j >= i:
+            j += 1
+        dup = False
+        for m in range(got):
+            if out[m] == j:
+                dup = True
+                break
+        if not dup:
+            out[got] = j
+            got += 1
+
+
+@njit(cache=True, nogil=True)
+def draw_online(key, i, count, n, s, tab_id, tab_n, buf, out):  # pragma: no cover - compiled
+    """out[:s]: s distinct entries of device i's table drawn uniformly (a partial shuffle of
+    its entries, try k drawing ids (i, count, k)), topped up uniformly from all other devices
+    when it holds fewer than s (tries (i, count, s + k)). ``buf`` [V]: scratch."""
+    m = tab_n[i]
+    for a in range(m):
+        buf[a] = tab_id[i, a]
+    take = min(s, m)
+    for k in range(take):
+        r = k + np.int64(uniform(key, i, count, k) * (m - k))
+        buf[k], buf[r] = buf[r], buf[k]
+        out[k] = buf[k]
+    got = take
+    k = s
+    while got < s:
+        j = np.int64(uniform(key, i, count, k) * (n - 1))
+        k += 1
+        if j >= i:
+            j += 1
+        dup = False
+        for a in range(got):
+            if out[a] == j:
+                dup = True
+                break
+        if not dup:
+            out[got] = j
+            got += 1
+
+
+@njit(cache=True, nogil=True)
+def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
+    """Entry (t1, h1) ranks before (t2, h2): fresher, or as fresh with a larger tie hash."""
+    return t1 > t2 or (t1 == t2 and h1 > h2)
+
+
+@njit(cache=True, nogil=True)
+def hear(tkey, i, j, t, tab_id, tab_t, tab_n):  # pragma: no cover - compiled
+    """Device i hears that j was online at t: j's entry is set to t when that is strictly
+    fresher (or j enters, when the table has room or t ranks before its last entry, which
+    then leaves). The row stays sorted, freshest first. Returns whether it changed."""
+    if j == i:
+        return False
+    m = tab_n[i]
+    V = tab_id.shape[1]
+    pos = -1
+    for a in range(m):
+        if tab_id[i, a] == j:
+            pos = a
+            break
+    hj = uniform(tkey, i, j, 0)
+    if pos >= 0:
+        if not t > tab_t[i, pos]:
+            return False
+    elif m < V:
+        pos = m
+        tab_n[i] = m + 1
+    else:
+        last = m - 1
+        if not _before(t, hj, tab_t[i, last], uniform(tkey, i, tab_id[i, last], 0)):
+            return False
+        pos = last
+    # move the entry up to its rank
+    while pos > 0 and _before(t, hj, tab_t[i, pos - 1], uniform(tkey, i, tab_id[i, pos - 1], 0)):
+        tab_id[i, pos] = tab_id[i, pos - 1]
+        tab_t[i, pos] = tab_t[i, pos - 1]
+        pos -= 1
+    tab_id[i, pos] = j
+    tab_t[i, pos] = t
+    return True
+
+
+@njit(cache=True, nogil=True)
+def start_tables(tkey, indptr, nbr, tab_id, tab_t, tab_n):  # pragma: no cover - compiled
+    """Every device's table at the start: its graph neighbours (CSR ``indptr``, ``nbr``),
+    never heard, the V first in the tie order."""
+    for i in range(tab_n.shape[0]):
+        tab_n[i] = 0
+        for a in range(indptr[i], indptr[i + 1]):
+            hear(tkey, i, nbr[a], NEVER, tab_id, tab_t, tab_n)
+
+
+def new_tables(peers: Peers, seed: int, graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids [N, V], heard times [N, V], sizes [N]): the tables at the start (:func:`start_tables`)."""
+    n = graph.n
+    V = max(peers.view, 1)
+    e = np.asarray(graph.edges, np.int64).reshape(-1, 2)
+    src = np.concatenate([e[:, 0], e[:, 1]])
+    dst = np.concatenate([e[:, 1], e[:, 0]])
+    o = np.lexsort((dst, src))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    tab_id = np.full((n, V), -1, np.int64)
+    tab_t = np.full((n, V), NEVER)
+    tab_n = np.zeros(n, np.int64)
+    start_tables(np.uint64(tie_key(seed)), indptr, dst[o], tab_id, tab_t, tab_n)
+    return tab_id, tab_t, tab_n
+
+
+@njit(cache=True, nogil=True)
+def _round_sends(kind, key, tkey, s, M, avail, delta, tab_id, tab_t, tab_n, snd, rcv, rnd, ok,
+                 counts):  # pragma: no cover - compiled
+    """The sends of every round (kind 1: epidemic, 2: online): round t's available devices
+    draw their targets (send counter t) from the tables as they stood after round t − 1's
+    arrivals; a message reaches its target when the target is available in round t; round
+    t's arrivals merge after all its sends (first-hand: the sender at t·Δ; second-hand: the
+    sender's M freshest heard entries as durations at the send, stored as t·Δ − duration).
+    Writes (sender, receiver, round, reached) per message; counts: messages, to offline
+    targets, entries carried."""
+    T, n = avail.shape
+    V = tab_id.shape[1]
+    targets = np.empty(s, np.int64)
+    buf = np.empty(max(V, 1), np.int64)
+    h_id = np.empty((n, max(M, 1)), np.int64)
+    h_d = np.empty((n, max(M, 1)))
+    h_n = np.zeros(n, np.int64)
+    m = 0
+    for t in range(T):
+        now = t * delta
+        first = m
+        for i in range(n):
+            if not avail[t, i]:
+                continue
+            if kind == 1:
+                draw_epidemic(key, i, t, n, s, targets)
+            else:
+                draw_online(key, i, t, n, s, tab_id, tab_n, buf, targets)
+                h = 0
+                for a in range(tab_n[i]):
+                    if h >= M:
+                        break
+                    if tab_t[i, a] > NEVER:
+                        h_id[i, h] = tab_id[i, a]
+                        h_d[i, h] = now - tab_t[i, a]
+                        h += 1
+                h_n[i] = h
+                counts[2] += h * s
+            for q in range(s):
+                j = targets[q]
+                snd[m], rcv[m], rnd[m] = i, j, t
+                ok[m] = avail[t, j]
+                counts[0] += 1
+                if not ok[m]:
+                    counts[1] += 1
+                m += 1
+        if kind == 2:
+            for k in range(first, m):
+                if not ok[k]:
+                    continue
+                i, j = snd[k], rcv[k]
+                hear(tkey, j, i, now, tab_id, tab_t, tab_n)
+                for e in range(h_n[i]):
+                    hear(tkey, j, h_id[i, e], now - h_d[i, e], tab_id, tab_t, tab_n)
+    return m
+
+
+def round_sends(peers: Peers, seed: int, available: np.ndarray, graph,
+                round_seconds: float) -> dict[str, Any]:
+    """Every message of a run in rounds under ``peers`` (not ``fixed``; :func:`_round_sends`):
+    ``send``, ``recv``, ``round``, ``reached`` [messages] and the counts ``messages``,
+    ``to_offline`` and ``membership_bytes`` (entries carried × :data:`ENTRY_BYTES`)."""
+    avail = np.ascontiguousarray(available, bool)
+    T, n = avail.shape
+    peers.check(n)
+    bound = int(avail.sum()) * peers.s
+    snd = np.empty(bound, np.int64)
+    rcv = np.empty(bound, np.int64)
+    rnd = np.empty(bound, np.int64)
+    ok = np.empty(bound, bool)
+    counts = np.zeros(3, np.int64)
+    if peers.kind == "online":
+        tab_id, tab_t, tab_n = new_tables(peers, seed, graph)
+    else:
+        tab_id, tab_t, tab_n = (np.zeros((n, 1), np.int64), np.zeros((n, 1)),
+                                np.zeros(n, np.int64))
+    m = _round_sends(1 if peers.kind == "epidemic" else 2, np.uint64(peers_key(seed)),
+                     np.uint64(tie_key(seed)), int(peers.s), int(peers.gossip), avail,
+                     float(round_seconds), tab_id, tab_t, tab_n, snd, rcv, rnd, ok, counts)
+    return {"send": snd[:m], "recv": rcv[:m], "round": rnd[:m], "reached": ok[:m],
+            "messages": int(counts[0]), "to_offline": int(counts[1]),
+            "membership_bytes": int(counts[2]) * ENTRY_BYTES}

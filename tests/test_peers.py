@@ -1,0 +1,199 @@
+"""Peers chosen per exchange (sfg.world.peers, docs/concepts/peers.md): the setting, the target
+draws, the membership table by hand, the sends of a run in rounds, and the replay on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sfg.errors import SfgError
+from sfg.modelfree.api import replay
+from sfg.modelfree.peers import sampled_deliveries
+from sfg.util.rng import counter_uniform
+from sfg.world.graphs import Graph
+from sfg.world.peers import (
+    NEVER,
+    Peers,
+    draw_epidemic,
+    draw_online,
+    hear,
+    new_tables,
+    parse_peers,
+    peers_key,
+    round_sends,
+    tie_key,
+    uniform,
+)
+
+
+@pytest.mark.parametrize("text,want", [
+    (None, "fixed"), ("fixed", "fixed"), ("epidemic:s=6", "epidemic:s=6"),
+    ("online:s=6", "online:s=6,view=24,gossip=6"),
+    ("online:s=2,view=3", "online:s=2,view=3,gossip=2"),
+    ("online:s=2,gossip=1", "online:s=2,view=8,gossip=1"),
+])
+def test_setting_and_its_defaults(text, want):
+    assert str(parse_peers(text)) == want
+
+
+@pytest.mark.parametrize("text,words", [
+    ("gossip:s=2", "unknown peers"), ("epidemc:s=2", "did you mean 'epidemic'"),
+    ("epidemic", "give s"), ("epidemic:s=0", "whole number ≥ 1"), ("epidemic:s=1.5", "whole"),
+    ("epidemic:s=2,view=4", "unknown parameter 'view'"), ("online:s=4,view=3", "at least s"),
+    ("online:s=2,gossip=9", "at most view"), ("fixed:s=2", "no parameters"),
+])
+def test_bad_settings_are_one_line(text, words):
+    with pytest.raises(SfgError, match=words) as e:
+        parse_peers(text)
+    assert "\n" not in str(e.value)
+
+
+def test_s_below_the_devices():
+    with pytest.raises(SfgError, match="below the number of devices"):
+        parse_peers("epidemic:s=5").check(5)
+    assert parse_peers("epidemic:s=4").check(5).s == 4
+
+
+def test_compiled_draw_is_the_counter_draw():
+    key = peers_key(7)
+    for ids in [(0, 0, 0), (5, 3, 2), (99, 1234, 17), (2**40, 7, 1)]:
+        assert uniform(np.uint64(key), *ids) == counter_uniform(key, *ids)
+
+
+def test_epidemic_targets_distinct_others_uniform():
+    key, n, s = np.uint64(peers_key(1)), 20, 5
+    out = np.empty(s, np.int64)
+    seen = np.zeros(n)
+    for c in range(4000):
+        draw_epidemic(key, 3, c, n, s, out)
+        assert len(set(out.tolist())) == s and 3 not in out and out.min() >= 0 and out.max() < n
+        seen[out] += 1
+    share = seen[np.arange(n) != 3] / (4000 * s)
+    assert seen[3] == 0 and np.allclose(share, 1 / 19, atol=0.006)
+    again = np.empty(s, np.int64)
+    draw_epidemic(key, 3, 17, n, s, out)
+    draw_epidemic(key, 3, 17, n, s, again)
+    assert np.array_equal(out, again)  # keyed: the same send draws the same
+
+
+def test_online_targets_from_the_table_then_topped_up():
+    key = np.uint64(peers_key(2))
+    tab_id = np.array([[5, 9, 2, -1], [0, 0, 0, 0]], np.int64)
+    tab_n = np.array([3, 0], np.int64)
+    out, buf = np.empty(2, np.int64), np.empty(4, np.int64)
+    for c in range(50):
+        draw_online(key, 0, c, 10, 2, tab_id, tab_n, buf, out)
+        assert set(out.tolist()) <= {5, 9, 2} and out[0] != out[1]
+    out3 = np.empty(5, np.int64)
+    draw_online(key, 0, 1, 10, 5, tab_id, tab_n, buf, out3)  # 3 entries, 2 topped up
+    assert set(out3[:3].tolist()) == {5, 9, 2}
+    assert len(set(out3.tolist())) == 5 and 0 not in out3
+
+
+def _table(V=3):
+    return (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros(1, np.int64))
+
+
+def test_hear_by_hand():
+    tk = np.uint64(tie_key(4))
+    tid, tt, tn = _table(3)
+    assert not hear(tk, 0, 0, 5.0, tid, tt, tn)  # never itself
+    assert hear(tk, 0, 7, 10.0, tid, tt, tn) and hear(tk, 0, 8, 30.0, tid, tt, tn)
+    assert hear(tk, 0, 9, 20.0, tid, tt, tn)
+    assert tid[0].tolist() == [8, 9, 7] and tt[0].tolist() == [30.0, 20.0, 10.0]
+    assert not hear(tk, 0, 9, 20.0, tid, tt, tn)  # as fresh: unchanged
+    assert not hear(tk, 0, 9, 15.0, tid, tt, tn)  # older: unchanged
+    assert hear(tk, 0, 7, 40.0, tid, tt, tn)  # fresher: moves up
+    assert tid[0].tolist() == [7, 8, 9]
+    assert not hear(tk, 0, 4, 5.0, tid, tt, tn)  # full, older than the last: left out
+    assert hear(tk, 0, 4, 25.0, tid, tt, tn)  # full, fresher than the last: it leaves
+    assert tid[0].tolist() == [7, 8, 4] and tt[0].tolist() == [40.0, 30.0, 25.0]
+    # a tie at the last place: the larger keyed hash of (seed, device, peer) stays
+    h = {j: uniform(tk, 0, j, 0) for j in (4, 6)}
+    hear(tk, 0, 6, 25.0, tid, tt, tn)
+    assert tid[0, 2] == max(h, key=h.get)
+
+
+def test_tables_start_with_the_neighbours_never_heard():
+    g = Graph.from_edges(5, np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2]]))
+    tid, tt, tn = new_tables(parse_peers("online:s=1,view=2"), 3, g)
+    assert tn.tolist() == [2, 2, 2, 1, 1] and np.all(np.isneginf(tt[tn > 0][:, 0]))
+    tk = np.uint64(tie_key(3))
+    hashes = {j: uniform(tk, 0, j, 0) for j in (1, 2, 3, 4)}
+    assert tid[0].tolist() == sorted(hashes, key=hashes.get, reverse=True)[:2]
+    assert tid[3, 0] == 0 and tid[1].tolist() in ([0, 2], [2, 0])
+
+
+def test_round_sends_by_hand():
+    """3 devices on a path 0-1-2, online:s=1,view=2,gossip=1: round 0 only 0 and 1 are
+    available, round 1 all. 0's table is {1} at the start, so 0 sends to 1 in round 0; 1 draws
+    0 or 2 (2 is offline then: lost). In round 1, 1 has heard of 0 at 0 (first-hand)."""
+    g = Graph.from_edges(3, np.array([[0, 1], [1, 2]]))
+    avail = np.array([[1, 1, 0], [1, 1, 1]], bool)
+    got = round_sends(parse_peers("online:s=1,view=2,gossip=1"), 5, avail, g, 600.0)
+    r0 = got["round"] == 0
+    assert got["send"][r0].tolist() == [0, 1] and got["recv"][r0][0] == 1
+    assert got["reached"][r0].tolist() == [True, bool(got["recv"][r0][1] == 0)]
+    assert got["messages"] == 5 and got["to_offline"] == int((~got["reached"]).sum())
+    # only heard entries travel: none in round 0; in round 1 device 1 carries 0 (heard in
+    # round 0), device 0 carries 1 if 1's message reached it, device 2 has heard of no one
+    assert got["membership_bytes"] == 12 * (2 if got["recv"][r0][1] == 0 else 1)
+
+
+def test_sampled_deliveries_are_the_reached_messages():
+    rng = np.random.default_rng(0)
+    avail = rng.random((40, 30)) < 0.4
+    g = Graph.from_edges(30, np.array([[i, (i + 1) % 30] for i in range(30)]))
+    p = parse_peers("epidemic:s=3")
+    union, live, counts = sampled_deliveries(p, 9, avail, g, 600.0)
+    got = round_sends(p, 9, avail, g, 600.0)
+    from sfg.round.slots import RoundGraph
+
+    rg = RoundGraph.from_graph(union)
+    ok = got["reached"]
+    t, s, r = np.nonzero(live)[0], rg.send[np.nonzero(live)[1]], rg.recv[np.nonzero(live)[1]]
+    want = sorted(zip(got["round"][ok], got["send"][ok], got["recv"][ok], strict=True))
+    assert sorted(zip(t, s, r, strict=True)) == want
+    hours = 30 * 40 * 600 / 3600
+    assert counts["peer_messages_per_device_hour"] == pytest.approx(int(avail.sum()) * 3 / hours)
+
+
+def test_replay_rules_paired_on_the_same_sends():
+    rows = replay(["bursty:u=0.8"], ["dfedavg", "sfg-cut"], [1, 2], n=40, T=60,
+                  peers="online:s=4", horizon=0)
+    by = {(r["rule"], r["seed"]): r for r in rows}
+    for seed in (1, 2):
+        a, b = by["dfedavg", seed], by["sfg-cut", seed]
+        for k in ("returning_aggregations", "returning_aggregations_heard", "premise",
+                  "peer_messages_per_device_hour", "membership_bytes_per_device_hour"):
+            assert a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]), k
+    assert by["dfedavg", 1]["spread_lag"] != by["dfedavg", 2]["spread_lag"]
+
+
+def test_fixed_is_the_replay_without_the_setting():
+    base = replay(["bursty:u=0.8"], ["sfg-cut"], [3], n=30, T=40, horizon=10)
+    same = replay(["bursty:u=0.8"], ["sfg-cut"], [3], n=30, T=40, horizon=10, peers="fixed")
+    assert base == same and "peer_messages_per_device_hour" not in base[0]
+    other = replay(["bursty:u=0.8"], ["sfg-cut"], [3], n=30, T=40, horizon=10,
+                   peers="epidemic:s=6")
+    assert other[0]["spread_lag"] != base[0]["spread_lag"]
+
+
+@pytest.mark.parametrize("rule", ["dfl-aa", "metropolis-hastings", "sfg-l+ipw", "dfedavg+guard"])
+def test_per_neighbour_rules_refused(rule):
+    with pytest.raises(SfgError, match="cannot run with peers"):
+        replay(["bursty:u=0.8"], [rule], [1], n=20, T=10, peers="epidemic:s=3")
+
+
+def test_cli_one_line_errors(tmp_path):
+    import subprocess
+    import sys
+
+    for args, words in [(["--peers", "online:s=0"], "whole number"),
+                        (["--peers", "epidemic:s=3", "--clock", "virtual", "--protocol",
+                          "async"], "rounds in this version")]:
+        out = subprocess.run([sys.executable, "-m", "sfg", "replay", "-n", "20", "-T", "10",
+                              *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and words in out.stderr
+        assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert isinstance(parse_peers(Peers("epidemic", 3)), Peers)
