@@ -12,7 +12,8 @@ on the 2-core development machine: within 60 minutes and 8 GB.
     .venv/bin/python benchmarks/bench_fleet_clock.py --clients 500 2000   # the slope first
 
 Several sizes print the growth of memory and time per client between consecutive sizes, and
-what N = 10,000 would take at that slope. Options after ``--`` go to ``sfg run``.
+what N = 10,000 would take at that slope. Options after ``--`` go to ``sfg run``; ``--src``
+runs another source tree's sfg (PYTHONPATH) for a before/after comparison.
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ def command(n: int, args: argparse.Namespace) -> list[str]:
 def run_once(n: int, args: argparse.Namespace, out: Path) -> tuple[float, float, int]:
     """(wall seconds, peak RSS in bytes, exit status) of one ``sfg run`` in a child process;
     its stdout (the table) into ``out``, its stderr (the progress bar) to ours."""
+    env = dict(os.environ)
+    if args.src:
+        env["PYTHONPATH"] = os.pathsep.join([str(args.src), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()
     with open(out, "w") as fh:
-        proc = subprocess.Popen(command(n, args), stdout=fh, cwd=tempfile.gettempdir())
+        proc = subprocess.Popen(command(n, args), stdout=fh, cwd=tempfile.gettempdir(),
+                                env=env)
         _, status, usage = os.wait4(proc.pid, 0)
     return time.perf_counter() - t0, usage.ru_maxrss * 1024.0, os.waitstatus_to_exitcode(status)
 
@@ -68,11 +73,13 @@ def main() -> None:
     ap.add_argument("--min-train", type=int, default=4)
     ap.add_argument("--test-per-client", type=int, default=50)
     ap.add_argument("--data-root", type=Path, default=DATA)
+    ap.add_argument("--src", type=Path, default=None, help="another source tree's sfg")
     ap.add_argument("run_args", nargs="*", help="more `sfg run` options, after --")
     args = ap.parse_args()
     if not args.data_root.exists():
         sys.exit(f"error: no CIFAR-10 at {args.data_root}; pass --data-root")
     print(banner())
+    print(f"sfg from {args.src or 'this checkout'}")
     print(" ".join(command(args.clients[0], args)[2:]).replace(str(args.data_root), "DATA"))
     print(f"{'clients':>8} {'wall s':>8} {'peak GB':>8} {'accuracy':>9} {'p10':>7} "
           f"{'s/client':>9} {'MB/client':>10}", flush=True)
