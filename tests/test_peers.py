@@ -23,6 +23,7 @@ from sfg.world.peers import (
     round_sends,
     tie_key,
     uniform,
+    uniform4,
 )
 
 
@@ -58,6 +59,7 @@ def test_compiled_draw_is_the_counter_draw():
     key = peers_key(7)
     for ids in [(0, 0, 0), (5, 3, 2), (99, 1234, 17), (2**40, 7, 1)]:
         assert uniform(np.uint64(key), *ids) == counter_uniform(key, *ids)
+        assert uniform4(np.uint64(key), *ids, 9) == counter_uniform(key, *ids, 9)
 
 
 def test_epidemic_targets_distinct_others_uniform():
@@ -91,32 +93,33 @@ def test_online_targets_from_the_table_then_topped_up():
 
 
 def _table(V=3):
-    return (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros(1, np.int64))
+    return (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros((1, V)),
+            np.zeros(1, np.int64))
 
 
 def test_hear_by_hand():
     tk = np.uint64(tie_key(4))
-    tid, tt, tn = _table(3)
-    assert not hear(tk, 0, 0, 5.0, tid, tt, tn)  # never itself
-    assert hear(tk, 0, 7, 10.0, tid, tt, tn) and hear(tk, 0, 8, 30.0, tid, tt, tn)
-    assert hear(tk, 0, 9, 20.0, tid, tt, tn)
+    tid, tt, th, tn = _table(3)
+    assert not hear(tk, 0, 0, 5.0, tid, tt, th, tn)  # never itself
+    assert hear(tk, 0, 7, 10.0, tid, tt, th, tn) and hear(tk, 0, 8, 30.0, tid, tt, th, tn)
+    assert hear(tk, 0, 9, 20.0, tid, tt, th, tn)
     assert tid[0].tolist() == [8, 9, 7] and tt[0].tolist() == [30.0, 20.0, 10.0]
-    assert not hear(tk, 0, 9, 20.0, tid, tt, tn)  # as fresh: unchanged
-    assert not hear(tk, 0, 9, 15.0, tid, tt, tn)  # older: unchanged
-    assert hear(tk, 0, 7, 40.0, tid, tt, tn)  # fresher: moves up
+    assert not hear(tk, 0, 9, 20.0, tid, tt, th, tn)  # as fresh: unchanged
+    assert not hear(tk, 0, 9, 15.0, tid, tt, th, tn)  # older: unchanged
+    assert hear(tk, 0, 7, 40.0, tid, tt, th, tn)  # fresher: moves up
     assert tid[0].tolist() == [7, 8, 9]
-    assert not hear(tk, 0, 4, 5.0, tid, tt, tn)  # full, older than the last: left out
-    assert hear(tk, 0, 4, 25.0, tid, tt, tn)  # full, fresher than the last: it leaves
+    assert not hear(tk, 0, 4, 5.0, tid, tt, th, tn)  # full, older than the last: left out
+    assert hear(tk, 0, 4, 25.0, tid, tt, th, tn)  # full, fresher than the last: it leaves
     assert tid[0].tolist() == [7, 8, 4] and tt[0].tolist() == [40.0, 30.0, 25.0]
     # a tie at the last place: the larger keyed hash of (seed, device, peer) stays
     h = {j: uniform(tk, 0, j, 0) for j in (4, 6)}
-    hear(tk, 0, 6, 25.0, tid, tt, tn)
+    hear(tk, 0, 6, 25.0, tid, tt, th, tn)
     assert tid[0, 2] == max(h, key=h.get)
 
 
 def test_tables_start_with_the_neighbours_never_heard():
     g = Graph.from_edges(5, np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2]]))
-    tid, tt, tn = new_tables(parse_peers("online:s=1,view=2"), 3, g)
+    tid, tt, _, tn = new_tables(parse_peers("online:s=1,view=2"), 3, g)
     assert tn.tolist() == [2, 2, 2, 1, 1] and np.all(np.isneginf(tt[tn > 0][:, 0]))
     tk = np.uint64(tie_key(3))
     hashes = {j: uniform(tk, 0, j, 0) for j in (1, 2, 3, 4)}
@@ -191,7 +194,7 @@ def test_cli_one_line_errors(tmp_path):
 
     for args, words in [(["--peers", "online:s=0"], "whole number"),
                         (["--peers", "epidemic:s=3", "--clock", "virtual", "--protocol",
-                          "async"], "rounds in this version")]:
+                          "async", "--on-return", "pull:timeout=60"], "on_return pull")]:
         out = subprocess.run([sys.executable, "-m", "sfg", "replay", "-n", "20", "-T", "10",
                               *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and words in out.stderr

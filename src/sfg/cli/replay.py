@@ -182,20 +182,6 @@ def replay_file(path) -> dict[str, Any]:
     return out
 
 
-def _in_rounds(peers, settings, n: int = 0):
-    """The parsed ``peers`` setting (checked for ``n`` devices), or ``settings`` after
-    refusing a ``peers`` the virtual clock's replay does not run in this version."""
-    from sfg.world.peers import parse_peers
-
-    if settings is None:
-        return parse_peers(peers).check(n)
-    if not peers.fixed:
-        raise SfgError(f"--peers {peers} runs in the replay in rounds in this version; the "
-                       "virtual clock's replay takes peers fixed (drop --clock virtual, or "
-                       "--peers)")
-    return settings
-
-
 def replay(
     config: Path | None = opt("config"),
     process: list[str] = opt("process", [], show_default=_shown("process")),
@@ -245,7 +231,9 @@ def replay(
                                             "graph", "anatomy", "link_failure", "local_steps",
                                             "horizon", "attack"))
     seed_list = parse_seeds(seeds)
-    sampler = _in_rounds(got["peers"], None, clients)
+    from sfg.world.peers import parse_peers
+
+    sampler = parse_peers(got["peers"]).check(clients)
     faults = faults_with(faults, *cuts_and_crashes(cut, crash))
     on_clock = {k: v for k, v in filed.items() if k not in got}
     on_clock.update(clockflags.clock_values(
@@ -265,7 +253,7 @@ def replay(
                 raise SfgError(f"--{extra[0].replace('_', '-')} is a setting of the virtual "
                                "clock; add --clock virtual or drop it")
         else:
-            clock_settings = _in_rounds(sampler, make_settings(on_clock))
+            clock_settings = make_settings(on_clock)
     fitted = horizon is None and 1 <= rounds < DEFAULT_HORIZON
     if horizon is None:  # the default horizon, or what fits in a shorter replay
         horizon = min(DEFAULT_HORIZON, rounds) if rounds >= 1 else DEFAULT_HORIZON
@@ -305,7 +293,8 @@ def replay(
                                      local_steps=local_steps, anatomy=anatomy,
                                      link_failure=link_failure, horizon=horizon,
                                      attacks=list(attack) or [None],
-                                     with_curves=plot is not None, progress=update)
+                                     with_curves=plot is not None, progress=update,
+                                     peers=str(sampler))
         else:
             rows = run_replay(process, rule, seed_list, n=clients, T=rounds, graph=graph,
                               anatomy=anatomy, link_failure=link_failure, horizon=horizon,

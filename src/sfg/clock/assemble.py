@@ -26,6 +26,7 @@ from sfg.clock.links import (
     transfer_lost,
     transfer_seconds,
 )
+from sfg.clock.schedule import held_count, held_units
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_SEND
@@ -36,6 +37,11 @@ COUNTS = ("messages_sent", "lost_sender", "lost_receiver", "lost_random", "lost_
           "delivered", "candidates", "fault_partitioned", "fault_lost", "fault_delayed",
           "fault_corrupted")
 _MSG = ("slot", "arr", "src", "sent", "rep", "off")  # a message's columns
+# the counts of peers chosen per exchange (sfg.clock.peersim)
+PEER_COUNTS = ("peer_messages", "messages_to_offline", "membership_bytes")
+# with peers, candidates by each device's recent messages (held_recent) instead of a query per
+# link of the run's union graph (the same candidates; tests/test_peers_clock.py flips it)
+WALK = True
 
 
 class Assembler:
@@ -44,10 +50,18 @@ class Assembler:
     ``closes``, and the replies that reached their device."""
 
     def __init__(self, world, settings: ClockSettings, protocol: str, *, seed: int,
-                 link_failure: float = 0.0, offline_talks: bool = False):
+                 link_failure: float = 0.0, offline_talks: bool = False, peers=None,
+                 anatomy: str = "full"):
         self.world, self.settings, self.protocol, self.seed = world, settings, protocol, seed
         self.link_failure, self.talks = link_failure, offline_talks
-        rg = world.rg
+        # peers chosen per exchange (sfg.clock.peersim, one span): the run's own links
+        self.peers = None if peers is None or peers.fixed else peers
+        if self.peers is not None:
+            from sfg.clock.peersim import check_clock
+
+            self.pair = check_clock(self.peers, settings, anatomy=anatomy,
+                                    link_failure=link_failure)
+        self.rg = rg = world.rg
         self.dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
         self.ptr, self.out, _ = out_slots(rg)
         self.deg = np.diff(self.ptr)
@@ -60,14 +74,15 @@ class Assembler:
         self.first = self.c0 = 0  # events and candidates of the pieces so far
         self.tally: dict[str, Any] = {"local_rounds": 0, "compute": []}  # exact, over spans
         self.since = 0.0  # the current span's start
-        self.returns = Returns(world, settings, talks=offline_talks)
+        self.returns = Returns(world, settings, talks=offline_talks,
+                               anyone=self.peers is not None)
         self.samples = curve_times(world, settings.unit)
 
     def _messages(self, time: np.ndarray, dev: np.ndarray, end: np.ndarray,
                   bstart: np.ndarray, loc: np.ndarray, base: int) -> dict[str, np.ndarray]:
         """The messages of the local rounds ``loc`` that reach their receiver (columns
         :data:`_MSG`), counted."""
-        world, settings, rg = self.world, self.settings, self.world.rg
+        world, settings, rg = self.world, self.settings, self.rg
         deg, ptr = self.deg, self.ptr
         # messages: every committed local round to each neighbour, back to back
         src = np.repeat(loc, deg[dev[loc]])
@@ -156,7 +171,9 @@ class Assembler:
         R, base = time.shape[0], self.first
         loc_all = np.flatnonzero(kind == LOCAL)
         loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
-        new = self._messages(time, dev, end, bstart, loc, base)
+        new = self._messages(time, dev, end, bstart, loc, base) if self.peers is None else \
+            self._peer_messages(time, dev, end, step, loc, base, until)
+        rg = self.rg
         c = self.counts
         if pull is not None:  # the replies: candidates like messages, older by their held
             nrep = pull["slot"].size
@@ -173,17 +190,21 @@ class Assembler:
         np.cumsum(np.bincount(m["slot"], minlength=rg.n_slots), out=mptr[1:])
         newest = np.empty(m["src"].size, np.int64)
         newest_so_far(mptr, m["src"], m["rep"], newest)
-        # queries: every local round that aggregates × the receiver's incoming slots
         loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_AGGREGATE) != 0]
-        nin = np.diff(rg.indptr) - 1
-        qn = nin[dev[loc]]
-        qev = np.repeat(loc, qn)
-        qk = np.arange(qev.size) - np.repeat(np.cumsum(qn) - qn, qn)
-        qslot = rg.indptr[dev[qev]] + 1 + qk
-        idx = np.empty(qev.size, np.int64)
-        wait = np.empty(qev.size)
-        held_latest(mptr, m["arr"], m["sent"], newest, m["off"], qslot, time[qev],
-                    float(settings.window), unit, idx, wait)
+        if self.peers is None or not WALK:
+            # queries: every local round that aggregates × the receiver's incoming slots
+            nin = np.diff(rg.indptr) - 1
+            qn = nin[dev[loc]]
+            qev = np.repeat(loc, qn)
+            qk = np.arange(qev.size) - np.repeat(np.cumsum(qn) - qn, qn)
+            qslot = rg.indptr[dev[qev]] + 1 + qk
+            idx = np.empty(qev.size, np.int64)
+            wait = np.empty(qev.size)
+            held_latest(mptr, m["arr"], m["sent"], newest, m["off"], qslot, time[qev],
+                        float(settings.window), unit, idx, wait)
+        else:  # a device has many links, few of them recent: its messages of the window
+            qev, qslot, idx, wait = _recent(rg, m, mptr, newest, loc, dev, time,
+                                            float(settings.window), unit)
         got = idx >= 0
         c["candidates"] += int(got.sum())
         # candidates per event: the receiver first, then the messages held
@@ -223,12 +244,119 @@ class Assembler:
             out["bytes_sent"] = float(c["messages_sent"] * float(settings.message_bytes or 0.0))
             out["candidates"] = float(c["candidates"])
             out.update(self.returns.counts())
+            if self.peers is not None:
+                out.update({k: self.sampled[k] for k in PEER_COUNTS})
         return Schedule(protocol=self.protocol, n=world.n, unit=unit, horizon=world.horizon,
                         time=time, dev=dev, kind=kind, t=t, amount=amount, end=end, step=step,
                         cptr=cptr, cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples,
                         stats=out, nsteps=nsteps, caps=caps,
                         pulls=None if pull is None else (bstart, closes, pull["digest"]),
-                        first=base, keep=np.unique(self.carry["src"]))
+                        first=base, keep=np.unique(self.carry["src"]),
+                        rg=None if self.peers is None else rg,
+                        peers=None if self.peers is None else self.sampled["digest"])
+
+    def _peer_messages(self, time, dev, end, step, loc, base: int,
+                       until: float) -> dict[str, np.ndarray]:
+        """The messages under ``peers`` (:func:`sfg.clock.peersim.peer_messages`): the run's
+        graph becomes the union of the pairs that exchanged one, counted."""
+        import hashlib
+
+        from sfg.clock.peersim import peer_messages
+        from sfg.round.slots import RoundGraph
+        from sfg.world.graphs import Graph
+
+        if until != np.inf or base:
+            raise SfgError("peers chosen per exchange run in one span: an internal error")
+        world, n = self.world, self.world.n
+        got = peer_messages(world, self.settings, self.peers, self.seed, time=time, dev=dev,
+                            end=end, step=step, sends=loc, latency=self.pair[0],
+                            loss=self.pair[1])
+        fate, ok = got["fate"], got["fate"] == 0
+        s, r = got["send"][ok], got["recv"][ok]
+        pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
+        union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
+                                 name=f"peers {self.peers}")
+        self.rg = rg = RoundGraph.from_graph(union)
+        nb = np.flatnonzero(~rg.is_self)
+        key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
+        o = np.argsort(key)
+        slot = nb[o[np.searchsorted(key[o], r * n + s)]]
+        c = self.counts
+        c["messages_sent"] += int((fate != 1).sum())
+        c["lost_sender"] += int((fate == 1).sum())
+        c["lost_receiver"] += int((fate == 2).sum())
+        c["lost_random"] += int((fate == 3).sum())
+        c["delivered"] += int(ok.sum())
+        h = hashlib.blake2b(digest_size=16)
+        h.update(str(self.peers).encode())
+        for a in (got["src"], got["send"], got["recv"], got["arrival"], fate):
+            h.update(np.ascontiguousarray(a).tobytes())
+        self.sampled = {**{k: got[k] for k in PEER_COUNTS}, "digest": h.hexdigest()}
+        src = got["src"][ok]
+        return {"slot": slot, "arr": got["arrival"][ok], "src": src + base, "sent": end[src],
+                "rep": np.zeros(src.size, bool), "off": np.zeros(src.size)}
+
+
+def _recent(rg, m, mptr, newest, loc, dev, time, window: float, unit: float):
+    """The candidates of the local rounds ``loc`` (:func:`held_recent`) as the queries of the
+    graph's links give them: (event, slot, message, waited units), by event then slot."""
+    recv = rg.recv[m["slot"]]
+    rpos = np.lexsort((m["arr"], recv))
+    rptr = np.zeros(rg.n + 1, np.int64)
+    np.cumsum(np.bincount(recv, minlength=rg.n), out=rptr[1:])
+    cap = max(16, 4 * loc.size)
+    while True:
+        out = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+               np.empty(cap))
+        k = held_recent(rptr, rpos, np.ascontiguousarray(m["arr"][rpos]), m["arr"], m["sent"],
+                        m["off"], mptr, newest, m["slot"], loc, dev[loc], time[loc], window, unit,
+                        np.full(rg.n_slots, -1, np.int64), *out)
+        if k >= 0:
+            return tuple(a[:k] for a in out)
+        cap *= 4
+
+
+@njit(cache=True, nogil=True)
+def held_recent(rptr, rpos, rarr, arr, sent, off, mptr, newest, slot, ev, ev_dev, ev_time,
+                window, unit, mark, o_ev, o_slot, o_idx, o_wait):  # pragma: no cover - compiled
+    """:func:`sfg.clock.schedule.held_latest` for the links that carried a message to the
+    event's device within the window before it: walking back its messages by arrival (``rpos``
+    [rptr[i]:rptr[i+1]], arrivals ``rarr``) while they lie within ``window`` units, each link met
+    once, its newest message held (the same test as on every link: a link with no message in
+    the window has no candidate). Returns the candidates' count, or −1 when the outputs are too
+    short."""
+    n_out = 0
+    for q in range(ev.shape[0]):
+        i, t = ev_dev[q], ev_time[q]
+        a, b = rptr[i], rptr[i + 1]
+        k = a + np.searchsorted(rarr[a:b], t, side="right") - 1
+        first = n_out
+        while k >= a and (t - rarr[k]) / unit <= window:
+            s = slot[rpos[k]]
+            k -= 1
+            if mark[s] == q:
+                continue
+            mark[s] = q
+            h = mptr[s] + held_count(arr, sent, mptr[s], mptr[s + 1], t) - 1
+            if h < mptr[s]:
+                continue
+            h = newest[h]
+            d = held_units(t, arr[h], window, unit)
+            if d < 0.0:
+                continue
+            if n_out >= o_ev.shape[0]:
+                return -1
+            o_ev[n_out], o_slot[n_out], o_idx[n_out] = ev[q], s, h
+            o_wait[n_out] = d + off[h] / unit
+            n_out += 1
+        for x in range(first + 1, n_out):  # by slot, as the links' queries come
+            y = x
+            while y > first and o_slot[y - 1] > o_slot[y]:
+                for arr_ in (o_ev, o_slot, o_idx):
+                    arr_[y - 1], arr_[y] = arr_[y], arr_[y - 1]
+                o_wait[y - 1], o_wait[y] = o_wait[y], o_wait[y - 1]
+                y -= 1
+    return n_out
 
 
 @njit(cache=True, nogil=True)
@@ -266,11 +394,11 @@ class Returns:
     the return). The replay's ``returns`` and ``returns_heard`` count aggregations at age ≥ 1
     instead."""
 
-    def __init__(self, world, settings: ClockSettings, *, talks: bool):
+    def __init__(self, world, settings: ClockSettings, *, talks: bool, anyone: bool = False):
         from sfg.clock.faults import Faults
         from sfg.clock.pull import returns_of
 
-        self.world = world
+        self.world, self.anyone = world, anyone
         rptr, rtime, rend = returns_of(world)
         self.none = talks or not rtime.size
         dev = np.repeat(np.arange(world.n), np.diff(rptr))
@@ -328,6 +456,12 @@ class Returns:
         self.wait = ret[(first < 0) & (self.end[ret] > until)]
 
     def _alone(self, new: np.ndarray) -> int:
+        if self.anyone:  # peers chosen per exchange: no other device online at the return
+            on = self.world.online
+            t = self.time[new]
+            up = np.searchsorted(np.sort(on.start), t, side="right") - \
+                np.searchsorted(np.sort(on.end), t, side="right")
+            return int((up <= 1).sum())
         rg, dev, time = self.world.rg, self.dev[new], self.time[new]
         nb = np.diff(rg.indptr) - 1
         q_ret = np.repeat(np.arange(new.size), nb[dev])
@@ -372,7 +506,7 @@ DIGESTED = ("time", "dev", "kind", "t", "amount", "end", "step", "cptr", "cslot"
 TAGGED = (("nsteps", b"catchup"), ("caps", b"caps"))
 
 
-def digest_of(protocol: str, columns, pulls=None) -> str:
+def digest_of(protocol: str, columns, pulls=None, peers: str | None = None) -> str:
     """The schedule digest (docs/concepts/clock.md#pairing-and-the-schedule-digest) of
     ``columns``: name -> an iterable of byte blocks, or None for a tagged column the
     schedule lacks; ``pulls``: the pull's part (broadcast starts, moved starts, digest)."""
@@ -393,6 +527,9 @@ def digest_of(protocol: str, columns, pulls=None) -> str:
         for a in pulls[:2]:
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(pulls[2].encode())
+    if peers is not None:  # peers chosen per exchange: the sampled messages
+        h.update(b"peers")
+        h.update(peers.encode())
     return h.hexdigest()
 
 

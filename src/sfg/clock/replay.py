@@ -61,7 +61,7 @@ class EventStaleness:
 
     def __init__(self, rule: Rule, world: World, sched: Schedule, *, seed: int,
                  attack: Attack | None = None):
-        rg, n = world.rg, world.n
+        rg, n = (world.rg if sched.rg is None else sched.rg), world.n
         R, C = sched.n_events, int(sched.cptr[-1])
         self.rule, self.rg, self.sched = rule, rg, sched
         check_rounds_only(attack, "the virtual clock's async and event protocols")
@@ -207,13 +207,14 @@ SPAN_EVENTS = 1_000_000
 
 def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: int,
                    attack: Attack | None, local_steps: int, link_failure: float,
-                   anatomy: str) -> tuple[dict[str, float], dict[str, list[float]], dict, str]:
+                   anatomy: str, peers=None
+                   ) -> tuple[dict[str, float], dict[str, list[float]], dict, str]:
     from sfg.clock.assemble import SpilledDigest, curve_times
     from sfg.modelfree.metrics import Accumulator, RunEnd
 
     kw = {"local_steps": local_steps, "seed": seed, "catchup": rule.catchup,
-          "link_failure": link_failure, "anatomy": anatomy}
-    if streams(rule, attack):
+          "link_failure": link_failure, "anatomy": anatomy, "peers": peers}
+    if streams(rule, attack) and (peers is None or peers.fixed):
         ps = PieceStaleness(rule, world, n_samples=curve_times(world, settings.unit).size)
         dig = SpilledDigest(settings.protocol)
         every = max(1, SPAN_EVENTS // max(world.n, 1))
@@ -246,11 +247,22 @@ def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: i
 def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSettings,
                  n: int = 100, rounds: int = 300, graph: str = "knn:k=6", local_steps: int = 10,
                  anatomy: str = "full", link_failure: float = 0.0, horizon: int = 50,
-                 attack: str | None = None, world: World | None = None) -> dict[str, Any]:
+                 attack: str | None = None, world: World | None = None,
+                 peers: str | None = None) -> dict[str, Any]:
     """One model-free replay on the clock: ``{"metrics", "curves", "meta"}`` (see the module
     docstring). ``rounds`` T: the run lasts T·Δ of virtual time. ``world``: reuse one seed's
-    world across rules (it does not depend on the rule)."""
+    world across rules (it does not depend on the rule). ``peers`` (docs/concepts/peers.md):
+    whom each local round sends to (async and event, :mod:`sfg.clock.peersim`)."""
+    from sfg.world.peers import parse_peers
+
     r = parse_rule(rule) if isinstance(rule, str) else rule
+    sampler = parse_peers(peers).check(n)
+    if not sampler.fixed:
+        from sfg.clock.peersim import check_clock
+        from sfg.modelfree.peers import check_rule
+
+        check_rule(r, sampler)
+        check_clock(sampler, settings, anatomy=anatomy, link_failure=link_failure)
     if r.reads_models or r.clip:
         # sfg run trains model-reading rules on the lockstep clock only (sfg.clock.train)
         raise SfgError(f"rule {str(r)!r} reads model parameters; the model-free replay covers "
@@ -273,8 +285,12 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
     else:
         metrics, curves, stats, digest = _event_metrics(
             r, world, settings, seed=seed, attack=a, local_steps=local_steps,
-            link_failure=link_failure, anatomy=anatomy)
+            link_failure=link_failure, anatomy=anatomy, peers=sampler)
     metrics.update(per_device_hour(stats, world.n, world.horizon))
+    if not sampler.fixed:
+        hours = world.n * world.horizon / 3600.0
+        for k in ("peer_messages", "messages_to_offline", "membership_bytes"):
+            metrics[f"{k}_per_device_hour"] = stats[k] / hours
     meta = {"clock": "virtual", "protocol": settings.protocol, "schedule_digest": digest,
             "virtual_seconds": world.horizon, "unit_seconds": settings.unit}
     return {"metrics": metrics, "curves": curves, "meta": meta}
@@ -301,7 +317,7 @@ def replay_clock_rows(processes: list[str], rules: list[str], seeds: list[int], 
                       graph: str = "knn:k=6", local_steps: int = 10, anatomy: str = "full",
                       link_failure: float = 0.0, horizon: int = 50,
                       attacks: list[str | None] | None = None, with_curves: bool = False,
-                      progress=None) -> list[dict[str, Any]]:
+                      progress=None, peers: str | None = None) -> list[dict[str, Any]]:
     """``sfg replay --clock virtual``: processes × rules × seeds (× attacks), one row each, as
     :func:`sfg.modelfree.replay` gives them; each (process, seed) world is built once and shared
     by its rules (it does not depend on them)."""
@@ -319,7 +335,7 @@ def replay_clock_rows(processes: list[str], rules: list[str], seeds: list[int], 
                     out = replay_clock(p, r, seed=seed, settings=settings, n=n, rounds=rounds,
                                        graph=graph, local_steps=local_steps, anatomy=anatomy,
                                        link_failure=link_failure, horizon=horizon, attack=a,
-                                       world=world)
+                                       world=world, peers=peers)
                     row = {"process": p, "rule": str(r), "seed": seed,
                            **({"attack": a or "none"} if tag else {}), **out["metrics"],
                            "schedule_digest": out["meta"]["schedule_digest"]}

@@ -297,6 +297,11 @@ class Schedule:
     # its end that later pieces' candidates may still name (None: a whole schedule)
     first: int = 0
     keep: np.ndarray | None = None
+    # peers chosen per exchange (docs/concepts/peers.md): the run's own links (the union of
+    # the pairs that exchanged a message; None: the world's graph) and the digest of the
+    # sampled messages
+    rg: Any = None
+    peers: str | None = None
 
     @property
     def n_events(self) -> int:
@@ -312,7 +317,7 @@ class Schedule:
         for name, _ in TAGGED:  # +catchup: the schedule of its own compute; anatomy's caps
             a = getattr(self, name)
             cols[name] = None if a is None else [np.ascontiguousarray(a).tobytes()]
-        return digest_of(self.protocol, cols, self.pulls)
+        return digest_of(self.protocol, cols, self.pulls, self.peers)
 
 
 @njit(cache=True, nogil=True)
@@ -488,7 +493,8 @@ def check_event(world: World, settings: ClockSettings, *, local_steps: int,
 
 def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_steps: int,
                seed: int, catchup: bool, link_failure: float, anatomy: str,
-               stats: dict[str, float] | None = None, every: int | None = None):
+               stats: dict[str, float] | None = None, every: int | None = None,
+               peers=None):
     """The async or event protocol's schedule, from the one time-ordered simulation of the
     protocols (:func:`sfg.clock.pull.protocol_spans`, ``on_return`` pull or none),
     assembled: one :class:`Schedule` (``every`` None), or its pieces, one per ``every``
@@ -496,15 +502,18 @@ def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_st
     from sfg.clock.assemble import Assembler
     from sfg.clock.pull import protocol_spans
 
+    sampled = peers is not None and not peers.fixed
+
     def pieces():
         asm = None
         for until, parts, steps_of, st, pull, caps_of, talks in protocol_spans(
                 world, settings, protocol, local_steps=local_steps, seed=seed,
                 catchup=catchup, link_failure=link_failure, anatomy=anatomy, stats=stats,
-                every=every):
+                every=None if sampled else every):
             if asm is None:
                 asm = Assembler(world, settings, protocol, seed=seed,
-                                link_failure=link_failure, offline_talks=talks)
+                                link_failure=link_failure, offline_talks=talks,
+                                peers=peers, anatomy=anatomy)
             yield finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
                                   catchup=catchup, link_failure=link_failure, stats=st,
                                   pull=pull, caps_of=caps_of, offline_talks=talks,
@@ -525,7 +534,7 @@ def check_period(train: np.ndarray, P: float) -> None:
 
 def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
-                   anatomy: str = "full", every: int | None = None):
+                   anatomy: str = "full", every: int | None = None, peers=None):
     """The async protocol's schedule (see the module docstring). ``catchup``: local rounds
     of returning devices take ``+catchup``'s steps (the schedule then depends on that rule,
     which says so: docs/concepts/clock.md#pairing-and-the-schedule-digest); ``link_failure``: the per-round link failures of docs/concepts/outages.md#link-failures, per
@@ -541,12 +550,12 @@ def async_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     _check_budget(float(n) * wakes, "async schedule", every)
     return _simulated(world, settings, "async", local_steps=local_steps, seed=seed,
                       catchup=catchup, link_failure=link_failure, anatomy=anatomy,
-                      stats={"wakes": float(n * wakes)}, every=every)
+                      stats={"wakes": float(n * wakes)}, every=every, peers=peers)
 
 
 def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                    seed: int, catchup: bool = False, link_failure: float = 0.0,
-                   anatomy: str = "full", every: int | None = None):
+                   anatomy: str = "full", every: int | None = None, peers=None):
     """The event protocol's schedule (see the module docstring; ``catchup`` and
     ``link_failure`` as for :func:`async_schedule`).
 
@@ -571,7 +580,7 @@ def event_schedule(world: World, settings: ClockSettings, *, local_steps: int,
     check_event(world, settings, local_steps=local_steps, anatomy=anatomy, every=every)
     return _simulated(world, settings, "event", local_steps=local_steps, seed=seed,
                       catchup=catchup, link_failure=link_failure, anatomy=anatomy,
-                      every=every)
+                      every=every, peers=peers)
 
 
 @njit(cache=True, nogil=True)
@@ -657,12 +666,14 @@ def level_plan(sched: Schedule, n: int) -> dict[str, Any]:
 
 def make_schedule(world: World, settings: ClockSettings, *, local_steps: int,
                   seed: int, catchup: bool = False, link_failure: float = 0.0,
-                  anatomy: str = "full", every: int | None = None):
+                  anatomy: str = "full", every: int | None = None, peers=None):
     """The async or event protocol's :class:`Schedule` (``catchup``, ``link_failure``,
     ``anatomy``: see :func:`async_schedule` and :func:`event_schedule`); with ``every``, its
-    pieces one per ``every`` units of time (:mod:`sfg.clock.assemble`)."""
+    pieces one per ``every`` units of time (:mod:`sfg.clock.assemble`); ``peers``
+    (:class:`sfg.world.peers.Peers`, None: fixed): whom each local round sends to
+    (:mod:`sfg.clock.peersim`; one piece)."""
     kw = {"local_steps": local_steps, "seed": seed, "catchup": catchup,
-          "link_failure": link_failure, "every": every}
+          "link_failure": link_failure, "every": every, "peers": peers}
     if settings.protocol == "async":
         return async_schedule(world, settings, anatomy=anatomy, **kw)  # type: ignore[arg-type]
     if settings.protocol == "event":

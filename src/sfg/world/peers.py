@@ -145,6 +145,18 @@ def uniform(key, a, b, c):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def uniform4(key, a, b, c, d):  # pragma: no cover - compiled
+    """:func:`sfg.util.rng.counter_uniform` (key, a, b, c, d), compiled (a link's loss draw:
+    :func:`sfg.clock.links.transfer_lost`)."""
+    z = np.uint64(key)
+    z = _mix(z + np.uint64(a) * _GOLDEN)
+    z = _mix(z + np.uint64(b) * _GOLDEN)
+    z = _mix(z + np.uint64(c) * _GOLDEN)
+    z = _mix(z + np.uint64(d) * _GOLDEN)
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, nogil=True)
 def draw_epidemic(key, i, count, n, s, out):  # pragma: no cover - compiled
     """out[:s]: s distinct devices other than i, uniform (send ``count`` of device i; try k
     draws ids (i, count, k), a device drawn twice is drawn again)."""
@@ -202,10 +214,11 @@ def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def hear(tkey, i, j, t, tab_id, tab_t, tab_n):  # pragma: no cover - compiled
+def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Device i hears that j was online at t: j's entry is set to t when that is strictly
     fresher (or j enters, when the table has room or t ranks before its last entry, which
-    then leaves). The row stays sorted, freshest first. Returns whether it changed."""
+    then leaves). The row stays sorted, freshest first; tab_h holds each entry's tie hash.
+    Returns whether it changed."""
     if j == i:
         return False
     m = tab_n[i]
@@ -215,40 +228,45 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_n):  # pragma: no cover - compiled
         if tab_id[i, a] == j:
             pos = a
             break
-    hj = uniform(tkey, i, j, 0)
     if pos >= 0:
         if not t > tab_t[i, pos]:
             return False
-    elif m < V:
-        pos = m
-        tab_n[i] = m + 1
+        hj = tab_h[i, pos]
     else:
-        last = m - 1
-        if not _before(t, hj, tab_t[i, last], uniform(tkey, i, tab_id[i, last], 0)):
-            return False
-        pos = last
+        hj = uniform(tkey, i, j, 0)
+        if m < V:
+            pos = m
+            tab_n[i] = m + 1
+        else:
+            last = m - 1
+            if not _before(t, hj, tab_t[i, last], tab_h[i, last]):
+                return False
+            pos = last
     # move the entry up to its rank
-    while pos > 0 and _before(t, hj, tab_t[i, pos - 1], uniform(tkey, i, tab_id[i, pos - 1], 0)):
+    while pos > 0 and _before(t, hj, tab_t[i, pos - 1], tab_h[i, pos - 1]):
         tab_id[i, pos] = tab_id[i, pos - 1]
         tab_t[i, pos] = tab_t[i, pos - 1]
+        tab_h[i, pos] = tab_h[i, pos - 1]
         pos -= 1
     tab_id[i, pos] = j
     tab_t[i, pos] = t
+    tab_h[i, pos] = hj
     return True
 
 
 @njit(cache=True, nogil=True)
-def start_tables(tkey, indptr, nbr, tab_id, tab_t, tab_n):  # pragma: no cover - compiled
+def start_tables(tkey, indptr, nbr, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Every device's table at the start: its graph neighbours (CSR ``indptr``, ``nbr``),
     never heard, the V first in the tie order."""
     for i in range(tab_n.shape[0]):
         tab_n[i] = 0
         for a in range(indptr[i], indptr[i + 1]):
-            hear(tkey, i, nbr[a], NEVER, tab_id, tab_t, tab_n)
+            hear(tkey, i, nbr[a], NEVER, tab_id, tab_t, tab_h, tab_n)
 
 
-def new_tables(peers: Peers, seed: int, graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids [N, V], heard times [N, V], sizes [N]): the tables at the start (:func:`start_tables`)."""
+def new_tables(peers: Peers, seed: int, graph) -> tuple[np.ndarray, ...]:
+    """(ids [N, V], heard times [N, V], tie hashes [N, V], sizes [N]): the tables at the
+    start (:func:`start_tables`)."""
     n = graph.n
     V = max(peers.view, 1)
     e = np.asarray(graph.edges, np.int64).reshape(-1, 2)
@@ -259,14 +277,15 @@ def new_tables(peers: Peers, seed: int, graph) -> tuple[np.ndarray, np.ndarray, 
     np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
     tab_id = np.full((n, V), -1, np.int64)
     tab_t = np.full((n, V), NEVER)
+    tab_h = np.zeros((n, V))
     tab_n = np.zeros(n, np.int64)
-    start_tables(np.uint64(tie_key(seed)), indptr, dst[o], tab_id, tab_t, tab_n)
-    return tab_id, tab_t, tab_n
+    start_tables(np.uint64(tie_key(seed)), indptr, dst[o], tab_id, tab_t, tab_h, tab_n)
+    return tab_id, tab_t, tab_h, tab_n
 
 
 @njit(cache=True, nogil=True)
-def _round_sends(kind, key, tkey, s, M, avail, delta, tab_id, tab_t, tab_n, snd, rcv, rnd, ok,
-                 counts):  # pragma: no cover - compiled
+def _round_sends(kind, key, tkey, s, M, avail, delta, tab_id, tab_t, tab_h, tab_n, snd, rcv,
+                 rnd, ok, counts):  # pragma: no cover - compiled
     """The sends of every round (kind 1: epidemic, 2: online): round t's available devices
     draw their targets (send counter t) from the tables as they stood after round t − 1's
     arrivals; a message reaches its target when the target is available in round t; round
@@ -315,10 +334,16 @@ def _round_sends(kind, key, tkey, s, M, avail, delta, tab_id, tab_t, tab_n, snd,
                 if not ok[k]:
                     continue
                 i, j = snd[k], rcv[k]
-                hear(tkey, j, i, now, tab_id, tab_t, tab_n)
+                hear(tkey, j, i, now, tab_id, tab_t, tab_h, tab_n)
                 for e in range(h_n[i]):
-                    hear(tkey, j, h_id[i, e], now - h_d[i, e], tab_id, tab_t, tab_n)
+                    hear(tkey, j, h_id[i, e], now - h_d[i, e], tab_id, tab_t, tab_h, tab_n)
     return m
+
+
+def empty_tables(n: int) -> tuple[np.ndarray, ...]:
+    """Tables of one unused entry each (``epidemic`` keeps none)."""
+    return (np.zeros((n, 1), np.int64), np.zeros((n, 1)), np.zeros((n, 1)),
+            np.zeros(n, np.int64))
 
 
 def round_sends(peers: Peers, seed: int, available: np.ndarray, graph,
@@ -335,14 +360,10 @@ def round_sends(peers: Peers, seed: int, available: np.ndarray, graph,
     rnd = np.empty(bound, np.int64)
     ok = np.empty(bound, bool)
     counts = np.zeros(3, np.int64)
-    if peers.kind == "online":
-        tab_id, tab_t, tab_n = new_tables(peers, seed, graph)
-    else:
-        tab_id, tab_t, tab_n = (np.zeros((n, 1), np.int64), np.zeros((n, 1)),
-                                np.zeros(n, np.int64))
+    tables = new_tables(peers, seed, graph) if peers.kind == "online" else empty_tables(n)
     m = _round_sends(1 if peers.kind == "epidemic" else 2, np.uint64(peers_key(seed)),
                      np.uint64(tie_key(seed)), int(peers.s), int(peers.gossip), avail,
-                     float(round_seconds), tab_id, tab_t, tab_n, snd, rcv, rnd, ok, counts)
+                     float(round_seconds), *tables, snd, rcv, rnd, ok, counts)
     return {"send": snd[:m], "recv": rcv[:m], "round": rnd[:m], "reached": ok[:m],
             "messages": int(counts[0]), "to_offline": int(counts[1]),
             "membership_bytes": int(counts[2]) * ENTRY_BYTES}

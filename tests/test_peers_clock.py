@@ -1,0 +1,122 @@
+"""Peers chosen per exchange on the virtual clock (sfg.clock.peersim): the compiled pass equals
+the plain reference (tests/reference_peers.py) message by message on random worlds, the
+schedule's candidates are the messages that reached, rules stay paired, and what does not run
+with peers in this version is refused with one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from reference_peers import messages as reference_messages
+
+from sfg.clock.links import loss_key, transfer_seconds
+from sfg.clock.peersim import peer_messages
+from sfg.clock.replay import replay_clock
+from sfg.clock.schedule import LOCAL, make_schedule, make_world
+from sfg.clock.settings import make_settings
+from sfg.errors import SfgError
+from sfg.world.peers import new_tables, parse_peers, peers_key, tie_key
+
+CASES = [
+    ("async", "epidemic:s=3", {"jitter": 0.5}),
+    ("async", "online:s=2,view=5,gossip=2", {"latency": "const:value=120", "jitter": 0.3}),
+    ("event", "online:s=3", {"uplink": "const:value=2000", "message_bytes": 100000,
+                             "loss": "const:value=0.2"}),
+    ("event", "epidemic:s=2", {"latency": "const:value=300"}),
+    # instant, and every device commits at once: messages arrive at the instant they leave
+    ("async", "online:s=2,view=3,gossip=1", {"compute": "const:value=20"}),
+]
+
+
+def _world(protocol, extra, seed, n=30):
+    s = make_settings({"clock": "virtual", "protocol": protocol,
+                       "compute": "lognormal:median=20,sigma=0.5", **extra})
+    return s, make_world(s, process="bursty:u=0.6", graph="knn:k=4", n=n, rounds=40, seed=seed)
+
+
+@pytest.mark.parametrize("protocol,peers,extra", CASES)
+def test_compiled_pass_is_the_reference(protocol, peers, extra):
+    seed = 3
+    s, world = _world(protocol, extra, seed)
+    p = parse_peers(peers)
+    sched = make_schedule(world, s, local_steps=5, seed=seed, peers=p)
+    loc = np.flatnonzero(sched.kind == LOCAL)
+    const = {k: float(str(getattr(s, k)).split("=")[-1]) for k in ("latency", "loss")}
+    got = peer_messages(world, s, p, seed, time=sched.time, dev=sched.dev, end=sched.end,
+                        step=sched.step, sends=loc, latency=const["latency"],
+                        loss=const["loss"])
+    on = world.online
+    tid, tt, _, tn = new_tables(p, seed, world.graph)
+    start = {i: {int(tid[i, a]): float(tt[i, a]) for a in range(tn[i])} for i in range(world.n)}
+    order = loc[np.lexsort((sched.dev[loc], sched.end[loc]))]
+    commits = [(sched.time[e], sched.end[e], int(sched.dev[e]), int(sched.step[e]), int(e))
+               for e in order]
+    want = reference_messages(
+        p.kind, p.s, max(p.view, 1), p.gossip, world.n, world.horizon,
+        lambda i, t: bool(on.online_at(i, t)),
+        lambda i, a, b: bool(on.online_through(i, a, b)) and b <= on.next_off(i, a),
+        commits, transfer_seconds(world, float(s.message_bytes or 0.0)), const["latency"],
+        const["loss"], peers_key(seed), tie_key(seed), loss_key(seed, "message"), start)
+    mine = list(zip(got["src"].tolist(), got["send"].tolist(), got["recv"].tolist(),
+                    got["arrival"].tolist(), got["fate"].tolist(), strict=True))
+    assert mine == [(e, i, j, a, f) for e, i, j, a, f in want]
+    assert {0, 2} <= set(got["fate"].tolist())  # some reached, some found their target offline
+    # the schedule's candidates are messages that reached the event's device before it
+    reached = {(e, j) for e, _, j, a, f in want if f == 0}
+    for r in loc[:200]:
+        for c in range(sched.cptr[r] + 1, sched.cptr[r + 1]):
+            src = int(sched.cmsg[c])
+            assert (src, int(sched.dev[r])) in reached and src < r
+    assert sched.stats["delivered"] == len(reached)
+
+
+@pytest.mark.parametrize("protocol,peers,extra", CASES)
+def test_recent_messages_give_every_links_candidates(monkeypatch, protocol, peers, extra):
+    import sfg.clock.assemble as asm
+
+    s, world = _world(protocol, {**extra, "window": 1.5}, 4)
+    walk = make_schedule(world, s, local_steps=5, seed=4, peers=parse_peers(peers))
+    monkeypatch.setattr(asm, "WALK", False)  # a query per link of the union graph
+    every = make_schedule(world, s, local_steps=5, seed=4, peers=parse_peers(peers))
+    for name in ("cptr", "cslot", "cmsg", "cwait"):
+        assert np.array_equal(getattr(walk, name), getattr(every, name)), name
+    assert walk.digest() == every.digest() and walk.stats["candidates"] > 0
+
+
+def test_rules_paired_and_digests_distinct():
+    s, world = _world("async", {"jitter": 0.4}, 5)
+    kw = {"seed": 5, "settings": s, "n": 30, "rounds": 40, "local_steps": 5, "world": world}
+    a = replay_clock("bursty:u=0.6", "dfedavg", peers="online:s=3", **kw)
+    b = replay_clock("bursty:u=0.6", "sfg-cut", peers="online:s=3", **kw)
+    again = replay_clock("bursty:u=0.6", "dfedavg", peers="online:s=3", **kw)
+    other = replay_clock("bursty:u=0.6", "dfedavg", peers="epidemic:s=3", **kw)
+    fixed = replay_clock("bursty:u=0.6", "dfedavg", **kw)
+    assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"]
+    assert json.dumps(a, sort_keys=True) == json.dumps(again, sort_keys=True)  # (NaN too)
+    digests = {x["meta"]["schedule_digest"] for x in (a, other, fixed)}
+    assert len(digests) == 3
+    for k in ("peer_messages_per_device_hour", "membership_bytes_per_device_hour",
+              "returning_aggregations"):
+        assert a["metrics"][k] == b["metrics"][k]
+    assert "peer_messages_per_device_hour" not in fixed["metrics"]
+    assert other["metrics"]["membership_bytes_per_device_hour"] == 0.0
+    assert a["metrics"]["membership_bytes_per_device_hour"] > 0.0
+
+
+@pytest.mark.parametrize("extra,words", [
+    ({"protocol": "lockstep"}, "lockstep"),
+    ({"on_return": "pull:timeout=60"}, "on_return pull"),
+    ({"latency": "lognormal:median=1,sigma=1"}, "latency drawn per link"),
+    ({"faults": "faults:loss=0.1"}, "faults"),
+])
+def test_what_does_not_run_is_refused(extra, words):
+    s = make_settings({"clock": "virtual", "protocol": "async", **extra})
+    with pytest.raises(SfgError, match=words) as e:
+        replay_clock("bursty:u=0.8", "dfedavg", seed=1, settings=s, n=20, rounds=10,
+                     peers="epidemic:s=2")
+    assert "\n" not in str(e.value)
+    with pytest.raises(SfgError, match="cannot run with peers"):
+        replay_clock("bursty:u=0.8", "dfl-aa", seed=1, settings=make_settings(
+            {"clock": "virtual", "protocol": "async"}), n=20, rounds=10, peers="epidemic:s=2")
