@@ -92,9 +92,11 @@ def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, c
             for k in range(s):
                 j = targets[k]
                 tx = t + (k + 1) * dt[i]
-                pair = i * n + j
-                q = nth[pair] if pair in nth else 0
-                nth[pair] = q + 1
+                q = 0
+                if p_loss > 0.0:  # the pair's message count, for its loss draw
+                    pair = i * n + j
+                    q = nth[pair] if pair in nth else 0
+                    nth[pair] = q + 1
                 msnd[m], mrcv[m], mcom[m] = i, j, ci
                 arr = tx + lat
                 marr[m] = arr
@@ -110,7 +112,8 @@ def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, c
                         mfate[m] = 3
                     else:
                         mfate[m] = 0
-                        heapq.heappush(heap, (arr, 0 if t < arr else 2, j, m))
+                        if kind == 2:  # (epidemic keeps no tables: nothing hears)
+                            heapq.heappush(heap, (arr, 0 if t < arr else 2, j, m))
                 m += 1
             ci += 1
             continue
