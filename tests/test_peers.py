@@ -194,7 +194,7 @@ def test_cli_one_line_errors(tmp_path):
 
     for args, words in [(["--peers", "online:s=0"], "whole number"),
                         (["--peers", "epidemic:s=3", "--clock", "virtual", "--protocol",
-                          "async", "--on-return", "pull:timeout=60"], "on_return pull")]:
+                          "async", "--on-return", "pull:timeout=60", "--latency", "lognormal:median=1,sigma=1"], "latency drawn per link")]:
         out = subprocess.run([sys.executable, "-m", "sfg", "replay", "-n", "20", "-T", "10",
                               *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and words in out.stderr

@@ -105,18 +105,50 @@ def test_rules_paired_and_digests_distinct():
     assert a["metrics"]["membership_bytes_per_device_hour"] > 0.0
 
 
-@pytest.mark.parametrize("extra,words", [
-    ({"protocol": "lockstep"}, "lockstep"),
-    ({"on_return": "pull:timeout=60"}, "on_return pull"),
-    ({"latency": "lognormal:median=1,sigma=1"}, "latency drawn per link"),
-    ({"faults": "faults:loss=0.1"}, "faults"),
+@pytest.mark.parametrize("extra,peers,words", [
+    ({"protocol": "lockstep"}, "epidemic:s=2", "lockstep"),
+    ({"on_return": "pull:timeout=60"}, "online:s=2", "on_return pull"),
+    ({"latency": "lognormal:median=1,sigma=1"}, "epidemic:s=2", "latency drawn per link"),
+    ({"faults": "faults:loss=0.1"}, "epidemic:s=2", "faults"),
 ])
-def test_what_does_not_run_is_refused(extra, words):
+def test_what_does_not_run_is_refused(extra, peers, words):
     s = make_settings({"clock": "virtual", "protocol": "async", **extra})
     with pytest.raises(SfgError, match=words) as e:
         replay_clock("bursty:u=0.8", "dfedavg", seed=1, settings=s, n=20, rounds=10,
-                     peers="epidemic:s=2")
+                     peers=peers)
     assert "\n" not in str(e.value)
     with pytest.raises(SfgError, match="cannot run with peers"):
         replay_clock("bursty:u=0.8", "dfl-aa", seed=1, settings=make_settings(
             {"clock": "virtual", "protocol": "async"}), n=20, rounds=10, peers="epidemic:s=2")
+
+
+@pytest.mark.parametrize("protocol", ["async", "event"])
+def test_epidemic_pull_asks_drawn_targets(protocol):
+    """A return's S requests go to the targets drawn at the return (stream (seed, "peers",
+    "pull"), ids (device, its return's index, try)); the replies that came back are
+    candidates of the returning device's first aggregation, on the run's links."""
+    from sfg.clock.pull import Simulation, returns_of
+    from sfg.util.rng import counter_key
+    from sfg.world.peers import draw_epidemic
+
+    s, world = _world(protocol, {"on_return": "pull:timeout=120", "latency": "const:value=5"}, 6)
+    p = parse_peers("epidemic:s=3")
+    sim = Simulation(world, s, protocol, local_steps=5, seed=6, catchup=False, peers=p)
+    rq = sim.requests
+    rptr = returns_of(world)[0]
+    key, buf = np.uint64(counter_key(6, "peers", "pull")), np.empty(3, np.int64)
+    q = 0
+    for i in range(world.n):
+        for k in range(rptr[i + 1] - rptr[i]):
+            draw_epidemic(key, i, k, world.n, 3, buf)
+            assert rq["qj"][q:q + 3].tolist() == buf.tolist() and (rq["qret"][q:q + 3] == i).all()
+            q += 3
+    assert q == rq["qj"].size > 0
+    sched = make_schedule(world, s, local_steps=5, seed=6, peers=p)
+    assert sched.stats["pull_replies_delivered"] > 0
+    assert sched.stats["pull_requests"] == float(rq["sent"].sum())
+    kw = {"seed": 6, "settings": s, "n": 30, "rounds": 40, "local_steps": 5, "world": world}
+    a = replay_clock("bursty:u=0.6", "dfedavg", peers="epidemic:s=3", **kw)
+    b = replay_clock("bursty:u=0.6", "sfg-cut", peers="epidemic:s=3", **kw)
+    assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"] == sched.digest()
+    assert a["metrics"]["returns_heard"] == b["metrics"]["returns_heard"] > 0

@@ -172,7 +172,7 @@ class Assembler:
         loc_all = np.flatnonzero(kind == LOCAL)
         loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
         new = self._messages(time, dev, end, bstart, loc, base) if self.peers is None else \
-            self._peer_messages(time, dev, end, step, loc, base, until)
+            self._peer_messages(time, dev, end, step, loc, base, until, pull)
         rg = self.rg
         c = self.counts
         if pull is not None:  # the replies: candidates like messages, older by their held
@@ -255,10 +255,11 @@ class Assembler:
                         rg=None if self.peers is None else rg,
                         peers=None if self.peers is None else self.sampled["digest"])
 
-    def _peer_messages(self, time, dev, end, step, loc, base: int,
-                       until: float) -> dict[str, np.ndarray]:
+    def _peer_messages(self, time, dev, end, step, loc, base: int, until: float,
+                       pull: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The messages under ``peers`` (:func:`sfg.clock.peersim.peer_messages`): the run's
-        graph becomes the union of the pairs that exchanged one, counted."""
+        graph becomes the union of the pairs that exchanged one (a message, or a pull's reply:
+        ``pull``'s replies get their slots in it), counted."""
         import hashlib
 
         from sfg.clock.peersim import peer_messages
@@ -273,6 +274,9 @@ class Assembler:
                             loss=self.pair[1])
         fate, ok = got["fate"], got["fate"] == 0
         s, r = got["send"][ok], got["recv"][ok]
+        if pull is not None:  # the replies: from the asked device to the returning one
+            s = np.concatenate([s, pull["asked"]])
+            r = np.concatenate([r, pull["asks"]])
         pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
         union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
                                  name=f"peers {self.peers}")
@@ -281,6 +285,9 @@ class Assembler:
         key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
         o = np.argsort(key)
         slot = nb[o[np.searchsorted(key[o], r * n + s)]]
+        if pull is not None:
+            pull["slot"] = slot[ok.sum():]
+            slot = slot[:ok.sum()]
         c = self.counts
         c["messages_sent"] += int((fate != 1).sum())
         c["lost_sender"] += int((fate == 1).sum())

@@ -129,6 +129,15 @@ def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, c
     return m
 
 
+def pair_world(settings) -> tuple[float, float]:
+    """The constant latency (seconds) and loss probability of every pair of devices
+    (:func:`check_clock` refuses a drawn one first)."""
+    from sfg.util.components import parse_component
+
+    return tuple(float(parse_component(str(getattr(settings, k)), kind=k).params.get(
+        "value", 0.0)) for k in ("latency", "loss"))  # type: ignore[return-value]
+
+
 def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) -> tuple[float, float]:
     """Refuse (one line) what the clock's replay does not run with ``peers`` ≠ fixed in this
     version; returns the constant latency (seconds) and loss probability of every pair."""
@@ -137,8 +146,8 @@ def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) ->
     what = None
     if settings.protocol == "lockstep":
         what = "the lockstep protocol (run it in rounds: sfg replay without --clock virtual)"
-    elif settings.pull_timeout is not None:
-        what = "on_return pull"
+    elif settings.pull_timeout is not None and peers.kind != "epidemic":
+        what = "on_return pull (epidemic pulls: its targets need no table)"
     elif anatomy != "full":
         what = f"anatomy {anatomy!r}"
     elif link_failure:

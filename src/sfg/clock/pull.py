@@ -545,9 +545,29 @@ def returns_of(world) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ptr, np.ascontiguousarray(on.start[keep]), np.ascontiguousarray(on.end[keep])
 
 
+def _targets(world, rptr: np.ndarray, peers, seed: int):
+    """Under ``peers`` ``epidemic:s=S`` (docs/concepts/peers.md#targets): every return's S
+    requests' targets, drawn at the return from the stream (seed, "peers", "pull"), ids
+    (device, its return's index, try): (per return's count [R], the targets [R·S])."""
+    from sfg.util.rng import counter_key
+    from sfg.world.peers import draw_epidemic
+
+    key = np.uint64(counter_key(seed, "peers", "pull"))
+    n_ret = np.diff(rptr)
+    out = np.empty(int(n_ret.sum()) * peers.s, np.int64)
+    buf = np.empty(peers.s, np.int64)
+    q = 0
+    for i in np.flatnonzero(n_ret):
+        for k in range(int(n_ret[i])):
+            draw_epidemic(key, int(i), k, world.n, peers.s, buf)
+            out[q:q + peers.s] = buf
+            q += peers.s
+    return np.full(n_ret.sum(), peers.s, np.int64), out
+
+
 def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarray,
               rend: np.ndarray, *, seed: int, dth: np.ndarray, live: np.ndarray,
-              lf_unit: float) -> dict[str, np.ndarray]:
+              lf_unit: float, peers=None) -> dict[str, np.ndarray]:
     """Every return's requests and what is known of them before the simulation (see the
     module docstring): per request the neighbour, its fate (:data:`ARRIVES` with the
     arrival, :data:`UNREACHABLE` with the answer's time, :data:`SILENT`), and its reply's
@@ -569,32 +589,47 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     n_ret = np.diff(rptr)
     ret_dev = np.repeat(np.arange(world.n), n_ret)
     nth_ret = np.arange(rtime.size) - np.repeat(rptr[:-1], n_ret)
-    per = deg[ret_dev]
+    sampled = peers is not None and not peers.fixed
+    if sampled:  # S targets drawn at each return (no links: constant latency and loss)
+        per, drawn = _targets(world, rptr, peers, seed)
+    else:
+        per = deg[ret_dev]
     qptr = np.zeros(rtime.size + 1, np.int64)
     np.cumsum(per, out=qptr[1:])
     ret = np.repeat(np.arange(rtime.size), per)
     k = np.arange(ret.size) - np.repeat(qptr[:-1], per)
     i = ret_dev[ret]
-    slot = out[ptr[i] + k]
-    j = rg.recv[slot]
-    back = _reverse_slots(rg)[slot]
+    if sampled:
+        from sfg.clock.peersim import pair_world
+
+        j = drawn
+        slot = back = np.full(ret.size, -1, np.int64)
+        lat, loss = pair_world(settings)
+        lat_q, lat_r = np.full(ret.size, lat), np.full(ret.size, lat)
+        loss_q = loss_r = np.full(ret.size, loss)
+    else:
+        slot = out[ptr[i] + k]
+        j = rg.recv[slot]
+        back = _reverse_slots(rg)[slot]
+        lat_q, lat_r = world.latency[slot], world.latency[back]
+        loss_q, loss_r = world.loss[slot], world.loss[back]
     nth = nth_ret[ret]
     tx_end = transfer_end(rtime[ret], k, dth[i])
     sent = (tx_end <= rend[ret]) & (tx_end <= world.horizon)
     drop = np.zeros(ret.size, bool)
-    if world.loss.any():
-        drop = transfer_lost(loss_key(seed, "request"), i, j, nth, world.loss[slot])
+    if loss_q.any():
+        drop = transfer_lost(loss_key(seed, "request"), i, j, nth, loss_q)
     rdrop = np.zeros(ret.size, bool)
-    if world.loss.any():
-        rdrop = transfer_lost(loss_key(seed, "reply"), j, i, nth, world.loss[back])
+    if loss_r.any():
+        rdrop = transfer_lost(loss_key(seed, "reply"), j, i, nth, loss_r)
     rextra = np.zeros(ret.size)
     plan = fault_plan(settings, world.n)
     qextra: np.ndarray | float = 0.0
     if plan is not None:
         cut, lost, qextra, bad = plan.fates(i, j, nth, tx_end, channel=2)
         drop |= cut | lost | bad
-    arrival = arrival_time(tx_end, world.latency[slot], qextra)
-    edge = rg.edge_id[slot].astype(np.int64)
+    arrival = arrival_time(tx_end, lat_q, qextra)
+    edge = np.zeros(ret.size, np.int64) if sampled else rg.edge_id[slot].astype(np.int64)
     if live.shape[0] > 1 or not live.all():  # link failures: a request sent over a down link
         drop |= ~live[link_round(tx_end, lf_unit, live.shape[0]), edge]
     ok = sent & ~drop & (arrival < world.horizon)
@@ -604,9 +639,9 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
         rdrop |= cut | lost | bad
         rextra = extra
     code = np.where(on, ARRIVES, np.where(ok, UNREACHABLE, SILENT)).astype(np.int64)
-    when = np.where(code == UNREACHABLE, arrival + world.latency[back], arrival)
+    when = np.where(code == UNREACHABLE, arrival + lat_r, arrival)
     return {"qptr": qptr, "qj": j.astype(np.int64), "qcode": code, "qtime": when,
-            "qlat": np.ascontiguousarray(world.latency[back]), "qextra": rextra,
+            "qlat": np.ascontiguousarray(lat_r, float), "qextra": rextra,
             "qdrop": rdrop, "qret": i.astype(np.int64), "qslot": slot, "qback": back,
             "qedge": edge, "sent": sent}
 
@@ -652,7 +687,7 @@ class Simulation:
 
     def __init__(self, world, settings: ClockSettings, protocol: str, *, local_steps: int,
                  seed: int, catchup: bool, pull: bool = True, anatomy: str = "full",
-                 link_failure: float = 0.0):
+                 link_failure: float = 0.0, peers=None):
         from sfg.clock.links import live_links, out_slots, transfer_seconds
         from sfg.round.kernel import EV_SEND
         from sfg.round.rules import CATCHUP_CAP, catchup_steps
@@ -675,7 +710,7 @@ class Simulation:
         live, lf_unit = live_links(world, settings, link_failure if pull else 0.0, seed)
         if pull:
             rq = _requests(world, settings, rptr, rtime, rend, seed=seed, dth=dth, live=live,
-                           lf_unit=lf_unit)
+                           lf_unit=lf_unit, peers=peers)
         else:
             z = np.zeros(0, np.int64)
             rq = {"qptr": np.zeros(rtime.size + 1, np.int64), "qj": z, "qcode": z,
@@ -786,7 +821,8 @@ def protocol_parts(world, settings: ClockSettings, protocol: str, *, local_steps
 
 def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps: int,
                    seed: int, catchup: bool, link_failure: float, anatomy: str,
-                   stats: dict[str, float] | None = None, every: int | None = None):
+                   stats: dict[str, float] | None = None, every: int | None = None,
+                   peers=None):
     """:func:`protocol_parts` span by span: every ``every`` units of time (None: one span),
     each as (its end in seconds, then :func:`protocol_parts`' tuple, the counts so far).
     Spans need :attr:`Simulation.spans` (else one span)."""
@@ -797,7 +833,8 @@ def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps
     # (docs/concepts/clock.md#returns-in-time), the schedule is on_return none's
     pull_on = settings.pull_timeout is not None and not offline_keeps(anatomy) & EV_SEND
     sim = Simulation(world, settings, protocol, local_steps=local_steps, seed=seed,
-                     catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure)
+                     catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure,
+                     peers=peers)
     if not sim.spans:
         every = None
     total = sim.wakes if protocol == "async" else int(np.ceil(world.horizon / sim.unit))
@@ -864,6 +901,7 @@ def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
               sent):
         h.update(np.ascontiguousarray(a).tobytes())
     pull = {"bstart": np.concatenate([E[:, 8], ow]),
+            "asks": rq["qret"][got], "asked": rq["qj"][got],  # (the reply's receiver, sender)
             "closes": np.concatenate([E[:, 9] > 0, np.zeros(ow.size, bool)]), "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}

@@ -509,7 +509,7 @@ def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_st
         for until, parts, steps_of, st, pull, caps_of, talks in protocol_spans(
                 world, settings, protocol, local_steps=local_steps, seed=seed,
                 catchup=catchup, link_failure=link_failure, anatomy=anatomy, stats=stats,
-                every=None if sampled else every):
+                every=None if sampled else every, peers=peers):
             if asm is None:
                 asm = Assembler(world, settings, protocol, seed=seed,
                                 link_failure=link_failure, offline_talks=talks,
