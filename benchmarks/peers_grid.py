@@ -1,7 +1,8 @@
 """Peers chosen per exchange, model-free (docs/findings/peers.md): returns heard, the premise,
 mean lag, messages, membership bytes and messages to offline peers under ``fixed``,
 ``epidemic`` and ``online``, on bursty, iid and the FLASH trace, in rounds and on the virtual
-clock (async and event, ``on_return: none``), seeds 1-5, N = 100 over 300 rounds of 10
+clock (async and event, ``on_return: none``, and ``pull:timeout=120`` under ``fixed`` and
+``epidemic``), seeds 1-5, N = 100 over 300 rounds of 10
 minutes. S is the graph's mean degree rounded (knn:k=6: 7.1 -> 7), so every setting sends
 about the messages per device-hour that ``fixed`` sends.
 
@@ -27,7 +28,7 @@ CLOCK = {"jitter": 0.5, "compute": "const:value=30"}  # as docs/findings/time.md
 
 
 def rows_for(process: str, protocol: str, peers: str, seeds: list[int], n: int, T: int,
-             K: int) -> list[dict]:
+             K: int, pull: bool = False) -> list[dict]:
     if protocol == "rounds":
         from sfg.modelfree import replay
 
@@ -36,7 +37,8 @@ def rows_for(process: str, protocol: str, peers: str, seeds: list[int], n: int, 
     from sfg.clock.replay import replay_clock_rows
     from sfg.clock.settings import make_settings
 
-    s = make_settings({"clock": "virtual", "protocol": protocol, **CLOCK})
+    s = make_settings({"clock": "virtual", "protocol": protocol, **CLOCK,
+                       **({"on_return": "pull:timeout=120"} if pull else {})})
     return replay_clock_rows([process], list(RULES), seeds, settings=s, n=n, rounds=T,
                              local_steps=K, horizon=0, peers=peers)
 
@@ -81,17 +83,20 @@ def main() -> None:
     print("| world | protocol | peers | returns heard | back heard | alone | premise | "
           "mean lag dfedavg | mean lag sfg-cut | messages/dh | to offline/dh | "
           "membership B/dh |\n|" + "---|" * 12, flush=True)
+    runs = [(proto, p, False) for proto in ("rounds", "async", "event") for p in peers]
+    # pull on return: fixed and epidemic (its pull targets need no table)
+    runs += [(proto, p, True) for proto in ("async", "event") for p in peers[:2]]
     for pname, process in PROCESSES.items():
-        for protocol in ("rounds", "async", "event"):
-            for p in peers:
-                s = summary(rows_for(process, protocol, p, seeds, args.n, args.T, args.K),
-                            args.n, args.T)
-                out.append({"world": pname, "protocol": protocol, "peers": p, **s})
-                f = lambda k, d=3, s=s: "–" if k not in s or s[k] != s[k] else f"{s[k]:.{d}f}"  # noqa: E731
-                print(f"| {pname} | {protocol} | `{p}` | {f('heard')} | {f('back_heard')} | "
-                      f"{f('alone')} | {f('premise')} | {f('lag_dfedavg', 2)} | "
-                      f"{f('lag_sfg_cut', 2)} | {f('messages', 2)} | {f('to_offline', 2)} | "
-                      f"{f('membership_bytes', 0)} |", flush=True)
+        for protocol, p, pull in runs:
+            s = summary(rows_for(process, protocol, p, seeds, args.n, args.T, args.K, pull),
+                        args.n, args.T)
+            shown = protocol + (" + pull" if pull else "")
+            out.append({"world": pname, "protocol": shown, "peers": p, **s})
+            f = lambda k, d=3, s=s: "–" if k not in s or s[k] != s[k] else f"{s[k]:.{d}f}"  # noqa: E731
+            print(f"| {pname} | {shown} | `{p}` | {f('heard')} | {f('back_heard')} | "
+                  f"{f('alone')} | {f('premise')} | {f('lag_dfedavg', 2)} | "
+                  f"{f('lag_sfg_cut', 2)} | {f('messages', 2)} | {f('to_offline', 2)} | "
+                  f"{f('membership_bytes', 0)} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
