@@ -103,6 +103,7 @@ VALUES: dict[str, Any] = {
     "faults": "faults:loss=0.5",
     "faults_seed": 3,
     "on_return": "pull:timeout=60",
+    "peers": "epidemic:s=2",
 }
 # per engine: where the value above is not one the engine can run
 ENGINE_VALUES: dict[tuple[str, str], Any] = {

@@ -200,3 +200,21 @@ def test_cli_one_line_errors(tmp_path):
         assert out.returncode == 2 and words in out.stderr
         assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
     assert isinstance(parse_peers(Peers("epidemic", 3)), Peers)
+
+
+def test_config_key_run_ids_and_refusals():
+    from sfg.engines import refuse
+    from sfg.experiments.config import RunConfig, run_id
+    from sfg.modelfree.api import replay_config
+
+    base = RunConfig(kind="replay", n_clients=30, rounds=20)
+    same = RunConfig(kind="replay", n_clients=30, rounds=20, peers="fixed")
+    assert run_id(base) == run_id(same) and "peers" not in base.model_dump()
+    other = RunConfig(kind="replay", n_clients=30, rounds=20, peers="online:s=3")
+    assert other.peers == "online:s=3,view=12,gossip=3" and run_id(other) != run_id(base)
+    with pytest.raises(ValueError, match="whole number"):
+        RunConfig(kind="replay", peers="epidemic:s=0")
+    out = replay_config({**other.model_dump(), "horizon": 0})
+    assert out["metrics"]["peer_messages_per_device_hour"] > 0 and out["curves"]["mean_lag"]
+    with pytest.raises(SfgError, match="does not implement peers"):
+        refuse("rounds", {"peers": "epidemic:s=2"})

@@ -80,7 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "jitter": 0.0, "window": 1.0, "compute": "const:value=0", "uplink": "const:value=inf",
     "latency": "const:value=0", "loss": "const:value=0", "message_bytes": None,
     "eval_seconds": None, "target_accuracy": 0.8, "faults": "none", "faults_seed": 0,
-    "on_return": "none", "nodes": "none",
+    "on_return": "none", "nodes": "none", "peers": "fixed",
 }
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
 # invariant up to float rounding: the same float terms, summed in another order
@@ -108,11 +108,14 @@ def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
 
 
 _SELECT = ("clock", "protocol", "nodes")
+# peers chosen per exchange (docs/concepts/peers.md): the model-free replay runs them; no
+# training engine yet
+_PEERS = ("peers",)
 # engine -> field -> class
 DECLARED: dict[str, dict[str, str]] = {
     # sfg run: the clock's settings are the clock's (the schema refuses them without it)
     "rounds": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT), invariant=(*_SAME, "device"),
-                       refused=_CLOCK),
+                       refused=(*_CLOCK, *_PEERS)),
     # the lockstep clock: no timer (period, jitter), no window, evaluation every eval_every
     # rounds, no message faults
     "clock-lockstep": _declare(
@@ -120,14 +123,14 @@ DECLARED: dict[str, dict[str, str]] = {
                  "latency", "loss", "message_bytes", "target_accuracy"),
         invariant=(*_SAME, "device"),
         refused=("period", "jitter", "window", "eval_seconds", "faults", "faults_seed",
-                 "on_return")),
+                 "on_return", *_PEERS)),
     "clock-async": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_CLOCK),
-                            invariant=(*_SAME, "device")),
+                            invariant=(*_SAME, "device"), refused=_PEERS),
     # the event protocol has no timer: no period, no jitter
     "clock-event": _declare(
         affects=(*_TRAINING, *_SIMULATOR, *_SELECT,
                  *(f for f in _CLOCK if f not in ("period", "jitter"))),
-        invariant=(*_SAME, "device"), refused=("period", "jitter")),
+        invariant=(*_SAME, "device"), refused=("period", "jitter", *_PEERS)),
     # the node trains one model per node on the cpu with plain SGD; it is evaluated at the
     # clock's engine's instants (docs/concepts/clock.md#one-instant): async every eval_seconds,
     # lockstep every eval_every rounds (no eval_seconds, as the lockstep clock); lockstep has
@@ -137,22 +140,22 @@ DECLARED: dict[str, dict[str, str]] = {
                  "latency", "message_bytes", "faults", "faults_seed", "target_accuracy"),
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "jitter", "window", "loss", "eval_seconds",
-                 "on_return")),
+                 "on_return", *_PEERS)),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed",
                  "on_return", "eval_seconds", "target_accuracy"),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device")),
+        refused=(*_SIMULATOR, "device", *_PEERS)),
     # real nodes take their own time: none of the virtual clock's world; the node trains
     # with the loop backend (the one it runs); lockstep waits for the messages (no timer)
     "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT), invariant=("data_root", "horizon"),
-                              refused=(*_SIMULATOR, "device", "backend", *_CLOCK)),
+                              refused=(*_SIMULATOR, "device", "backend", *_CLOCK, *_PEERS)),
     # async: a timer in wall seconds (period, jitter, window) and a returning node's pull
     "real-async": _declare(
         affects=(*_TRAINING, *_SELECT, "period", "jitter", "window", "on_return"),
         invariant=("data_root", "horizon"),
-        refused=(*_SIMULATOR, "device", "backend",
+        refused=(*_SIMULATOR, "device", "backend", *_PEERS,
                  *(f for f in _CLOCK if f not in ("period", "jitter", "window", "on_return")))),
 }
 # the nodes' engines
@@ -205,6 +208,9 @@ NOTES: dict[str, str] = {
              "the virtual clock) or `real` (real nodes over gRPC); with `clock` and "
              "`protocol` it names the engine",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
+    "peers": "whom each send goes to (`fixed`: the graph; `epidemic:s=S`, `online:s=S,...`: "
+             "drawn per exchange): the model-free replay (`sfg replay`) runs it; the training "
+             "engines refuse anything but `fixed` in this version",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
                  "clock and wall seconds on real nodes; a lockstep node refuses it)",

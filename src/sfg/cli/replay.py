@@ -141,7 +141,7 @@ REPLAY_DEFAULTS: dict[str, Any] = {"process": ["bursty:u=0.8"],
 _FROM_FILE = {"process": "process", "rule": "rule", "seed": "seeds", "n_clients": "clients",
               "rounds": "rounds", "graph": "graph", "anatomy": "anatomy",
               "link_failure": "link_failure", "local_steps": "local_steps", "horizon": "horizon",
-              "attack": "attack"}
+              "attack": "attack", "peers": "peers"}
 
 
 def _shown(key: str) -> str:

@@ -306,7 +306,8 @@ def clock_replay_config(cfg: dict[str, Any], *, progress=None) -> dict:
                        local_steps=int(cfg.get("local_steps", 10)),
                        anatomy=cfg.get("anatomy", "full"),
                        link_failure=float(cfg.get("link_failure", 0.0)),
-                       horizon=int(cfg.get("horizon", 50)), attack=cfg.get("attack"))
+                       horizon=int(cfg.get("horizon", 50)), attack=cfg.get("attack"),
+                       peers=cfg.get("peers"))
     if progress is not None:
         progress(1, 1)
     return out

@@ -147,6 +147,10 @@ class RunConfig(BaseModel):
     # node). (clock, protocol, nodes) name exactly one engine. Left out of the dump (and so of
     # the run id) at "none": ids of the simulators' runs are those they had before the field.
     nodes: Literal["none", "virtual", "real"] = "none"
+    # whom each send goes to (docs/concepts/peers.md): "fixed" (the graph), "epidemic:s=S" or
+    # "online:s=S,view=V,gossip=M"; the model-free replay runs it, the training engines refuse
+    # anything but fixed (sfg.engines). Left out of the dump (and so of the run id) at "fixed".
+    peers: str = "fixed"
 
     @model_validator(mode="after")
     def _clock(self) -> RunConfig:
@@ -259,6 +263,8 @@ class RunConfig(BaseModel):
             data.pop("attack", None)
         if isinstance(data, dict) and data.get("nodes") == "none":
             data.pop("nodes")
+        if isinstance(data, dict) and data.get("peers") == "fixed":
+            data.pop("peers")
         if isinstance(data, dict) and data.get("clock", "rounds") == "rounds":
             from sfg.clock.settings import DEFAULTS
 
@@ -277,6 +283,16 @@ class RunConfig(BaseModel):
                              f"{RunConfig.model_fields[info.field_name].default!r}")
         try:
             return _canonical_component(v, info.field_name)
+        except SfgError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, v: str) -> str:
+        from sfg.world.peers import canonical_peers
+
+        try:
+            return canonical_peers(v)
         except SfgError as e:
             raise ValueError(str(e)) from None
 

@@ -236,6 +236,18 @@ def replay_config(cfg: dict[str, Any], *, progress: Callable[[int, int], None] |
     seed = int(cfg.get("seed", 1))
     n = int(cfg.get("n_clients", DEFAULT_N))
     T = int(cfg.get("rounds", DEFAULT_T))
+    if cfg.get("peers", "fixed") != "fixed":  # peers chosen per exchange: the sampled sends
+        rows = replay([cfg.get("process", "none")], [cfg.get("rule", "dfedavg")], [seed], n=n,
+                      T=T, graph=cfg.get("graph", DEFAULT_GRAPH), anatomy=cfg.get("anatomy", "full"),
+                      link_failure=float(cfg.get("link_failure", 0.0)),
+                      horizon=int(cfg.get("horizon", 50)), with_curves=True, threads=1,
+                      attacks=[cfg.get("attack")], peers=cfg["peers"],
+                      round_seconds=float(cfg.get("round_seconds", 600.0)))
+        curves = rows[0].pop("curves")
+        if progress is not None:
+            progress(1, 1)
+        return {"metrics": {k: v for k, v in rows[0].items()
+                            if k not in ("process", "rule", "seed", "attack")}, "curves": curves}
     g, avail = build_scenario(cfg.get("process", "none"), n=n, T=T,
                               graph=cfg.get("graph", DEFAULT_GRAPH), seed=seed)
     res = replay_trace(avail, g, cfg.get("rule", "dfedavg"), seed=seed,
