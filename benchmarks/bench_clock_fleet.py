@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from bench_fleet_trace import command, start
 
 LIMIT_S, LIMIT_MIB = 120.0, 4e9 / 2 ** 20  # 2 minutes and 4 GB at 136,000 devices
 PROTOCOLS = {"async": [], "event": ["--compute", "const:value=30"]}
@@ -31,14 +29,7 @@ def run(n: int, protocol: str, rounds: int, env: dict[str, str]) -> tuple[float,
     cmd = [sys.executable, "-m", "sfg", "replay", "--clock", "virtual", "--protocol", protocol,
            *PROTOCOLS[protocol], "-r", "sfg-cut", "--seeds", "1", "-n", str(n), "-T",
            str(rounds), "--json"]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        fh.seek(0)
-        out = fh.read()
-    rc = os.waitstatus_to_exitcode(status)
+    wall, mib, rc, out = command(cmd, env)
     try:
         got, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
         row = got["rows"][0]
@@ -46,7 +37,7 @@ def run(n: int, protocol: str, rounds: int, env: dict[str, str]) -> tuple[float,
                 f"mean final lag {row['final_mean_lag']:.3f}")
     except (ValueError, KeyError, IndexError, TypeError):
         info = " ".join(out.split())[-300:]
-    return wall, usage.ru_maxrss / 1024.0, rc, info
+    return wall, mib, rc, info
 
 
 def main() -> None:
@@ -56,13 +47,7 @@ def main() -> None:
     ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
     ap.add_argument("--src", type=Path, default=None, help="run this source tree's sfg")
     args = ap.parse_args()
-    here = Path(__file__).resolve()
-    print(subprocess.run([sys.executable, str(here.parent / "machine.py")], check=True,
-                         capture_output=True, text=True).stdout.strip(), flush=True)
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    env = dict(os.environ)
-    src = args.src or here.parents[1] / "src"
-    env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    env = start(args.src)
     for protocol in args.protocols:
         for n in args.clients:
             wall, mib, rc, info = run(n, protocol, args.rounds, env)

@@ -90,6 +90,19 @@ def command(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str
     return wall, usage.ru_maxrss / 1024.0, os.waitstatus_to_exitcode(status), out
 
 
+def start(src: Path | None) -> dict[str, str]:
+    """Print the machine and its load; the environment of a child that runs ``src`` (a
+    source tree; None: this checkout's)."""
+    here = Path(__file__).resolve()
+    print(subprocess.run([sys.executable, str(here.parent / "machine.py")], check=True,
+                         capture_output=True, text=True).stdout.strip(), flush=True)
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(src or here.parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", type=int, default=136_000)
@@ -106,12 +119,7 @@ def main() -> None:
         print(write_fleet(args.write, args.devices, args.days, minutes=args.minutes))
         return
     here = Path(__file__).resolve()
-    print(subprocess.run([sys.executable, str(here.parent / "machine.py")], check=True,
-                         capture_output=True, text=True).stdout.strip(), flush=True)
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    env = dict(os.environ)
-    src = args.src or here.parents[1] / "src"
-    env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    env = start(args.src)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "fleet.csv"
         t0 = time.perf_counter()

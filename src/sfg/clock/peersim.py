@@ -29,8 +29,8 @@ from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 from sfg.world.peers import (
     ENTRY_BYTES,
-    NEVER,
     Peers,
+    carry,
     draw_epidemic,
     draw_online,
     hear,
@@ -80,15 +80,7 @@ def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, c
                 draw_epidemic(key, i, cstep[ci], n, s, targets)
             else:
                 draw_online(key, i, cstep[ci], n, s, tab_id, tab_n, buf, targets)
-                h = 0
-                for a in range(tab_n[i]):
-                    if h >= M:
-                        break
-                    if tab_t[i, a] > NEVER:
-                        car_id[ci, h] = tab_id[i, a]
-                        car_s[ci, h] = t - tab_t[i, a]
-                        h += 1
-                car_n[ci] = h
+                car_n[ci] = carry(i, t, M, tab_id, tab_t, tab_n, car_id[ci], car_s[ci])
             for k in range(s):
                 j = targets[k]
                 tx = t + (k + 1) * dt[i]

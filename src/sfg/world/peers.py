@@ -160,8 +160,12 @@ def uniform4(key, a, b, c, d):  # pragma: no cover - compiled
 def draw_epidemic(key, i, count, n, s, out):  # pragma: no cover - compiled
     """out[:s]: s distinct devices other than i, uniform (send ``count`` of device i; try k
     draws ids (i, count, k), a device drawn twice is drawn again)."""
-    k = 0
-    got = 0
+    _top_up(key, i, count, n, s, out, 0, 0)
+
+
+@njit(cache=True, nogil=True)
+def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
+    """out[got:s]: devices other than i and out[:got], uniform, from try k on."""
     while got < s:
         j = np.int64(uniform(key, i, count, k) * (n - 1))
         k += 1
@@ -190,21 +194,22 @@ def draw_online(key, i, count, n, s, tab_id, tab_n, buf, out):  # pragma: no cov
         r = k + np.int64(uniform(key, i, count, k) * (m - k))
         buf[k], buf[r] = buf[r], buf[k]
         out[k] = buf[k]
-    got = take
-    k = s
-    while got < s:
-        j = np.int64(uniform(key, i, count, k) * (n - 1))
-        k += 1
-        if j >= i:
-            j += 1
-        dup = False
-        for a in range(got):
-            if out[a] == j:
-                dup = True
-                break
-        if not dup:
-            out[got] = j
-            got += 1
+    _top_up(key, i, count, n, s, out, take, s)
+
+
+@njit(cache=True, nogil=True)
+def carry(i, now, M, tab_id, tab_t, tab_n, out_id, out_s):  # pragma: no cover - compiled
+    """The M freshest heard entries of device i's table as (peer, seconds since heard at
+    ``now``) into out_id, out_s (what a message it sends at ``now`` carries); returns how many."""
+    h = 0
+    for a in range(tab_n[i]):
+        if h >= M:
+            break
+        if tab_t[i, a] > NEVER:
+            out_id[h] = tab_id[i, a]
+            out_s[h] = now - tab_t[i, a]
+            h += 1
+    return h
 
 
 @njit(cache=True, nogil=True)
@@ -311,16 +316,8 @@ def _round_sends(kind, key, tkey, s, M, avail, delta, tab_id, tab_t, tab_h, tab_
                 draw_epidemic(key, i, t, n, s, targets)
             else:
                 draw_online(key, i, t, n, s, tab_id, tab_n, buf, targets)
-                h = 0
-                for a in range(tab_n[i]):
-                    if h >= M:
-                        break
-                    if tab_t[i, a] > NEVER:
-                        h_id[i, h] = tab_id[i, a]
-                        h_d[i, h] = now - tab_t[i, a]
-                        h += 1
-                h_n[i] = h
-                counts[2] += h * s
+                h_n[i] = carry(i, now, M, tab_id, tab_t, tab_n, h_id[i], h_d[i])
+                counts[2] += h_n[i] * s
             for q in range(s):
                 j = targets[q]
                 snd[m], rcv[m], rnd[m] = i, j, t
