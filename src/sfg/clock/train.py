@@ -67,27 +67,29 @@ def _last_by(ptr, vals, group, q):  # pragma: no cover - compiled
 
 
 class _Pool:
-    """Models by id: the initial models are ids 0..N−1, local round r's model is id N + r.
+    """Models by id in one [capacity, D] tensor with a free list: the initial models are ids
+    0..N−1, local round r's model is id N + r.
 
-    The initial models are read from ``X0`` as given (one row expanded over the N devices
-    holds them all: no copy per device); the trained ones live in one [capacity, D] tensor
-    with a free list, sized once from the plan (:meth:`reserve`: the most models alive at
-    once) or grown."""
+    Initial models given as one row expanded over the N devices (the common initial model)
+    are held once, in row 0, which every initial id reads; the store is sized once from the
+    plan (:meth:`reserve`: the most models alive at once) or grows."""
 
     def __init__(self, X0: torch.Tensor, n_ids: int):
         self.n0 = X0.shape[0]
-        self.base = X0
-        self.buf = X0.new_empty((0, X0.shape[1]))
+        self.shared = int(self.n0 > 1 and X0.stride(0) == 0)  # rows below are never freed
+        self.buf = X0[:1].clone() if self.shared else X0.clone()
         self.free: list[int] = []
-        self.row = np.full(n_ids, -1, np.int64)  # a trained model's row in buf
+        self.row = np.full(n_ids, -1, np.int64)
+        self.row[: self.n0] = 0 if self.shared else np.arange(self.n0)
         self.alive = np.zeros(n_ids, bool)
         self.alive[: self.n0] = True
         self.live = self.peak = self.n0
 
     def reserve(self, capacity: int) -> _Pool:
-        """Room for ``capacity`` trained models (before any is put); returns the pool."""
-        self.buf = self.buf.new_empty((capacity, self.buf.shape[1]))
-        self.free = list(range(capacity - 1, -1, -1))
+        """Room for ``capacity`` more models beside those held; returns the pool."""
+        start = self.buf.shape[0]
+        self.buf = torch.cat([self.buf, self.buf.new_empty((capacity, self.buf.shape[1]))])
+        self.free.extend(range(start + capacity - 1, start - 1, -1))
         return self
 
     def put(self, ids: np.ndarray, X: torch.Tensor) -> None:
@@ -109,21 +111,12 @@ class _Pool:
 
     def get(self, ids: np.ndarray) -> torch.Tensor:
         assert self.alive[ids].all(), "a model was read after it was freed"
-        first = ids < self.n0
-        if not first.any():
-            return self.buf.index_select(0, torch.from_numpy(self.row[ids]))
-        out = self.base.new_empty((ids.size, self.base.shape[1]))
-        at = np.flatnonzero(first)
-        out[torch.from_numpy(at)] = self.base[torch.from_numpy(ids[at])]
-        at = np.flatnonzero(~first)
-        if at.size:
-            out[torch.from_numpy(at)] = self.buf.index_select(0, torch.from_numpy(self.row[ids[at]]))
-        return out
+        return self.buf.index_select(0, torch.from_numpy(self.row[ids]))
 
     def drop(self, ids: np.ndarray) -> None:
         ids = ids[self.alive[ids]]
         rows = self.row[ids]
-        self.free.extend(rows[rows >= 0].tolist())
+        self.free.extend(rows[rows >= self.shared].tolist())
         self.row[ids] = -1
         self.alive[ids] = False
         self.live -= ids.size
