@@ -193,6 +193,11 @@ SAME_AS_DEFAULT: dict[tuple[str, str], tuple[Any, ...]] = {
     **{(e, "backend"): ("loop",) for e in ("real-lockstep", "real-async")}}
 
 
+# settings that no training engine implements yet, and what runs them
+ELSEWHERE: dict[str, str] = {
+    "peers": "replay it without training: sfg replay --peers",
+}
+
 # settings that act through another one (the checks set both)
 NOTES: dict[str, str] = {
     "ditto_lambda": "the proximal pull of `backbone: ditto`; it acts with that backbone",
@@ -268,7 +273,7 @@ def refuse(engine: str, cfg: dict[str, Any]) -> None:
             continue
         honour = [e for e in ENGINES if DECLARED[e][field] != REFUSED]
         where = (f"run it on an engine that implements it: {', '.join(honour)}" if honour
-                 else "no engine implements it")
+                 else ELSEWHERE.get(field, "no engine implements it"))
         raise SfgError(f"engine {engine} ({ENGINE_COMMANDS[engine]}) does not implement "
                        f"{field}={cfg[field]!r}; drop it (the default is "
                        f"{DEFAULTS[field]!r}) or {where}")

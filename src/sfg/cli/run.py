@@ -65,6 +65,7 @@ def run(
     process: str | None = opt("process"),
     rule: str | None = opt("rule"),
     graph: str | None = opt("graph"),
+    peers: str | None = opt("peers"),
     seed: int | None = opt("seed"),
     clients: int | None = opt("clients"),
     rounds: int | None = opt("rounds"),
@@ -117,7 +118,8 @@ def run(
         on_return=on_return)
     cfg = run_config(config, {
         "dataset": dataset, "data_root": data_root, "model": model, "process": process,
-        "rule": rule, "graph": graph, "seed": seed, "n_clients": clients, "rounds": rounds,
+        "rule": rule, "graph": graph, "peers": peers, "seed": seed, "n_clients": clients,
+        "rounds": rounds,
         "local_steps": local_steps, "batch_size": batch_size, "lr": lr,
         "weight_decay": weight_decay, "momentum": momentum, "alpha": alpha,
         "backbone": backbone, "ditto_lambda": ditto_lambda, "anatomy": anatomy,
