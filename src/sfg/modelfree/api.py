@@ -190,7 +190,8 @@ def replay(
     for p in processes:
         for seed in seeds:
             g, avail = build_scenario(p, n=n, T=T, graph=graph, seed=seed)
-            live, counts = None, {}
+            live: np.ndarray | None = None
+            counts: dict[str, float] = {}
             if not sampler.fixed:  # the seed's sends, the same for every rule
                 g, live, counts = sampled_deliveries(sampler, seed, avail, g, round_seconds)
             for r in parsed:
