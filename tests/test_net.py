@@ -263,10 +263,10 @@ def test_swarm_whose_worker_fails_exits_1_with_one_error_line(tmp_path, capsys):
 def test_node_cli_checks_peers_file(tmp_path, capsys):
     peers = tmp_path / "peers.yaml"
     peers.write_text("nodes: {0: 127.0.0.1:1, 2: 127.0.0.1:2}\n")
-    code, _, err = _cli(["node", "--id", "0", "--listen", "127.0.0.1:0", "--peers", str(peers)],
+    code, _, err = _cli(["node", "--id", "0", "--listen", "127.0.0.1:0", "--peer-file", str(peers)],
                         capsys)
     assert code == 2 and "0..N-1" in err
-    code, _, err = _cli(["node", "--id", "0", "--listen", "nowhere", "--peers", str(peers)],
+    code, _, err = _cli(["node", "--id", "0", "--listen", "nowhere", "--peer-file", str(peers)],
                         capsys)
     assert code == 2 and "error:" in err
 
@@ -282,7 +282,7 @@ def run_two_nodes(tmp_path, args: list[str]) -> list[dict]:
     p0, p1 = free_ports(2)
     peers = tmp_path / "peers.yaml"
     peers.write_text(f"nodes:\n  0: 127.0.0.1:{p0}\n  1: 127.0.0.1:{p1}\nedges: [[0, 1]]\n")
-    common = ["--peers", str(peers), "--json", "--deadline", "240", *args]
+    common = ["--peer-file", str(peers), "--json", "--deadline", "240", *args]
     procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli.main", "node", "--id", str(i),
                                "--listen", f"127.0.0.1:{port}", *common],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -247,7 +247,7 @@ def test_node_on_a_public_address_without_tls_needs_insecure(tmp_path, capsys):
     held.bind(("0.0.0.0", 0))
     held.listen(1)
     port = held.getsockname()[1]
-    run = ["--peers", str(_peers(tmp_path)), "-T", "1", "--eval-every", "1", "-p", "none",
+    run = ["--peer-file", str(_peers(tmp_path)), "-T", "1", "--eval-every", "1", "-p", "none",
            "--dataset", "digits",
            "--model", "mlp"]
     try:
@@ -402,7 +402,7 @@ def _past(days_ago: float, days: float = 1.0):
 def test_a_node_whose_own_certificate_is_not_valid_now_stops_at_start(tmp_path, capsys, when):
     period = _past(10) if when == "expired" else _past(-5)
     ca = make_test_ca(tmp_path / "certs", range(2), validity={0: period})
-    code, out, err = _cli(["node", "--id", "0", "--listen", "127.0.0.1:0", "--peers",
+    code, out, err = _cli(["node", "--id", "0", "--listen", "127.0.0.1:0", "--peer-file",
                            str(_peers(tmp_path)), "--tls-dir", str(ca / "node-0"), "-T", "1",
                            "-p", "none", "--dataset", "digits", "--model", "mlp"], capsys)
     assert code == 2 and not out

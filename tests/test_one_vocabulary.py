@@ -194,7 +194,7 @@ def test_old_and_new_cuts_reach_the_swarm_as_the_same_cut(monkeypatch, capsys):
 def test_node_refuses_the_event_protocol_in_one_line(tmp_path, capsys):
     peers = tmp_path / "peers.yaml"
     peers.write_text("nodes: {0: '127.0.0.1:7000', 1: '127.0.0.1:7001'}\n")
-    code, _, lines = _cli(["node", "--id", "0", "--listen", "127.0.0.1:7000", "--peers",
+    code, _, lines = _cli(["node", "--id", "0", "--listen", "127.0.0.1:7000", "--peer-file",
                            str(peers), "--protocol", "event"], capsys)
     assert code == 2 and len(lines) == 1 and "virtual clock only" in lines[0], lines
 

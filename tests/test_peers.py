@@ -218,3 +218,29 @@ def test_config_key_run_ids_and_refusals():
     assert out["metrics"]["peer_messages_per_device_hour"] > 0 and out["curves"]["mean_lag"]
     with pytest.raises(SfgError, match="does not implement peers"):
         refuse("rounds", {"peers": "epidemic:s=2"})
+
+
+def test_node_peer_file_and_the_setting(tmp_path):
+    """sfg node: the peer file is --peer-file (--peers FILE, the old spelling, still read with
+    a notice); real nodes refuse a peers setting other than fixed with one line."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "peers.yaml"
+    f.write_text("nodes: {0: 127.0.0.1:7000, 1: 127.0.0.1:7001}\nedges: [[0, 1]]\n")
+
+    def node(*args):
+        return subprocess.run([sys.executable, "-m", "sfg", "node", "--id", "0", "--listen",
+                               "127.0.0.1:7000", *args, "--protocol", "event"],
+                              capture_output=True, text=True, timeout=120)
+
+    old = node("--peers", str(f))
+    assert old.returncode == 2 and "deprecated; use --peer-file" in old.stderr
+    assert "virtual clock only" in old.stderr  # it read the file and went on to the check
+    new = node("--peer-file", str(f))
+    assert new.returncode == 2 and "deprecated" not in new.stderr
+    refused = node("--peer-file", str(f), "--peers", "epidemic:s=1")
+    assert refused.returncode == 2 and "real nodes send to their graph neighbours" in \
+        refused.stderr and refused.stderr.strip().count("\n") == 0
+    missing = node()
+    assert missing.returncode == 2 and "give --peer-file" in missing.stderr

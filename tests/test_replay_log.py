@@ -248,7 +248,7 @@ def test_sfg_node_logs_of_two_machines_worth_of_nodes_replay_together(tmp_path, 
     peers = tmp_path / "peers.yaml"
     peers.write_text(f"nodes:\n  0: 127.0.0.1:{p0}\n  1: 127.0.0.1:{p1}\nedges: [[0, 1]]\n")
     logs = [tmp_path / f"node-{i}.jsonl" for i in range(2)]
-    common = ["--peers", str(peers), "-T", "8", "-p", "iid:u=0.25", "--rule", "sfg-cut",
+    common = ["--peer-file", str(peers), "-T", "8", "-p", "iid:u=0.25", "--rule", "sfg-cut",
               "--eval-every", "4", "--json", "--mode", "async", "--period", "0.3"]
     procs = [subprocess.Popen([sys.executable, "-m", "sfg.cli.main", "node", "--id", str(i),
                                "--listen", f"127.0.0.1:{port}", "--record-log", str(logs[i]),

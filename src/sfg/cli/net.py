@@ -453,10 +453,29 @@ def swarm(
                 tls_dir=tls_dir, record_log=record_log, store=store, as_json=as_json)
 
 
+def _peer_file(peer_file: Path | None, peers: str | None) -> tuple[Path, str | None]:
+    """The node's peer file (``--peer-file``; ``--peers FILE``, its old spelling, read with a
+    notice) and the ``peers`` setting, which real nodes do not implement yet (one line)."""
+    from sfg.world.peers import parse_peers
+
+    if peers is not None and peer_file is None and (
+            Path(peers).suffix.lower() in (".yaml", ".yml", ".json") or Path(peers).exists()):
+        deprecated(f"--peers {peers} (the peer file)", f"--peer-file {peers}", "node")
+        peer_file, peers = Path(peers), None
+    if peers is not None and not parse_peers(peers).fixed:
+        raise SfgError(f"--peers {peers}: real nodes send to their graph neighbours in this "
+                       "version (peers fixed); replay it without training: sfg replay --peers")
+    if peer_file is None:
+        raise SfgError("give --peer-file FILE: a YAML of nodes: {id: host:port} and edges: "
+                       "[[i, j], ...]")
+    return peer_file, peers
+
+
 def node(
     id: int = typer.Option(..., "--id", help="This node's id (a key of peers.yaml)"),
     listen: str = typer.Option(..., "--listen", help="HOST:PORT to serve on, e.g. 0.0.0.0:7000"),
-    peers: Path = typer.Option(..., "--peers", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...]"),
+    peer_file: Path | None = typer.Option(None, "--peer-file", help="YAML: nodes: {id: host:port}, edges: [[i, j], ...] (required)"),
+    peers: str | None = opt("peers"),
     protocol: str | None = clockflags.PROTOCOL,
     mode: str | None = typer.Option(None, "--mode", hidden=True, help="Deprecated: --protocol"),
     config: Path | None = opt("config"),
@@ -489,6 +508,7 @@ def node(
     as_json: bool = opt("json", False),
 ) -> None:
     """Run one node of a swarm anywhere: serve on --listen, talk to the peers in peers.yaml."""
+    peer_file, peers = _peer_file(peer_file, peers)
     mode = protocol_of(protocol, mode, "node")
     if mode == "event":
         raise SfgError("--protocol event runs on the virtual clock only; a node runs "
@@ -502,12 +522,12 @@ def node(
     from sfg.net.transport import TlsFiles
     from sfg.net.world import build_world
 
-    addresses, edges = _read_peers(peers)
+    addresses, edges = _read_peers(peer_file)
     host, _, port_text = listen.rpartition(":")
     if not host or not port_text.isdigit():
         raise SfgError(f"--listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:7000")
     if id not in addresses:
-        raise SfgError(f"--id {id} is not listed in {peers}")
+        raise SfgError(f"--id {id} is not listed in {peer_file}")
     if tls_dir is None and not insecure and not is_loopback(host):
         raise SfgError(f"--listen {listen} is reachable from other machines and, without "
                        "--tls-dir, models would cross in plaintext with every sender taken "

@@ -15,6 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from sfg.clock.events import (
+    DIGESTED,
+    LATER_CANDIDATE,
+    LOCAL,
+    TAGGED,
+    Schedule,
+    digest_of,
+    held_count,
+    held_latest,
+    held_units,
+    newest_so_far,
+    time_order,
+)
 from sfg.clock.links import (
     arrival_time,
     fault_plan,
@@ -26,7 +39,6 @@ from sfg.clock.links import (
     transfer_lost,
     transfer_seconds,
 )
-from sfg.clock.schedule import held_count, held_units
 from sfg.clock.settings import ClockSettings
 from sfg.errors import SfgError
 from sfg.round.kernel import EV_AGGREGATE, EV_SEND
@@ -143,15 +155,6 @@ class Assembler:
         """The piece of the schedule of the events before ``until`` (all of them at or after
         the last piece's ``until``). ``stats``: the counts so far (the protocol's, local
         rounds, compute), which the piece reports with the messages' and the returns'."""
-        from sfg.clock.schedule import (
-            LATER_CANDIDATE,
-            LOCAL,
-            Schedule,
-            held_latest,
-            newest_so_far,
-            time_order,
-        )
-
         world, settings, rg = self.world, self.settings, self.world.rg
         unit = settings.unit
         if time.size and float(time.min()) < self.since:
@@ -422,7 +425,6 @@ class Returns:
 
     def add(self, time, dev, kind, caps, cptr, until: float) -> None:
         """The events of one span (in the schedule's order), before ``until``."""
-        from sfg.clock.schedule import LOCAL
 
         if self.none:
             return
@@ -484,8 +486,6 @@ class Returns:
 def join(pieces: list) -> Any:
     """One schedule out of its pieces in time order (:meth:`Assembler.piece`): the same as
     the schedule assembled in one span."""
-    from sfg.clock.schedule import Schedule
-
     p0, last = pieces[0], pieces[-1]
     cat = lambda name: np.concatenate([getattr(p, name) for p in pieces])  # noqa: E731
     offs = np.cumsum([0] + [int(p.cptr[-1]) for p in pieces])
@@ -505,39 +505,6 @@ def curve_times(world, unit: float) -> np.ndarray:
     horizon."""
     n_samples = int(np.floor(world.horizon / unit)) + 1
     return np.arange(n_samples, dtype=np.float64) * unit
-
-
-# a schedule's columns in its digest, in order (Schedule.digest), then the tagged ones
-DIGESTED = ("time", "dev", "kind", "t", "amount", "end", "step", "cptr", "cslot", "cmsg",
-            "cwait")
-TAGGED = (("nsteps", b"catchup"), ("caps", b"caps"))
-
-
-def digest_of(protocol: str, columns, pulls=None, peers: str | None = None) -> str:
-    """The schedule digest (docs/concepts/clock.md#pairing-and-the-schedule-digest) of
-    ``columns``: name -> an iterable of byte blocks, or None for a tagged column the
-    schedule lacks; ``pulls``: the pull's part (broadcast starts, moved starts, digest)."""
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=16)
-    h.update(protocol.encode())
-    for name in DIGESTED:
-        for block in columns[name]:
-            h.update(block)
-    for name, tag in TAGGED:
-        if columns.get(name) is not None:
-            h.update(tag)
-            for block in columns[name]:
-                h.update(block)
-    if pulls is not None:  # on_return pull: the uplinks' queues, the waits, the replies
-        h.update(b"pull")
-        for a in pulls[:2]:
-            h.update(np.ascontiguousarray(a).tobytes())
-        h.update(pulls[2].encode())
-    if peers is not None:  # peers chosen per exchange: the sampled messages
-        h.update(b"peers")
-        h.update(peers.encode())
-    return h.hexdigest()
 
 
 class SpilledDigest:

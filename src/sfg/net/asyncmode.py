@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sfg.clock.schedule import held_units
+from sfg.clock.events import held_units
 from sfg.net import outgoing, persist, returns
 from sfg.net.localround import aggregate, commit, train
 from sfg.net.wire import Message
