@@ -27,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import banner
+from bench_fleet_time import fleet_args
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg" / "cifar10_jpeg_q75_raw.tar.gz"
 GB = 1e9
 
 
@@ -68,17 +67,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[10000])
     ap.add_argument("--periods", "-T", type=int, default=10)
     ap.add_argument("--local-steps", "-K", type=int, default=5)
-    ap.add_argument("--process", "-p", default="bursty:u=0.8")
     ap.add_argument("--on-return", default="pull")
-    ap.add_argument("--min-train", type=int, default=4)
-    ap.add_argument("--test-per-client", type=int, default=50)
-    ap.add_argument("--data-root", type=Path, default=DATA)
-    ap.add_argument("--src", type=Path, default=None, help="another source tree's sfg")
-    ap.add_argument("run_args", nargs="*", help="more `sfg run` options, after --")
-    args = ap.parse_args()
-    if not args.data_root.exists():
-        sys.exit(f"error: no CIFAR-10 at {args.data_root}; pass --data-root")
-    print(banner())
+    args = fleet_args(ap)
     print(f"sfg from {args.src or 'this checkout'}")
     print(" ".join(command(args.clients[0], args)[2:]).replace(str(args.data_root), "DATA"))
     print(f"{'clients':>8} {'wall s':>8} {'peak GB':>8} {'accuracy':>9} {'p10':>7} "

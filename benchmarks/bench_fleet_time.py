@@ -67,12 +67,9 @@ def run_once(n: int, args: argparse.Namespace) -> dict:
             "acc": json.loads(proc.stdout)["metrics"]["acc_mean"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, nargs="+", default=[100, 10000])
-    ap.add_argument("--rounds", "-T", type=int, default=10)
-    ap.add_argument("--local-steps", "-K", type=int, default=5)
-    ap.add_argument("--eval-every", type=int, default=0, help="default: at the end only")
+def fleet_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """The fleet benchmarks' shared options (the world, the data, another source tree), parsed;
+    the machine printed."""
     ap.add_argument("--process", "-p", default="bursty:u=0.8")
     ap.add_argument("--min-train", type=int, default=4)
     ap.add_argument("--test-per-client", type=int, default=50)
@@ -83,6 +80,16 @@ def main() -> None:
     if not args.data_root.exists():
         sys.exit(f"error: no CIFAR-10 at {args.data_root}; pass --data-root")
     print(banner())
+    return args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[100, 10000])
+    ap.add_argument("--rounds", "-T", type=int, default=10)
+    ap.add_argument("--local-steps", "-K", type=int, default=5)
+    ap.add_argument("--eval-every", type=int, default=0, help="default: at the end only")
+    args = fleet_args(ap)
     print(f"sfg from {args.src or 'this checkout'}; cifar10:min_train={args.min_train},"
           f"test_per_client={args.test_per_client}, small-cnn, --alpha 1000 -T {args.rounds} "
           f"-K {args.local_steps} -p {args.process} {' '.join(args.run_args)}", flush=True)
