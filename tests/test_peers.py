@@ -42,6 +42,7 @@ def test_setting_and_its_defaults(text, want):
     ("epidemic", "give s"), ("epidemic:s=0", "whole number ≥ 1"), ("epidemic:s=1.5", "whole"),
     ("epidemic:s=2,view=4", "unknown parameter 'view'"), ("online:s=4,view=3", "at least s"),
     ("online:s=2,gossip=9", "at most view"), ("fixed:s=2", "no parameters"),
+    ("epidemic:s=5000", "over the limit of 1,000"), ("online:s=5,view=100000", "over the limit"),
 ])
 def test_bad_settings_are_one_line(text, words):
     with pytest.raises(SfgError, match=words) as e:
@@ -244,3 +245,11 @@ def test_node_peer_file_and_the_setting(tmp_path):
         refused.stderr and refused.stderr.strip().count("\n") == 0
     missing = node()
     assert missing.returncode == 2 and "give --peer-file" in missing.stderr
+
+
+def test_sends_refused_over_the_memory_limit(monkeypatch):
+    monkeypatch.setenv("SFG_MAX_MEMORY", "1M")
+    avail = np.ones((300, 500), bool)
+    g = Graph.from_edges(500, np.array([[i, (i + 1) % 500] for i in range(500)]))
+    with pytest.raises(SfgError, match="over the limit"):
+        round_sends(parse_peers("epidemic:s=50"), 1, avail, g, 600.0)

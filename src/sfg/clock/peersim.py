@@ -177,6 +177,10 @@ def peer_messages(world, settings, peers: Peers, seed: int, *, time: np.ndarray,
     tables = new_tables(peers, seed, world.graph) if peers.kind == "online" else \
         empty_tables(n)
     bound = order.size * peers.s
+    from sfg.util.safety import check_memory
+
+    check_memory(41.0 * bound, f"the messages of peers {str(peers)!r} ({bound:.3g} sends)",
+                 fix="use a smaller s, or fewer devices or rounds")
     msnd, mrcv, mcom = (np.empty(bound, np.int64) for _ in range(3))
     marr, mfate = np.empty(bound), np.empty(bound, np.int64)
     counts = np.zeros(3, np.int64)

@@ -31,6 +31,8 @@ from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 
 KINDS = ("fixed", "epidemic", "online")
+# limits: a send draws its targets in O(S²) at worst (distinct), a table row holds V entries
+MAX_S, MAX_VIEW = 1_000, 10_000
 NEVER = -np.inf  # a table entry not heard of yet (the graph neighbours at the start)
 ENTRY_BYTES = 12  # a carried entry: u32 id, f64 seconds
 
@@ -63,10 +65,13 @@ class Peers:
         return self
 
 
-def _whole(text: str, name: str, value: Any, low: int) -> int:
+def _whole(text: str, name: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(float(value)) or float(value) != int(value) or int(value) < low:
         raise SfgError(f"peers {text!r}: {name} must be a whole number ≥ {low}, got {value!r} "
+                       "(e.g. online:s=6,view=24,gossip=6)")
+    if int(value) > high:
+        raise SfgError(f"peers {text!r}: {name}={int(value)} is over the limit of {high:,} "
                        "(e.g. online:s=6,view=24,gossip=6)")
     return int(value)
 
@@ -92,11 +97,11 @@ def parse_peers(text: Any) -> Peers:
         return Peers()
     if "s" not in c.params:
         raise SfgError(f"peers {str(text)!r}: give s, the peers of each send (e.g. {c.name}:s=6)")
-    s = _whole(str(text), "s", c.params["s"], 1)
+    s = _whole(str(text), "s", c.params["s"], 1, MAX_S)
     if c.name == "epidemic":
         return Peers("epidemic", s)
-    v = _whole(str(text), "view", c.params.get("view", 4 * s), 1)
-    m = _whole(str(text), "gossip", c.params.get("gossip", s), 1)
+    v = _whole(str(text), "view", c.params.get("view", 4 * s), 1, MAX_VIEW)
+    m = _whole(str(text), "gossip", c.params.get("gossip", s), 1, MAX_VIEW)
     if v < s:
         raise SfgError(f"peers {str(text)!r}: view={v} must be at least s={s} (default 4·s)")
     if m > v:
@@ -272,8 +277,12 @@ def start_tables(tkey, indptr, nbr, tab_id, tab_t, tab_h, tab_n):  # pragma: no 
 def new_tables(peers: Peers, seed: int, graph) -> tuple[np.ndarray, ...]:
     """(ids [N, V], heard times [N, V], tie hashes [N, V], sizes [N]): the tables at the
     start (:func:`start_tables`)."""
+    from sfg.util.safety import check_memory
+
     n = graph.n
     V = max(peers.view, 1)
+    check_memory(24.0 * n * V, f"the membership tables of peers {str(peers)!r} ({n} devices × "
+                 f"{V} entries)", fix="give a smaller view")
     e = np.asarray(graph.edges, np.int64).reshape(-1, 2)
     src = np.concatenate([e[:, 0], e[:, 1]])
     dst = np.concatenate([e[:, 1], e[:, 0]])
@@ -352,6 +361,10 @@ def round_sends(peers: Peers, seed: int, available: np.ndarray, graph,
     T, n = avail.shape
     peers.check(n)
     bound = int(avail.sum()) * peers.s
+    from sfg.util.safety import check_memory
+
+    check_memory(25.0 * bound, f"the messages of peers {str(peers)!r} ({bound:.3g} sends)",
+                 fix="use a smaller s, or fewer devices or rounds")
     snd = np.empty(bound, np.int64)
     rcv = np.empty(bound, np.int64)
     rnd = np.empty(bound, np.int64)
