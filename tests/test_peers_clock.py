@@ -106,7 +106,7 @@ def test_rules_paired_and_digests_distinct():
 
 
 @pytest.mark.parametrize("extra,peers,words", [
-    ({"protocol": "lockstep"}, "epidemic:s=2", "lockstep"),
+    ({"protocol": "lockstep", "on_return": "pull:timeout=60"}, "epidemic:s=2", "lockstep"),
     ({"on_return": "pull:timeout=60"}, "online:s=2", "on_return pull"),
     ({"latency": "lognormal:median=1,sigma=1"}, "epidemic:s=2", "latency drawn per link"),
     ({"faults": "faults:loss=0.1"}, "epidemic:s=2", "faults"),
@@ -152,3 +152,36 @@ def test_epidemic_pull_asks_drawn_targets(protocol):
     b = replay_clock("bursty:u=0.6", "sfg-cut", peers="epidemic:s=3", **kw)
     assert a["meta"]["schedule_digest"] == b["meta"]["schedule_digest"] == sched.digest()
     assert a["metrics"]["returns_heard"] == b["metrics"]["returns_heard"] > 0
+
+
+@pytest.mark.parametrize("peers", ["epidemic:s=3", "online:s=3"])
+def test_lockstep_is_the_rounds_replay_on_a_trivial_clock(peers):
+    """With no compute, latency or transfer time the clock's lockstep is the replay in rounds:
+    the same participants, the same sampled sends, the same metrics."""
+    from sfg.modelfree import replay
+
+    s = make_settings({"clock": "virtual", "protocol": "lockstep"})
+    kw = {"n": 40, "rounds": 60}
+    clock = replay_clock("bursty:u=0.8", "sfg-cut", seed=2, settings=s, horizon=20,
+                         peers=peers, **kw)
+    rounds = replay(["bursty:u=0.8"], ["sfg-cut"], [2], n=40, T=60, horizon=20, peers=peers,
+                    threads=1)[0]
+    for k in ("returning_aggregations", "returning_aggregations_heard", "premise", "spread_lag",
+              "final_mean_lag", "H", "peer_messages_per_device_hour",
+              "membership_bytes_per_device_hour"):
+        assert clock["metrics"][k] == pytest.approx(rounds[k], rel=1e-12, nan_ok=True), k
+
+
+def test_lockstep_deadlines_make_messages_late():
+    slow = make_settings({"clock": "virtual", "protocol": "lockstep", "compute": "const:value=50",
+                          "latency": "const:value=400"})
+    quick = make_settings({"clock": "virtual", "protocol": "lockstep",
+                           "compute": "const:value=50"})
+    kw = {"seed": 3, "n": 40, "rounds": 60, "local_steps": 5, "peers": "epidemic:s=3"}
+    a = replay_clock("bursty:u=0.8", "dfedavg", settings=quick, **kw)
+    b = replay_clock("bursty:u=0.8", "dfedavg", settings=slow, **kw)
+    c = replay_clock("bursty:u=0.8", "sfg-cut", settings=slow, **kw)
+    assert a["metrics"]["late"] == 0 and b["metrics"]["late"] > 0
+    assert b["meta"]["schedule_digest"] == c["meta"]["schedule_digest"] != \
+        a["meta"]["schedule_digest"]
+    assert b["metrics"]["returning_aggregations_heard"] < a["metrics"]["returning_aggregations_heard"]

@@ -136,9 +136,7 @@ def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) ->
     from sfg.util.components import parse_component
 
     what = None
-    if settings.protocol == "lockstep":
-        what = "the lockstep protocol (run it in rounds: sfg replay without --clock virtual)"
-    elif settings.pull_timeout is not None and peers.kind != "epidemic":
+    if settings.pull_timeout is not None and peers.kind != "epidemic":
         what = "on_return pull (epidemic pulls: its targets need no table)"
     elif anatomy != "full":
         what = f"anatomy {anatomy!r}"

@@ -275,22 +275,32 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
     if settings.protocol == "lockstep":
         from sfg.modelfree.driver import Lane, run_lane
 
-        lk = lockstep_rounds(world, settings, local_steps=local_steps, rounds=rounds, seed=seed)
-        res = run_lane(Lane(lk.available, world.graph, r, seed, a, live=lk.live),
-                       anatomy=anatomy, link_failure=link_failure, horizon=horizon,
+        if sampler.fixed:
+            lk = lockstep_rounds(world, settings, local_steps=local_steps, rounds=rounds,
+                                 seed=seed)
+            lane = Lane(lk.available, world.graph, r, seed, a, live=lk.live)
+            stats, digest = lk.stats, lk.digest
+        else:  # peers chosen per exchange (sfg.modelfree.peers)
+            from sfg.modelfree.peers import lockstep_sampled
+
+            part, union, live, stats, digest = lockstep_sampled(
+                world, settings, sampler, local_steps=local_steps, rounds=rounds, seed=seed)
+            lane = Lane(part, union, r, seed, a, live=live)
+        res = run_lane(lane, anatomy=anatomy, link_failure=link_failure, horizon=horizon,
                        exact_pairs=200_000, sample_pairs=1000, threads=1)
         metrics, curves = dict(res.metrics), dict(res.curves)
         curves["hours"] = [float(x) * settings.round_seconds / 3600.0 for x in curves["round"]]
-        stats, digest = lk.stats, lk.digest
     else:
         metrics, curves, stats, digest = _event_metrics(
             r, world, settings, seed=seed, attack=a, local_steps=local_steps,
             link_failure=link_failure, anatomy=anatomy, peers=sampler)
     metrics.update(per_device_hour(stats, world.n, world.horizon))
-    if not sampler.fixed:
+    if not sampler.fixed and settings.protocol != "lockstep":  # (lockstep's are per hour)
         hours = world.n * world.horizon / 3600.0
         for k in ("peer_messages", "messages_to_offline", "membership_bytes"):
             metrics[f"{k}_per_device_hour"] = stats[k] / hours
+    elif not sampler.fixed:
+        metrics.update({k: v for k, v in stats.items() if k.endswith("_per_device_hour")})
     meta = {"clock": "virtual", "protocol": settings.protocol, "schedule_digest": digest,
             "virtual_seconds": world.horizon, "unit_seconds": settings.unit}
     return {"metrics": metrics, "curves": curves, "meta": meta}

@@ -181,6 +181,27 @@ class Rounds:
     digest: str
 
 
+def participation(world: World, settings: ClockSettings, *, local_steps: int, rounds: int,
+                  sends: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Lockstep's participants: device i takes part in round r when it is online from rΔ
+    until its ``sends`` [N] transfers and its K steps are done, by (r+1)Δ. Returns (round
+    starts [T, 1], participants [T, N], online at the start [T, N], K steps' seconds [N],
+    transfer seconds [N])."""
+    n, T = world.n, int(rounds)
+    delta = float(settings.round_seconds)
+    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
+    train = local_steps * world.compute
+    start = (np.arange(T, dtype=np.float64) * delta)[:, None]
+    finish = start + (sends * dt + train)[None, :]
+    dev = np.broadcast_to(np.arange(n), (T, n))
+    online0 = world.online.online_at(dev.ravel(), np.broadcast_to(start, (T, n)).ravel()
+                                     ).reshape(T, n)
+    part = (world.online.online_through(dev.ravel(), np.broadcast_to(start, (T, n)).ravel(),
+                                        finish.ravel()).reshape(T, n)
+            & (finish <= start + delta))
+    return start, part, online0, train, dt
+
+
 def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, rounds: int,
                     seed: int) -> Rounds:
     """The lockstep protocol's participants and deliveries (see the module docstring)."""
@@ -193,20 +214,11 @@ def lockstep_rounds(world: World, settings: ClockSettings, *, local_steps: int, 
         from sfg.clock.settings import REFUSE_LOCKSTEP_PULL
 
         raise SfgError(REFUSE_LOCKSTEP_PULL)
-    rg, n, T = world.rg, world.n, int(rounds)
+    rg, T = world.rg, int(rounds)
     delta = float(settings.round_seconds)
-    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
     ptr, _, pos = out_slots(rg)
-    deg = np.diff(ptr)
-    train = local_steps * world.compute
-    start = (np.arange(T, dtype=np.float64) * delta)[:, None]
-    finish = start + (deg * dt + train)[None, :]
-    dev = np.broadcast_to(np.arange(n), (T, n))
-    online0 = world.online.online_at(dev.ravel(), np.broadcast_to(start, (T, n)).ravel()
-                                     ).reshape(T, n)
-    part = (world.online.online_through(dev.ravel(), np.broadcast_to(start, (T, n)).ravel(),
-                                        finish.ravel()).reshape(T, n)
-            & (finish <= start + delta))
+    start, part, online0, train, dt = participation(world, settings, local_steps=local_steps,
+                                                    rounds=T, sends=np.diff(ptr))
     nb = ~rg.is_self
     s_nb = np.flatnonzero(nb)
     j, i = rg.send[s_nb], rg.recv[s_nb]

@@ -44,17 +44,20 @@ def check_rule(rule, peers: Peers) -> None:
 
 
 def sampled_deliveries(peers: Peers, seed: int, available: np.ndarray, graph,
-                       round_seconds: float) -> tuple[Any, np.ndarray, dict[str, float]]:
+                       round_seconds: float, fates=None
+                       ) -> tuple[Any, np.ndarray, dict[str, float]]:
     """(the union graph, its deliveries per slot bool[T, E], the counts) of a run in rounds
     under ``peers``; the counts are the messages, those sent to an unavailable target and the
-    membership bytes, per device-hour of the run (N · T · Δ)."""
+    membership bytes, per device-hour of the run (N · T · Δ). ``fates``: a function of the
+    sends (:func:`sfg.world.peers.round_sends`) giving which arrive (default: those whose
+    target is available), e.g. the clock's lockstep deadlines."""
     from sfg.round.slots import RoundGraph
     from sfg.util.safety import check_memory
     from sfg.world.graphs import Graph
 
     T, n = available.shape
     got = round_sends(peers, seed, available, graph, round_seconds)
-    ok = got["reached"]
+    ok = got["reached"] if fates is None else fates(got)
     s, r, t = got["send"][ok], got["recv"][ok], got["round"][ok]
     pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
     union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
@@ -73,3 +76,53 @@ def sampled_deliveries(peers: Peers, seed: int, available: np.ndarray, graph,
               "messages_to_offline_per_device_hour": got["to_offline"] / hours,
               "membership_bytes_per_device_hour": got["membership_bytes"] / hours}
     return union, live, counts
+
+
+def lockstep_sampled(world, settings, peers: Peers, *, local_steps: int, rounds: int,
+                     seed: int):
+    """The virtual clock's lockstep protocol under ``peers``: a device takes part in round r
+    when it is online from rΔ until its S transfers and K steps are done, by (r+1)Δ
+    (:func:`sfg.clock.schedule.participation`); round r's participants send to their drawn
+    targets (the rounds' sampler on the participants), and a message arrives when its target
+    takes part, it is there early enough for the target's K steps (transfer k of the sender
+    ends at rΔ + (k+1)·dt, plus the latency) while the target is online, and the loss (the
+    pair's message r) spares it. Returns (participants [T, N], the union graph, deliveries per
+    slot [T, E], the counts, the digest)."""
+    import hashlib
+
+    from sfg.clock.links import loss_key, transfer_lost
+    from sfg.clock.peersim import pair_world
+    from sfg.clock.schedule import participation
+
+    if settings.pull_timeout is not None:
+        from sfg.clock.settings import REFUSE_LOCKSTEP_PULL
+
+        raise SfgError(REFUSE_LOCKSTEP_PULL)
+    n, delta = world.n, float(settings.round_seconds)
+    start, part, online0, train, dt = participation(
+        world, settings, local_steps=local_steps, rounds=rounds, sends=np.full(n, peers.s))
+    lat, loss = pair_world(settings)
+    stats: dict[str, float] = {}
+
+    def fates(got):
+        i, j, t = got["send"], got["recv"], got["round"]
+        k = np.arange(i.size) % peers.s  # a sender's targets in the order drawn
+        arrival = t * delta + (k + 1) * dt[i] + lat
+        in_time = arrival <= t * delta + delta - train[j]
+        rx = world.online.online_at(j, arrival)
+        dropped = transfer_lost(loss_key(seed, "message"), i, j, t, loss) if loss else \
+            np.zeros(i.size, bool)
+        both = got["reached"]
+        stats.update(late=float((both & ~in_time).sum()),
+                     lost=float((both & in_time & ~(rx & ~dropped)).sum()))
+        return both & in_time & rx & ~dropped
+
+    union, live, counts = sampled_deliveries(peers, seed, part, world.graph, delta, fates)
+    stats.update(participations=float(part.sum()), stragglers=float((online0 & ~part).sum()),
+                 messages_sent=float(part.sum() * peers.s),
+                 compute_seconds=float((part * train[None, :]).sum()))
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"lockstep peers {peers}".encode())
+    h.update(np.ascontiguousarray(part).tobytes())
+    h.update(np.ascontiguousarray(live).tobytes())
+    return part, union, live, {**stats, **counts}, h.hexdigest()
