@@ -253,3 +253,21 @@ def test_sends_refused_over_the_memory_limit(monkeypatch):
     g = Graph.from_edges(500, np.array([[i, (i + 1) % 500] for i in range(500)]))
     with pytest.raises(SfgError, match="over the limit"):
         round_sends(parse_peers("epidemic:s=50"), 1, avail, g, 600.0)
+
+
+def test_replay_table_shows_the_peers_costs():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sfg", "replay", "-n", "30", "-T", "20",
+                          "--seeds", "1,2", "-r", "sfg-cut", "--peers", "epidemic:s=3",
+                          "--horizon", "0"], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "COLUMNS": "250"})
+    assert out.returncode == 0 and "msgs/dh" in out.stdout and "member B/dh" in out.stdout
+    from sfg.cli.replay import summarise_replay
+
+    rows = replay(["bursty:u=0.8"], ["sfg-cut"], [1, 2], n=30, T=20, horizon=0,
+                  peers="epidemic:s=3")
+    s = summarise_replay(rows)[0]
+    want = (rows[0]["peer_messages_per_device_hour"] + rows[1]["peer_messages_per_device_hour"]) / 2
+    assert s["peer_messages_per_device_hour"] == pytest.approx(want)

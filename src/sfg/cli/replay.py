@@ -85,6 +85,9 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             vals = [r[key] for r in rs if not math.isnan(r[key])]
             summary[key] = float(sum(vals) / len(vals)) if vals else float("nan")
         summary.update(_online_returns(rs))
+        for key, _ in PEER_COLUMNS:  # peers chosen per exchange: their costs
+            if all(key in r for r in rs):
+                summary[key] = float(sum(r[key] for r in rs) / len(rs))
         out_rows.append(summary)
     return out_rows
 
@@ -95,6 +98,11 @@ def summarise_replay(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # online at the return
 ONLINE_RETURNS = (("online_returns", "back"), ("online_heard", "back heard"),
                   ("online_alone", "alone"))
+# peers chosen per exchange (docs/concepts/peers.md): messages, those to offline peers and
+# membership bytes, per device-hour
+PEER_COLUMNS = (("peer_messages_per_device_hour", "msgs/dh"),
+                ("messages_to_offline_per_device_hour", "offline/dh"),
+                ("membership_bytes_per_device_hour", "member B/dh"))
 
 
 def _online_returns(rs: list[dict[str, Any]]) -> dict[str, float]:
@@ -118,6 +126,8 @@ def replay_table(summary: list[dict[str, Any]], title: str):
     cols = columns(attack=att)
     if summary and all("online_returns" in r for r in summary):
         cols = [*cols, *ONLINE_RETURNS]
+    if summary and all(k in r for r in summary for k, _ in PEER_COLUMNS):
+        cols = [*cols, *PEER_COLUMNS]
     return console.table(title, ["process", "rule", *(["attack"] if att else []),
                                  *((label, "right") for _, label in cols)],
                          rows=[[r["process"], r["rule"], *([r["attack"]] if att else []),
@@ -329,6 +339,10 @@ def replay(
                  "heard: share of those, among the ones that aggregated, whose first "
                  "aggregation held a neighbour's model · alone: share with no neighbour online "
                  "at the return (docs/concepts/clock.md#returns-in-time)")
+    if summary and PEER_COLUMNS[0][0] in summary[0]:
+        text += (" · msgs/dh, offline/dh, member B/dh: messages to the peers drawn, those whose "
+                 "target was offline, and membership bytes, per device-hour "
+                 "(docs/concepts/peers.md)")
     console.caption(text)
 
 
