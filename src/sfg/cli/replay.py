@@ -330,9 +330,14 @@ def replay(
     whom = f", peers {sampler}" if not sampler.fixed else ""
     console.show(replay_table(summary, f"Replay: N={clients}, T={rounds}, graph {graph}{whom}, "
                                        f"seeds {','.join(map(str, seed_list))}{where}"))
+    console.caption(_caption(summary, attack=bool(attack), horizon=horizon))
+
+
+def _caption(summary: list[dict[str, Any]], *, attack: bool, horizon: int) -> str:
+    """The legend under the replay's table (its columns)."""
     from sfg.modelfree.metrics import legend
 
-    text = legend(attack=bool(attack)).replace(
+    text = legend(attack=attack).replace(
         f"self-return over {DEFAULT_HORIZON} rounds", f"self-return over {horizon} rounds")
     if summary and "online_returns" in summary[0]:
         text += (" · back: returns in time per seed (online again after an outage) · back "
@@ -343,7 +348,7 @@ def replay(
         text += (" · msgs/dh, offline/dh, member B/dh: messages to the peers drawn, those whose "
                  "target was offline, and membership bytes, per device-hour "
                  "(docs/concepts/peers.md)")
-    console.caption(text)
+    return text
 
 
 def list_rules(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
