@@ -266,8 +266,7 @@ class Assembler:
         import hashlib
 
         from sfg.clock.peersim import peer_messages
-        from sfg.round.slots import RoundGraph
-        from sfg.world.graphs import Graph
+        from sfg.world.peers import union_links
 
         if until != np.inf or base:
             raise SfgError("peers chosen per exchange run in one span: an internal error")
@@ -280,14 +279,7 @@ class Assembler:
         if pull is not None:  # the replies: from the asked device to the returning one
             s = np.concatenate([s, pull["asked"]])
             r = np.concatenate([r, pull["asks"]])
-        pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
-        union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
-                                 name=f"peers {self.peers}")
-        self.rg = rg = RoundGraph.from_graph(union)
-        nb = np.flatnonzero(~rg.is_self)
-        key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
-        o = np.argsort(key)
-        slot = nb[o[np.searchsorted(key[o], r * n + s)]]
+        _, self.rg, slot = union_links(n, s, r, f"peers {self.peers}")
         if pull is not None:
             pull["slot"] = slot[ok.sum():]
             slot = slot[:ok.sum()]

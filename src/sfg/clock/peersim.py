@@ -27,6 +27,7 @@ from numba.typed import Dict
 
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
+from sfg.world.locate import locate_one
 from sfg.world.peers import (
     ENTRY_BYTES,
     Peers,
@@ -40,16 +41,8 @@ from sfg.world.peers import (
 
 @njit(cache=True, nogil=True)
 def _online_through(ipt, ist, ien, i, t0, t1):  # pragma: no cover - compiled
-    a, b = ipt[i], ipt[i + 1]
-    k = a + np.searchsorted(ist[a:b], t0, side="right") - 1
-    return k >= a and t0 < ien[k] and t1 <= ien[k]
-
-
-@njit(cache=True, nogil=True)
-def _online_at(ipt, ist, ien, i, t):  # pragma: no cover - compiled
-    a, b = ipt[i], ipt[i + 1]
-    k = a + np.searchsorted(ist[a:b], t, side="right") - 1
-    return k >= a and t < ien[k]
+    k, on = locate_one(ipt, ist, ien, i, t0)
+    return on and t1 <= ien[k]
 
 
 @njit(cache=True, nogil=True)
@@ -97,7 +90,7 @@ def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, c
                 else:
                     counts[0] += 1
                     counts[2] += car_n[ci]
-                    if not (arr < horizon and _online_at(ipt, ist, ien, j, arr)):
+                    if not (arr < horizon and locate_one(ipt, ist, ien, j, arr)[1]):
                         mfate[m] = 2
                         counts[1] += 1
                     elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:
@@ -144,17 +137,15 @@ def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) ->
         what = "link failures"
     elif str(settings.faults) not in ("none", "None", ""):
         what = "faults"
-    const = {}
     for name in ("latency", "loss"):
         c = parse_component(str(getattr(settings, name)), kind=name)
         if c.name != "const" or c.modifiers:
             what = what or f"a {name} drawn per link ({getattr(settings, name)}; pairs outside " \
                 "the graph have none: give const:value=X)"
-        const[name] = float(c.params.get("value", 0.0))
     if what is not None:
         raise SfgError(f"peers {str(peers)!r} on the virtual clock does not run with {what} in "
                        "this version; use peers fixed for it")
-    return const["latency"], const["loss"]
+    return pair_world(settings)
 
 
 def peer_messages(world, settings, peers: Peers, seed: int, *, time: np.ndarray,

@@ -66,6 +66,7 @@ import numpy as np
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
+from sfg.world.locate import locate_one
 
 # event kinds of the simulation, in their order at one instant (the phases of one instant,
 # sfg.clock.instant: a return, a request's arrival, a window's end, then the local rounds'
@@ -80,24 +81,13 @@ _LOCAL, _OFFLINE = 0, 1
 
 
 @njit(cache=True, nogil=True)
-def _locate(ipt, ist, ien, i, t):  # pragma: no cover - compiled
-    """(interval index, online) of device i at time t: the interval [start, end) holding t,
-    or the last one starting at or before t (−1: none)."""
-    a, b = ipt[i], ipt[i + 1]
-    k = a + np.searchsorted(ist[a:b], t, side="right") - 1
-    if k >= a and t < ien[k]:
-        return k, True
-    return k, False
-
-
-@njit(cache=True, nogil=True)
 def _online(ipt, ist, ien, i, t, horizon):  # pragma: no cover - compiled
-    return t < horizon and _locate(ipt, ist, ien, i, t)[1]
+    return t < horizon and locate_one(ipt, ist, ien, i, t)[1]
 
 
 @njit(cache=True, nogil=True)
 def _next_off(ipt, ist, ien, i, t):  # pragma: no cover - compiled
-    k, on = _locate(ipt, ist, ien, i, t)
+    k, on = locate_one(ipt, ist, ien, i, t)
     return ien[k] if on else t
 
 
@@ -287,7 +277,7 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, hori
     a local round trained alone, capabilities ``keeps``; ``talk``: what the mode keeps, its
     sends taking deg·dt seconds), a skip. Without ``pull`` the local round's commit is made
     at once (:func:`_on_commit`: nothing else reads it). Returns the events' count."""
-    k, on = _locate(ipt, ist, ien, i, now)  # online now, and until when
+    k, on = locate_one(ipt, ist, ien, i, now)  # online now, and until when
     on = on and now < horizon
     off = ien[k] if on else now
     if talk and not on:  # offline, still communicating (anatomy cannot-train-*)
@@ -406,7 +396,7 @@ def _ticks(heap, E, ne, F, G, st, i, y, horizon, delta, ipt, ist, ien, s_i,
     span of one unit (counted as skipped). Its next start: its return, or the end of its
     last sends if later. Returns the events' count."""
     anchor = F[i, _OFF_SINCE]
-    k, _ = _locate(ipt, ist, ien, i, y)
+    k, _ = locate_one(ipt, ist, ien, i, y)
     nxt = ist[k + 1] if k + 1 < ipt[i + 1] else np.inf  # the next online interval's start
     lim = min(nxt, horizon)
     every = max(1, np.int64(np.ceil(s_i / delta)))
@@ -550,19 +540,15 @@ def _targets(world, rptr: np.ndarray, peers, seed: int):
     requests' targets, drawn at the return from the stream (seed, "peers", "pull"), ids
     (device, its return's index, try): (per return's count [R], the targets [R·S])."""
     from sfg.util.rng import counter_key
-    from sfg.world.peers import draw_epidemic
+    from sfg.world.peers import draw_epidemic_rows
 
-    key = np.uint64(counter_key(seed, "peers", "pull"))
     n_ret = np.diff(rptr)
-    out = np.empty(int(n_ret.sum()) * peers.s, np.int64)
-    buf = np.empty(peers.s, np.int64)
-    q = 0
-    for i in np.flatnonzero(n_ret):
-        for k in range(int(n_ret[i])):
-            draw_epidemic(key, int(i), k, world.n, peers.s, buf)
-            out[q:q + peers.s] = buf
-            q += peers.s
-    return np.full(n_ret.sum(), peers.s, np.int64), out
+    devs = np.repeat(np.arange(world.n, dtype=np.int64), n_ret)
+    nth = np.arange(devs.size, dtype=np.int64) - np.repeat(rptr[:-1], n_ret)  # return index
+    out = np.empty(devs.size * peers.s, np.int64)
+    draw_epidemic_rows(np.uint64(counter_key(seed, "peers", "pull")), devs, nth, world.n,
+                       peers.s, out)
+    return np.full(devs.size, peers.s, np.int64), out
 
 
 def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarray,

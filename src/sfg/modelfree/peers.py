@@ -51,24 +51,16 @@ def sampled_deliveries(peers: Peers, seed: int, available: np.ndarray, graph,
     membership bytes, per device-hour of the run (N · T · Δ). ``fates``: a function of the
     sends (:func:`sfg.world.peers.round_sends`) giving which arrive (default: those whose
     target is available), e.g. the clock's lockstep deadlines."""
-    from sfg.round.slots import RoundGraph
     from sfg.util.safety import check_memory
-    from sfg.world.graphs import Graph
+    from sfg.world.peers import union_links
 
     T, n = available.shape
     got = round_sends(peers, seed, available, graph, round_seconds)
     ok = got["reached"] if fates is None else fates(got)
     s, r, t = got["send"][ok], got["recv"][ok], got["round"][ok]
-    pairs = np.unique(np.minimum(s, r) * n + np.maximum(s, r))
-    union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1),
-                             name=f"peers {peers}")
-    rg = RoundGraph.from_graph(union)
+    union, rg, slot = union_links(n, s, r, f"peers {peers}")
     check_memory(T * rg.n_slots, f"the deliveries of peers {str(peers)!r} ({T} rounds × "
                  f"{rg.n_slots} links)", fix="use fewer clients or rounds")
-    nb = np.flatnonzero(~rg.is_self)
-    key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
-    order = np.argsort(key)
-    slot = nb[order[np.searchsorted(key[order], r * n + s)]]
     live = np.zeros((T, rg.n_slots), bool)
     live[t, slot] = True
     hours = n * T * round_seconds / 3600.0

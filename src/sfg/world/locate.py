@@ -10,11 +10,19 @@ from sfg.util.numba_start import njit
 
 
 @njit(cache=True, nogil=True)
+def locate_one(indptr, start, end, i, t):  # pragma: no cover - compiled
+    """(interval index, online) of device i at time t: the interval [start, end) holding t,
+    or the last one starting at or before t (indptr[i] − 1: none)."""
+    a, b = indptr[i], indptr[i + 1]
+    k = a + np.searchsorted(start[a:b], t, side="right") - 1
+    if k >= a and t < end[k]:
+        return k, True
+    return k, False
+
+
+@njit(cache=True, nogil=True)
 def locate(indptr, start, end, d, t, j, on):  # pragma: no cover - compiled
     """j [Q]: the index of device d's last interval starting at or before t (indptr[d] − 1
-    when none does); on [Q]: whether t lies inside it."""
+    when none does); on [Q]: whether t lies inside it (:func:`locate_one` per query)."""
     for q in range(d.shape[0]):
-        a, b = indptr[d[q]], indptr[d[q] + 1]
-        k = a + np.searchsorted(start[a:b], t[q], side="right") - 1
-        j[q] = k
-        on[q] = k >= a and t[q] < end[k]
+        j[q], on[q] = locate_one(indptr, start, end, d[q], t[q])

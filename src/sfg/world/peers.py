@@ -109,6 +109,22 @@ def parse_peers(text: Any) -> Peers:
     return Peers("online", s, v, m)
 
 
+def union_links(n: int, send: np.ndarray, recv: np.ndarray, name: str):
+    """The run's own graph under peers chosen per exchange: every pair that exchanged a
+    message (``send`` → ``recv``) a link. Returns (the graph, its round slots, each message's
+    slot: the receiver's slot of its sender)."""
+    from sfg.round.slots import RoundGraph
+    from sfg.world.graphs import Graph
+
+    pairs = np.unique(np.minimum(send, recv) * n + np.maximum(send, recv))
+    union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1), name=name)
+    rg = RoundGraph.from_graph(union)
+    nb = np.flatnonzero(~rg.is_self)
+    key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
+    order = np.argsort(key)
+    return union, rg, nb[order[np.searchsorted(key[order], recv * n + send)]]
+
+
 def canonical_peers(text: Any) -> str:
     """The canonical text of a ``peers`` setting (defaults written out)."""
     return str(parse_peers(text))
@@ -166,6 +182,13 @@ def draw_epidemic(key, i, count, n, s, out):  # pragma: no cover - compiled
     """out[:s]: s distinct devices other than i, uniform (send ``count`` of device i; try k
     draws ids (i, count, k), a device drawn twice is drawn again)."""
     _top_up(key, i, count, n, s, out, 0, 0)
+
+
+@njit(cache=True, nogil=True)
+def draw_epidemic_rows(key, devs, counts, n, s, out):  # pragma: no cover - compiled
+    """out[q·s:(q+1)·s]: :func:`draw_epidemic` for device devs[q]'s send counts[q]."""
+    for q in range(devs.shape[0]):
+        draw_epidemic(key, devs[q], counts[q], n, s, out[q * s:(q + 1) * s])
 
 
 @njit(cache=True, nogil=True)
