@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from reference_peers import messages as reference_messages
 
+from sfg.clock.events import time_order
 from sfg.clock.links import loss_key, transfer_seconds
-from sfg.clock.peersim import peer_messages
+from sfg.clock.pull import Simulation, all_events
 from sfg.clock.replay import replay_clock
 from sfg.clock.schedule import LOCAL, make_schedule, make_world
 from sfg.clock.settings import make_settings
@@ -36,39 +37,50 @@ def _world(protocol, extra, seed, n=30):
     return s, make_world(s, process="bursty:u=0.6", graph="knn:k=4", n=n, rounds=40, seed=seed)
 
 
+def _simulated_messages(world, s, p, protocol, seed, pull=False):
+    """The simulation's events and its messages to peers (sfg.clock.peersim), by event row."""
+    sim = Simulation(world, s, protocol, local_steps=5, seed=seed, catchup=False, pull=pull,
+                     peers=p)
+    r = sim.span()
+    return sim, r, r["messages"]
+
+
 @pytest.mark.parametrize("protocol,peers,extra", CASES)
 def test_compiled_pass_is_the_reference(protocol, peers, extra):
     seed = 3
     s, world = _world(protocol, extra, seed)
     p = parse_peers(peers)
-    sched = make_schedule(world, s, local_steps=5, seed=seed, peers=p)
-    loc = np.flatnonzero(sched.kind == LOCAL)
+    _, r, msg = _simulated_messages(world, s, p, protocol, seed)
+    E = r["events"]
+    loc = np.flatnonzero(E[:, 2] == LOCAL)
     const = {k: float(str(getattr(s, k)).split("=")[-1]) for k in ("latency", "loss")}
-    got = peer_messages(world, s, p, seed, time=sched.time, dev=sched.dev, end=sched.end,
-                        step=sched.step, sends=loc, latency=const["latency"],
-                        loss=const["loss"])
     on = world.online
     tid, tt, _, tn = new_tables(p, seed, world.graph)
     start = {i: {int(tid[i, a]): float(tt[i, a]) for a in range(tn[i])} for i in range(world.n)}
-    order = loc[np.lexsort((sched.dev[loc], sched.end[loc]))]
-    commits = [(sched.time[e], sched.end[e], int(sched.dev[e]), int(sched.step[e]), int(e))
-               for e in order]
+    order = loc[np.lexsort((E[loc, 1], E[loc, 4]))]
+    commits = [(E[e, 0], E[e, 4], int(E[e, 1]), int(E[e, 5]), int(e)) for e in order]
     want = reference_messages(
         p.kind, p.s, max(p.view, 1), p.gossip, world.n, world.horizon,
         lambda i, t: bool(on.online_at(i, t)),
         lambda i, a, b: bool(on.online_through(i, a, b)) and b <= on.next_off(i, a),
         commits, transfer_seconds(world, float(s.message_bytes or 0.0)), const["latency"],
         const["loss"], peers_key(seed), tie_key(seed), loss_key(seed, "message"), start)
-    mine = list(zip(got["src"].tolist(), got["send"].tolist(), got["recv"].tolist(),
-                    got["arrival"].tolist(), got["fate"].tolist(), strict=True))
+    mine = list(zip(msg[2].astype(int).tolist(), msg[0].astype(int).tolist(),
+                    msg[1].astype(int).tolist(), msg[3].tolist(), msg[4].astype(int).tolist(),
+                    strict=True))
     assert mine == [(e, i, j, a, f) for e, i, j, a, f in want]
-    assert {0, 2} <= set(got["fate"].tolist())  # some reached, some found their target offline
+    assert {0, 2} <= set(msg[4].astype(int).tolist())  # some reached, some found it offline
     # the schedule's candidates are messages that reached the event's device before it
-    reached = {(e, j) for e, _, j, a, f in want if f == 0}
-    for r in loc[:200]:
-        for c in range(sched.cptr[r] + 1, sched.cptr[r + 1]):
+    sched = make_schedule(world, s, local_steps=5, seed=seed, peers=p)
+    A = all_events(r)  # (the async offline wakes made apart after the simulation's rows)
+    rank = np.empty(A.shape[0], np.int64)
+    rank[time_order(A[:, 0], A[:, 1].astype(np.int64), A[:, 2].astype(np.int64))] = \
+        np.arange(A.shape[0])
+    reached = {(int(rank[e]), j) for e, _, j, a, f in want if f == 0}
+    for r_ in np.flatnonzero(sched.kind == LOCAL)[:200]:
+        for c in range(sched.cptr[r_] + 1, sched.cptr[r_ + 1]):
             src = int(sched.cmsg[c])
-            assert (src, int(sched.dev[r])) in reached and src < r
+            assert (src, int(sched.dev[r_])) in reached and src < r_
     assert sched.stats["delivered"] == len(reached)
 
 
@@ -107,7 +119,8 @@ def test_rules_paired_and_digests_distinct():
 
 @pytest.mark.parametrize("extra,peers,words", [
     ({"protocol": "lockstep", "on_return": "pull:timeout=60"}, "epidemic:s=2", "lockstep"),
-    ({"on_return": "pull:timeout=60"}, "online:s=2", "on_return pull"),
+    ({"latency": "lognormal:median=1,sigma=1", "on_return": "pull:timeout=60"}, "online:s=2",
+     "latency drawn per link"),
     ({"latency": "lognormal:median=1,sigma=1"}, "epidemic:s=2", "latency drawn per link"),
     ({"faults": "faults:loss=0.1"}, "epidemic:s=2", "faults"),
 ])
@@ -134,6 +147,7 @@ def test_epidemic_pull_asks_drawn_targets(protocol):
     s, world = _world(protocol, {"on_return": "pull:timeout=120", "latency": "const:value=5"}, 6)
     p = parse_peers("epidemic:s=3")
     sim = Simulation(world, s, protocol, local_steps=5, seed=6, catchup=False, peers=p)
+    sim.span()  # (the requests are drawn at the returns)
     rq = sim.requests
     rptr = returns_of(world)[0]
     key, buf = np.uint64(counter_key(6, "peers", "pull")), np.empty(3, np.int64)

@@ -151,7 +151,7 @@ class Assembler:
               amount: np.ndarray, end: np.ndarray, step: np.ndarray, t: np.ndarray,
               stats: dict[str, float], until: float = np.inf,
               nsteps: np.ndarray | None = None, caps: np.ndarray | None = None,
-              pull: dict[str, Any] | None = None):
+              pull: dict[str, Any] | None = None, sent: dict[str, Any] | None = None):
         """The piece of the schedule of the events before ``until`` (all of them at or after
         the last piece's ``until``). ``stats``: the counts so far (the protocol's, local
         rounds, compute), which the piece reports with the messages' and the returns'."""
@@ -163,10 +163,10 @@ class Assembler:
         time, dev, kind, amount, end, step, t = (a[order] for a in (time, dev, kind, amount,
                                                                       end, step, t))
         bstart, closes = end, None
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size)
         if pull is not None:
             bstart, closes = pull["bstart"][order], pull["closes"][order]
-            rank = np.empty(order.size, np.int64)
-            rank[order] = np.arange(order.size)
         if nsteps is not None:
             nsteps = nsteps[order]
         if caps is not None:
@@ -175,7 +175,7 @@ class Assembler:
         loc_all = np.flatnonzero(kind == LOCAL)
         loc = loc_all if caps is None else loc_all[(caps[loc_all] & EV_SEND) != 0]
         new = self._messages(time, dev, end, bstart, loc, base) if self.peers is None else \
-            self._peer_messages(time, dev, end, step, loc, base, until, pull)
+            self._peer_messages(sent, rank, end, base, until, pull)
         rg = self.rg
         c = self.counts
         if pull is not None:  # the replies: candidates like messages, older by their held
@@ -258,24 +258,26 @@ class Assembler:
                         rg=None if self.peers is None else rg,
                         peers=None if self.peers is None else self.sampled["digest"])
 
-    def _peer_messages(self, time, dev, end, step, loc, base: int, until: float,
+    def _peer_messages(self, sent: dict[str, Any] | None, rank: np.ndarray, end: np.ndarray,
+                       base: int, until: float,
                        pull: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """The messages under ``peers`` (:func:`sfg.clock.peersim.peer_messages`): the run's
-        graph becomes the union of the pairs that exchanged one (a message, or a pull's reply:
-        ``pull``'s replies get their slots in it), counted."""
+        """The messages under ``peers`` that the simulation sent (``sent``: columns
+        :data:`sfg.clock.peersim.M_SEND`… by its events, which ``rank`` maps to the sorted
+        ones): the run's graph becomes the union of the pairs that exchanged one (a message,
+        or a pull's reply: ``pull``'s replies get their slots in it), counted."""
         import hashlib
 
-        from sfg.clock.peersim import peer_messages
-        from sfg.world.peers import union_links
+        from sfg.clock.peersim import C_ENTRIES, C_OFFLINE, C_SENT
+        from sfg.world.peers import ENTRY_BYTES, union_links
 
-        if until != np.inf or base:
+        if until != np.inf or base or sent is None:
             raise SfgError("peers chosen per exchange run in one span: an internal error")
-        world, n = self.world, self.world.n
-        got = peer_messages(world, self.settings, self.peers, self.seed, time=time, dev=dev,
-                            end=end, step=step, sends=loc, latency=self.pair[0],
-                            loss=self.pair[1])
-        fate, ok = got["fate"], got["fate"] == 0
-        s, r = got["send"][ok], got["recv"][ok]
+        n = self.world.n
+        msg, counts = sent["messages"], sent["counts"]
+        snd, rcv = msg[0].astype(np.int64), msg[1].astype(np.int64)
+        src, arrival, fate = rank[msg[2].astype(np.int64)], msg[3], msg[4].astype(np.int64)
+        ok = fate == 0
+        s, r = snd[ok], rcv[ok]
         if pull is not None:  # the replies: from the asked device to the returning one
             s = np.concatenate([s, pull["asked"]])
             r = np.concatenate([r, pull["asks"]])
@@ -291,11 +293,14 @@ class Assembler:
         c["delivered"] += int(ok.sum())
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.peers).encode())
-        for a in (got["src"], got["send"], got["recv"], got["arrival"], fate):
+        for a in (src, snd, rcv, arrival, fate):
             h.update(np.ascontiguousarray(a).tobytes())
-        self.sampled = {**{k: got[k] for k in PEER_COUNTS}, "digest": h.hexdigest()}
-        src = got["src"][ok]
-        return {"slot": slot, "arr": got["arrival"][ok], "src": src + base, "sent": end[src],
+        self.sampled = {"peer_messages": float(counts[C_SENT]),
+                        "messages_to_offline": float(counts[C_OFFLINE]),
+                        "membership_bytes": float(counts[C_ENTRIES] * ENTRY_BYTES),
+                        "digest": h.hexdigest()}
+        src = src[ok]
+        return {"slot": slot, "arr": arrival[ok], "src": src + base, "sent": end[src],
                 "rep": np.zeros(src.size, bool), "off": np.zeros(src.size)}
 
 

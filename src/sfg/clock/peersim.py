@@ -1,42 +1,45 @@
 """Peers chosen per exchange on the virtual clock (docs/concepts/peers.md): who each committed
-local round sends to, and what reaches whom, in time order — the sampler's membership tables
-and target draws of :mod:`sfg.world.peers` (the same functions as the replay in rounds) run
-along the async and event protocols' local rounds (``on_return: none``: their times do not
-depend on the messages, so the simulation of :mod:`sfg.clock.pull` fixes them first).
+local round sends to, whom a return asks, and what each device hears of whom — the sampler's
+membership tables and target draws of :mod:`sfg.world.peers` (the same functions as the
+replay in rounds), run inside the time-ordered simulation of the async and event protocols
+(:func:`sfg.clock.pull._simulate` calls the parts here), so that a pull on return draws its
+targets from the table as it stands at the return and its requests and replies feed the
+tables.
 
-At one instant (:mod:`sfg.clock.instant`): the arrivals of messages sent before it are heard,
-then the local rounds committing at it draw their targets (device order), then the arrivals of
-messages sent at it (a message sent at t is heard by no draw at t, as it is held by no local
-round starting at t). A commit at t draws S targets (send counter: the local round's key
-``step``), sends them back to back on its uplink (transfer k ends at t + (k+1)·dt_i) and carries
-its M freshest heard entries as seconds since heard at t. A message is lost when its sender goes
-offline before its transfer ends, when its target is offline at its arrival (counted as sent to
-an offline peer) or by the link's loss (the draw of message k on the pair, as on the graph's
+At one instant (:mod:`sfg.clock.instant`): returns draw their pull targets (phase 1, from the
+tables as they stood before the instant's arrivals); then, in phase 2, "unreachable" answers
+remove their peer, requests arriving queue their replies (each carrying its sender's table as
+it stood before the instant's arrivals), and the instant's arrivals are heard (a message, a
+reply, a request's sender); then the local rounds committing at it draw their targets (phase
+5, device order); a message sent at t that arrives at t is heard after them. A commit at t
+draws S targets (send counter: the local round's key ``step``), sends them back to back on
+its uplink from its broadcast's start (transfer k ends at b + (k+1)·dt_i) and carries its M
+freshest heard entries as seconds since heard at t. A message is lost when its sender goes
+offline before its transfer ends, when its target is offline at its arrival (counted as sent
+to an offline peer) or by the loss (the draw of message k on the pair, as on the graph's
 links). A message that arrives at t_a makes its receiver hear of the sender at t_a (transit
-time ignored) and of each carried entry at t_a − its seconds.
+time ignored) and of each carried entry at t_a − its seconds; a reply at t_a − held (and its
+entries that much older); a request makes its receiver hear of the asking device.
+
+The carried entries wait in a pool until the last message that carries them is heard (memory:
+the entries in flight, never one row per message).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Any
 
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 from sfg.world.locate import locate_one
-from sfg.world.peers import (
-    ENTRY_BYTES,
-    Peers,
-    carry,
-    draw_epidemic,
-    draw_online,
-    hear,
-    uniform4,
-)
+from sfg.world.peers import Peers, carry, draw_epidemic, draw_online, forget, hear, uniform4
+
+# a message's columns (float rows of the simulation's message table)
+M_SEND, M_RECV, M_EVENT, M_ARRIVAL, M_FATE, M_POOL = range(6)
+# the counts: messages sent, to offline targets, entries carried
+C_SENT, C_OFFLINE, C_ENTRIES = range(3)
 
 
 @njit(cache=True, nogil=True)
@@ -46,72 +49,174 @@ def _online_through(ipt, ist, ien, i, t0, t1):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _run(kind, key, tkey, lkey, s, M, n, horizon, ipt, ist, ien, cstart, cend, cdev, cstep,
-         dt, lat, p_loss, tab_id, tab_t, tab_h, tab_n, msnd, mrcv, mcom, marr, mfate,
-         counts):  # pragma: no cover - compiled
-    """The commits (cstart, cend, cdev, cstep [C], sorted by (cend, cdev)) and the messages'
-    arrivals in time order (module docstring). Writes per message its sender, receiver,
-    commit, arrival and fate (0 reached, 1 sender offline before its transfer ended, 2 target
-    offline at the arrival or after the run, 3 lost on the way); counts: messages sent, to
-    offline targets, entries carried. Returns the number of messages."""
-    targets = np.empty(s, np.int64)
-    V = tab_id.shape[1]
-    buf = np.empty(max(V, 1), np.int64)
-    C = cend.shape[0]
-    car_id = np.empty((C, max(M, 1)), np.int64)
-    car_s = np.empty((C, max(M, 1)))
-    car_n = np.zeros(C, np.int64)
-    nth = Dict.empty(key_type=types.int64, value_type=types.int64)
-    heap = [(np.inf, 9, 0, 0)]
-    m = 0
-    ci = 0
-    while True:
-        top_t, top_c = heap[0][0], heap[0][1]
-        if ci < C and (cend[ci] < top_t or (cend[ci] == top_t and top_c >= 1)):
-            i, t = cdev[ci], cend[ci]
-            if kind == 1:
-                draw_epidemic(key, i, cstep[ci], n, s, targets)
-            else:
-                draw_online(key, i, cstep[ci], n, s, tab_id, tab_n, buf, targets)
-                car_n[ci] = carry(i, t, M, tab_id, tab_t, tab_n, car_id[ci], car_s[ci])
-            for k in range(s):
-                j = targets[k]
-                tx = t + (k + 1) * dt[i]
-                q = 0
-                if p_loss > 0.0:  # the pair's message count, for its loss draw
-                    pair = i * n + j
-                    q = nth[pair] if pair in nth else 0
-                    nth[pair] = q + 1
-                msnd[m], mrcv[m], mcom[m] = i, j, ci
-                arr = tx + lat
-                marr[m] = arr
-                if not (tx <= horizon and _online_through(ipt, ist, ien, i, cstart[ci], tx)):
-                    mfate[m] = 1
-                else:
-                    counts[0] += 1
-                    counts[2] += car_n[ci]
-                    if not (arr < horizon and locate_one(ipt, ist, ien, j, arr)[1]):
-                        mfate[m] = 2
-                        counts[1] += 1
-                    elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:
-                        mfate[m] = 3
-                    else:
-                        mfate[m] = 0
-                        if kind == 2:  # (epidemic keeps no tables: nothing hears)
-                            heapq.heappush(heap, (arr, 0 if t < arr else 2, j, m))
-                m += 1
-            ci += 1
-            continue
-        if top_c == 9:
-            break
-        arr, _, j, k = heapq.heappop(heap)
-        if kind == 2:
-            i = msnd[k]
-            hear(tkey, j, i, arr, tab_id, tab_t, tab_h, tab_n)
-            c = mcom[k]
-            for e in range(car_n[c]):
-                hear(tkey, j, car_id[c, e], arr - car_s[c, e], tab_id, tab_t, tab_h, tab_n)
-    return m
+def grow(a, need):  # pragma: no cover - compiled
+    """``a`` [k, cap] with room for ``need`` columns (doubled when short)."""
+    if need <= a.shape[1]:
+        return a
+    b = np.empty((a.shape[0], max(need, 2 * a.shape[1])), a.dtype)
+    b[:, :a.shape[1]] = a[:, :]
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _take(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
+    """Store h carried entries with ``refs`` readers in the pool (rows: count, readers, ids,
+    seconds; ``free`` [cap]: the free rows' stack, ``top`` of them): (pool, free, top, row)."""
+    if top == 0:
+        cap = pool.shape[0]
+        bigger = np.empty((2 * cap, pool.shape[1]))
+        bigger[:cap] = pool
+        pool = bigger
+        free = np.empty(2 * cap, np.int64)
+        for a in range(cap):
+            free[a] = 2 * cap - 1 - a
+        top = cap
+    top -= 1
+    row = free[top]
+    Mw = (pool.shape[1] - 2) // 2
+    pool[row, 0] = h
+    pool[row, 1] = refs
+    for e in range(h):
+        pool[row, 2 + e] = ids[e]
+        pool[row, 2 + Mw + e] = secs[e]
+    return pool, free, top, row
+
+
+@njit(cache=True, nogil=True)
+def new_pool(M):  # pragma: no cover - compiled
+    """An empty pool of carried entries of at most M each (:func:`_take`)."""
+    cap = 64
+    free = np.empty(cap, np.int64)
+    for a in range(cap):
+        free[a] = cap - 1 - a
+    return np.zeros((cap, 2 + 2 * max(M, 1))), free, cap
+
+
+@njit(cache=True, nogil=True)
+def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, top, nth,
+         targets, buf, car_id, car_s, hear_kind, late_kind):  # pragma: no cover - compiled
+    """Local round r of device i commits (its broadcast starts at E[8, r]): its S targets
+    drawn, its messages' fates, the arrivals pushed to be heard (``hear_kind``, or
+    ``late_kind`` for one that arrives at the instant it was sent). Returns (msg, nm, pool,
+    free, top)."""
+    kind, key, s, M, lat, p_loss, lkey = P[0], P[1], P[7], P[8], P[9], P[10], P[4]
+    tab_id, tab_t, tab_n, counts = P[11], P[12], P[14], P[15]
+    t, b, step = E[4, r], E[8, r], np.int64(E[5, r])
+    h = 0
+    if kind == 1:
+        draw_epidemic(key, i, step, n, s, targets)
+    else:
+        draw_online(key, i, step, n, s, tab_id, tab_n, buf, targets)
+        h = carry(i, t, M, tab_id, tab_t, tab_n, car_id, car_s)
+    msg = grow(msg, nm + s)
+    row, reached = -1, 0
+    for k in range(s):
+        j = targets[k]
+        tx = b + (k + 1) * dt[i]
+        q = 0
+        if p_loss > 0.0:  # the pair's message count, for its loss draw
+            pair = i * n + j
+            q = nth[pair] if pair in nth else 0
+            nth[pair] = q + 1
+        arr = tx + lat
+        fate = 0
+        if not (tx <= horizon and _online_through(ipt, ist, ien, i, E[0, r], tx)):
+            fate = 1
+        else:
+            counts[C_SENT] += 1
+            counts[C_ENTRIES] += h
+            if not (arr < horizon and locate_one(ipt, ist, ien, j, arr)[1]):
+                fate = 2
+                counts[C_OFFLINE] += 1
+            elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:
+                fate = 3
+        msg[M_SEND, nm], msg[M_RECV, nm], msg[M_EVENT, nm] = i, j, r
+        msg[M_ARRIVAL, nm], msg[M_FATE, nm], msg[M_POOL, nm] = arr, fate, -1
+        if fate == 0 and kind == 2:  # (epidemic keeps no tables: nothing hears)
+            reached += 1
+            heapq.heappush(heap, (arr, hear_kind if t < arr else late_kind, j, 3 * nm))
+        nm += 1
+    if reached and h:
+        pool, free, top, row = _take(pool, free, top, car_id, car_s, h, reached)
+        for m in range(nm - s, nm):
+            if msg[M_FATE, m] == 0:
+                msg[M_POOL, m] = row
+    return msg, nm, pool, free, top
+
+
+@njit(cache=True, nogil=True)
+def _hear_row(P, j, sender, at, pool, free, top, row):  # pragma: no cover - compiled
+    """j hears of ``sender`` at ``at`` and of the pool row's entries at ``at`` − their
+    seconds; the row is freed after its last reader. Returns the free stack's top."""
+    tkey, tab_id, tab_t, tab_h, tab_n = P[3], P[11], P[12], P[13], P[14]
+    hear(tkey, j, sender, at, tab_id, tab_t, tab_h, tab_n)
+    if row < 0:
+        return top
+    Mw = (pool.shape[1] - 2) // 2
+    for e in range(np.int64(pool[row, 0])):
+        hear(tkey, j, np.int64(pool[row, 2 + e]), at - pool[row, 2 + Mw + e], tab_id, tab_t,
+             tab_h, tab_n)
+    pool[row, 1] -= 1
+    if pool[row, 1] <= 0:
+        free[top] = row
+        top += 1
+    return top
+
+
+@njit(cache=True, nogil=True)
+def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held,
+          rslot):  # pragma: no cover - compiled
+    """A membership arrival at device j (arg: 3m, message m; 3q + 1, the reply to request
+    q; 3q + 2, request q itself). Returns the free stack's top."""
+    what, x = arg % 3, arg // 3
+    if what == 0:
+        return _hear_row(P, j, np.int64(msg[M_SEND, x]), now, pool, free, top,
+                         np.int64(msg[M_POOL, x]))
+    if what == 1:
+        return _hear_row(P, j, qj[x], now - held[x], pool, free, top, rslot[x])
+    hear(P[3], j, qret[x], now, P[11], P[12], P[13], P[14])
+    return top
+
+
+@njit(cache=True, nogil=True)
+def reply_entries(P, q, j, now, sent, ok, pool, free, top, rslot, car_id,
+                  car_s):  # pragma: no cover - compiled
+    """The reply of device j to request q, queued at ``now``, carries j's M freshest heard
+    entries (counted when it is ``sent``; kept for its arrival when ``ok``). Returns (pool,
+    free, top)."""
+    h = carry(j, now, P[8], P[11], P[12], P[14], car_id, car_s)
+    if sent:
+        P[15][C_ENTRIES] += h
+    if ok and h:
+        pool, free, top, rslot[q] = _take(pool, free, top, car_id, car_s, h, 1)
+    return pool, free, top
+
+
+@njit(cache=True, nogil=True)
+def unreachable(P, i, j):  # pragma: no cover - compiled
+    """Device i's request to j was answered "unreachable": j leaves i's table."""
+    forget(i, j, P[11], P[12], P[13], P[14])
+
+
+def peer_state(peers: Peers | None, seed: int, graph, n: int, settings):
+    """The simulation's peers (:func:`sfg.clock.pull._simulate`): (kind 0 fixed, 1 epidemic,
+    2 online; the target key; the pull's key; the tie key; the message, request and reply
+    loss keys; S; M; latency; loss; the tables ids, times, hashes, sizes; the counts)."""
+    from sfg.clock.links import loss_key
+    from sfg.util.rng import counter_key
+    from sfg.world.peers import empty_tables, new_tables, peers_key, tie_key
+
+    sampled = peers is not None and not peers.fixed
+    kind = 0 if not sampled else (1 if peers.kind == "epidemic" else 2)
+    tables = new_tables(peers, seed, graph) if kind == 2 else empty_tables(n)
+    lat, loss = pair_world(settings) if sampled else (0.0, 0.0)
+    keys = [np.uint64(k) for k in (peers_key(seed), counter_key(seed, "peers", "pull"),
+                                   tie_key(seed), loss_key(seed, "message"),
+                                   loss_key(seed, "request"), loss_key(seed, "reply"))]
+    s = int(peers.s) if sampled else 0
+    M = int(peers.gossip) if kind == 2 else 0
+    return (kind, keys[0], keys[1], keys[2], keys[3], keys[4], keys[5], s, M, float(lat),
+            float(loss), *tables, np.zeros(3, np.int64))
 
 
 def pair_world(settings) -> tuple[float, float]:
@@ -129,9 +234,7 @@ def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) ->
     from sfg.util.components import parse_component
 
     what = None
-    if settings.pull_timeout is not None and peers.kind != "epidemic":
-        what = "on_return pull (epidemic pulls: its targets need no table)"
-    elif anatomy != "full":
+    if anatomy != "full":
         what = f"anatomy {anatomy!r}"
     elif link_failure:
         what = "link failures"
@@ -146,41 +249,3 @@ def check_clock(peers: Peers, settings, *, anatomy: str, link_failure: float) ->
         raise SfgError(f"peers {str(peers)!r} on the virtual clock does not run with {what} in "
                        "this version; use peers fixed for it")
     return pair_world(settings)
-
-
-def peer_messages(world, settings, peers: Peers, seed: int, *, time: np.ndarray,
-                  dev: np.ndarray, end: np.ndarray, step: np.ndarray, sends: np.ndarray,
-                  latency: float, loss: float) -> dict[str, Any]:
-    """The messages of the local rounds ``sends`` (indices into the events, in the
-    schedule's order) under ``peers`` (:func:`_run`): per message its sending event, sender,
-    receiver, arrival and fate, and the counts (``peer_messages``, ``messages_to_offline``,
-    ``membership_bytes``)."""
-    from sfg.clock.links import loss_key, transfer_seconds
-    from sfg.world.peers import empty_tables, new_tables, peers_key, tie_key
-
-    n = world.n
-    peers.check(n)
-    order = sends[np.lexsort((dev[sends], end[sends]))]  # commits by (time, device)
-    on = world.online
-    dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
-    tables = new_tables(peers, seed, world.graph) if peers.kind == "online" else \
-        empty_tables(n)
-    bound = order.size * peers.s
-    from sfg.util.safety import check_memory
-
-    check_memory(41.0 * bound, f"the messages of peers {str(peers)!r} ({bound:.3g} sends)",
-                 fix="use a smaller s, or fewer devices or rounds")
-    msnd, mrcv, mcom = (np.empty(bound, np.int64) for _ in range(3))
-    marr, mfate = np.empty(bound), np.empty(bound, np.int64)
-    counts = np.zeros(3, np.int64)
-    m = _run(1 if peers.kind == "epidemic" else 2, np.uint64(peers_key(seed)),
-             np.uint64(tie_key(seed)), np.uint64(loss_key(seed, "message")), int(peers.s),
-             int(peers.gossip), n, float(world.horizon), on.indptr, on.start, on.end,
-             np.ascontiguousarray(time[order], float), np.ascontiguousarray(end[order], float),
-             np.ascontiguousarray(dev[order], np.int64),
-             np.ascontiguousarray(step[order], np.int64), np.ascontiguousarray(dt, float),
-             float(latency), float(loss), *tables, msnd, mrcv, mcom, marr, mfate, counts)
-    return {"src": order[mcom[:m]], "send": msnd[:m], "recv": mrcv[:m], "arrival": marr[:m],
-            "fate": mfate[:m], "peer_messages": float(counts[0]),
-            "messages_to_offline": float(counts[1]),
-            "membership_bytes": float(counts[2] * ENTRY_BYTES)}

@@ -62,18 +62,28 @@ import heapq
 from typing import Any
 
 import numpy as np
+from numba import types
+from numba.typed import Dict
 
+from sfg.clock.peersim import heard, new_pool, reply_entries, send, unreachable
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 from sfg.world.locate import locate_one
+from sfg.world.peers import draw_epidemic, draw_online, uniform4
 
 # event kinds of the simulation, in their order at one instant (the phases of one instant,
 # sfg.clock.instant: a return, a request's arrival, a window's end, then the local rounds'
 # ends booked before the wakes — a device whose local round and sends end at t is free for a
 # wake at t, busy on [start, end) as availability is online on [start, end) — while what is
 # sent at t is held by no local round starting at t: sfg.clock.instant.held_at)
-_RETURN, _REQUEST, _WINDOW, _COMMIT, _WAKE = 0, 1, 2, 3, 4
+_RETURN, _REQUEST, _WINDOW, _COMMIT, _WAKE = 0, 2, 4, 5, 6
+# peers chosen per exchange (sfg.clock.peersim): an "unreachable" answer removes its peer from
+# the asking device's table before the instant's requests are answered (phase 2), and the
+# instant's arrivals are heard after them (each reply carries its sender's table as it stood
+# before the instant's arrivals); a message that arrives at the instant it was sent is heard
+# after the instant's commits
+_FORGET, _HEAR, _LATE = 1, 3, 7
 # request fates known before the simulation
 ARRIVES, UNREACHABLE, SILENT = 0, 1, 2
 # schedule events (sfg.clock.schedule.LOCAL, OFFLINE)
@@ -269,13 +279,14 @@ def _on_window(F, G, st, i, token, now, proto, alone, S, horizon, ipt, ist,
 
 
 @njit(cache=True, nogil=True)
-def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, horizon, unit,
+def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, defer, alone, talk, horizon, unit,
               ipt, ist, ien, compute, K, ns_table, keeps, ev_all, deg,
               dt):  # pragma: no cover - compiled
     """A wake (async; arg: its round, or −1 − round when moved to a window's end) or a free
     device's start (event; arg < 0 when moved): the local round, an offline wake (``alone``:
     a local round trained alone, capabilities ``keeps``; ``talk``: what the mode keeps, its
-    sends taking deg·dt seconds), a skip. Without ``pull`` the local round's commit is made
+    sends taking deg·dt seconds), a skip. Without ``defer`` (pull, or peers chosen per
+    exchange, whose commits draw from the tables in their place) the local round's commit is made
     at once (:func:`_on_commit`: nothing else reads it). Returns the events' count."""
     k, on = locate_one(ipt, ist, ien, i, now)  # online now, and until when
     on = on and now < horizon
@@ -378,11 +389,11 @@ def _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, hori
     _put(E, ne, now, i, _LOCAL, 0.0, fe, step, t_ev, ns, fe, arg < 0, ev_all)
     G[i, _COUNT] += 1
     G[i, _TAU] = 0
-    if pull:  # the commit at fe, in its place among the requests and replies
+    if defer:  # the commit at fe, in its place among the requests, replies and arrivals
         F[i, _BUSY] = np.inf
         heapq.heappush(heap, (fe, _COMMIT, i, ne))
     else:  # nothing but the device itself reads its commit: made at once
-        _on_commit(heap, E, F, G, i, ne, proto, alone, talk, pull, ipt, ist, ien, deg, dt)
+        _on_commit(heap, E, F, G, i, ne, proto, alone, talk, False, ipt, ist, ien, deg, dt)
     return ne + 1
 
 
@@ -426,18 +437,57 @@ def _ticks(heap, E, ne, F, G, st, i, y, horizon, delta, ipt, ist, ien, s_i,
 
 
 @njit(cache=True, nogil=True)
+def _ask(P, heap, i, k, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, qj, qcode,
+         qtime, qlat, qdrop, qret, qsent, targets, buf):  # pragma: no cover - compiled
+    """Return k of device i under peers chosen per exchange (docs/concepts/peers.md#targets):
+    its S requests' targets drawn now, from the stream (seed, "peers", "pull"), ids (device,
+    its return's index, try) — ``epidemic`` uniformly from all others, ``online`` from its
+    table as it stands — and what is known of each at once, as :func:`_requests` knows it
+    for the graph's links (constant latency and loss); the arrivals (and, ``online``, the
+    "unreachable" answers, which remove their peer) wait in the heap."""
+    kind, pkey, s, lat, p_loss, qkey, rkey = P[0], P[2], P[7], P[9], P[10], P[5], P[6]
+    nth = k - rptr[i]
+    if kind == 1:
+        draw_epidemic(pkey, i, nth, n, s, targets)
+    else:
+        draw_online(pkey, i, nth, n, s, P[11], P[14], buf, targets)
+    for a in range(s):
+        q = qptr[k] + a
+        j = targets[a]
+        tx = now + (a + 1) * dth[i]
+        sent = tx <= rend[k] and tx <= horizon
+        drop = p_loss > 0.0 and uniform4(qkey, i, j, 0, nth) < p_loss
+        arr = tx + lat
+        ok = sent and not drop and arr < horizon
+        qj[q], qret[q], qsent[q], qlat[q] = j, i, sent, lat
+        qdrop[q] = p_loss > 0.0 and uniform4(rkey, j, i, 0, nth) < p_loss
+        if ok and _online(ipt, ist, ien, j, arr, horizon):
+            qcode[q], qtime[q] = ARRIVES, arr
+            heapq.heappush(heap, (arr, _REQUEST, j, q))
+        elif ok:
+            qcode[q], qtime[q] = UNREACHABLE, arr + lat
+            if kind == 2:
+                heapq.heappush(heap, (arr + lat, _FORGET, i, q))
+        else:
+            qcode[q], qtime[q] = SILENT, arr
+
+
+@njit(cache=True, nogil=True)
 def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
               rtime, rend, compute, K, ns_table, deg, dt, dth, qptr, qj, qcode, qtime,
               qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd, wr, rt, rd,
-              rq, F, G, st, hq, fresh, t_stop):  # pragma: no cover - compiled
+              rq, F, G, st, hq, fresh, t_stop, P, qsent):  # pragma: no cover - compiled
     """The events in time order (see the module docstring) before ``t_stop``. proto 0:
     async, 1: event; ``alone``: offline devices train alone (capabilities ``keeps``).
     F [N, 8], G [N, 10], st [9]: the devices' state and the counts, carried from one span of
     time to the next (:func:`fresh_state`); hq (times, kinds, devices, args): the pending
     events the last span left (``fresh``: none yet, the first span). Returns the events
     (time, dev, kind, amount, end, step, t, nsteps, bstart, closes, caps), the replies per
-    request (src local round −1: empty or none, held, arrival, delivered, sent), the counts
-    and the pending events."""
+    request (src local round −1: empty or none, held, arrival, delivered, sent), the counts,
+    the pending events and the messages to peers chosen per exchange (``P``:
+    :func:`sfg.clock.peersim.peer_state`; columns :data:`sfg.clock.peersim.M_SEND`…; none
+    under fixed). Under peers ≠ fixed a pull's requests are drawn at each return (``qsent``
+    and the request columns are written then)."""
     # the events by column (time dev kind amount end step t nsteps bstart closes caps)
     E = np.empty((11, max_events))
     ne = 0
@@ -445,6 +495,14 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
     heap = [(np.inf, 9, 0, 0)]
+    pk, s_p, M_p = P[0], max(P[7], 1), max(P[8], 1)
+    msg, nm = np.empty((6, 1024 if pk else 0)), 0
+    pool, free, top = new_pool(M_p)
+    nth = Dict.empty(key_type=types.int64, value_type=types.int64)
+    targets, buf = np.empty(s_p, np.int64), np.empty(max(P[11].shape[1], 1), np.int64)
+    car_id, car_s = np.empty(M_p, np.int64), np.empty(M_p)
+    rslot = np.full(NQ, -1, np.int64)
+    defer = pull or pk > 0  # commits in their place among the arrivals (phase 5)
     for h in range(hq[0].shape[0]):
         heapq.heappush(heap, (hq[0][h], hq[1][h], hq[2][h], hq[3][h]))
     for i in range(n if fresh else 0):
@@ -486,26 +544,43 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
                 break
         if kind == _COMMIT:
             _on_commit(heap, E, F, G, i, arg, proto, alone, talk, pull, ipt, ist, ien, deg, dt)
+            if pk:
+                msg, nm, pool, free, top = send(P, heap, E, arg, i, n, horizon, ipt, ist, ien,
+                                                dt, msg, nm, pool, free, top, nth, targets,
+                                                buf, car_id, car_s, _HEAR, _LATE)
         elif kind == _RETURN:
+            if pk and pull and not talk:
+                _ask(P, heap, i, arg, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, qj,
+                     qcode, qtime, qlat, qdrop, qret, qsent, targets, buf)
             ne = _on_return(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk, S,
                             unit, rptr, rtime, rend, deg, dth, qptr, qcode, qtime)
         elif kind == _REQUEST:
             _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
                         qlat, qextra, qdrop, qret, qedge, live, lf_unit, rep)
+            if pk == 2:  # the reply's entries; the asking device is heard
+                pool, free, top = reply_entries(P, arg, i, now, rep[4][arg], rep[3][arg], pool,
+                                                free, top, rslot, car_id, car_s)
+                heapq.heappush(heap, (now, _HEAR, i, 3 * arg + 2))
+                if rep[3][arg]:
+                    heapq.heappush(heap, (rep[2][arg], _HEAR, qret[arg], 3 * arg + 1))
+        elif kind == _FORGET:
+            unreachable(P, qret[arg], qj[arg])
+        elif kind == _HEAR or kind == _LATE:
+            top = heard(P, arg, i, now, msg, pool, free, top, qj, qret, rep[1], rslot)
         else:
             if kind == _WINDOW:
                 arg = _on_window(F, G, st, i, arg, now, proto, alone, S, horizon, ipt, ist,
                                  ien)
                 if arg == 0:
                     continue
-            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, pull, alone, talk,
+            ne = _on_start(heap, E, ne, F, G, st, i, arg, now, proto, defer, alone, talk,
                            horizon, unit, ipt, ist, ien, compute, K, ns_table, keeps, ev_all,
                            deg, dt)
     m = len(heap) - 1  # the pending events, in order (the sentinel last)
     out = (np.empty(m), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64))
     for h in range(m):
         out[0][h], out[1][h], out[2][h], out[3][h] = heapq.heappop(heap)
-    return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st, out
+    return E[:, :ne].T, rep[0], rep[1], rep[2], rep[3], rep[4], st, out, msg[:, :nm]
 
 
 @njit(cache=True, nogil=True)
@@ -535,20 +610,16 @@ def returns_of(world) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ptr, np.ascontiguousarray(on.start[keep]), np.ascontiguousarray(on.end[keep])
 
 
-def _targets(world, rptr: np.ndarray, peers, seed: int):
-    """Under ``peers`` ``epidemic:s=S`` (docs/concepts/peers.md#targets): every return's S
-    requests' targets, drawn at the return from the stream (seed, "peers", "pull"), ids
-    (device, its return's index, try): (per return's count [R], the targets [R·S])."""
-    from sfg.util.rng import counter_key
-    from sfg.world.peers import draw_epidemic_rows
-
-    n_ret = np.diff(rptr)
-    devs = np.repeat(np.arange(world.n, dtype=np.int64), n_ret)
-    nth = np.arange(devs.size, dtype=np.int64) - np.repeat(rptr[:-1], n_ret)  # return index
-    out = np.empty(devs.size * peers.s, np.int64)
-    draw_epidemic_rows(np.uint64(counter_key(seed, "peers", "pull")), devs, nth, world.n,
-                       peers.s, out)
-    return np.full(devs.size, peers.s, np.int64), out
+def _drawn_requests(R: int, S: int) -> dict[str, np.ndarray]:
+    """The request table of R returns under peers chosen per exchange: S requests each, their
+    targets and fates written by the simulation at each return (:func:`_ask`)."""
+    z = np.zeros(R * S, np.int64)
+    return {"qptr": np.arange(R + 1, dtype=np.int64) * S, "qj": z.copy(),
+            "qcode": np.full(R * S, SILENT, np.int64), "qtime": np.zeros(R * S),
+            "qlat": np.zeros(R * S), "qextra": np.zeros(R * S), "qdrop": np.zeros(R * S, bool),
+            "qret": z.copy(), "qslot": np.full(R * S, -1, np.int64),
+            "qback": np.full(R * S, -1, np.int64), "qedge": z.copy(),
+            "sent": np.zeros(R * S, bool)}
 
 
 def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarray,
@@ -575,30 +646,19 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
     n_ret = np.diff(rptr)
     ret_dev = np.repeat(np.arange(world.n), n_ret)
     nth_ret = np.arange(rtime.size) - np.repeat(rptr[:-1], n_ret)
-    sampled = peers is not None and not peers.fixed
-    if sampled:  # S targets drawn at each return (no links: constant latency and loss)
-        per, drawn = _targets(world, rptr, peers, seed)
-    else:
-        per = deg[ret_dev]
+    if peers is not None and not peers.fixed:
+        return _drawn_requests(rtime.size, peers.s)
+    per = deg[ret_dev]
     qptr = np.zeros(rtime.size + 1, np.int64)
     np.cumsum(per, out=qptr[1:])
     ret = np.repeat(np.arange(rtime.size), per)
     k = np.arange(ret.size) - np.repeat(qptr[:-1], per)
     i = ret_dev[ret]
-    if sampled:
-        from sfg.clock.peersim import pair_world
-
-        j = drawn
-        slot = back = np.full(ret.size, -1, np.int64)
-        lat, loss = pair_world(settings)
-        lat_q, lat_r = np.full(ret.size, lat), np.full(ret.size, lat)
-        loss_q = loss_r = np.full(ret.size, loss)
-    else:
-        slot = out[ptr[i] + k]
-        j = rg.recv[slot]
-        back = _reverse_slots(rg)[slot]
-        lat_q, lat_r = world.latency[slot], world.latency[back]
-        loss_q, loss_r = world.loss[slot], world.loss[back]
+    slot = out[ptr[i] + k]
+    j = rg.recv[slot]
+    back = _reverse_slots(rg)[slot]
+    lat_q, lat_r = world.latency[slot], world.latency[back]
+    loss_q, loss_r = world.loss[slot], world.loss[back]
     nth = nth_ret[ret]
     tx_end = transfer_end(rtime[ret], k, dth[i])
     sent = (tx_end <= rend[ret]) & (tx_end <= world.horizon)
@@ -615,7 +675,7 @@ def _requests(world, settings: ClockSettings, rptr: np.ndarray, rtime: np.ndarra
         cut, lost, qextra, bad = plan.fates(i, j, nth, tx_end, channel=2)
         drop |= cut | lost | bad
     arrival = arrival_time(tx_end, lat_q, qextra)
-    edge = np.zeros(ret.size, np.int64) if sampled else rg.edge_id[slot].astype(np.int64)
+    edge = rg.edge_id[slot].astype(np.int64)
     if live.shape[0] > 1 or not live.all():  # link failures: a request sent over a down link
         drop |= ~live[link_round(tx_end, lf_unit, live.shape[0]), edge]
     ok = sent & ~drop & (arrival < world.horizon)
@@ -685,9 +745,14 @@ class Simulation:
         rptr, rtime, rend = self.returns = returns_of(world)
         dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
         dth = transfer_seconds(world, float(HEADER_BYTES)) if pull else np.zeros(n)
-        deg = np.diff(out_slots(world.rg)[0]).astype(np.float64)
+        from sfg.clock.peersim import peer_state
+
+        P = peer_state(peers, seed, world.graph, n, settings)
+        # a broadcast's transfers: one per neighbour, or the S targets drawn
+        deg = np.full(n, float(P[7])) if P[0] else \
+            np.diff(out_slots(world.rg)[0]).astype(np.float64)
         self.keeps = keeps = _keeps(anatomy, pull)
-        self.spans = not pull and not keeps and not link_failure
+        self.spans = not pull and not keeps and not link_failure and not P[0]
         # local steps by the device's own age (index min(τ, last)): +catchup's, or K
         ns_table = catchup_steps(local_steps, np.arange(CATCHUP_CAP + 1)) if catchup else \
             np.array([local_steps], np.int64)
@@ -740,6 +805,7 @@ class Simulation:
                      deg, dt, dth, rq["qptr"], rq["qj"], rq["qcode"], rq["qtime"], rq["qlat"],
                      rq["qextra"], rq["qdrop"], rq["qret"], rq["qedge"], live, float(lf_unit))
         self.req = (rt, rd, ro.astype(np.int64))
+        self.peers = (P, rq["sent"])
         self.state = fresh_state(n)
         z64 = np.zeros(0, np.int64)
         self.hq = (np.zeros(0), z64, z64, z64)
@@ -771,13 +837,15 @@ class Simulation:
             max_events = self.max_events
         self.r0 = r0 if r1 is None else r1
         F, G, st = self.state
-        E, src, held, arr, ok, sent, st, self.hq = _simulate(
+        E, src, held, arr, ok, sent, st, self.hq, msg = _simulate(
             *self.args, int(max_events), wt, wd, wr, *self.req, F, G, st, self.hq, r0 == 0,
-            t_stop)
+            t_stop, *self.peers)
         st[_OFFLINE_WAKES] += offline[0].size
+        P = self.peers[0]
         return {"events": E, "offline": offline, "requests": self.requests, "reply_src": src,
                 "reply_held": held, "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
-                "counts": st, "returns": self.returns, "keeps": self.keeps}
+                "counts": st, "returns": self.returns, "keeps": self.keeps,
+                "messages": msg if P[0] else None, "peer_counts": P[-1]}
 
 
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
@@ -799,7 +867,8 @@ def protocol_parts(world, settings: ClockSettings, protocol: str, *, local_steps
     """The async or event protocol's events (see the module docstring; ``on_return`` pull
     or none) in one span, as :func:`sfg.clock.schedule.finish_schedule` assembles them:
     (parts, each event's local steps, the counts, the pull's part of the schedule or None,
-    the capabilities or None, whether offline devices keep communicating)."""
+    the capabilities or None, whether offline devices keep communicating, the messages to
+    peers chosen per exchange or None)."""
     return next(protocol_spans(world, settings, protocol, local_steps=local_steps, seed=seed,
                                catchup=catchup, link_failure=link_failure, anatomy=anatomy,
                                stats=stats))[1:]
@@ -862,8 +931,10 @@ def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
         out.update(interrupted=float(c[1]), unfinished=float(c[2]))
         if talks:  # ticks that were offline spans (the uplink still busy)
             out.update(skipped=float(c[0]))
+    to_peers = None if r["messages"] is None else {"messages": r["messages"],
+                                                   "counts": r["peer_counts"]}
     if not pull_on:
-        return parts, steps_of, out, None, caps_of, talks
+        return parts, steps_of, out, None, caps_of, talks, to_peers
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]
     model = src >= 0
     got = ok & model
@@ -891,7 +962,7 @@ def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
             "closes": np.concatenate([E[:, 9] > 0, np.zeros(ow.size, bool)]), "slot": rq["qback"][got],
             "src": src[got], "arrival": r["reply_arrival"][got], "held": r["reply_held"][got],
             "digest": h.hexdigest()}
-    return parts, steps_of, out, pull, caps_of, talks
+    return parts, steps_of, out, pull, caps_of, talks, to_peers
 
 
 def all_events(r: dict[str, Any]) -> np.ndarray:

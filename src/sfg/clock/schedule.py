@@ -277,7 +277,7 @@ def finish_schedule(world: World, settings: ClockSettings, protocol: str,
             catchup: bool, link_failure: float, stats: dict[str, float],
             caps_of: list[np.ndarray] | None = None, offline_talks: bool = False,
             pull: dict[str, Any] | None = None, assembler=None,
-            until: float = np.inf) -> Schedule:
+            until: float = np.inf, sent: dict[str, Any] | None = None) -> Schedule:
     """A protocol's events, gathered in the order they were made (parts of (time, dev, kind,
     amount, end, step, t) and each event's local steps), counted (local rounds,
     compute-seconds, after the protocol's own ``stats``) and assembled
@@ -306,7 +306,7 @@ def finish_schedule(world: World, settings: ClockSettings, protocol: str,
                            stats=stats, until=until,
                            nsteps=nsteps if (catchup or caps_of is not None) else None,
                            caps=None if caps_of is None else
-                           np.concatenate(caps_of).astype(np.int64), pull=pull)
+                           np.concatenate(caps_of).astype(np.int64), pull=pull, sent=sent)
 
 
 def exact_parts(values: list[float]) -> list[float]:
@@ -382,7 +382,7 @@ def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_st
 
     def pieces():
         asm = None
-        for until, parts, steps_of, st, pull, caps_of, talks in protocol_spans(
+        for until, parts, steps_of, st, pull, caps_of, talks, sent in protocol_spans(
                 world, settings, protocol, local_steps=local_steps, seed=seed,
                 catchup=catchup, link_failure=link_failure, anatomy=anatomy, stats=stats,
                 every=None if sampled else every, peers=peers):
@@ -393,7 +393,7 @@ def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_st
             yield finish_schedule(world, settings, protocol, parts, steps_of, seed=seed,
                                   catchup=catchup, link_failure=link_failure, stats=st,
                                   pull=pull, caps_of=caps_of, offline_talks=talks,
-                                  assembler=asm, until=until)
+                                  assembler=asm, until=until, sent=sent)
 
     return pieces() if every is not None else next(pieces())
 

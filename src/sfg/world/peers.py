@@ -288,6 +288,22 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
 
 
 @njit(cache=True, nogil=True)
+def forget(i, j, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
+    """Device i drops j from its table (an "unreachable" answer); the entries after it move
+    up. Returns whether j was there."""
+    m = tab_n[i]
+    for a in range(m):
+        if tab_id[i, a] == j:
+            for b in range(a, m - 1):
+                tab_id[i, b] = tab_id[i, b + 1]
+                tab_t[i, b] = tab_t[i, b + 1]
+                tab_h[i, b] = tab_h[i, b + 1]
+            tab_n[i] = m - 1
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
 def start_tables(tkey, indptr, nbr, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Every device's table at the start: its graph neighbours (CSR ``indptr``, ``nbr``),
     never heard, the V first in the tie order."""
