@@ -108,22 +108,22 @@ def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
 
 
 _SELECT = ("clock", "protocol", "nodes")
-# peers chosen per exchange (docs/concepts/peers.md): the model-free replay runs them; no
-# training engine yet
+# peers chosen per exchange (docs/concepts/peers.md): the rounds and the clock's lockstep
+# train with them (the replay's sends, sfg.modelfree.peers); the other engines not yet
 _PEERS = ("peers",)
 # engine -> field -> class
 DECLARED: dict[str, dict[str, str]] = {
     # sfg run: the clock's settings are the clock's (the schema refuses them without it)
-    "rounds": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT), invariant=(*_SAME, "device"),
-                       refused=(*_CLOCK, *_PEERS)),
+    "rounds": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_PEERS),
+                       invariant=(*_SAME, "device"), refused=_CLOCK),
     # the lockstep clock: no timer (period, jitter), no window, evaluation every eval_every
     # rounds, no message faults
     "clock-lockstep": _declare(
         affects=(*_TRAINING, *_SIMULATOR, *_SELECT, "round_seconds", "compute", "uplink",
-                 "latency", "loss", "message_bytes", "target_accuracy"),
+                 "latency", "loss", "message_bytes", "target_accuracy", *_PEERS),
         invariant=(*_SAME, "device"),
         refused=("period", "jitter", "window", "eval_seconds", "faults", "faults_seed",
-                 "on_return", *_PEERS)),
+                 "on_return")),
     "clock-async": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_CLOCK),
                             invariant=(*_SAME, "device"), refused=_PEERS),
     # the event protocol has no timer: no period, no jitter
@@ -194,9 +194,7 @@ SAME_AS_DEFAULT: dict[tuple[str, str], tuple[Any, ...]] = {
 
 
 # settings that no training engine implements yet, and what runs them
-ELSEWHERE: dict[str, str] = {
-    "peers": "replay it without training: sfg replay --peers",
-}
+ELSEWHERE: dict[str, str] = {}
 
 # settings that act through another one (the checks set both)
 NOTES: dict[str, str] = {
@@ -214,8 +212,8 @@ NOTES: dict[str, str] = {
              "`protocol` it names the engine",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
     "peers": "whom each send goes to (`fixed`: the graph; `epidemic:s=S`, `online:s=S,...`: "
-             "drawn per exchange): the model-free replay (`sfg replay`) runs it; the training "
-             "engines refuse anything but `fixed` in this version",
+             "drawn per exchange): the model-free replay (`sfg replay`), the rounds and the "
+             "clock's lockstep run it; a rule that keeps state per neighbour is refused with it",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
                  "clock and wall seconds on real nodes; a lockstep node refuses it)",

@@ -8,6 +8,7 @@ the rule) and the staleness scalars act on them as they are."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,32 +16,60 @@ import numpy as np
 from sfg.errors import SfgError
 from sfg.world.peers import Peers, round_sends
 
-# rules whose state is kept per neighbour, refused when peers change from one exchange to the
-# next (docs/concepts/peers.md#rules-that-keep-state-per-neighbour)
-PER_NEIGHBOUR_RULES = ("dfl-aa", "metropolis-hastings")
+# what keeps state per neighbour, refused when the peers change from one exchange to the
+# next (docs/concepts/peers.md#rules-that-keep-state-per-neighbour): the rules by name and the
+# modifiers, each with why. One source: check_rule refuses them, and the rules reference's
+# column (docs/reference/rules.md, :func:`rules_markdown`) is written from them.
+PER_NEIGHBOUR_RULES: dict[str, str] = {
+    "dfl-aa": "its weights divide by a link estimate q̂ per neighbour",
+    "metropolis-hastings": "its weights read the neighbours' degrees",
+    **{name: "it keeps the last model received from each neighbour"
+       for name in ("model-memory", "model-memory+sfg", "model-memory+sfg-l")},
+    "relative-variance": "it keeps a model-distance average per neighbour",
+}
+PER_NEIGHBOUR_MODIFIERS: dict[str, str] = {
+    "ipw": "+ipw divides by a link estimate q̂ per neighbour",
+    "guard": "+guard keeps evidence per link",
+    "refute": "+refute keeps +guard's evidence per link",
+    "certified": "+certified keeps evidence per neighbour",
+}
+
+
+def per_neighbour(rule) -> str | None:
+    """Why ``rule`` (a parsed rule) keeps state per neighbour, or None when it keeps none."""
+    if rule.name in PER_NEIGHBOUR_RULES:
+        return PER_NEIGHBOUR_RULES[rule.name]
+    for m in rule.modifiers:
+        if m in PER_NEIGHBOUR_MODIFIERS:
+            return PER_NEIGHBOUR_MODIFIERS[m]
+    return None
 
 
 def check_rule(rule, peers: Peers) -> None:
-    """Refuse (one line) a rule that keeps state per neighbour under ``peers`` ≠ fixed: link
-    estimates q̂ (``dfl-aa``, ``+ipw``), degrees (``metropolis-hastings``), certified
-    evidence (``+certified``) and ``+guard``'s evidence per link."""
-    from sfg.round.defences import GUARD
-
+    """Refuse (one line) a rule that keeps state per neighbour (:func:`per_neighbour`) under
+    ``peers`` ≠ fixed: link estimates q̂ (``dfl-aa``, ``+ipw``), degrees
+    (``metropolis-hastings``), model memories (``model-memory*``), model-distance averages
+    (``relative-variance``), certified evidence (``+certified``) and ``+guard``'s (and
+    ``+refute``'s) evidence per link."""
     if peers.fixed:
         return
-    why = None
-    if rule.name in PER_NEIGHBOUR_RULES:
-        why = "its weights read per-neighbour state (link estimates or degrees)"
-    elif rule.ipw:
-        why = "+ipw divides by a per-link estimate q̂"
-    elif rule.certified:
-        why = "+certified keeps evidence per neighbour"
-    elif rule.defence_flags & GUARD:
-        why = "+guard keeps evidence per link"
+    why = per_neighbour(rule)
     if why is not None:
         raise SfgError(f"rule {str(rule)!r} cannot run with peers {str(peers)!r}: {why}, and "
                        "the peers change from one exchange to the next; use peers fixed, or a "
                        "rule without it")
+
+
+def schedule_digest(label: str, *arrays: np.ndarray) -> str:
+    """The digest of a run's sampled exchanges (``label``, then each array's bytes): every
+    rule of a seed has the same (the pairing, docs/concepts/peers.md#targets)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(label.encode())
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def sampled_deliveries(peers: Peers, seed: int, available: np.ndarray, graph,
@@ -80,8 +109,6 @@ def lockstep_sampled(world, settings, peers: Peers, *, local_steps: int, rounds:
     ends at rΔ + (k+1)·dt, plus the latency) while the target is online, and the loss (the
     pair's message r) spares it. Returns (participants [T, N], the union graph, deliveries per
     slot [T, E], the counts, the digest)."""
-    import hashlib
-
     from sfg.clock.links import loss_key, transfer_lost
     from sfg.clock.peersim import pair_world
     from sfg.clock.schedule import participation
@@ -113,8 +140,58 @@ def lockstep_sampled(world, settings, peers: Peers, *, local_steps: int, rounds:
     stats.update(participations=float(part.sum()), stragglers=float((online0 & ~part).sum()),
                  messages_sent=float(part.sum() * peers.s),
                  compute_seconds=float((part * train[None, :]).sum()))
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"lockstep peers {peers}".encode())
-    h.update(np.ascontiguousarray(part).tobytes())
-    h.update(np.ascontiguousarray(live).tobytes())
-    return part, union, live, {**stats, **counts}, h.hexdigest()
+    return part, union, live, {**stats, **counts}, schedule_digest(f"lockstep peers {peers}",
+                                                                     part, live)
+
+
+_PAGE_HEAD = """# Rules and modifiers
+
+Every aggregation rule and modifier, as `sfg rules` lists them, and whether each runs with
+[peers chosen per exchange](../concepts/peers.md) (`peers` other than `fixed`). A rule or
+modifier that keeps state per neighbour (a link estimate, a model memory, degrees, evidence)
+would carry it across exchanges with different peers: it is refused with one line there. The
+formulas are in [the rule family](../concepts/rules.md).
+
+The table is generated from `sfg.round.rules` and `sfg.modelfree.peers` (`python -m
+sfg.modelfree.peers docs/reference/rules.md`); `tests/test_peers_train.py` checks that it is
+current and that its last column is what the runs refuse.
+
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _peers_cell(why: str | None) -> str:
+    return "runs" if why is None else f"refused: {why}"
+
+
+def rules_markdown() -> str:
+    """docs/reference/rules.md: every registered rule and every modifier, and whether it runs
+    under ``peers`` ≠ fixed (:func:`per_neighbour`, what :func:`check_rule` refuses)."""
+    from sfg.round.rules import MODIFIERS, RULES, parse_rule, rule_names
+
+    head = "| rule | kind | parameters | description | peers other than `fixed` |"
+    rows = [head, "|---|---|---|---|---|"]
+    for name in rule_names():
+        e = RULES.entry(name)
+        params = ", ".join(f"`{k}={v:g}`" for k, v in e.params.items())
+        rows.append(f"| `{name}` | {', '.join(sorted(e.tags))} | {params} | {_cell(e.doc)} | "
+                    f"{_peers_cell(per_neighbour(parse_rule(name)))} |")
+    rows += ["", "| modifier | peers other than `fixed` |", "|---|---|"]
+    for m in MODIFIERS:
+        rows.append(f"| `+{m}` | {_peers_cell(PER_NEIGHBOUR_MODIFIERS.get(m))} |")
+    return _PAGE_HEAD + "\n".join(rows) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m sfg.modelfree.peers [OUT]``: print docs/reference/rules.md, or write it to
+    OUT."""
+    from sfg.util.page import page_main
+
+    return page_main(rules_markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -96,8 +96,9 @@ class RoundLoop:
             self.backend = run.backend
             self.clients = run.clients
             self.batches = run.minibatches()
-        with timed(times, "trace"):  # availability (and the clock's lockstep schedule)
+        with timed(times, "trace"):  # availability (the clock's lockstep, the peers' sends)
             self.available = run.available
+            self.graph = run.graph  # the union of the exchanges under peers (below)
             self.clock_meta, self.clock_live = self._clock()
             self.caps_all = capabilities(self.available, c["anatomy"])
         self.head = run.head
@@ -106,7 +107,7 @@ class RoundLoop:
         self.model_rule = (make_model_rule(rule, N=N, D=D, device=run.device)
                            if rule.reads_models else None)
         with timed(times, "graph"):
-            rg = RoundGraph.from_graph(run.graph)
+            rg = RoundGraph.from_graph(self.graph)
         self.undirected_id = rg.edge_id
         self.evidence = evidence_for(rule, self.attack, rg, anatomy=str(c["anatomy"]))
         if self.clock_live is not None or rule.certified:  # deliveries per direction
@@ -136,22 +137,41 @@ class RoundLoop:
         self.watch = observer is not None or self.diag is not None  # keep the round's tensors
 
     def _clock(self):
-        """The virtual clock's lockstep (docs/concepts/clock.md#the-three-protocols): its participants and per-slot
-        deliveries (None on the rounds)."""
+        """The run's deliveries per slot: the virtual clock's lockstep
+        (docs/concepts/clock.md#the-three-protocols: its participants), peers chosen per
+        exchange (docs/concepts/peers.md: the union of the exchanges becomes the run's graph,
+        :attr:`graph`), both, or neither (None: the graph's links)."""
         c, run = self.c, self.run
+        peers = sampler(c)
         if c.get("clock", "rounds") != "virtual":
-            return {}, None
+            if peers.fixed:
+                return {}, None
+            from sfg.modelfree.peers import sampled_deliveries, schedule_digest
+
+            delta = float(c.get("round_seconds", 600.0))  # Δ: the replay's, dating the tables
+            self.graph, live, counts = sampled_deliveries(peers, run.seed, self.available,
+                                                          run.graph, delta)
+            digest = schedule_digest(f"rounds peers {peers}", self.graph.edges, live)
+            return {"schedule_digest": digest, "_counts": counts}, live
         from sfg.clock.replay import per_device_hour
         from sfg.clock.schedule import lockstep_rounds
 
         cs = run.clock_settings()
         world = run.world_in_time(cs)
-        lk = lockstep_rounds(world, cs, local_steps=run.K, rounds=run.rounds, seed=run.seed)
-        self.available = availability(lk.available, self.attack, self.attackers)
-        meta = {"clock": "virtual", "protocol": "lockstep", "schedule_digest": lk.digest,
+        if peers.fixed:
+            lk = lockstep_rounds(world, cs, local_steps=run.K, rounds=run.rounds, seed=run.seed)
+            part, live, stats, digest = lk.available, lk.live, lk.stats, lk.digest
+        else:  # the replay's lockstep under peers (sfg.modelfree.peers), the same sends
+            from sfg.modelfree.peers import lockstep_sampled
+
+            part, self.graph, live, stats, digest = lockstep_sampled(
+                world, cs, peers, local_steps=run.K, rounds=run.rounds, seed=run.seed)
+        self.available = availability(part, self.attack, self.attackers)
+        meta = {"clock": "virtual", "protocol": "lockstep", "schedule_digest": digest,
                 "message_bytes": cs.message_bytes,
-                "_stats": per_device_hour(lk.stats, run.n, world.horizon)}
-        return meta, lk.live
+                "_stats": per_device_hour(stats, run.n, world.horizon),
+                "_counts": {k: v for k, v in stats.items() if k.endswith("_per_device_hour")}}
+        return meta, live
 
     def _diagnostics(self):
         """The run's :class:`~sfg.sim.diagnostics.Diagnostics` (None when none are asked for)."""
@@ -167,7 +187,7 @@ class RoundLoop:
         """Round t's live links (link failures), per slot on the clock or certified."""
         c, seed = self.c, self.run.seed
         p = float(c["link_failure"])
-        live = live_links_round(self.run.graph.edges.shape[0], t, p=p, seed=seed) if p > 0 else None
+        live = live_links_round(self.graph.edges.shape[0], t, p=p, seed=seed) if p > 0 else None
         if self.clock_live is not None or self.rule.certified:
             delivered = self.clock_live[t].copy() if self.clock_live is not None \
                 else np.ones(self.rg.n_slots, bool)
@@ -315,17 +335,33 @@ class RoundLoop:
                 "minibatch_digest": self.digest.hexdigest(), "client_steps": self.steps_taken,
                 "numerics": numerics(), "timings": dict(self.times)}
         clock_meta = dict(self.clock_meta)
-        if clock_meta:  # lockstep on the clock: the same time metrics as async and event
+        metrics.update(clock_meta.pop("_counts", {}))  # peers: their costs, as the replay's
+        if "_stats" in clock_meta:  # lockstep on the clock: the same time metrics as async and event
             metrics.update(clock_meta.pop("_stats"))
             hours = clock_hours([r * float(c["round_seconds"]) for r in self.curve_round])
             target = float(c.get("target_accuracy", 0.8))
             metrics.update(time_to_target(hours, self.curve_mean, target))
             curves["hours"] = hours
             meta.update(clock_meta, target_accuracy=target)
+        else:  # the rounds under peers: the digest of their sends
+            meta.update(clock_meta)
         return RunResult(metrics=metrics, curves=curves, accuracy=acc, params=self.X,
                          personal=self.personal, state=self.state, meta=meta,
                          weights_log=self.weights_log,
                          diagnostics=self.diag.result() if self.diag is not None else None)
+
+
+def sampler(c: dict[str, Any]):
+    """The run's ``peers`` (docs/concepts/peers.md), checked against its clients and its rule:
+    a rule that keeps state per neighbour is refused with one line under ``peers`` ≠ fixed
+    (:func:`sfg.modelfree.peers.check_rule`, the replay's check)."""
+    from sfg.modelfree.peers import check_rule
+    from sfg.round.rules import parse_rule
+    from sfg.world.peers import parse_peers
+
+    peers = parse_peers(c.get("peers", "fixed")).check(int(c["n_clients"]))
+    check_rule(parse_rule(c["rule"]), peers)
+    return peers
 
 
 def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int], None] | None = None,
@@ -354,6 +390,7 @@ def simulate(cfg: dict[str, Any] | None = None, *, progress: Callable[[int, int]
         f"clock-{c.get('protocol', 'lockstep')}"
     if engine not in ("rounds", "clock-lockstep"):
         raise SfgError(f"protocol {c.get('protocol')!r} trains through sfg.clock.train")
+    sampler(c)  # before the data is read
     loop = RoundLoop(build_run(c, engine=engine), record_weights=record_weights,
                      observer=observer)
     with single_threaded():
