@@ -99,3 +99,69 @@ def messages(kind, s, V, M, n, horizon, online_at, online_through, commits, dt, 
             for p, secs in carried[c]:
                 hear(tables, V, tkey, j, p, arr - secs)
     return out
+
+
+def _carry(tables, tkey, i, now, M):
+    heard = [p for p in ordered(tables, tkey, i) if tables[i][p] != float("-inf")]
+    return [(p, now - tables[i][p]) for p in heard[:M]]
+
+
+def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns, requests,
+               replies, messages):
+    """The tables of ``online`` (or none, ``epidemic``) along the simulation's own timings
+    and fates, in the phases of one instant (docs/concepts/peers.md#one-instant): returns
+    draw their pull targets (phase 1); "unreachable" answers remove their peer, then
+    requests arriving queue their replies (carrying the table as it stood before the
+    instant's arrivals), then the arrivals are heard — messages, replies and the asking
+    devices (phase 2); commits draw their targets (phase 5); a message that arrives at the
+    instant it was sent is heard last.
+
+    commits: (commit time, device, step, event); returns: (time, device, return index,
+    request ids); requests: id -> (asking device, target, code, time) with code 0 arrives,
+    1 unreachable, 2 silent; replies: id -> (arrival, held, delivered, sent); messages:
+    event -> [(receiver, arrival, reached, sent)] in the order sent. Returns (the targets of every
+    commit by event, the targets of every return by its first request id, the entries
+    carried in sent messages and replies)."""
+    tables = {i: dict(t) for i, t in start_tables.items()}
+    ev = []  # (time, phase, order, what, payload)
+    for t, i, step, e in commits:
+        ev.append((t, 5, len(ev), "commit", (i, step, e)))
+    for t, i, nth, qs in returns:
+        ev.append((t, 1, len(ev), "return", (i, nth, qs)))
+    for q, (i, j, code, t) in requests.items():
+        if code == 1:
+            ev.append((t, 2, len(ev), "forget", (i, j)))
+        elif code == 0:
+            ev.append((t, 3, len(ev), "request", (q, i, j)))
+    heapq.heapify(ev)
+    drew, asked, entries, carried = {}, {}, 0, {}
+    while ev:
+        t, _, _, what, x = heapq.heappop(ev)
+        if what == "commit":
+            i, step, e = x
+            drew[e] = draw(kind, key, tables, tkey, i, step, n, s)
+            c = _carry(tables, tkey, i, t, M) if kind == "online" else []
+            for j, arr, reached, sent in messages.get(e, []):
+                entries += len(c) * sent
+                if reached and kind == "online":
+                    heapq.heappush(ev, (arr, 4 if t < arr else 7, len(ev) + 10**9, "hear",
+                                        (j, i, arr, c)))
+        elif what == "return":
+            i, nth, qs = x
+            asked[qs] = draw(kind, pkey, tables, tkey, i, nth, n, s)
+        elif what == "forget" and kind == "online":
+            tables[x[0]].pop(x[1], None)
+        elif what == "request" and kind == "online":
+            q, i, j = x
+            arr, held, ok, sent = replies[q]
+            c = _carry(tables, tkey, j, t, M)
+            entries += len(c) * sent
+            heapq.heappush(ev, (t, 4, q, "hear", (j, i, t, [])))  # j hears the asking i
+            if ok:
+                heapq.heappush(ev, (arr, 4, q, "hear", (i, j, arr - held, c)))
+        elif what == "hear":
+            j, i, at, c = x
+            hear(tables, V, tkey, j, i, at)
+            for p, secs in c:
+                hear(tables, V, tkey, j, p, at - secs)
+    return drew, asked, entries

@@ -18,6 +18,7 @@ from sfg.clock.replay import replay_clock
 from sfg.clock.schedule import LOCAL, make_schedule, make_world
 from sfg.clock.settings import make_settings
 from sfg.errors import SfgError
+from sfg.util.rng import counter_key
 from sfg.world.peers import new_tables, parse_peers, peers_key, tie_key
 
 CASES = [
@@ -199,3 +200,57 @@ def test_lockstep_deadlines_make_messages_late():
     assert b["meta"]["schedule_digest"] == c["meta"]["schedule_digest"] != \
         a["meta"]["schedule_digest"]
     assert b["metrics"]["returning_aggregations_heard"] < a["metrics"]["returning_aggregations_heard"]
+
+
+PULL_CASES = [
+    ("async", "online:s=2,view=5,gossip=2", {"jitter": 0.5, "latency": "const:value=5"}),
+    ("event", "online:s=3", {"uplink": "const:value=2000", "message_bytes": 100000,
+                             "loss": "const:value=0.2", "latency": "const:value=20"}),
+    ("async", "online:s=3,view=4,gossip=1", {"compute": "const:value=20"}),  # instants shared
+    ("event", "epidemic:s=2", {"latency": "const:value=30"}),
+]
+
+
+@pytest.mark.parametrize("protocol,peers,extra", PULL_CASES)
+def test_pull_draws_from_the_tables_as_they_stand(protocol, peers, extra):
+    """With pull on return the tables change along the simulation: a return draws its S
+    requests' targets from its table as it stands, the requests, replies and "unreachable"
+    answers feed the tables, and commits draw from them. The plain reference replays the
+    tables along the simulation's own timings and fates (tests/reference_peers.py) and draws
+    the same targets for every commit and every return, and carries as many entries."""
+    from reference_peers import membership
+
+    seed = 7
+    s, world = _world(protocol, {**extra, "on_return": "pull:timeout=120"}, seed)
+    p = parse_peers(peers)
+    sim, r, msg = _simulated_messages(world, s, p, protocol, seed, pull=True)
+    E, rq = r["events"], sim.requests
+    tid, tt, _, tn = new_tables(p, seed, world.graph)
+    start = {i: {int(tid[i, a]): float(tt[i, a]) for a in range(tn[i])} for i in range(world.n)}
+    commits = [(E[e, 4], int(E[e, 1]), int(E[e, 5]), int(e))
+               for e in np.flatnonzero(E[:, 2] == LOCAL)]
+    sent: dict[int, list] = {}
+    for a in range(msg.shape[1]):
+        sent.setdefault(int(msg[2, a]), []).append(
+            (int(msg[1, a]), msg[3, a], msg[4, a] == 0, msg[4, a] != 1))
+    rptr, rtime, _ = sim.returns
+    returns = [(rtime[k], i, k - rptr[i], int(rq["qptr"][k])) for i in range(world.n)
+               for k in range(rptr[i], rptr[i + 1])]
+    requests = {q: (int(rq["qret"][q]), int(rq["qj"][q]), int(rq["qcode"][q]), rq["qtime"][q])
+                for q in range(rq["qj"].size)}
+    replies = {q: (r["reply_arrival"][q], r["reply_held"][q], bool(r["reply_ok"][q]),
+                   bool(r["reply_sent"][q])) for q in range(rq["qj"].size)}
+    drew, asked, entries = membership(
+        p.kind, p.s, max(p.view, 1), p.gossip, world.n, peers_key(seed),
+        counter_key(seed, "peers", "pull"), tie_key(seed), start, commits, returns, requests,
+        replies, sent)
+    assert {e: [x[0] for x in m] for e, m in sent.items()} == \
+        {e: t for e, t in drew.items() if e in sent}
+    assert len(drew) == len(sent) > 0
+    for k in range(rtime.size):
+        q0, q1 = rq["qptr"][k], rq["qptr"][k + 1]
+        assert rq["qj"][q0:q1].tolist() == asked[int(q0)]
+    assert entries == r["peer_counts"][2] and (entries > 0) == (p.kind == "online")
+    codes = set(rq["qcode"].tolist())
+    assert {0, 1} <= codes  # some requests reached their target, some found it offline
+    assert r["reply_ok"].any()
