@@ -17,6 +17,11 @@ from sfg.cli.options import cuts_and_crashes, faults_with, opt
 from sfg.errors import SfgError
 from sfg.util.extras import require
 
+# peers chosen per exchange (docs/concepts/peers.md#training-with-peers): their costs
+PEER_ROWS = (("peer_messages_per_device_hour", "messages to drawn peers per device-hour"),
+             ("messages_to_offline_per_device_hour", "of those, to offline peers, per device-hour"),
+             ("membership_bytes_per_device_hour", "membership bytes per device-hour"))
+
 
 def load_config(path: Path) -> dict[str, Any]:
     """The settings mapping of a YAML or JSON file, read safely (size, depth and alias limits;
@@ -149,7 +154,8 @@ def run(
             *((f"accuracy, availability quartile {q}", m[f"acc_q{q}"]) for q in range(1, 5)),
             ("realised unavailability", m["unavailability"]), ("messages", m["messages"]),
             ("staleness scalars sent", m["scalars"]),
-            ("local steps / DFedAvg", m["local_steps_rel"]), ("seconds", res.meta["seconds"])]
+            ("local steps / DFedAvg", m["local_steps_rel"]),
+            *((name, m[k]) for k, name in PEER_ROWS if k in m), ("seconds", res.meta["seconds"])]
     t = console.table(f"sfg run: {cfg.rule} under {cfg.process}", ["metric", ("value", "right")])
     for name, v in rows:
         t.add_row(name, "empty (no client)" if v != v
