@@ -286,7 +286,8 @@ def _real_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[st
                 round_seconds: float | None, cuts: list, crashes: list, protocol: str | None,
                 period: float | None, jitter: float | None, window: float | None,
                 deadline: float | None, procs: int, workdir: str | None, tls_dir: str | None,
-                record_log: str | None, store: str | None, as_json: bool) -> None:
+                record_log: str | None, store: str | None, as_json: bool,
+                peers: str | None = None) -> None:
     """``sfg swarm`` on real nodes (worker processes, gRPC on 127.0.0.1): the flags checked
     for real nodes (rounds, not seconds), the nodes run with a progress bar, the summary."""
     from sfg.cli.run import run_config
@@ -322,7 +323,7 @@ def _real_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[st
     prog, update = _progress_printer(n, cfg.rounds, not as_json)
     kw = dict(deadline=deadline, procs=procs, workdir=workdir,
               kills=[c.pair for c in crashes], partitions=[c.text() for c in cuts],
-              tls_dir=tls_dir, record_log=record_log)
+              tls_dir=tls_dir, record_log=record_log, peers=peers)
     try:
         if prog is not None:
             with prog:
@@ -332,7 +333,8 @@ def _real_swarm(config: Path | None, flags: dict[str, Any], world_flags: dict[st
     except RuntimeError as e:
         raise console.WorkFailed(f"swarm failed: {e}") from None
     mode = cfg.protocol
-    out = {"config": {**res.meta["config"], "mode": mode, "procs": procs}, **res.summary()}
+    out = {"config": {**res.meta["config"], "mode": mode, "procs": procs,
+                      **({"peers": peers} if peers else {})}, **res.summary()}
     if store is not None:
         out["run_id"] = _store(store, cfg, res.summary())
     if as_json:
@@ -368,6 +370,7 @@ def swarm(
     window: float | None = clockflags.WINDOW,
     deadline: float | None = clockflags.DEADLINE,
     on_return: str | None = opt("on_return"),
+    peers: str | None = opt("peers"),
     cut: list[str] = clockflags.CUT,
     crash: list[str] = clockflags.CRASH,
     kill: list[str] = typer.Option([], "--kill", hidden=True, help="Deprecated: --crash NODE@ROUNDr"),
@@ -433,6 +436,7 @@ def swarm(
     world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
                    "message_bytes": message_bytes, "eval_seconds": eval_seconds,
                    "target_accuracy": target_accuracy}
+    drawn = _swarm_peers(peers, clock, store)
     if clock == "virtual":
         refused = {"--tls-dir": tls_dir, "--record-log": record_log}
         if round_seconds is not None:
@@ -450,21 +454,40 @@ def swarm(
     _real_swarm(config, flags, world_flags, round_seconds=round_seconds, cuts=cuts,
                 crashes=crashes, protocol=protocol, period=period, jitter=jitter,
                 window=window, deadline=deadline, procs=procs, workdir=workdir,
-                tls_dir=tls_dir, record_log=record_log, store=store, as_json=as_json)
+                tls_dir=tls_dir, record_log=record_log, store=store, as_json=as_json,
+                peers=drawn)
+
+
+def _swarm_peers(peers: str | None, clock: str, store: str | None) -> str | None:
+    """``sfg swarm --peers``: the real nodes' peers chosen per exchange (canonical; None:
+    fixed). The node on the virtual clock, and a stored run (whose settings would say fixed),
+    refuse anything but fixed in this version (one line)."""
+    from sfg.world.peers import parse_peers
+
+    if peers is None or parse_peers(peers).fixed:
+        return None
+    if clock == "virtual":
+        raise SfgError(f"--peers {peers}: the node on the virtual clock sends to its graph "
+                       "neighbours in this version; run real nodes (drop --clock virtual), or "
+                       "sfg replay --peers")
+    if store is not None:
+        raise SfgError(f"--peers {peers}: a stored run's settings would say peers fixed (real "
+                       "nodes take peers as a node setting in this version); drop --store")
+    return str(parse_peers(peers))
 
 
 def _peer_file(peer_file: Path | None, peers: str | None) -> tuple[Path, str | None]:
     """The node's peer file (``--peer-file``; ``--peers FILE``, its old spelling, read with a
-    notice) and the ``peers`` setting, which real nodes do not implement yet (one line)."""
-    from sfg.world.peers import parse_peers
+    notice) and the ``peers`` setting (docs/concepts/peers.md#real-nodes), parsed (one line
+    when it does not)."""
+    from sfg.world.peers import canonical_peers
 
     if peers is not None and peer_file is None and (
             Path(peers).suffix.lower() in (".yaml", ".yml", ".json") or Path(peers).exists()):
         deprecated(f"--peers {peers} (the peer file)", f"--peer-file {peers}", "node")
         peer_file, peers = Path(peers), None
-    if peers is not None and not parse_peers(peers).fixed:
-        raise SfgError(f"--peers {peers}: real nodes send to their graph neighbours in this "
-                       "version (peers fixed); replay it without training: sfg replay --peers")
+    if peers is not None:
+        peers = canonical_peers(peers)
     if peer_file is None:
         raise SfgError("give --peer-file FILE: a YAML of nodes: {id: host:port} and edges: "
                        "[[i, j], ...]")
@@ -548,6 +571,11 @@ def node(
     cfg = rc.model_dump()
     mode, period = rc.protocol, REAL_PERIOD if rc.period is None else rc.period
     jitter, window = rc.jitter, rc.window
+    if peers is not None:  # a lockstep node refuses online before the world is built
+        from sfg.net.membership import check_mode
+        from sfg.world.peers import parse_peers
+
+        check_mode(parse_peers(peers), mode)
     world = build_world(cfg, edges=edges)
     if checkpoint_dir:
         Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -555,7 +583,8 @@ def node(
                     window=window, deadline=deadline, tls=tls,
                     checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
                     resume=resume, events=_node_log(record_log, mode),
-                    keys=keys_for(world, tls_dir, id), pull_timeout=_pull_timeout(cfg))
+                    keys=keys_for(world, tls_dir, id), pull_timeout=_pull_timeout(cfg),
+                    peers=peers)
     if record_log is not None and nc.pull_timeout is not None:
         raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
                        "not implement on_return pull; drop --record-log or --on-return")
@@ -578,9 +607,14 @@ def node(
     if as_json:
         console.print_json(res)
         return
+    drawn = res.get("peers")
     console.echo(f"node {id}: accuracy {res['acc']:.4f}, messages {res['messages']}, "
                  f"rejected {sum(res['rejected'].values())}, final age "
-                 f"{res['state']['age']}, lag {res['state']['lag']:.2f}")
+                 f"{res['state']['age']}, lag {res['state']['lag']:.2f}"
+                 + ("" if not drawn else
+                    f"; peers {drawn['peers']}: {drawn['messages']} sends drawn, "
+                    f"{drawn['to_offline']} to offline peers, membership "
+                    f"{drawn['membership_bytes_per_device_hour']:.0f} B per device-hour"))
 
 def tls_ca(
     dir: Path = typer.Option(..., "--dir", help="Folder to write ca.pem and one bundle per node, node-<id>/, into"),

@@ -41,7 +41,7 @@ SPECS: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "model": (("--model",), "mlp, small-cnn, cnn, resnet18-gn", None),
     "process": (("--process", "-p"), "Outage process or trace, e.g. iid:u=0.6, bursty:u=0.8, flash:rule=strict,path=FILE, trace:path=fleet.csv", None),
     "rule": (("--rule", "-r"), "Aggregation rule, e.g. sfg-cut, sfg-cut:L=2, sfg-l:gamma=0.3+ipw", None),
-    "peers": (("--peers",), "Whom each send goes to: fixed (default: the graph's neighbours), epidemic:s=S (S devices drawn afresh from all others) or online:s=S,view=V,gossip=M (S drawn from a table of V peers last heard of online, M entries carried in every message; defaults V 4S, M S); `sfg replay` runs it in rounds and on the virtual clock; `sfg run` trains with it in rounds and on the clock's lockstep; a rule that keeps state per neighbour is refused with it", None),
+    "peers": (("--peers",), "Whom each send goes to: fixed (default: the graph's neighbours), epidemic:s=S (S devices drawn afresh from all others) or online:s=S,view=V,gossip=M (S drawn from a table of V peers last heard of online, M entries carried in every message; defaults V 4S, M S); `sfg replay` runs it in rounds and on the virtual clock; `sfg run` trains with it in rounds and on the clock's lockstep; real nodes (`sfg swarm`, `sfg node`) draw their peers with it (lockstep nodes: epidemic only); a rule that keeps state per neighbour is refused with it", None),
     "graph": (("--graph",), "Graph: knn:k=6, erdos-renyi:mean_degree=6, regular:d=6, ring:k=1 (`sfg node`: when peers.yaml lists no edges)", None),
     "seed": (("--seed",), "Seed (pairs graph, data, trace, minibatches)", None),
     "clients": (("--clients", "-n"), "Number of clients (nodes) N", None),

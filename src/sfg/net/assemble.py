@@ -39,7 +39,7 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
                      on_round: Callable[[dict], None] | None = None,
                      kills: Sequence[tuple[int, int]] = (), partitions: Sequence[str] = (),
                      tls_dir: str | None = None, record_log: str | None = None,
-                     edges: Any = None) -> RunResult:
+                     edges: Any = None, peers: str | None = None) -> RunResult:
     """Build and run the swarm of ``cfg`` (``nodes`` virtual or real) and return its
     :class:`sfg.result.RunResult` with ``meta``: ``config`` (the stored settings),
     ``run_id`` and ``engine``.
@@ -48,20 +48,25 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
     events (node, round, available, acc). Real nodes only: ``procs`` worker processes (0:
     every node in this process's event loop, no checkpoints or crashes), ``workdir``,
     ``kills`` (node, round) and ``partitions`` (cuts in rounds), ``tls_dir``, ``record_log``;
-    ``edges`` replace the graph's (in this process only). A failed real node raises
-    ``RuntimeError``."""
+    ``edges`` replace the graph's (in this process only); ``peers``: the nodes' peers chosen
+    per exchange (docs/concepts/peers.md#real-nodes; real nodes only, the node on the virtual
+    clock refuses anything but fixed). A failed real node raises ``RuntimeError``."""
     from sfg.engines import engine_of, refuse
     from sfg.experiments.config import run_id
+    from sfg.world.peers import parse_peers
 
     c = cfg.model_dump()
     engine = engine_of(c)
     refuse(engine, c)  # before anything is built: one line naming the engine and setting
     if cfg.nodes == "virtual":
+        if peers is not None and not parse_peers(peers).fixed:
+            raise SfgError(f"peers {peers!r}: the node on the virtual clock sends to its graph "
+                           "neighbours in this version; run real nodes, or sfg replay --peers")
         res = _virtual(c, deadline, progress)
     elif cfg.nodes == "real":
         res = _real(c, deadline=deadline, procs=procs, workdir=workdir, progress=progress,
                     on_round=on_round, kills=kills, partitions=partitions, tls_dir=tls_dir,
-                    record_log=record_log, edges=edges)
+                    record_log=record_log, edges=edges, peers=peers)
     else:
         raise SfgError("nodes none: the run is the simulators' (sfg run); give nodes virtual "
                        "(the node on the virtual clock) or real (real nodes over gRPC)")
@@ -92,7 +97,7 @@ def _virtual(c: dict[str, Any], deadline: float | None,
 def _real(c: dict[str, Any], *, deadline: float | None, procs: int, workdir: str | None,
           progress: Callable[[int, int], None] | None, on_round: Callable[[dict], None] | None,
           kills: Sequence[tuple[int, int]], partitions: Sequence[str], tls_dir: str | None,
-          record_log: str | None, edges: Any) -> RunResult:
+          record_log: str | None, edges: Any, peers: str | None) -> RunResult:
     from sfg.clock.settings import parse_on_return
     from sfg.engines import REAL_PERIOD
     from sfg.net.swarm import SwarmOptions, check_nodes, run_swarm
@@ -112,7 +117,7 @@ def _real(c: dict[str, Any], *, deadline: float | None, procs: int, workdir: str
                         deadline=REAL_DEADLINE if deadline is None else float(deadline),
                         kills=list(kills), partitions=list(partitions), tls_dir=tls_dir,
                         workdir=workdir, record_log=record_log,
-                        pull_timeout=parse_on_return(c.get("on_return")))
+                        pull_timeout=parse_on_return(c.get("on_return")), peers=peers)
     world = build_world(c, edges=edges)
     check_nodes(world, opts)
     total, done = world.n * world.rounds, [0]
@@ -149,6 +154,7 @@ def _in_process(world: Any, opts: Any, on_round: Callable[[dict], None]) -> RunR
                           tls=None if opts.tls_dir is None else TlsFiles.load(opts.tls_dir, i),
                           keys=keys_for(world, opts.tls_dir, i),
                           partitions=tuple(Cut.parse_rounds(p) for p in opts.partitions),
+                          peers=opts.peers,
                           on_round=lambda n, r, a, acc: on_round(
                               {"node": n, "round": r, "available": a, "acc": acc}))
 

@@ -8,7 +8,9 @@ d = (now − arrival)/P periods is used with age τ_j + ⌊d⌋ and lag ℓ_j + 
 :func:`waited`) — the clock's engine's own selection (:func:`sfg.clock.schedule.held_units`,
 :func:`sfg.round.staleness.waited`). It aggregates with those scalars
 (:func:`sfg.net.localround.aggregate`), sets its lag to the weighted mean of the lags as used,
-trains (age 0, counts + 1) and sends to all neighbours. An unavailable node neither trains,
+trains (age 0, counts + 1) and sends to all neighbours (under ``peers`` other than fixed: to
+the S targets it draws at the commit, :mod:`sfg.net.membership`, and every other device is
+a candidate). An unavailable node neither trains,
 sends nor answers (its server refuses deliveries); each of its rounds adds 1 to its age and
 lag. q̂_ij is updated with "j is a candidate" as the event. Timestamps are the receiver's own
 clock only. At a return, with ``on_return: pull``, the first local round waits for the pull's
@@ -131,8 +133,12 @@ async def one_round(node: Any, r: int) -> None:
     # heard: the return's first aggregation, committed, held a neighbour's model (an
     # interrupted one ends the device's online time: no aggregation of that return)
     node.stats.returns_heard += int(heard)
-    targets = [int(j) for j in node.nbrs if not node.blocked(int(j), r)]
-    msg = outgoing.message(node)
+    if node.membership.fixed:
+        targets = [int(j) for j in node.nbrs if not node.blocked(int(j), r)]
+        msg = outgoing.message(node)
+    else:  # peers drawn at the commit, send counter r (docs/concepts/peers.md#real-nodes)
+        targets = [j for j in node.membership.targets(r) if not node.blocked(j, r)]
+        msg = outgoing.message(node, targets)
     outgoing.send_all(node, targets, msg)
     node.last_sent = (msg, node.clock.monotonic())  # what a pull is answered with
 

@@ -19,14 +19,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sfg.net.membership import reject_unexpected
 from sfg.net.wire import Message, Rejected, check_header, check_message, unpack_header
 
 
 def check(node: Any, raw_header: bytes, payload: bytes, **kw: Any) -> Message:
     """The checks of any message this node takes (:func:`sfg.net.wire.check_message` with
-    its neighbours and size limit; ``kw``: ``identity``, ``parsed``)."""
-    return check_message(raw_header, payload, node.layout, neighbours=node.nbr_set,
-                         max_bytes=node.cfg.max_bytes, **kw)
+    its neighbours — every other device of the run under peers other than fixed — and size
+    limit, then the membership entries its header carries,
+    :meth:`sfg.net.membership.Membership.check`; ``kw``: ``identity``, ``parsed``)."""
+    msg = check_message(raw_header, payload, node.layout, neighbours=node.nbr_set,
+                        max_bytes=node.cfg.max_bytes, **kw)
+    node.membership.check(msg.header)
+    return msg
 
 
 def accepting(node: Any, sender: int, r: int, t: float | None = None) -> bool:
@@ -54,7 +59,9 @@ async def deliver(node: Any, raw_header: bytes, chunks: AsyncIterator[bytes],
             node.stats.refused += 1
             return False, "unavailable"
         if node.cfg.mode == "lockstep":
+            reject_unexpected(node.membership, header.sender, header.round)
             check_ahead(node, header.sender, header.round)
+        node.membership.check(header)  # before the payload is read
         parts, size = [], 0
         async for c in chunks:
             parts.append(c)
@@ -79,9 +86,14 @@ async def deliver(node: Any, raw_header: bytes, chunks: AsyncIterator[bytes],
 def check_ahead(node: Any, sender: int, r: int) -> None:
     """Lockstep bound on what a neighbour may have waiting here: a neighbour cannot pass a
     round in which both are available without this node's message, so it is at most one
-    such round ahead — at most two of its messages (rounds >= this node's) are pending."""
+    such round ahead — at most two of its messages (rounds >= this node's) are pending.
+    Under ``epidemic`` a sender need not wait for this node, so it may be further ahead: its
+    messages are bounded instead by the rounds whose draw names this node
+    (:func:`sfg.net.membership.reject_unexpected`), at most the run's rounds."""
     if r >= node.world.rounds:
         raise Rejected("ahead", f"round {r} is past the run's {node.world.rounds} rounds")
+    if not node.membership.fixed:
+        return
     pending = [k for k in node.inbox if k[0] == sender and k[1] >= node.round]
     if (sender, r) not in node.inbox and len(pending) >= 2:
         raise Rejected("ahead", f"node {sender} already has rounds "
@@ -104,6 +116,8 @@ def accept(node: Any, msg: Message, nbytes: int, t_in: float | None = None,
                    sender=h.sender, round=h.round, sha256=h.sha256.hex(), **h.scalars())
     if held is None:
         node.stats.bytes += nbytes
+    # peers online: the sender and the entries it carries (sfg.net.membership)
+    node.membership.heard(h, now, 0.0 if held is None else float(held))
     if node.cfg.record_headers:
         node.headers.append({"sender": h.sender, "receiver": node.i, "round": h.round,
                              **h.scalars()})

@@ -2,7 +2,9 @@
 
 At round t an available node sends its start-of-round model and scalars (τ, ℓ, n, local
 count) to every neighbour that is available and linked at t (the trace is common knowledge),
-waits (with a deadline) for those neighbours' round-t messages, fetching any that were not
+waits (with a deadline) for those neighbours' round-t messages (under ``peers`` ``epidemic``:
+sends to its S targets drawn for round t and waits for the devices whose round-t draw names
+it, :meth:`sfg.net.membership.Membership.expected`), fetching any that were not
 pushed (``Fetch``, :func:`wait`), then aggregates (:func:`sfg.net.localround.aggregate`), trains
 and updates its state — exactly docs/concepts/round.md#one-round,
 docs/concepts/staleness.md#the-staleness-state, so the models equal ``sfg run --backend loop``.
@@ -60,12 +62,19 @@ async def one_round(node: Any, r: int) -> None:
         node.offline_round()
         return
     expected = [int(j) for j in node.nbrs if A[r, j] and not node.blocked(int(j), r)]
+    targets = expected
+    if not node.membership.fixed:  # epidemic: the keyed draws say who sends to whom
+        drawn = node.membership.targets(r)
+        targets = [j for j in drawn if A[r, j] and not node.blocked(j, r)]
+        # a target offline in round r (common knowledge in lockstep): the message is lost
+        node.membership.offline += sum(1 for j in drawn if not A[r, j])
+        expected = node.membership.expected(r, A[r], lambda j: node.blocked(j, r))
     own = own_claim(node.state) if node.keeps_prev else None
-    msg = outgoing.message(node, expected)
+    msg = outgoing.message(node, targets)
     node.outbox[r] = msg
-    node.expected[r] = expected
+    node.expected[r] = targets
     prune_outbox(node)
-    outgoing.send_all(node, expected, msg)
+    outgoing.send_all(node, targets, msg)
     await wait(node, r, expected)
     msgs = [node.inbox.pop((j, r)) for j in expected]
     for key in [k for k in node.inbox if k[1] < r]:

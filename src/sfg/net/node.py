@@ -43,6 +43,7 @@ from sfg.net.checkpoints import NodeState, Star
 from sfg.net.claims import HonestClaims, claim_policy
 from sfg.net.diagnose import NodeDiagnostics
 from sfg.net.evidence import CertifiedEvidence, GuardEvidence, Prev
+from sfg.net.membership import node_membership
 from sfg.net.nodeconfig import MODES, NodeConfig, NodeStats
 from sfg.net.outgoing import Outgoing, header_for
 from sfg.net.simclock import WALL, NodeClock
@@ -68,7 +69,10 @@ class Node:
         # (the wall clock unless a virtual one, sfg.net.simclock): the protocol code is the same
         self.net = net
         self.clock = clock or WALL
-        self.nbrs = world.neighbours(self.i)
+        # peers chosen per exchange (sfg.net.membership); the candidates: the graph
+        # neighbours, or under peers other than fixed every other device of the run
+        self.membership = node_membership(world, self.i, self.cfg, virtual=net is not None)
+        self.nbrs = self.membership.candidates(world)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
         self.star = Star(len(self.nbrs), world.rule)
@@ -105,6 +109,7 @@ class Node:
         self.pull_window: asyncio.Task | None = None    # the return's pull (its window)
         self.arrived = asyncio.Event()                  # a message was taken (lockstep waits)
         self.round = 0
+        self.started: float | None = None  # when run() began (its own clock)
         self.t0 = self.cfg.t0
         self.diagnostics = NodeDiagnostics.for_node(self)  # docs/concepts/diagnostics.md#training-diagnostics (None: none asked for)
         self.last_aggregation: tuple | None = None  # diagnostics: what the round aggregated
@@ -281,6 +286,7 @@ class Node:
     # ------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
         """Run the remaining rounds; returns this node's result (see :meth:`result`)."""
+        self.started = self.clock.monotonic()
         if self.cfg.mode == "lockstep":
             await lockstep.run(self)
         else:
@@ -304,6 +310,7 @@ class Node:
                 "restored": self.restored, "header_bytes": s.header_bytes, "headers": s.headers,
                 "diagnostics": None if self.diagnostics is None else self.diagnostics.result(),
                 "returns": returns.result(self),
+                "peers": self.membership.result(self, s.offline_peer),
                 "certified": None if not self.certified else {
                     "checked": s.checked, "refuted": s.refuted,
                     "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,

@@ -51,10 +51,19 @@ class NodeConfig:
     # evaluate after every eval_every-th round and the last; False: an observer reads the
     # node's model instead (the virtual swarm, at the clock's instants: sfg.net.virtual)
     evaluate: bool = True
+    # peers chosen per exchange (sfg.world.peers.Peers or its text; None: the run's ``peers``,
+    # docs/concepts/peers.md#real-nodes)
+    peers: Any = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SfgError(f"unknown mode {self.mode!r}; choose lockstep or async")
+        if self.peers is not None:
+            from sfg.net.membership import check_mode
+            from sfg.world.peers import parse_peers
+
+            self.peers = parse_peers(self.peers)
+            check_mode(self.peers, self.mode)
         for name in ("period", "deadline", "rpc_timeout"):
             if not getattr(self, name) > 0:
                 raise SfgError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -120,3 +129,5 @@ class NodeStats:
     abandoned: int = 0           # waits abandoned: offline inside the window
     answered_pulls: int = 0      # pulls this node answered with a message
     curve: list[tuple[int, float]] = field(default_factory=list)
+    # peers chosen per exchange (docs/concepts/peers.md#real-nodes): their counts are the
+    # node's sfg.net.membership.Membership's

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sfg.net.transport import CHUNK
-from sfg.net.wire import Chunked, encode_params, make_header, payload_digest
+from sfg.net.wire import MEMBER_BYTES, Chunked, encode_params, make_header, payload_digest
 
 # an own message: (header, payload), the payload in the transport's chunks or as bytes; the
 # header one for all, or one per neighbour (a liar's per-receiver claims, claim=certified)
@@ -43,13 +43,18 @@ def message(node: Any, targets: Iterable[int] | None = None) -> Outgoing:
     payload = encode_params(node.claims.model(node), node.layout, chunk=CHUNK)
     digest = payload_digest(payload)
     targets = [int(j) for j in (node.nbrs if targets is None else targets)]
+    # peers online: the M freshest entries of the node's table, as durations now
+    # (docs/concepts/peers.md#real-nodes)
+    members = node.membership.carried(node.clock.monotonic())
+    node.membership.last = len(members) // MEMBER_BYTES
 
     def head(claim: tuple[int, float, int]) -> bytes:
         cert = node.evidence.cert(node.round, claim, len(node.nbrs)) if node.certified \
             else b""
         return make_header(digest, sender=node.i, round=node.round, age=claim[0],
                            lag=claim[1], count=claim[2], local_count=s.local_count,
-                           cert=cert, sign=node.cfg.keys.sign if cert else None)
+                           cert=cert, sign=node.cfg.keys.sign if cert else None,
+                           members=members)
 
     header: bytes | dict[int, bytes]
     if node.claims.per_receiver:
@@ -92,6 +97,7 @@ def send_all(node: Any, targets: Iterable[int], msg: Outgoing) -> None:
             continue
         node.stats.header_bytes += len(header)
         node.stats.headers += 1
+        node.membership.entries += node.membership.last
         node.sends[j] = asyncio.ensure_future(send(node, j, node.round, header, msg[1]))
     node.backlog = [t for t in node.backlog if not t.done()]
 

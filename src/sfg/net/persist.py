@@ -4,7 +4,10 @@ After every round, if ``checkpoint_dir`` is set, the model and state are written
 (``node-<id>.safetensors``, :func:`sfg.net.checkpoints.save_checkpoint`), in lockstep with the
 node's own messages that a neighbour may still need (``node-<id>-out-<round>.msgpack``,
 :meth:`NodeFiles.save_outbox`), and with the evidence +certified and claim=certified keep
-(:meth:`sfg.net.evidence.CertifiedEvidence.record`). A node started with ``resume=True``
+(:meth:`sfg.net.evidence.CertifiedEvidence.record`), and under ``peers`` other than fixed with
+the setting and the membership table as durations relative to the checkpoint
+(:meth:`sfg.net.membership.Membership.snapshot`; on restart the downtime is added, and a
+checkpoint of another ``peers`` setting is refused). A node started with ``resume=True``
 continues from it (:func:`restore`); in async mode the rounds it missed while down (by its own
 clock) are applied as unavailable rounds (:func:`catch_up_missed`), so its age and lag grow by
 the missed rounds.
@@ -95,6 +98,9 @@ def save(node: Any) -> None:
     extra = {"t0": node.t0, "stats": {k: getattr(s, k) for k in s.__dataclass_fields__}}
     if node.keeps_prev:
         extra["evidence"] = node.evidence.record(node.rounds_done)
+    if not node.membership.fixed:  # peers: the setting and the table, as durations now
+        extra["membership"] = node.membership.snapshot(node.clock.monotonic(),
+                                                       node.clock.time())
     save_checkpoint(path, node.x, node.layout, node.state, extra)
 
 
@@ -104,6 +110,10 @@ def restore(node: Any) -> None:
     if path is None or not path.is_file():
         return
     node.x, node.state, extra = load_checkpoint(path, node.layout)
+    if not node.membership.fixed or extra.get("membership") is not None:
+        # the table, older by the downtime; a checkpoint of another peers setting is refused
+        saved = extra.get("membership")
+        node.membership.restore(saved, node.clock.monotonic(), node.clock.time(), str(path))
     node.loaded = (node.x.copy(), node.state)  # what the checkpoint held (for checks)
     for k, v in extra.get("stats", {}).items():
         setattr(node.stats, k, [tuple(e) for e in v] if k == "curve" else v)

@@ -32,8 +32,10 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.net.cuts import Crash, Cut
+from sfg.net.membership import check_node_peers, pooled
 from sfg.net.node import Node, NodeConfig
 from sfg.net.world import World
+from sfg.world.peers import parse_peers
 
 
 async def run_nodes(world: World, ids, make_config: Callable[[int], NodeConfig],
@@ -159,6 +161,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         metrics["sign_ms_per_node_round"] = 1e3 * sum(c["sign_s"] for c in cert) / per_round
         metrics["verify_ms_per_node_round"] = 1e3 * sum(c["verify_s"] for c in cert) / per_round
     metrics.update(return_metrics(res))
+    metrics.update(pooled(res))  # peers chosen per exchange: per device-hour
     nodes = [{"node": r["node"], "acc": float(a), "attacker": bool(r.get("attacker", False)),
               **{k: r["state"][k] for k in
               ("age", "lag", "count", "local_count")}, "rejected": r["rejected"],
@@ -225,6 +228,7 @@ class SwarmOptions:
     start_delay: float = 0.0
     record_log: str | None = None   # async: write the run's event log here (sfg.net.eventlog)
     pull_timeout: float | None = None  # on_return pull:timeout=S (the run's setting), checked here
+    peers: str | None = None   # peers chosen per exchange (sfg.net.membership), every node's
 
     def __post_init__(self) -> None:
         if self.mode not in ("lockstep", "async"):
@@ -240,7 +244,8 @@ class SwarmOptions:
             raise SfgError("--record-log replays arrivals on the virtual clock, whose node does "
                            "not implement on_return pull; drop --record-log or --on-return")
         NodeConfig(mode=self.mode, period=self.period, jitter=self.jitter, window=self.window,
-                   deadline=self.deadline, pull_timeout=self.pull_timeout)  # every node's checks
+                   deadline=self.deadline, pull_timeout=self.pull_timeout,
+                   peers=self.peers)  # every node's checks
 
 
 def parse_kill(text: str) -> tuple[int, int]:
@@ -294,6 +299,8 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
     from sfg.net.certify import NO_KEYS, Keys, check_run
 
     check_run(world, opts.mode)
+    check_node_peers(parse_peers(opts.peers), world, opts.mode,
+                     pull=opts.pull_timeout is not None, record=opts.record_log is not None)
     if world.rule.certified:
         if opts.tls_dir is None:
             raise SfgError(NO_KEYS)
@@ -307,7 +314,7 @@ async def _swarm(world: World, opts: SwarmOptions, progress) -> dict[str, Any]:
     ports = free_ports(N)
     spec = {"cfg": world.cfg, "mode": opts.mode, "ports": ports, "period": opts.period,
             "jitter": opts.jitter, "window": opts.window, "deadline": opts.deadline,
-            "partitions": opts.partitions, "tls_dir": opts.tls_dir,
+            "partitions": opts.partitions, "tls_dir": opts.tls_dir, "peers": opts.peers,
             "checkpoint_dir": str(work / "checkpoints"),
             "results_dir": str(work / "results")}
     (work / "checkpoints").mkdir(exist_ok=True)

@@ -54,8 +54,7 @@ import grpc
 import msgpack
 
 from sfg.net.wire import (
-    CERT_MAX_BYTES,
-    HEADER_MAX_BYTES,
+    HEADER_LIMIT,
     Chunked,
     Rejected,
     pack_held,
@@ -83,10 +82,10 @@ WINDOW = [("grpc.http2.lookahead_bytes", 1 << 24), ("grpc.http2.max_frame_size",
 
 def message_limit(max_bytes: int) -> int:
     """gRPC's per-message limit for a node whose messages are at most ``max_bytes``: one
-    stream message is a header (at most :data:`~sfg.net.wire.HEADER_MAX_BYTES` +
-    :data:`~sfg.net.wire.CERT_MAX_BYTES`) or one chunk of at most ``min(max_bytes, CHUNK)``
+    stream message is a header (at most :data:`~sfg.net.wire.HEADER_LIMIT`: the plain
+    fields, +certified's evidence, the membership entries) or one chunk of at most ``min(max_bytes, CHUNK)``
     bytes; plus gRPC's own framing slack."""
-    return max(min(int(max_bytes), CHUNK), HEADER_MAX_BYTES + CERT_MAX_BYTES) + (1 << 16)
+    return max(min(int(max_bytes), CHUNK), HEADER_LIMIT) + (1 << 16)
 
 
 def channel_options(max_bytes: int) -> list[tuple[str, int]]:

@@ -4,7 +4,8 @@ A message is two parts:
 
 * a **header**, a msgpack map with the fields of :class:`Header` (format version, sender id,
   sender round, age τ, effective lag ℓ, max-inherited count n, local count, payload length
-  and the payload's SHA-256);
+  and the payload's SHA-256; under ``peers`` ``online`` also ``members``, the sender's
+  freshest membership entries, :func:`pack_members`, checked by :func:`check_members`);
 * a **payload**: the model's parameters as safetensors bytes, one float32 tensor per named
   parameter of the model (``ParamSpec.names``, so a payload is also a valid ``.safetensors``
   file).
@@ -28,16 +29,22 @@ from dataclasses import dataclass, replace
 import msgpack
 import numpy as np
 
-VERSION = 1
+# 2: the header's ``members`` (peers chosen per exchange, docs/concepts/peers.md#real-nodes)
+VERSION = 2
 DEFAULT_MAX_BYTES = 64 << 20   # 64 MiB: above any model sfg ships (ResNet-18-GN is ~45 MB)
 HEADER_MAX_BYTES = 4096
 CERT_MAX_BYTES = 64 << 10   # +certified: the evidence a header carries (sfg.net.certify)
+MEMBER_BYTES = 12           # a membership entry: u32 peer id, f64 seconds since heard (LE)
+MEMBERS_MAX_BYTES = MEMBER_BYTES * 10_000   # at most gossip ≤ view ≤ 10,000 entries
+#: the largest header: the plain fields, +certified's evidence and the membership entries
+HEADER_LIMIT = HEADER_MAX_BYTES + CERT_MAX_BYTES + MEMBERS_MAX_BYTES
 
 log = logging.getLogger("sfg.net")
 
 REASONS = ("garbage", "truncated", "version", "header", "non-neighbour", "identity",
            "oversize", "digest", "names", "shape", "dtype", "non-finite", "staleness",
-           "ahead", "signature", "replayed", "provenance", "uncertified", "expired")
+           "ahead", "signature", "replayed", "provenance", "uncertified", "expired",
+           "membership")
 
 
 class Rejected(Exception):
@@ -63,6 +70,10 @@ class Header:
     length: int
     sha256: bytes
     version: int = VERSION
+    # peers online (docs/concepts/peers.md#real-nodes): the sender's freshest membership
+    # entries, :func:`pack_members`; empty in other headers, which then pack without it. In
+    # the signed part (:meth:`signed_part`) with every other field
+    members: bytes = b""
     # +certified (sfg.net.certify): the evidence (msgpack bytes) and the sender's Ed25519
     # signature over every other field (:meth:`signed_part`); empty in plain headers, which
     # then pack without them
@@ -75,6 +86,8 @@ class Header:
         d = {f: getattr(self, f) for f in _FIELDS}
         if not self.cert:
             del d["cert"], d["sig"]
+        if not self.members:
+            del d["members"]
         return msgpack.packb(d, use_bin_type=True)
 
     def signed_part(self) -> bytes:
@@ -88,18 +101,17 @@ class Header:
 
 
 _FIELDS = tuple(Header.__dataclass_fields__)
-_FIELD_SET = frozenset(_FIELDS) - {"cert", "sig"}
+_FIELD_SET = frozenset(_FIELDS) - {"cert", "sig", "members"}
 _CERT_FIELDS = frozenset(("cert", "sig"))
 _INT_FIELDS = ("sender", "round", "age", "count", "local_count", "length", "version")
 
 
 def unpack_header(raw: bytes) -> Header:
     """Parse and type-check a header; :class:`Rejected` ("garbage", "header", "version")."""
-    if len(raw) > HEADER_MAX_BYTES + CERT_MAX_BYTES:
-        raise Rejected("header", f"header of {len(raw)} bytes exceeds "
-                                 f"{HEADER_MAX_BYTES + CERT_MAX_BYTES}")
+    if len(raw) > HEADER_LIMIT:
+        raise Rejected("header", f"header of {len(raw)} bytes exceeds {HEADER_LIMIT}")
     try:
-        d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=CERT_MAX_BYTES,
+        d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=MEMBERS_MAX_BYTES,
                             max_str_len=64, max_array_len=16, max_map_len=16)
     except Exception as e:  # noqa: BLE001 - any decoding failure is garbage
         raise Rejected("garbage", f"header is not msgpack ({type(e).__name__})") from None
@@ -108,13 +120,24 @@ def unpack_header(raw: bytes) -> Header:
     if d.get("version") != VERSION:
         raise Rejected("version", f"format version {d.get('version')!r}, expected {VERSION}")
     extra = d.keys() - _FIELD_SET
+    members = extra & {"members"}
+    extra -= members
     if not _FIELD_SET <= d.keys() or (extra and extra != _CERT_FIELDS):
         raise Rejected("header", f"fields {sorted(set(d) ^ _FIELD_SET)} missing or unexpected")
+    plain = len(raw)
+    if members:
+        m = d["members"]
+        if not isinstance(m, bytes) or not m or len(m) % MEMBER_BYTES:
+            raise Rejected("membership", f"members must be non-empty bytes of {MEMBER_BYTES}-"
+                                         "byte entries")
+        plain -= len(m)
     if extra:
         if not (isinstance(d["cert"], bytes) and d["cert"] and isinstance(d["sig"], bytes)
                 and len(d["sig"]) == 64):
             raise Rejected("header", "cert must be non-empty bytes and sig 64 bytes")
-    elif len(raw) > HEADER_MAX_BYTES:
+        if len(d["cert"]) > CERT_MAX_BYTES:
+            raise Rejected("header", f"cert of {len(d['cert'])} bytes exceeds {CERT_MAX_BYTES}")
+    elif plain > HEADER_MAX_BYTES:
         raise Rejected("header", f"header of {len(raw)} bytes exceeds {HEADER_MAX_BYTES}")
     for k in _INT_FIELDS:
         v = d[k]
@@ -220,13 +243,15 @@ def payload_digest(payload: bytes | Chunked) -> tuple[bytes, int]:
 
 
 def make_header(digest: tuple[bytes, int], *, sender: int, round: int, age: int, lag: float,
-                count: int, local_count: int, cert: bytes = b"", sign=None) -> bytes:
+                count: int, local_count: int, cert: bytes = b"", sign=None,
+                members: bytes = b"") -> bytes:
     """A packed header for a payload of ``digest`` = (SHA-256, length) (:func:`payload_digest`);
     with ``cert`` (``+certified``'s evidence) signed by ``sign(bytes) -> 64 bytes`` over
-    :meth:`Header.signed_part`."""
+    :meth:`Header.signed_part`; ``members``: the sender's membership entries
+    (:func:`pack_members`)."""
     header = Header(sender=int(sender), round=int(round), age=int(age), lag=float(lag),
                     count=int(count), local_count=int(local_count), length=int(digest[1]),
-                    sha256=digest[0], cert=cert)
+                    sha256=digest[0], members=members, cert=cert)
     if cert:
         header = replace(header, sig=sign(header.signed_part()))
     return header.pack()
@@ -338,6 +363,58 @@ def check_message(raw_header: bytes, payload: bytes, layout: Layout, *, neighbou
     if hashlib.sha256(payload).digest() != header.sha256:
         raise Rejected("digest", "SHA-256 of the payload does not match the header")
     return Message(header, decode_params(payload, layout))
+
+
+# ------------------------------------------------------------------ membership entries
+#: a membership entry on the wire: peer id (u32) and seconds since heard (f64), little-endian
+_MEMBER = np.dtype([("id", "<u4"), ("s", "<f8")])
+
+
+def pack_members(ids, seconds) -> bytes:
+    """Membership entries (docs/concepts/peers.md#real-nodes) as a header's ``members``: 12
+    bytes each, (peer id u32, seconds since heard f64), little-endian, in the given order."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    out = np.empty(ids.shape[0], _MEMBER)
+    out["id"] = ids
+    out["s"] = np.asarray(seconds, np.float64).reshape(-1)
+    return out.tobytes()
+
+
+def unpack_members(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int64 [m], seconds float64 [m]) of a header's ``members`` (unchecked:
+    :func:`check_members`)."""
+    if len(raw) % MEMBER_BYTES:
+        raise Rejected("membership", f"members of {len(raw)} bytes are not whole "
+                                     f"{MEMBER_BYTES}-byte entries")
+    got = np.frombuffer(raw, _MEMBER)
+    return got["id"].astype(np.int64), got["s"].astype(np.float64)
+
+
+def check_members(header: Header, *, gossip: int, n: int,
+                  longest: float) -> tuple[np.ndarray, np.ndarray]:
+    """The membership entries a header carries, checked (docs/concepts/peers.md#real-nodes):
+    at most ``gossip`` (M; 0 when the run carries none), ids of devices of the run
+    (0..n−1), distinct, never the sender itself (its own table never holds it), seconds
+    finite and in [0, ``longest``] (the run's length). An entry naming the receiver is
+    allowed (an honest sender may have heard of it) and ignored when merged. Returns
+    (ids, seconds); :class:`Rejected` ("membership") on anything else."""
+    if not header.members:
+        return np.empty(0, np.int64), np.empty(0)
+    ids, secs = unpack_members(header.members)
+    if ids.shape[0] > gossip:
+        raise Rejected("membership", f"{ids.shape[0]} entries, at most {gossip} carried in "
+                                     "this run")
+    if ids.max() >= n:
+        raise Rejected("membership", f"entry for node {int(ids.max())}: the run has "
+                                     f"nodes 0..{n - 1}")
+    if np.unique(ids).shape[0] != ids.shape[0]:
+        raise Rejected("membership", "an entry repeated")
+    if (ids == header.sender).any():
+        raise Rejected("membership", f"an entry for the sender {header.sender} itself")
+    if not (np.isfinite(secs).all() and (secs >= 0).all() and (secs <= longest).all()):
+        raise Rejected("membership", f"seconds since heard must be finite and in "
+                                     f"[0, {longest:g}]")
+    return ids, secs
 
 
 # ------------------------------------------------------------------ pull replies

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                               resume=a.resume, tls=tls, partitions=parts,
                               on_round=on_round,
                               keys=keys_for(world, spec.get("tls_dir"), i),
+                              peers=spec.get("peers"),
                               events=EventLog(Path(spec["events_dir"]) / f"node-{i}.jsonl")
                               if spec.get("events_dir") else None)
 
