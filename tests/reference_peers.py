@@ -109,7 +109,7 @@ def _carry(tables, tkey, i, now, M):
 def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns, requests,
                replies, messages):
     """The tables of ``online`` (or none, ``epidemic``) along the simulation's own timings
-    and fates, in the phases of one instant (docs/concepts/peers.md#one-instant): returns
+    and fates, in the phases of one instant (docs/concepts/clock.md#one-instant): returns
     draw their pull targets (phase 1); "unreachable" answers remove their peer, then
     requests arriving queue their replies (carrying the table as it stood before the
     instant's arrivals), then the arrivals are heard — messages, replies and the asking
@@ -134,7 +134,7 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
         elif code == 0:
             ev.append((t, 3, len(ev), "request", (q, i, j)))
     heapq.heapify(ev)
-    drew, asked, entries, carried = {}, {}, 0, {}
+    drew, asked, entries = {}, {}, 0
     while ev:
         t, _, _, what, x = heapq.heappop(ev)
         if what == "commit":

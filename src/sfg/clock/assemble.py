@@ -291,9 +291,11 @@ class Assembler:
         c["lost_receiver"] += int((fate == 2).sum())
         c["lost_random"] += int((fate == 3).sum())
         c["delivered"] += int(ok.sum())
+        # the digest: each message's sending event, receiver and fate (its sender and arrival
+        # follow from them and the schedule)
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.peers).encode())
-        for a in (src, snd, rcv, arrival, fate):
+        for a in (src.astype(np.int64), rcv.astype(np.int32), fate.astype(np.int8)):
             h.update(np.ascontiguousarray(a).tobytes())
         self.sampled = {"peer_messages": float(counts[C_SENT]),
                         "messages_to_offline": float(counts[C_OFFLINE]),

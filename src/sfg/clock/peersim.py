@@ -43,12 +43,6 @@ C_SENT, C_OFFLINE, C_ENTRIES = range(3)
 
 
 @njit(cache=True, nogil=True)
-def _online_through(ipt, ist, ien, i, t0, t1):  # pragma: no cover - compiled
-    k, on = locate_one(ipt, ist, ien, i, t0)
-    return on and t1 <= ien[k]
-
-
-@njit(cache=True, nogil=True)
 def grow(a, need):  # pragma: no cover - compiled
     """``a`` [k, cap] with room for ``need`` columns (doubled when short)."""
     if need <= a.shape[1]:
@@ -110,6 +104,8 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
         h = carry(i, t, M, tab_id, tab_t, tab_n, car_id, car_s)
     msg = grow(msg, nm + s)
     row, reached = -1, 0
+    kk, up = locate_one(ipt, ist, ien, i, E[0, r])  # the sender's online interval
+    lim = min(ien[kk], horizon) if up else -np.inf
     for k in range(s):
         j = targets[k]
         tx = b + (k + 1) * dt[i]
@@ -120,7 +116,7 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
             nth[pair] = q + 1
         arr = tx + lat
         fate = 0
-        if not (tx <= horizon and _online_through(ipt, ist, ien, i, E[0, r], tx)):
+        if not tx <= lim:  # gone offline (or past the horizon) before its transfer ended
             fate = 1
         else:
             counts[C_SENT] += 1

@@ -476,7 +476,8 @@ def _ask(P, heap, i, k, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, q
 def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt, ist, ien, rptr,
               rtime, rend, compute, K, ns_table, deg, dt, dth, qptr, qj, qcode, qtime,
               qlat, qextra, qdrop, qret, qedge, live, lf_unit, max_events, wt, wd, wr, rt, rd,
-              rq, F, G, st, hq, fresh, t_stop, P, qsent):  # pragma: no cover - compiled
+              rq, F, G, st, hq, fresh, t_stop, P, qsent,
+              msg_cap):  # pragma: no cover - compiled
     """The events in time order (see the module docstring) before ``t_stop``. proto 0:
     async, 1: event; ``alone``: offline devices train alone (capabilities ``keeps``).
     F [N, 8], G [N, 10], st [9]: the devices' state and the counts, carried from one span of
@@ -496,7 +497,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
     heap = [(np.inf, 9, 0, 0)]
     pk, s_p, M_p = P[0], max(P[7], 1), max(P[8], 1)
-    msg, nm = np.empty((6, 1024 if pk else 0)), 0
+    msg, nm = np.empty((6, max(msg_cap, 1024) if pk else 0)), 0
     pool, free, top = new_pool(M_p)
     nth = Dict.empty(key_type=types.int64, value_type=types.int64)
     targets, buf = np.empty(s_p, np.int64), np.empty(max(P[11].shape[1], 1), np.int64)
@@ -826,6 +827,7 @@ class Simulation:
             jit = self.jitter.random((max(r1 - r0, 0), n)) * (self.settings.jitter * self.P)
             wt, wd, wr, up = _wake_table(jit, self.P, H, world.online, r0)
             max_events = self.max_events * max(r1 - r0, 0) + 1
+            local_max = int(np.count_nonzero(up))  # a local round per online wake at most
             if not self.catchup and not self.keeps:
                 # an offline wake only counts a unit of offline time (its age matters to
                 # +catchup alone): those are made here, at once (``offline``: time, device,
@@ -835,11 +837,16 @@ class Simulation:
         else:
             wt, wd, wr = np.zeros(0), z64, z64
             max_events = self.max_events
+            local_max = min(max_events, 1 << 20)
+        # room for the messages to peers: S per local round (one per online wake at most
+        # under async; under event grown as needed)
+        S = int(self.peers[0][7])
+        msg_cap = S * local_max
         self.r0 = r0 if r1 is None else r1
         F, G, st = self.state
         E, src, held, arr, ok, sent, st, self.hq, msg = _simulate(
             *self.args, int(max_events), wt, wd, wr, *self.req, F, G, st, self.hq, r0 == 0,
-            t_stop, *self.peers)
+            t_stop, *self.peers, msg_cap)
         st[_OFFLINE_WAKES] += offline[0].size
         P = self.peers[0]
         return {"events": E, "offline": offline, "requests": self.requests, "reply_src": src,

@@ -164,8 +164,20 @@ def canonical_edges(n: int, edges: np.ndarray) -> np.ndarray:
     lo = np.minimum(edges[:, 0], edges[:, 1])
     hi = np.maximum(edges[:, 0], edges[:, 1])
     keep = lo != hi
-    keys = np.unique(lo[keep] * np.int64(n) + hi[keep])  # n <= ~3e9 keeps this in int64
+    keys = sorted_unique(lo[keep] * np.int64(n) + hi[keep])  # n <= ~3e9 keeps this in int64
     return np.stack([keys // n, keys % n], axis=1)
+
+
+def sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys)`` for integers (sorted, each once), by a sort: several times faster
+    than the hashing ``np.unique`` on millions of keys."""
+    k = np.sort(keys)
+    if k.size < 2:
+        return k
+    keep = np.empty(k.size, bool)
+    keep[0] = True
+    np.not_equal(k[1:], k[:-1], out=keep[1:])
+    return k[keep]
 
 
 def _components(n: int, edges: np.ndarray) -> tuple[int, np.ndarray]:

@@ -114,15 +114,30 @@ def union_links(n: int, send: np.ndarray, recv: np.ndarray, name: str):
     message (``send`` → ``recv``) a link. Returns (the graph, its round slots, each message's
     slot: the receiver's slot of its sender)."""
     from sfg.round.slots import RoundGraph
-    from sfg.world.graphs import Graph
+    from sfg.world.graphs import Graph, sorted_unique
 
-    pairs = np.unique(np.minimum(send, recv) * n + np.maximum(send, recv))
+    pairs = sorted_unique(np.minimum(send, recv) * n + np.maximum(send, recv))
     union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1), name=name)
     rg = RoundGraph.from_graph(union)
-    nb = np.flatnonzero(~rg.is_self)
-    key = rg.recv[nb].astype(np.int64) * n + rg.send[nb]
-    order = np.argsort(key)
-    return union, rg, nb[order[np.searchsorted(key[order], recv * n + send)]]
+    slot = np.empty(send.size, np.int64)
+    slots_of(rg.indptr, rg.send, np.ascontiguousarray(recv, np.int64),
+             np.ascontiguousarray(send, np.int64), slot)
+    return union, rg, slot
+
+
+@njit(cache=True, nogil=True)
+def slots_of(indptr, snd, recv, send, out):  # pragma: no cover - compiled
+    """out[m]: the slot of send[m] → recv[m] (the receiver's segment holds its self slot
+    first, then its senders by id: a search in the segment)."""
+    for m in range(recv.shape[0]):
+        lo, hi = indptr[recv[m]] + 1, indptr[recv[m] + 1]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if snd[mid] < send[m]:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[m] = lo
 
 
 def canonical_peers(text: Any) -> str:
@@ -256,6 +271,8 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
         return False
     m = tab_n[i]
     V = tab_id.shape[1]
+    if m == V and t < tab_t[i, m - 1]:
+        return False  # staler than every entry of a full table: no change (j's own included)
     pos = -1
     for a in range(m):
         if tab_id[i, a] == j:
