@@ -56,6 +56,43 @@ def draw(kind, key, tables, tkey, i, count, n, s):
     return out
 
 
+def fates(i, t0, b, targets, dt, lat, p_loss, lkey, horizon, online_at, online_through, nth):
+    """(target, arrival, fate) of the messages of a local round of device i started at t0 whose
+    broadcast starts at b: 0 reached, 1 its sender offline before its transfer ended, 2 its
+    target offline at the arrival, 3 lost on the way (the pair's message count ``nth``)."""
+    out = []
+    for k, j in enumerate(targets):
+        tx = b + (k + 1) * dt[i]
+        q = nth.get((i, j), 0)
+        nth[(i, j)] = q + 1
+        arr = tx + lat
+        if not (tx <= horizon and online_through(i, t0, tx)):
+            fate = 1
+        elif not (arr < horizon and online_at(j, arr)):
+            fate = 2
+        elif p_loss > 0 and counter_uniform(lkey, i, j, 0, q) < p_loss:
+            fate = 3
+        else:
+            fate = 0
+        out.append((j, arr, fate))
+    return out
+
+
+def fingerprint(messages):
+    """The sum modulo 2^64 (as a signed 64-bit integer) of every message's 53-bit draw of
+    (its local round's event, its position k in the local round, receiver, fate)."""
+    from sfg.clock.peersim import FINGERPRINT_KEY
+
+    pos: dict[int, int] = {}
+    total = 0
+    for e, _, j, _, f in messages:
+        k = pos.get(e, 0)
+        pos[e] = k + 1
+        total += int(counter_uniform(FINGERPRINT_KEY, e, k, j, f) * 2.0**53)
+    total %= 2**64
+    return total - 2**64 if total >= 2**63 else total
+
+
 def messages(kind, s, V, M, n, horizon, online_at, online_through, commits, dt, lat, p_loss,
              key, tkey, lkey, start_tables):
     """commits: (start, end, dev, step, event) sorted by (end, dev). Returns the messages as
@@ -76,19 +113,9 @@ def messages(kind, s, V, M, n, horizon, online_at, online_through, commits, dt, 
                 carried[ci] = [(p, t - tables[i][p]) for p in heard[:M]]
             else:
                 carried[ci] = []
-            for k, j in enumerate(targets):
-                tx = t + (k + 1) * dt[i]
-                q = nth.get((i, j), 0)
-                nth[(i, j)] = q + 1
-                arr = tx + lat
-                if not (tx <= horizon and online_through(i, t0, tx)):
-                    fate = 1
-                elif not (arr < horizon and online_at(j, arr)):
-                    fate = 2
-                elif p_loss > 0 and counter_uniform(lkey, i, j, 0, q) < p_loss:
-                    fate = 3
-                else:
-                    fate = 0
+            for j, arr, fate in fates(i, t0, t, targets, dt, lat, p_loss, lkey, horizon,
+                                      online_at, online_through, nth):
+                if fate == 0:
                     heapq.heappush(heap, (arr, 0 if t < arr else 2, j, len(out), ci))
                 out.append((ev, i, j, arr, fate))
             ci += 1
@@ -107,7 +134,7 @@ def _carry(tables, tkey, i, now, M):
 
 
 def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns, requests,
-               replies, messages):
+               replies, world):
     """The tables of ``online`` (or none, ``epidemic``) along the simulation's own timings
     and fates, in the phases of one instant (docs/concepts/clock.md#one-instant): returns
     draw their pull targets (phase 1); "unreachable" answers remove their peer, then
@@ -116,16 +143,20 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
     devices (phase 2); commits draw their targets (phase 5); a message that arrives at the
     instant it was sent is heard last.
 
-    commits: (commit time, device, step, event); returns: (time, device, return index,
-    request ids); requests: id -> (asking device, target, code, time) with code 0 arrives,
-    1 unreachable, 2 silent; replies: id -> (arrival, held, delivered, sent); messages:
-    event -> [(receiver, arrival, reached, sent)] in the order sent. Returns (the targets of every
-    commit by event, the targets of every return by its first request id, the entries
-    carried in sent messages and replies)."""
+    commits: (commit time, broadcast start, start, device, step, event); returns: (time,
+    device, return index, request ids); requests: id -> (asking device, target, code, time)
+    with code 0 arrives, 1 unreachable, 2 silent; replies: id -> (arrival, held, delivered,
+    sent); world: (horizon, online_at, online_through, dt, latency, loss, loss key) for
+    :func:`fates`. Returns (every message as (event, sender, receiver, arrival, fate), the
+    targets of every return by its first request id, the entries carried in sent messages
+    and replies)."""
+    horizon, online_at, online_through, dt, lat, p_loss, lkey = world
+    pair_nth: dict = {}
+    out = []
     tables = {i: dict(t) for i, t in start_tables.items()}
     ev = []  # (time, phase, order, what, payload)
-    for t, i, step, e in commits:
-        ev.append((t, 5, len(ev), "commit", (i, step, e)))
+    for t, b, t0, i, step, e in commits:
+        ev.append((t, 5, len(ev), "commit", (i, step, e, b, t0)))
     for t, i, nth, qs in returns:
         ev.append((t, 1, len(ev), "return", (i, nth, qs)))
     for q, (i, j, code, t) in requests.items():
@@ -134,16 +165,18 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
         elif code == 0:
             ev.append((t, 3, len(ev), "request", (q, i, j)))
     heapq.heapify(ev)
-    drew, asked, entries = {}, {}, 0
+    asked, entries = {}, 0
     while ev:
         t, _, _, what, x = heapq.heappop(ev)
         if what == "commit":
-            i, step, e = x
-            drew[e] = draw(kind, key, tables, tkey, i, step, n, s)
+            i, step, e, b, t0 = x
+            targets = draw(kind, key, tables, tkey, i, step, n, s)
             c = _carry(tables, tkey, i, t, M) if kind == "online" else []
-            for j, arr, reached, sent in messages.get(e, []):
-                entries += len(c) * sent
-                if reached and kind == "online":
+            for j, arr, fate in fates(i, t0, b, targets, dt, lat, p_loss, lkey, horizon,
+                                      online_at, online_through, pair_nth):
+                out.append((e, i, j, arr, fate))
+                entries += len(c) * (fate != 1)
+                if fate == 0 and kind == "online":
                     heapq.heappush(ev, (arr, 4 if t < arr else 7, len(ev) + 10**9, "hear",
                                         (j, i, arr, c)))
         elif what == "return":
@@ -164,4 +197,4 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
             hear(tables, V, tkey, j, i, at)
             for p, secs in c:
                 hear(tables, V, tkey, j, p, at - secs)
-    return drew, asked, entries
+    return out, asked, entries

@@ -223,7 +223,7 @@ def test_config_key_run_ids_and_refusals():
 
 def test_node_peer_file_and_the_setting(tmp_path):
     """sfg node: the peer file is --peer-file (--peers FILE, the old spelling, still read with
-    a notice); real nodes refuse a peers setting other than fixed with one line."""
+    a notice); a peers setting is read beside it, an impossible one refused with one line."""
     import subprocess
     import sys
 
@@ -240,9 +240,13 @@ def test_node_peer_file_and_the_setting(tmp_path):
     assert "virtual clock only" in old.stderr  # it read the file and went on to the check
     new = node("--peer-file", str(f))
     assert new.returncode == 2 and "deprecated" not in new.stderr
-    refused = node("--peer-file", str(f), "--peers", "epidemic:s=1")
-    assert refused.returncode == 2 and "real nodes send to their graph neighbours" in \
-        refused.stderr and refused.stderr.strip().count("\n") == 0
+    # a peers setting is read beside the peer file (real nodes run it: tests/test_peers_nodes.py)
+    sampled = node("--peer-file", str(f), "--peers", "epidemic:s=1")
+    assert sampled.returncode == 2 and "virtual clock only" in sampled.stderr
+    assert sampled.stderr.strip().count("\n") == 0
+    bad = node("--peer-file", str(f), "--peers", "bogus")
+    assert bad.returncode == 2 and "unknown peers 'bogus'" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0
     missing = node()
     assert missing.returncode == 2 and "give --peer-file" in missing.stderr
 

@@ -38,6 +38,26 @@ def _world(protocol, extra, seed, n=30):
     return s, make_world(s, process="bursty:u=0.6", graph="knn:k=4", n=n, rounds=40, seed=seed)
 
 
+def _same_messages(r, msg, want):
+    """The simulation's messages that reached (its table) and its counts and fingerprint of
+    all of them (sfg.clock.peersim.fingerprint) are the reference's ``want``."""
+    from reference_peers import fingerprint
+
+    from sfg.clock import peersim as ps
+
+    mine = list(zip(msg[ps.M_EVENT].astype(int).tolist(), msg[ps.M_SEND].astype(int).tolist(),
+                    msg[ps.M_RECV].astype(int).tolist(), msg[ps.M_ARRIVAL].tolist(),
+                    strict=True))
+    assert mine == [(e, i, j, a) for e, i, j, a, f in want if f == 0]
+    c = r["peer_counts"]
+    fates = [f for *_, f in want]
+    assert [c[ps.C_DELIVERED], c[ps.C_LOST_SENDER], c[ps.C_OFFLINE], c[ps.C_LOST_RANDOM]] == \
+        [fates.count(f) for f in range(4)]
+    assert c[ps.C_SENT] == len(fates) - fates.count(1)
+    assert c[ps.C_PRINT] == fingerprint(want)
+    assert fates.count(0) and fates.count(2)  # some reached, some found their target offline
+
+
 def _simulated_messages(world, s, p, protocol, seed, pull=False):
     """The simulation's events and its messages to peers (sfg.clock.peersim), by event row."""
     sim = Simulation(world, s, protocol, local_steps=5, seed=seed, catchup=False, pull=pull,
@@ -66,11 +86,7 @@ def test_compiled_pass_is_the_reference(protocol, peers, extra):
         lambda i, a, b: bool(on.online_through(i, a, b)) and b <= on.next_off(i, a),
         commits, transfer_seconds(world, float(s.message_bytes or 0.0)), const["latency"],
         const["loss"], peers_key(seed), tie_key(seed), loss_key(seed, "message"), start)
-    mine = list(zip(msg[2].astype(int).tolist(), msg[0].astype(int).tolist(),
-                    msg[1].astype(int).tolist(), msg[3].tolist(), msg[4].astype(int).tolist(),
-                    strict=True))
-    assert mine == [(e, i, j, a, f) for e, i, j, a, f in want]
-    assert {0, 2} <= set(msg[4].astype(int).tolist())  # some reached, some found it offline
+    _same_messages(r, msg, want)
     # the schedule's candidates are messages that reached the event's device before it
     sched = make_schedule(world, s, local_steps=5, seed=seed, peers=p)
     A = all_events(r)  # (the async offline wakes made apart after the simulation's rows)
@@ -227,12 +243,11 @@ def test_pull_draws_from_the_tables_as_they_stand(protocol, peers, extra):
     E, rq = r["events"], sim.requests
     tid, tt, _, tn = new_tables(p, seed, world.graph)
     start = {i: {int(tid[i, a]): float(tt[i, a]) for a in range(tn[i])} for i in range(world.n)}
-    commits = [(E[e, 4], int(E[e, 1]), int(E[e, 5]), int(e))
-               for e in np.flatnonzero(E[:, 2] == LOCAL)]
-    sent: dict[int, list] = {}
-    for a in range(msg.shape[1]):
-        sent.setdefault(int(msg[2, a]), []).append(
-            (int(msg[1, a]), msg[3, a], msg[4, a] == 0, msg[4, a] != 1))
+    loc = np.flatnonzero(E[:, 2] == LOCAL)
+    loc = loc[np.lexsort((loc, E[loc, 1], E[loc, 4]))]  # as the simulation commits them
+    commits = [(E[e, 4], E[e, 8], E[e, 0], int(E[e, 1]), int(E[e, 5]), int(e)) for e in loc]
+    on = world.online
+    const = {k: float(str(getattr(s, k)).split("=")[-1]) for k in ("latency", "loss")}
     rptr, rtime, _ = sim.returns
     returns = [(rtime[k], i, k - rptr[i], int(rq["qptr"][k])) for i in range(world.n)
                for k in range(rptr[i], rptr[i + 1])]
@@ -240,13 +255,14 @@ def test_pull_draws_from_the_tables_as_they_stand(protocol, peers, extra):
                 for q in range(rq["qj"].size)}
     replies = {q: (r["reply_arrival"][q], r["reply_held"][q], bool(r["reply_ok"][q]),
                    bool(r["reply_sent"][q])) for q in range(rq["qj"].size)}
-    drew, asked, entries = membership(
+    want, asked, entries = membership(
         p.kind, p.s, max(p.view, 1), p.gossip, world.n, peers_key(seed),
         counter_key(seed, "peers", "pull"), tie_key(seed), start, commits, returns, requests,
-        replies, sent)
-    assert {e: [x[0] for x in m] for e, m in sent.items()} == \
-        {e: t for e, t in drew.items() if e in sent}
-    assert len(drew) == len(sent) > 0
+        replies, (world.horizon, lambda i, t: bool(on.online_at(i, t)),
+                  lambda i, a, b: bool(on.online_through(i, a, b)) and b <= on.next_off(i, a),
+                  transfer_seconds(world, float(s.message_bytes or 0.0)), const["latency"],
+                  const["loss"], loss_key(seed, "message")))
+    _same_messages(r, msg, want)
     for k in range(rtime.size):
         q0, q1 = rq["qptr"][k], rq["qptr"][k + 1]
         assert rq["qj"][q0:q1].tolist() == asked[int(q0)]

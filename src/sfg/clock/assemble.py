@@ -267,42 +267,41 @@ class Assembler:
         or a pull's reply: ``pull``'s replies get their slots in it), counted."""
         import hashlib
 
-        from sfg.clock.peersim import C_ENTRIES, C_OFFLINE, C_SENT
+        from sfg.clock import peersim as ps
         from sfg.world.peers import ENTRY_BYTES, union_links
 
         if until != np.inf or base or sent is None:
             raise SfgError("peers chosen per exchange run in one span: an internal error")
         n = self.world.n
         msg, counts = sent["messages"], sent["counts"]
-        snd, rcv = msg[0].astype(np.int64), msg[1].astype(np.int64)
-        src, arrival, fate = rank[msg[2].astype(np.int64)], msg[3], msg[4].astype(np.int64)
-        ok = fate == 0
-        s, r = snd[ok], rcv[ok]
+        s, r = msg[ps.M_SEND].astype(np.int64), msg[ps.M_RECV].astype(np.int64)
+        src, arrival = rank[msg[ps.M_EVENT].astype(np.int64)], msg[ps.M_ARRIVAL]
+        nreached = s.size
         if pull is not None:  # the replies: from the asked device to the returning one
             s = np.concatenate([s, pull["asked"]])
             r = np.concatenate([r, pull["asks"]])
         _, self.rg, slot = union_links(n, s, r, f"peers {self.peers}")
         if pull is not None:
-            pull["slot"] = slot[ok.sum():]
-            slot = slot[:ok.sum()]
+            pull["slot"] = slot[nreached:]
+            slot = slot[:nreached]
         c = self.counts
-        c["messages_sent"] += int((fate != 1).sum())
-        c["lost_sender"] += int((fate == 1).sum())
-        c["lost_receiver"] += int((fate == 2).sum())
-        c["lost_random"] += int((fate == 3).sum())
-        c["delivered"] += int(ok.sum())
-        # the digest: each message's sending event, receiver and fate (its sender and arrival
-        # follow from them and the schedule)
+        c["messages_sent"] += int(counts[ps.C_SENT])
+        c["lost_sender"] += int(counts[ps.C_LOST_SENDER])
+        c["lost_receiver"] += int(counts[ps.C_OFFLINE])
+        c["lost_random"] += int(counts[ps.C_LOST_RANDOM])
+        c["delivered"] += int(counts[ps.C_DELIVERED])
+        # the digest: every message by its fingerprint (sfg.clock.peersim.fingerprint), and
+        # those that reached by their sending local round and receiver
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.peers).encode())
-        for a in (src.astype(np.int64), rcv.astype(np.int32), fate.astype(np.int8)):
+        h.update(np.ascontiguousarray(counts).tobytes())
+        for a in (src.astype(np.int64), r[:nreached].astype(np.int32)):
             h.update(np.ascontiguousarray(a).tobytes())
-        self.sampled = {"peer_messages": float(counts[C_SENT]),
-                        "messages_to_offline": float(counts[C_OFFLINE]),
-                        "membership_bytes": float(counts[C_ENTRIES] * ENTRY_BYTES),
+        self.sampled = {"peer_messages": float(counts[ps.C_SENT]),
+                        "messages_to_offline": float(counts[ps.C_OFFLINE]),
+                        "membership_bytes": float(counts[ps.C_ENTRIES] * ENTRY_BYTES),
                         "digest": h.hexdigest()}
-        src = src[ok]
-        return {"slot": slot, "arr": arrival[ok], "src": src + base, "sent": end[src],
+        return {"slot": slot, "arr": arrival, "src": src + base, "sent": end[src],
                 "rep": np.zeros(src.size, bool), "off": np.zeros(src.size)}
 
 

@@ -33,13 +33,37 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
-from sfg.world.locate import locate_one
-from sfg.world.peers import Peers, carry, draw_epidemic, draw_online, forget, hear, uniform4
+from sfg.world.locate import locate_near, locate_one
+from sfg.world.peers import (
+    Peers,
+    carry,
+    draw_epidemic,
+    draw_online,
+    forget,
+    hear,
+    hear_many,
+    uniform4,
+)
 
-# a message's columns (float rows of the simulation's message table)
-M_SEND, M_RECV, M_EVENT, M_ARRIVAL, M_FATE, M_POOL = range(6)
-# the counts: messages sent, to offline targets, entries carried
-C_SENT, C_OFFLINE, C_ENTRIES = range(3)
+# a message that reached its target: its columns (float rows of the simulation's table)
+M_SEND, M_RECV, M_EVENT, M_ARRIVAL = range(4)
+# the counts: messages sent (their sender online until the transfer ended), to offline
+# targets, entries carried, lost at the sender, lost on the way, reached; and the messages'
+# fingerprint (:func:`fingerprint`)
+C_SENT, C_OFFLINE, C_ENTRIES, C_LOST_SENDER, C_LOST_RANDOM, C_DELIVERED, C_PRINT = range(7)
+# a message's fate: reached, lost at the sender, target offline, lost on the way
+REACHED, LOST_SENDER, TARGET_OFFLINE, LOST_RANDOM = range(4)
+FINGERPRINT_KEY = 0x243F6A8885A308D3
+
+
+@njit(cache=True, nogil=True)
+def fingerprint(event, k, recv, fate):  # pragma: no cover - compiled
+    """Message k of local round ``event`` (its row in the simulation's events) to ``recv``,
+    of ``fate``, as a 53-bit integer (:func:`sfg.util.rng.counter_uniform`'s draw of the four
+    ids under :data:`FINGERPRINT_KEY`); their sum modulo 2^64 stands for every message in
+    the digest, the lost ones too, without a row each."""
+    return np.int64(uniform4(np.uint64(FINGERPRINT_KEY), event, k, recv, fate)
+                    * 9007199254740992.0)
 
 
 @njit(cache=True, nogil=True)
@@ -88,10 +112,12 @@ def new_pool(M):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, top, nth,
-         targets, buf, car_id, car_s, hear_kind, late_kind):  # pragma: no cover - compiled
+         targets, buf, car_id, car_s, hear_kind, late_kind,
+         cursor):  # pragma: no cover - compiled
     """Local round r of device i commits (its broadcast starts at E[8, r]): its S targets
     drawn, its messages' fates, the arrivals pushed to be heard (``hear_kind``, or
-    ``late_kind`` for one that arrives at the instant it was sent). Returns (msg, nm, pool,
+    ``late_kind`` for one that arrives at the instant it was sent; ``cursor``: each device's
+    last interval found, :func:`sfg.world.locate.locate_near`). Returns (msg, nm, pool,
     free, top)."""
     kind, key, s, M, lat, p_loss, lkey = P[0], P[1], P[7], P[8], P[9], P[10], P[4]
     tab_id, tab_t, tab_n, counts = P[11], P[12], P[14], P[15]
@@ -103,7 +129,9 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
         draw_online(key, i, step, n, s, tab_id, tab_n, buf, targets)
         h = carry(i, t, M, tab_id, tab_t, tab_n, car_id, car_s)
     msg = grow(msg, nm + s)
-    row, reached = -1, 0
+    row, nm0 = -1, nm
+    if kind == 2 and h:  # the carried entries, read by the arrivals (counted as they are sent)
+        pool, free, top, row = _take(pool, free, top, car_id, car_s, h, 0)
     kk, up = locate_one(ipt, ist, ien, i, E[0, r])  # the sender's online interval
     lim = min(ien[kk], horizon) if up else -np.inf
     for k in range(s):
@@ -115,61 +143,69 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
             q = nth[pair] if pair in nth else 0
             nth[pair] = q + 1
         arr = tx + lat
-        fate = 0
+        fate = REACHED
         if not tx <= lim:  # gone offline (or past the horizon) before its transfer ended
-            fate = 1
+            fate = LOST_SENDER
+            counts[C_LOST_SENDER] += 1
         else:
             counts[C_SENT] += 1
             counts[C_ENTRIES] += h
-            if not (arr < horizon and locate_one(ipt, ist, ien, j, arr)[1]):
-                fate = 2
+            if not (arr < horizon and locate_near(ipt, ist, ien, j, arr, cursor)[1]):
+                fate = TARGET_OFFLINE
                 counts[C_OFFLINE] += 1
             elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:
-                fate = 3
+                fate = LOST_RANDOM
+                counts[C_LOST_RANDOM] += 1
+        counts[C_PRINT] += fingerprint(r, k, j, fate)  # (wraps around: modulo 2^64)
+        if fate != REACHED:
+            continue
         msg[M_SEND, nm], msg[M_RECV, nm], msg[M_EVENT, nm] = i, j, r
-        msg[M_ARRIVAL, nm], msg[M_FATE, nm], msg[M_POOL, nm] = arr, fate, -1
-        if fate == 0 and kind == 2:  # (epidemic keeps no tables: nothing hears)
-            reached += 1
-            heapq.heappush(heap, (arr, hear_kind if t < arr else late_kind, j, 3 * nm))
+        msg[M_ARRIVAL, nm] = arr
+        if kind == 2:  # (epidemic keeps no tables: nothing hears)
+            if row >= 0:
+                pool[row, 1] += 1
+            heapq.heappush(heap, (arr, hear_kind if t < arr else late_kind, j,
+                                  3 * ((i << 31) | (row + 1))))
         nm += 1
-    if reached and h:
-        pool, free, top, row = _take(pool, free, top, car_id, car_s, h, reached)
-        for m in range(nm - s, nm):
-            if msg[M_FATE, m] == 0:
-                msg[M_POOL, m] = row
+    counts[C_DELIVERED] += nm - nm0
+    if row >= 0 and pool[row, 1] == 0:  # nothing reached: the entries are read by none
+        free[top] = row
+        top += 1
     return msg, nm, pool, free, top
 
 
 @njit(cache=True, nogil=True)
-def _hear_row(P, j, sender, at, pool, free, top, row):  # pragma: no cover - compiled
+def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover - compiled
     """j hears of ``sender`` at ``at`` and of the pool row's entries at ``at`` − their
-    seconds; the row is freed after its last reader. Returns the free stack's top."""
-    tkey, tab_id, tab_t, tab_h, tab_n = P[3], P[11], P[12], P[13], P[14]
-    hear(tkey, j, sender, at, tab_id, tab_t, tab_h, tab_n)
-    if row < 0:
-        return top
-    Mw = (pool.shape[1] - 2) // 2
-    for e in range(np.int64(pool[row, 0])):
-        hear(tkey, j, np.int64(pool[row, 2 + e]), at - pool[row, 2 + Mw + e], tab_id, tab_t,
-             tab_h, tab_n)
-    pool[row, 1] -= 1
-    if pool[row, 1] <= 0:
-        free[top] = row
-        top += 1
+    seconds (one merge: :func:`sfg.world.peers.hear_many`); the row is freed after its last
+    reader. Returns the free stack's top."""
+    ids, ts = scr[0], scr[1]
+    ids[0], ts[0] = sender, at
+    cnt = 1
+    if row >= 0:
+        Mw = (pool.shape[1] - 2) // 2
+        for e in range(np.int64(pool[row, 0])):
+            ids[cnt], ts[cnt] = np.int64(pool[row, 2 + e]), at - pool[row, 2 + Mw + e]
+            cnt += 1
+        pool[row, 1] -= 1
+        if pool[row, 1] <= 0:
+            free[top] = row
+            top += 1
+    hear_many(P[3], j, ids, ts, cnt, P[11], P[12], P[13], P[14], scr[2])
     return top
 
 
 @njit(cache=True, nogil=True)
-def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held,
-          rslot):  # pragma: no cover - compiled
-    """A membership arrival at device j (arg: 3m, message m; 3q + 1, the reply to request
-    q; 3q + 2, request q itself). Returns the free stack's top."""
+def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held, rslot,
+          scr):  # pragma: no cover - compiled
+    """A membership arrival at device j (arg: 3·(sender·2^31 + pool row + 1), a message;
+    3q + 1, the reply to request q; 3q + 2, request q itself). Returns the free stack's
+    top."""
     what, x = arg % 3, arg // 3
     if what == 0:
-        return _hear_row(P, j, np.int64(msg[M_SEND, x]), now, pool, free, top,
-                         np.int64(msg[M_POOL, x]))
+        return _hear_row(P, j, x >> 31, now, pool, free, top, (x & 0x7FFFFFFF) - 1, scr)
     if what == 1:
-        return _hear_row(P, j, qj[x], now - held[x], pool, free, top, rslot[x])
+        return _hear_row(P, j, qj[x], now - held[x], pool, free, top, rslot[x], scr)
     hear(P[3], j, qret[x], now, P[11], P[12], P[13], P[14])
     return top
 
@@ -212,7 +248,7 @@ def peer_state(peers: Peers | None, seed: int, graph, n: int, settings):
     s = int(peers.s) if sampled else 0
     M = int(peers.gossip) if kind == 2 else 0
     return (kind, keys[0], keys[1], keys[2], keys[3], keys[4], keys[5], s, M, float(lat),
-            float(loss), *tables, np.zeros(3, np.int64))
+            float(loss), *tables, np.zeros(7, np.int64))
 
 
 def pair_world(settings) -> tuple[float, float]:

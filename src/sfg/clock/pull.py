@@ -70,7 +70,7 @@ from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
 from sfg.world.locate import locate_one
-from sfg.world.peers import draw_epidemic, draw_online, uniform4
+from sfg.world.peers import draw_epidemic, draw_online, hear_scratch, uniform4
 
 # event kinds of the simulation, in their order at one instant (the phases of one instant,
 # sfg.clock.instant: a return, a request's arrival, a window's end, then the local rounds'
@@ -497,12 +497,15 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
     heap = [(np.inf, 9, 0, 0)]
     pk, s_p, M_p = P[0], max(P[7], 1), max(P[8], 1)
-    msg, nm = np.empty((6, max(msg_cap, 1024) if pk else 0)), 0
+    msg, nm = np.empty((4, max(msg_cap, 1024) if pk else 0)), 0
     pool, free, top = new_pool(M_p)
     nth = Dict.empty(key_type=types.int64, value_type=types.int64)
     targets, buf = np.empty(s_p, np.int64), np.empty(max(P[11].shape[1], 1), np.int64)
     car_id, car_s = np.empty(M_p, np.int64), np.empty(M_p)
     rslot = np.full(NQ, -1, np.int64)
+    scr = (np.empty(M_p + 1, np.int64), np.empty(M_p + 1),
+           hear_scratch(max(P[11].shape[1], 1), M_p))  # (sfg.world.peers.hear_many)
+    cursor = (ipt[:-1] - 1) if pk else np.zeros(0, np.int64)  # each device's last interval
     defer = pull or pk > 0  # commits in their place among the arrivals (phase 5)
     for h in range(hq[0].shape[0]):
         heapq.heappush(heap, (hq[0][h], hq[1][h], hq[2][h], hq[3][h]))
@@ -548,7 +551,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             if pk:
                 msg, nm, pool, free, top = send(P, heap, E, arg, i, n, horizon, ipt, ist, ien,
                                                 dt, msg, nm, pool, free, top, nth, targets,
-                                                buf, car_id, car_s, _HEAR, _LATE)
+                                                buf, car_id, car_s, _HEAR, _LATE, cursor)
         elif kind == _RETURN:
             if pk and pull and not talk:
                 _ask(P, heap, i, arg, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, qj,
@@ -567,7 +570,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
         elif kind == _FORGET:
             unreachable(P, qret[arg], qj[arg])
         elif kind == _HEAR or kind == _LATE:
-            top = heard(P, arg, i, now, msg, pool, free, top, qj, qret, rep[1], rslot)
+            top = heard(P, arg, i, now, msg, pool, free, top, qj, qret, rep[1], rslot, scr)
         else:
             if kind == _WINDOW:
                 arg = _on_window(F, G, st, i, arg, now, proto, alone, S, horizon, ipt, ist,

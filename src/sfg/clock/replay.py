@@ -106,7 +106,7 @@ class EventStaleness:
                    forge=self.forge, rnd=self.rnd,
                    samples=s.samples if whole else np.zeros(0),
                    curve=self.curve if whole else np.zeros((2, 0)), ev=self.ev, order=order,
-                   given=given, caps=s.caps)
+                   given=given, caps=s.caps, track_q=s.peers is None)
 
     def result(self) -> dict[str, Any]:
         return {"ages": self.st[0], "counts": self.st[1], "local_counts": self.st[2],
@@ -185,7 +185,7 @@ class PieceStaleness:
                    u=z, key=z, st=self.st, lags=self.lags, q=self.q, hdr=hdr,
                    hdr_lag=hdr_lag, w=np.zeros(int(p.cptr[-1])), facts=facts,
                    marks=self.marks, forge=HONEST, rnd=np.zeros((0, 0)), samples=p.samples,
-                   curve=curve, ev=self.ev, caps=p.caps)
+                   curve=curve, ev=self.ev, caps=p.caps, track_q=p.peers is None)
         self.acc.add(facts[None])
         self.curve[:, self.s0:self.s0 + curve.shape[1]] = curve
         self.s0 += curve.shape[1]

@@ -167,11 +167,11 @@ def _types() -> dict[object, object]:
             # _events: score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             # send, times, kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags,
             # q, hdr, hdr_lag, w, facts, marks, forge, rnd, samples, curve, order, given,
-            # caps, defend, ev
+            # caps, track_q, defend, ev
             _TYPES["events", defended] = nt.int64(
                 score, f1, nt.float64, nt.boolean, nt.boolean, nt.int64, nt.float64,
                 nt.float64, i1, i1, f1, i1, i1, i1, f1, i1, i1, i1, f1, f1, f1, i2, f1, f1,
-                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2, i1, f1, i1,
+                i2, f1, f1, f2, b2, nt.int64, f2, f1, f2, i1, f1, i1, nt.boolean,
                 *((nt.FunctionType(defend_signature()), i2) if defended else (nt.none,) * 2))
     return _TYPES
 
@@ -529,7 +529,7 @@ def _sample(curve, s, samples, until, ages, lags):  # pragma: no cover - compile
 
 def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr, send, times,
             kind, dev, tt, amount, cptr, cslot, cmsg, cwait, u, key, st, lags, q, hdr, hdr_lag,
-            w, facts, marks, forge, rnd, samples, curve, order, given, caps, defend,
+            w, facts, marks, forge, rnd, samples, curve, order, given, caps, track_q, defend,
             ev):  # pragma: no cover
     """The virtual clock's events in order (docs/concepts/clock.md#the-virtual-clock), one receiver each, through the round's
     own parts: the rule (``score``), :func:`_weights`, the defences, :func:`_settle` (the
@@ -551,8 +551,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
     candidates of later rounds). Out: w [C] weights, facts [R, F] (:data:`FACTS`, on the
     state before the event), curve [2, S] the mean age and lag at the times samples [S].
 
-    order [R'] (the events to run, in this order), given [C] or [0] and caps [R] or [0]: as
-    :func:`run_events` says.
+    order [R'] (the events to run, in this order), given [C] or [0], caps [R] or [0] and
+    ``track_q``: as :func:`run_events` says.
 
     Attacks: marks [2, N] attackers and senders whose content never changes; ``forge`` the
     code of the attackers' claim on what they send (:data:`CLAIM_CODE`;
@@ -587,8 +587,9 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
             continue
         a = indptr[i]
         b = indptr[i + 1]
-        for e in range(a, b):
-            cand[e] = False
+        if track_q:
+            for e in range(a, b):
+                cand[e] = False
         p0 = cptr[r]
         k = cptr[r + 1] - p0
         for d in range(k):
@@ -649,7 +650,8 @@ def _events(score, params, c_self, ipw, rounded, defence, margin, kappa, indptr,
                 heard = b_count[d]
         na, nl, nc = _settle(trains, k, b_age, b_raw, b_count, wk, b_cand, b_att, fr)
         if adopts:
-            _update_q(q, a, b, cand)
+            if track_q:
+                _update_q(q, a, b, cand)
             fr[F_ADOPT] = 1.0
             fr[F_NB] = k - 1
             fr[F_SELF_W] = wk[0]
@@ -886,7 +888,7 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                marks: np.ndarray, forge: int, rnd: np.ndarray, samples: np.ndarray,
                curve: np.ndarray, ev: np.ndarray | None = None,
                order: np.ndarray | None = None, given: np.ndarray | None = None,
-               caps: np.ndarray | None = None) -> None:
+               caps: np.ndarray | None = None, track_q: bool = True) -> None:
     """:func:`_events` (the virtual clock's events, compiled once for every rule) with
     ``rule``'s compiled function, modifiers and defences; arguments as there, and:
 
@@ -900,7 +902,10 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
     local round's capabilities under an anatomy mode (docs/concepts/outages.md#anatomy-modes;
     bits :data:`EV_TRAIN`, :data:`EV_SEND`, :data:`EV_AGGREGATE`): one that does not
     aggregate has only itself as candidate and keeps its model (weight 1, q̂ unchanged), one
-    that does not train settles as untrained (age + 1, lag + 1 when alone).
+    that does not train settles as untrained (age + 1, lag + 1 when alone). ``track_q``
+    False: q̂ is not updated (it stays as given; for rules that do not read it, when every
+    update would cost a pass over the receiver's slots: the union graph of peers chosen per
+    exchange, where the rules that read it are refused).
 
     The state (st, lags, q, hdr, hdr_lag, ev) and outputs (w, facts, curve) are updated in
     place. Raises :class:`RuleError` if the rule raised."""
@@ -928,7 +933,7 @@ def run_events(rule: Rule, rg: RoundGraph, *, times: np.ndarray, kind: np.ndarra
                   _c(u, np.float64), _c(key, np.float64), st, lags, q, hdr, hdr_lag, w, facts,
                   _c(marks, np.bool_), int(forge), _c(rnd, np.float64), _c(samples, np.float64),
                   curve, _c(order, np.int64), EMPTY_F if given is None else _c(given, np.float64),
-                  EMPTY_I if caps is None else _c(caps, np.int64), *rest)
+                  EMPTY_I if caps is None else _c(caps, np.int64), bool(track_q), *rest)
     if status:
         r = int(status) - 1
         name = getattr(getattr(fn, "py_func", fn), "__qualname__", str(fn))

@@ -21,6 +21,22 @@ def locate_one(indptr, start, end, i, t):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def locate_near(indptr, start, end, i, t, cursor):  # pragma: no cover - compiled
+    """:func:`locate_one`, starting from device i's last answer ``cursor[i]`` (updated): a
+    few steps when its queries come nearly in time order, as a simulation's do."""
+    a, b = indptr[i], indptr[i + 1]
+    k = cursor[i]
+    if k < a - 1 or k >= b:
+        k = a - 1
+    while k + 1 < b and start[k + 1] <= t:
+        k += 1
+    while k >= a and start[k] > t:
+        k -= 1
+    cursor[i] = k
+    return k, k >= a and t < end[k]
+
+
+@njit(cache=True, nogil=True)
 def locate(indptr, start, end, d, t, j, on):  # pragma: no cover - compiled
     """j [Q]: the index of device d's last interval starting at or before t (indptr[d] − 1
     when none does); on [Q]: whether t lies inside it (:func:`locate_one` per query)."""

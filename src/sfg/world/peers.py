@@ -305,6 +305,66 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
 
 
 @njit(cache=True, nogil=True)
+def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragma: no cover
+    """Device i hears of the distinct peers ids[:cnt] at ts[:cnt]: the table :func:`hear` of
+    each in turn leaves (a table keeps the V freshest of what it heard, whatever the order),
+    in one merge of the row with what is fresher. ``scr``: :func:`hear_scratch`."""
+    kin_id, kin_t, kin_h, out_id, out_t, out_h, gone = scr
+    m = tab_n[i]
+    V = tab_id.shape[1]
+    for a in range(m):
+        gone[a] = False
+    kk = 0
+    for x in range(cnt):
+        j, t = ids[x], ts[x]
+        if j == i or (m == V and t < tab_t[i, m - 1]):
+            continue  # itself, or staler than every entry of a full table
+        pos = -1
+        for a in range(m):
+            if tab_id[i, a] == j:
+                pos = a
+                break
+        if pos >= 0:
+            if not t > tab_t[i, pos]:
+                continue
+            gone[pos] = True
+            h = tab_h[i, pos]
+        else:
+            h = uniform(tkey, i, j, 0)
+        p = kk  # what is kept, freshest first
+        while p > 0 and _before(t, h, kin_t[p - 1], kin_h[p - 1]):
+            kin_id[p], kin_t[p], kin_h[p] = kin_id[p - 1], kin_t[p - 1], kin_h[p - 1]
+            p -= 1
+        kin_id[p], kin_t[p], kin_h[p] = j, t, h
+        kk += 1
+    if kk == 0:
+        return
+    a, b, o = 0, 0, 0
+    while o < V:
+        while a < m and gone[a]:
+            a += 1
+        if b < kk and (a >= m or _before(kin_t[b], kin_h[b], tab_t[i, a], tab_h[i, a])):
+            out_id[o], out_t[o], out_h[o] = kin_id[b], kin_t[b], kin_h[b]
+            b += 1
+        elif a < m:
+            out_id[o], out_t[o], out_h[o] = tab_id[i, a], tab_t[i, a], tab_h[i, a]
+            a += 1
+        else:
+            break
+        o += 1
+    for c in range(o):
+        tab_id[i, c], tab_t[i, c], tab_h[i, c] = out_id[c], out_t[c], out_h[c]
+    tab_n[i] = o
+
+
+@njit(cache=True, nogil=True)
+def hear_scratch(V, M):  # pragma: no cover - compiled
+    """The buffers of :func:`hear_many` for tables of V entries and M + 1 peers heard at once."""
+    return (np.empty(M + 1, np.int64), np.empty(M + 1), np.empty(M + 1),
+            np.empty(V, np.int64), np.empty(V), np.empty(V), np.empty(V, np.bool_))
+
+
+@njit(cache=True, nogil=True)
 def forget(i, j, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Device i drops j from its table (an "unreachable" answer); the entries after it move
     up. Returns whether j was there."""
