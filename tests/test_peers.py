@@ -275,3 +275,32 @@ def test_replay_table_shows_the_peers_costs():
     s = summarise_replay(rows)[0]
     want = (rows[0]["peer_messages_per_device_hour"] + rows[1]["peer_messages_per_device_hour"]) / 2
     assert s["peer_messages_per_device_hour"] == pytest.approx(want)
+
+
+def test_hearing_at_once_is_hearing_in_turn():
+    """sfg.world.peers.hear_many (one merge) leaves the table that hear() of each peer in turn
+    leaves, in any order: a table keeps the V freshest of what it heard."""
+    from sfg.world.peers import NEVER, hear, hear_many, hear_scratch
+
+    rng = np.random.default_rng(4)
+    V, n, key = 5, 12, np.uint64(99)
+    changed = 0
+    for _ in range(400):
+        one = (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros((1, V)),
+               np.zeros(1, np.int64))
+        for j in rng.choice(n, rng.integers(0, V + 2), replace=False):  # a table to start from
+            hear(key, 0, int(j), NEVER if rng.random() < 0.3 else float(rng.integers(0, 20)),
+                 *one)
+        other = tuple(a.copy() for a in one)
+        before = tuple(a.copy() for a in one)
+        cnt = int(rng.integers(1, 7))
+        ids = rng.choice(n, cnt, replace=False).astype(np.int64)  # (0 itself may be among them)
+        ts = rng.integers(0, 25, cnt).astype(float)
+        for k in rng.permutation(cnt):
+            hear(key, 0, int(ids[k]), float(ts[k]), *one)
+        hear_many(key, 0, ids, ts, cnt, *other, hear_scratch(V, cnt))
+        for a, b in zip(one, other, strict=True):
+            assert np.array_equal(a[0, :one[3][0]] if a.ndim == 2 else a,
+                                  b[0, :other[3][0]] if b.ndim == 2 else b)
+        changed += not all(np.array_equal(a, b) for a, b in zip(one, before, strict=True))
+    assert changed > 100
