@@ -1,8 +1,7 @@
 """Peers chosen per exchange, model-free (docs/findings/peers.md): returns heard, the premise,
 mean lag, messages, membership bytes and messages to offline peers under ``fixed``,
 ``epidemic`` and ``online``, on bursty, iid and the FLASH trace, in rounds and on the virtual
-clock (async and event, ``on_return: none``, and ``pull:timeout=120`` under ``fixed`` and
-``epidemic``), seeds 1-5, N = 100 over 300 rounds of 10
+clock (async and event, ``on_return: none`` and ``pull:timeout=120``), seeds 1-5, N = 100 over 300 rounds of 10
 minutes. S is the graph's mean degree rounded (knn:k=6: 7.1 -> 7), so every setting sends
 about the messages per device-hour that ``fixed`` sends.
 
@@ -57,6 +56,9 @@ def summary(rows: list[dict], n: int, T: int) -> dict[str, float]:
         agg = mean("returns_aggregated")
         out["back_heard"] = mean("returns_heard") / agg if agg else math.nan
         out["alone"] = mean("returns_alone") / mean("returns")
+    if "pull_requests" in d[0]:  # the share of a pull's requests that found their target offline
+        asked = mean("pull_requests")
+        out["asked_offline"] = mean("pull_unreachable") / asked if asked else math.nan
     if "peer_messages_per_device_hour" in d[0]:
         out["messages"] = mean("peer_messages_per_device_hour")
         out["to_offline"] = mean("messages_to_offline_per_device_hour")
@@ -82,10 +84,11 @@ def main() -> None:
     out = []
     print("| world | protocol | peers | returns heard | back heard | alone | premise | "
           "mean lag dfedavg | mean lag sfg-cut | messages/dh | to offline/dh | "
-          "membership B/dh |\n|" + "---|" * 12, flush=True)
+          "membership B/dh | pull asked offline |\n|" + "---|" * 13, flush=True)
     runs = [(proto, p, False) for proto in ("rounds", "async", "event") for p in peers]
-    # pull on return: fixed and epidemic (its pull targets need no table)
-    runs += [(proto, p, True) for proto in ("async", "event") for p in peers[:2]]
+    # pull on return: a returning device asks its neighbours, S drawn devices or S peers of
+    # its table
+    runs += [(proto, p, True) for proto in ("async", "event") for p in peers]
     for pname, process in PROCESSES.items():
         for protocol, p, pull in runs:
             s = summary(rows_for(process, protocol, p, seeds, args.n, args.T, args.K, pull),
@@ -96,7 +99,7 @@ def main() -> None:
             print(f"| {pname} | {shown} | `{p}` | {f('heard')} | {f('back_heard')} | "
                   f"{f('alone')} | {f('premise')} | {f('lag_dfedavg', 2)} | "
                   f"{f('lag_sfg_cut', 2)} | {f('messages', 2)} | {f('to_offline', 2)} | "
-                  f"{f('membership_bytes', 0)} |", flush=True)
+                  f"{f('membership_bytes', 0)} | {f('asked_offline')} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
