@@ -68,6 +68,8 @@ class Assembler:
         self.link_failure, self.talks = link_failure, offline_talks
         # peers chosen per exchange (sfg.clock.peersim, one span): the run's own links
         self.peers = None if peers is None or peers.fixed else peers
+        self.sampled: dict[str, Any] | None = None  # (peers: the counts and the digest)
+        self.union_slot = np.zeros(0, np.int64)
         if self.peers is not None:
             from sfg.clock.peersim import check_clock
 
@@ -248,7 +250,7 @@ class Assembler:
             out["candidates"] = float(c["candidates"])
             out.update(self.returns.counts())
             if self.peers is not None:
-                out.update({k: self.sampled[k] for k in PEER_COUNTS})
+                out.update({k: self.sampled[k] for k in PEER_COUNTS})  # type: ignore[index]
         return Schedule(protocol=self.protocol, n=world.n, unit=unit, horizon=world.horizon,
                         time=time, dev=dev, kind=kind, t=t, amount=amount, end=end, step=step,
                         cptr=cptr, cslot=cslot, cmsg=cmsg, cwait=cwait, samples=samples,
@@ -256,62 +258,76 @@ class Assembler:
                         pulls=None if pull is None else (bstart, closes, pull["digest"]),
                         first=base, keep=np.unique(self.carry["src"]),
                         rg=None if self.peers is None else rg,
-                        peers=None if self.peers is None else self.sampled["digest"])
+                        peers=None if self.sampled is None else self.sampled["digest"])
 
     def _peer_messages(self, sent: dict[str, Any] | None, rank: np.ndarray, end: np.ndarray,
                        base: int, until: float,
                        pull: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """The messages under ``peers`` that the simulation sent (``sent``: columns
-        :data:`sfg.clock.peersim.M_SEND`… by its events, which ``rank`` maps to the sorted
-        ones): the run's graph becomes the union of the pairs that exchanged one (a message,
-        or a pull's reply: ``pull``'s replies get their slots in it), counted."""
+        """The messages under ``peers`` that the span's local rounds sent (``sent``: the
+        simulation's, columns :data:`sfg.clock.peersim.M_SEND`… by the span's events, which
+        ``rank`` maps to the sorted ones; ``all``: the whole run's, ``index``: theirs among
+        them): the run's graph is the union of the pairs that exchanged one over the whole
+        run (a message, or a pull's reply: ``pull``'s replies get their slots in it; pull runs
+        in one span), made and counted at the first span."""
+        from sfg.clock import peersim as ps
+
+        if sent is None or (pull is not None and (until != np.inf or base)):
+            raise SfgError("peers chosen per exchange: an internal error of the schedule")
+        if self.sampled is None:
+            self._union(sent, pull)
+        msg = sent["messages"]
+        src = rank[msg[ps.M_EVENT].astype(np.int64)]
+        slot = self.union_slot[sent["index"]]
+        return {"slot": slot, "arr": msg[ps.M_ARRIVAL], "src": src + base, "sent": end[src],
+                "rep": np.zeros(src.size, bool), "off": np.zeros(src.size)}
+
+    def _union(self, sent: dict[str, Any], pull: dict[str, Any] | None) -> None:
+        """The run's union graph and every message's slot in it (:meth:`_peer_messages`), the
+        counts, and the digest of the messages: each by its fingerprint in the counts
+        (:func:`sfg.clock.peersim.fingerprint`), and those that reached by their sending local
+        round (its row in the simulation) and receiver."""
         import hashlib
 
         from sfg.clock import peersim as ps
         from sfg.world.peers import ENTRY_BYTES, union_links
 
-        if until != np.inf or base or sent is None:
-            raise SfgError("peers chosen per exchange run in one span: an internal error")
-        n = self.world.n
-        msg, counts = sent["messages"], sent["counts"]
+        msg, counts = sent["all"], sent["counts"]
         s, r = msg[ps.M_SEND].astype(np.int64), msg[ps.M_RECV].astype(np.int64)
-        src, arrival = rank[msg[ps.M_EVENT].astype(np.int64)], msg[ps.M_ARRIVAL]
         nreached = s.size
         if pull is not None:  # the replies: from the asked device to the returning one
             s = np.concatenate([s, pull["asked"]])
             r = np.concatenate([r, pull["asks"]])
-        _, self.rg, slot = union_links(n, s, r, f"peers {self.peers}")
+        _, self.rg, slot = union_links(self.world.n, s, r, f"peers {self.peers}")
         if pull is not None:
             pull["slot"] = slot[nreached:]
-            slot = slot[:nreached]
+        self.union_slot = slot[:nreached]
         c = self.counts
         c["messages_sent"] += int(counts[ps.C_SENT])
         c["lost_sender"] += int(counts[ps.C_LOST_SENDER])
         c["lost_receiver"] += int(counts[ps.C_OFFLINE])
         c["lost_random"] += int(counts[ps.C_LOST_RANDOM])
         c["delivered"] += int(counts[ps.C_DELIVERED])
-        # the digest: every message by its fingerprint (sfg.clock.peersim.fingerprint), and
-        # those that reached by their sending local round and receiver
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.peers).encode())
         h.update(np.ascontiguousarray(counts).tobytes())
-        for a in (src.astype(np.int64), r[:nreached].astype(np.int32)):
+        for a in (msg[ps.M_EVENT].astype(np.int64), r[:nreached].astype(np.int32)):
             h.update(np.ascontiguousarray(a).tobytes())
         self.sampled = {"peer_messages": float(counts[ps.C_SENT]),
                         "messages_to_offline": float(counts[ps.C_OFFLINE]),
                         "membership_bytes": float(counts[ps.C_ENTRIES] * ENTRY_BYTES),
                         "digest": h.hexdigest()}
-        return {"slot": slot, "arr": arrival, "src": src + base, "sent": end[src],
-                "rep": np.zeros(src.size, bool), "off": np.zeros(src.size)}
 
 
 def _recent(rg, m, mptr, newest, loc, dev, time, window: float, unit: float):
     """The candidates of the local rounds ``loc`` (:func:`held_recent`) as the queries of the
     graph's links give them: (event, slot, message, waited units), by event then slot."""
     recv = rg.recv[m["slot"]]
-    rpos = np.lexsort((m["arr"], recv))
     rptr = np.zeros(rg.n + 1, np.int64)
     np.cumsum(np.bincount(recv, minlength=rg.n), out=rptr[1:])
+    # by receiver, then arrival: the messages come by slot, so by receiver already (a
+    # receiver's slots are one segment); each receiver's sorted by arrival, stably
+    rpos = np.empty(recv.size, np.int64)
+    by_arrival(rptr, np.ascontiguousarray(m["arr"]), rpos)
     cap = max(16, 4 * loc.size)
     while True:
         out = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
@@ -322,6 +338,14 @@ def _recent(rg, m, mptr, newest, loc, dev, time, window: float, unit: float):
         if k >= 0:
             return tuple(a[:k] for a in out)
         cap *= 4
+
+
+@njit(cache=True, nogil=True)
+def by_arrival(ptr, arr, out):  # pragma: no cover - compiled
+    """out[ptr[i]:ptr[i+1]]: the positions of segment i sorted by ``arr``, stably."""
+    for i in range(ptr.shape[0] - 1):
+        a, b = ptr[i], ptr[i + 1]
+        out[a:b] = a + np.argsort(arr[a:b], kind="mergesort")
 
 
 @njit(cache=True, nogil=True)
@@ -495,7 +519,8 @@ def join(pieces: list) -> Any:
                     cslot=cat("cslot"), cmsg=cat("cmsg"), cwait=cat("cwait"),
                     samples=cat("samples"), stats=last.stats,
                     nsteps=None if p0.nsteps is None else cat("nsteps"),
-                    caps=None if p0.caps is None else cat("caps"), pulls=p0.pulls)
+                    caps=None if p0.caps is None else cat("caps"), pulls=p0.pulls, rg=p0.rg,
+                    peers=pieces[-1].peers)
 
 
 def curve_times(world, unit: float) -> np.ndarray:
@@ -519,12 +544,13 @@ class SpilledDigest:
         self.files: dict[str, Any] = {}
         self.c0 = 0
         self.pulls = None
+        self.peers: str | None = None
 
     def add(self, p) -> None:
         cols = {name: getattr(p, name) for name in DIGESTED + ("nsteps", "caps")}
         cols["cptr"] = p.cptr[:-1] + self.c0
         self.c0 += int(p.cptr[-1])
-        self.pulls = p.pulls
+        self.pulls, self.peers = p.pulls, p.peers
         for name, a in cols.items():
             if a is None:
                 continue
@@ -551,6 +577,6 @@ class SpilledDigest:
                     for name in DIGESTED}
             for name, _ in TAGGED:
                 cols[name] = blocks(name) if name in self.files else None
-            return digest_of(self.protocol, cols, self.pulls)
+            return digest_of(self.protocol, cols, self.pulls, self.peers)
         finally:
             self.dir.cleanup()

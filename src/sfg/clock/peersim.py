@@ -112,11 +112,11 @@ def new_pool(M):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, top, nth,
-         targets, buf, car_id, car_s, hear_kind, late_kind,
+         targets, buf, car_id, car_s, hear_kind, late,
          cursor):  # pragma: no cover - compiled
     """Local round r of device i commits (its broadcast starts at E[8, r]): its S targets
     drawn, its messages' fates, the arrivals pushed to be heard (``hear_kind``, or
-    ``late_kind`` for one that arrives at the instant it was sent; ``cursor``: each device's
+    into ``late`` for one that arrives at the instant it was sent; ``cursor``: each device's
     last interval found, :func:`sfg.world.locate.locate_near`). Returns (msg, nm, pool,
     free, top)."""
     kind, key, s, M, lat, p_loss, lkey = P[0], P[1], P[7], P[8], P[9], P[10], P[4]
@@ -164,8 +164,11 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
         if kind == 2:  # (epidemic keeps no tables: nothing hears)
             if row >= 0:
                 pool[row, 1] += 1
-            heapq.heappush(heap, (arr, hear_kind if t < arr else late_kind, j,
-                                  3 * ((i << 31) | (row + 1))))
+            key = 3 * ((i << 31) | (row + 1))
+            if t < arr:
+                heapq.heappush(heap, (arr, hear_kind, j, key))
+            else:  # arrives at the instant it is sent: heard after the instant's events
+                late.append((j, key))
         nm += 1
     counts[C_DELIVERED] += nm - nm0
     if row >= 0 and pool[row, 1] == 0:  # nothing reached: the entries are read by none

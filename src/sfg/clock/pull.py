@@ -82,8 +82,8 @@ _RETURN, _REQUEST, _WINDOW, _COMMIT, _WAKE = 0, 2, 4, 5, 6
 # the asking device's table before the instant's requests are answered (phase 2), and the
 # instant's arrivals are heard after them (each reply carries its sender's table as it stood
 # before the instant's arrivals); a message that arrives at the instant it was sent is heard
-# after the instant's commits
-_FORGET, _HEAR, _LATE = 1, 3, 7
+# after all of the instant's events (kept aside, not in the heap: _simulate's ``late``)
+_FORGET, _HEAR = 1, 3
 # request fates known before the simulation
 ARRIVES, UNREACHABLE, SILENT = 0, 1, 2
 # schedule events (sfg.clock.schedule.LOCAL, OFFLINE)
@@ -507,6 +507,10 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
            hear_scratch(max(P[11].shape[1], 1), M_p))  # (sfg.world.peers.hear_many)
     cursor = (ipt[:-1] - 1) if pk else np.zeros(0, np.int64)  # each device's last interval
     defer = pull or pk > 0  # commits in their place among the arrivals (phase 5)
+    # the messages that arrive at the instant they are sent (receiver, key), heard once the
+    # instant's other events are done (phase 5 comes before them), at late_t
+    late = [(np.int64(0), np.int64(0)) for _ in range(0)]
+    late_t = -np.inf
     for h in range(hq[0].shape[0]):
         heapq.heappush(heap, (hq[0][h], hq[1][h], hq[2][h], hq[3][h]))
     for i in range(n if fresh else 0):
@@ -534,6 +538,11 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
         if ri < NR and (rt[ri] < t0 or (rt[ri] == t0 and (_REQUEST < k0 or (
                 _REQUEST == k0 and rd[ri] <= d0)))):
             t0, src = rt[ri], 2
+        if len(late) and t0 > late_t:  # the arrivals at the instant they were sent: heard
+            for h in range(len(late)):  # after everything else of that instant
+                top = heard(P, late[h][1], late[h][0], late_t, msg, pool, free, top, qj, qret,
+                            rep[1], rslot, scr)
+            late.clear()
         if t0 >= t_stop:
             break  # the span ends: what is pending waits in the heap
         if src == 1:
@@ -551,7 +560,8 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             if pk:
                 msg, nm, pool, free, top = send(P, heap, E, arg, i, n, horizon, ipt, ist, ien,
                                                 dt, msg, nm, pool, free, top, nth, targets,
-                                                buf, car_id, car_s, _HEAR, _LATE, cursor)
+                                                buf, car_id, car_s, _HEAR, late, cursor)
+                late_t = now
         elif kind == _RETURN:
             if pk and pull and not talk:
                 _ask(P, heap, i, arg, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, qj,
@@ -569,7 +579,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
                     heapq.heappush(heap, (rep[2][arg], _HEAR, qret[arg], 3 * arg + 1))
         elif kind == _FORGET:
             unreachable(P, qret[arg], qj[arg])
-        elif kind == _HEAR or kind == _LATE:
+        elif kind == _HEAR:
             top = heard(P, arg, i, now, msg, pool, free, top, qj, qret, rep[1], rslot, scr)
         else:
             if kind == _WINDOW:
@@ -890,7 +900,9 @@ def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps
                    peers=None):
     """:func:`protocol_parts` span by span: every ``every`` units of time (None: one span),
     each as (its end in seconds, then :func:`protocol_parts`' tuple, the counts so far).
-    Spans need :attr:`Simulation.spans` (else one span)."""
+    Spans need :attr:`Simulation.spans` (else one span) — or peers chosen per exchange
+    without pull, whose simulation runs whole (the tables couple every device's sends) and
+    is then cut into spans of time (:func:`_slice`) for the assembly."""
     from sfg.clock.links import offline_keeps
     from sfg.round.kernel import EV_SEND
 
@@ -900,17 +912,41 @@ def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps
     sim = Simulation(world, settings, protocol, local_steps=local_steps, seed=seed,
                      catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure,
                      peers=peers)
-    if not sim.spans:
+    cut = every is not None and sim.peers[0][0] != 0 and not pull_on and not sim.keeps \
+        and not link_failure
+    whole = sim.span() if cut else None
+    if not sim.spans and not cut:
         every = None
     total = sim.wakes if protocol == "async" else int(np.ceil(world.horizon / sim.unit))
-    r1 = 0
+    r0, r1 = 0, 0
     while True:
-        r1 = None if every is None or r1 + every >= total else r1 + every
-        r = sim.span(r1)
+        r0, r1 = r1, (None if every is None or r1 + every >= total else r1 + every)
         until = np.inf if r1 is None else r1 * sim.unit
+        r = _slice(whole, r0 * sim.unit, until) if whole is not None else sim.span(r1)
         yield (until, *_parts(r, settings, protocol, stats, pull_on))
         if r1 is None:
             return
+
+
+def _slice(r: dict[str, Any], since: float, until: float) -> dict[str, Any]:
+    """The part of a whole run's result ``r`` (:meth:`Simulation.span`, peers chosen per
+    exchange, no pull) in the span of time [since, until): its events, its offline wakes and
+    the messages its local rounds sent (``index``: their rows in the whole table ``all``),
+    with the whole run's counts."""
+    from sfg.clock.peersim import M_EVENT
+
+    E = r["events"]
+    keep = (E[:, 0] >= since) & (E[:, 0] < until)
+    row = np.cumsum(keep) - 1  # an event's row in the span
+    ow, od, orr = r["offline"]
+    off = (ow >= since) & (ow < until)
+    msg = r["messages"]
+    ev = msg[M_EVENT].astype(np.int64)
+    mine = np.flatnonzero(keep[ev])
+    part = msg[:, mine]
+    part[M_EVENT] = row[ev[mine]]
+    return {**r, "events": E[keep], "offline": (ow[off], od[off], orr[off]), "messages": part,
+            "index": mine, "all": msg}
 
 
 def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
@@ -941,8 +977,10 @@ def _parts(r: dict[str, Any], settings: ClockSettings, protocol: str,
         out.update(interrupted=float(c[1]), unfinished=float(c[2]))
         if talks:  # ticks that were offline spans (the uplink still busy)
             out.update(skipped=float(c[0]))
-    to_peers = None if r["messages"] is None else {"messages": r["messages"],
-                                                   "counts": r["peer_counts"]}
+    to_peers = None if r["messages"] is None else {
+        "messages": r["messages"], "counts": r["peer_counts"],
+        "index": r.get("index", np.arange(r["messages"].shape[1])),
+        "all": r.get("all", r["messages"])}
     if not pull_on:
         return parts, steps_of, out, None, caps_of, talks, to_peers
     src, sent, ok = r["reply_src"], r["reply_sent"], r["reply_ok"]

@@ -142,10 +142,10 @@ class PieceStaleness:
     length of the run. The facts of each piece go into ``acc`` (:class:`Accumulator`), the
     sampled curves into ``curve``."""
 
-    def __init__(self, rule: Rule, world: World, *, n_samples: int):
+    def __init__(self, rule: Rule, world: World, *, n_samples: int, rg=None):
         from sfg.modelfree.metrics import Accumulator
 
-        rg, n = world.rg, world.n
+        rg, n = world.rg if rg is None else rg, world.n
         certified_in_rounds(rule, "the virtual clock's async and event protocols")
         if rule.robust:  # model-reading aggregators: training in rounds only
             from sfg.round.rules import check_model_defences
@@ -214,14 +214,18 @@ def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: i
 
     kw = {"local_steps": local_steps, "seed": seed, "catchup": rule.catchup,
           "link_failure": link_failure, "anatomy": anatomy, "peers": peers}
-    if streams(rule, attack) and (peers is None or peers.fixed):
-        ps = PieceStaleness(rule, world, n_samples=curve_times(world, settings.unit).size)
+    if streams(rule, attack):
+        ps = None
         dig = SpilledDigest(settings.protocol)
         every = max(1, SPAN_EVENTS // max(world.n, 1))
         for piece in make_schedule(world, settings, every=every, **kw):
+            if ps is None:  # (peers chosen per exchange: the run's union graph)
+                ps = PieceStaleness(rule, world, rg=piece.rg,
+                                    n_samples=curve_times(world, settings.unit).size)
             dig.add(piece)
             ps.run(piece)
             stats = piece.stats
+        assert ps is not None
         acc, final_lags, curve, aggs = ps.acc, ps.lags, ps.curve, ps.aggregations
         samples, digest, unit = curve_times(world, settings.unit), dig.hexdigest(), settings.unit
     else:

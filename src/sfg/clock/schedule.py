@@ -378,14 +378,12 @@ def _simulated(world: World, settings: ClockSettings, protocol: str, *, local_st
     from sfg.clock.assemble import Assembler
     from sfg.clock.pull import protocol_spans
 
-    sampled = peers is not None and not peers.fixed
-
     def pieces():
         asm = None
         for until, parts, steps_of, st, pull, caps_of, talks, sent in protocol_spans(
                 world, settings, protocol, local_steps=local_steps, seed=seed,
                 catchup=catchup, link_failure=link_failure, anatomy=anatomy, stats=stats,
-                every=None if sampled else every, peers=peers):
+                every=every, peers=peers):
             if asm is None:
                 asm = Assembler(world, settings, protocol, seed=seed,
                                 link_failure=link_failure, offline_talks=talks,
