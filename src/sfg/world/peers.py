@@ -339,11 +339,17 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
         kk += 1
     if kk == 0:
         return
-    a, b, o = 0, 0, 0
+    # the row up to the first change stays as it is; from there the merge
+    a = 0
+    while a < m and not gone[a] and not (
+            kin_t[0] > tab_t[i, a] or (kin_t[0] == tab_t[i, a] and kin_h[0] > tab_h[i, a])):
+        a += 1
+    keep, b, o = a, 0, a
     while o < V:
         while a < m and gone[a]:
             a += 1
-        if b < kk and (a >= m or _before(kin_t[b], kin_h[b], tab_t[i, a], tab_h[i, a])):
+        if b < kk and (a >= m or kin_t[b] > tab_t[i, a] or (
+                kin_t[b] == tab_t[i, a] and kin_h[b] > tab_h[i, a])):
             out_id[o], out_t[o], out_h[o] = kin_id[b], kin_t[b], kin_h[b]
             b += 1
         elif a < m:
@@ -352,7 +358,7 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
         else:
             break
         o += 1
-    for c in range(o):
+    for c in range(keep, o):
         tab_id[i, c], tab_t[i, c], tab_h[i, c] = out_id[c], out_t[c], out_h[c]
     tab_n[i] = o
 
