@@ -217,8 +217,10 @@ def test_config_key_run_ids_and_refusals():
         RunConfig(kind="replay", peers="epidemic:s=0")
     out = replay_config({**other.model_dump(), "horizon": 0})
     assert out["metrics"]["peer_messages_per_device_hour"] > 0 and out["curves"]["mean_lag"]
-    with pytest.raises(SfgError, match="does not implement peers"):
-        refuse("clock-async", {"clock": "virtual", "protocol": "async", "peers": "epidemic:s=2"})
+    refuse("clock-async", {"clock": "virtual", "protocol": "async", "peers": "epidemic:s=2"})
+    with pytest.raises(SfgError, match="does not implement peers"):  # the node on the clock
+        refuse("node-async", {"clock": "virtual", "protocol": "async", "nodes": "virtual",
+                              "peers": "epidemic:s=2"})
 
 
 def test_node_peer_file_and_the_setting(tmp_path):

@@ -5,6 +5,7 @@ refused with one line, and the rules reference's column says which."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -135,13 +136,51 @@ def test_cli_refuses_dfl_aa_with_one_line():
     assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
 
 
-def test_async_and_event_still_refuse_peers():
-    from sfg.engines import refuse
+@pytest.mark.parametrize("protocol,peers,extra", [
+    ("async", "online:s=2", {"jitter": 0.5, "on_return": "pull:timeout=60"}),
+    ("event", "epidemic:s=2", {}),
+    ("async", "epidemic:s=3", {"latency": "const:value=30"}),
+])
+def test_async_and_event_train_on_the_replays_schedule(protocol, peers, extra):
+    """Under async and event a run trains on the schedule the model-free replay makes for the
+    seed (the one time-ordered simulation, peers and pull inside it): the same digest as
+    sfg replay's, paired across rules, bit-identical when run again, the peers' costs in the
+    metrics as the replay reports them."""
+    from sfg.clock.replay import replay_clock
+    from sfg.clock.settings import make_settings
+    from sfg.clock.train import simulate_events
 
-    for engine in ("clock-async", "clock-event"):
-        with pytest.raises(SfgError, match="rounds, clock-lockstep"):
-            refuse(engine, {"clock": "virtual", "protocol": engine.split("-")[1],
-                            "peers": "epidemic:s=2"})
+    c = {**TINY, "clock": "virtual", "protocol": protocol, "compute": "const:value=30",
+         "rounds": 8, "peers": peers, **extra}
+    a = simulate_events(resolve_config({**c, "rule": "dfedavg"}))
+    again = simulate_events(resolve_config({**c, "rule": "dfedavg"}))
+    b = simulate_events(resolve_config({**c, "rule": "sfg-cut"}))
+    assert torch.equal(a.params, again.params)
+    assert json.dumps(a.metrics, sort_keys=True) == json.dumps(again.metrics, sort_keys=True)
+    assert a.meta["schedule_digest"] == b.meta["schedule_digest"]
+    assert not torch.equal(a.params, b.params)
+    s = make_settings({"clock": "virtual", "protocol": protocol, "compute": "const:value=30",
+                       **extra})
+    free = replay_clock(TINY["process"], "dfedavg", seed=1, settings=s, n=TINY["n_clients"],
+                        rounds=8, graph=TINY["graph"], local_steps=TINY["local_steps"],
+                        peers=peers)
+    assert free["meta"]["schedule_digest"] == a.meta["schedule_digest"]
+    for k in ("peer_messages_per_device_hour", "messages_to_offline_per_device_hour",
+              "membership_bytes_per_device_hour"):
+        assert a.metrics[k] == pytest.approx(free["metrics"][k], rel=1e-12)
+    fixed = simulate_events(resolve_config({**c, "rule": "dfedavg", "peers": "fixed"}))
+    assert fixed.meta["schedule_digest"] != a.meta["schedule_digest"]
+    assert "peer_messages_per_device_hour" not in fixed.metrics
+
+
+def test_async_refuses_a_per_neighbour_rule_with_peers():
+    from sfg.clock.train import simulate_events
+
+    c = {**TINY, "clock": "virtual", "protocol": "async", "peers": "epidemic:s=2",
+         "rule": "dfl-aa"}
+    with pytest.raises(SfgError, match="cannot run with peers") as e:
+        simulate_events(resolve_config(c))
+    assert "\n" not in str(e.value)
 
 
 def test_rules_reference_column_is_check_rules():

@@ -109,7 +109,9 @@ def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
 
 _SELECT = ("clock", "protocol", "nodes")
 # peers chosen per exchange (docs/concepts/peers.md): the rounds and the clock's lockstep
-# train with them (the replay's sends, sfg.modelfree.peers); the other engines not yet
+# train with them (the replay's sends, sfg.modelfree.peers), async and event on the replay's
+# schedule (sfg.clock.pull), real nodes (sfg.net.membership); the node on the virtual
+# clock not yet
 _PEERS = ("peers",)
 # engine -> field -> class
 DECLARED: dict[str, dict[str, str]] = {
@@ -124,13 +126,13 @@ DECLARED: dict[str, dict[str, str]] = {
         invariant=(*_SAME, "device"),
         refused=("period", "jitter", "window", "eval_seconds", "faults", "faults_seed",
                  "on_return")),
-    "clock-async": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_CLOCK),
-                            invariant=(*_SAME, "device"), refused=_PEERS),
+    "clock-async": _declare(affects=(*_TRAINING, *_SIMULATOR, *_SELECT, *_CLOCK, *_PEERS),
+                            invariant=(*_SAME, "device")),
     # the event protocol has no timer: no period, no jitter
     "clock-event": _declare(
         affects=(*_TRAINING, *_SIMULATOR, *_SELECT,
-                 *(f for f in _CLOCK if f not in ("period", "jitter"))),
-        invariant=(*_SAME, "device"), refused=("period", "jitter", *_PEERS)),
+                 *(f for f in _CLOCK if f not in ("period", "jitter")), *_PEERS),
+        invariant=(*_SAME, "device"), refused=("period", "jitter")),
     # the node trains one model per node on the cpu with plain SGD; it is evaluated at the
     # clock's engine's instants (docs/concepts/clock.md#one-instant): async every eval_seconds,
     # lockstep every eval_every rounds (no eval_seconds, as the lockstep clock); lockstep has
@@ -149,13 +151,14 @@ DECLARED: dict[str, dict[str, str]] = {
         refused=(*_SIMULATOR, "device", *_PEERS)),
     # real nodes take their own time: none of the virtual clock's world; the node trains
     # with the loop backend (the one it runs); lockstep waits for the messages (no timer)
-    "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT), invariant=("data_root", "horizon"),
-                              refused=(*_SIMULATOR, "device", "backend", *_CLOCK, *_PEERS)),
+    "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT, *_PEERS),
+                              invariant=("data_root", "horizon"),
+                              refused=(*_SIMULATOR, "device", "backend", *_CLOCK)),
     # async: a timer in wall seconds (period, jitter, window) and a returning node's pull
     "real-async": _declare(
-        affects=(*_TRAINING, *_SELECT, "period", "jitter", "window", "on_return"),
+        affects=(*_TRAINING, *_SELECT, "period", "jitter", "window", "on_return", *_PEERS),
         invariant=("data_root", "horizon"),
-        refused=(*_SIMULATOR, "device", "backend", *_PEERS,
+        refused=(*_SIMULATOR, "device", "backend",
                  *(f for f in _CLOCK if f not in ("period", "jitter", "window", "on_return")))),
 }
 # the nodes' engines
@@ -212,8 +215,9 @@ NOTES: dict[str, str] = {
              "`protocol` it names the engine",
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
     "peers": "whom each send goes to (`fixed`: the graph; `epidemic:s=S`, `online:s=S,...`: "
-             "drawn per exchange): the model-free replay (`sfg replay`), the rounds and the "
-             "clock's lockstep run it; a rule that keeps state per neighbour is refused with it",
+             "drawn per exchange): the model-free replay (`sfg replay`), the rounds, the "
+             "virtual clock's protocols and real nodes run it (a lockstep node `epidemic` "
+             "only); a rule that keeps state per neighbour is refused with it",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
                  "clock and wall seconds on real nodes; a lockstep node refuses it)",

@@ -240,11 +240,12 @@ METRICS: tuple[Metric, ...] = (
     _m("H_pairs", "pairs", "(start, receiver) pairs H averages", (REPLAY,)),
     _m("final_mean_lag", "rounds", "mean lag at the end", (REPLAY,)),
     _m("peer_messages_per_device_hour", "messages", "messages sent to the peers drawn per "
-       "exchange, per device-hour", ("rounds", "clock-lockstep", *_REAL, REPLAY), _PEERS),
+       "exchange, per device-hour", (*_SIM, *_REAL, REPLAY), _PEERS),
     _m("messages_to_offline_per_device_hour", "messages", "of those, messages whose target "
-       "was offline (lost), per device-hour", ("rounds", "clock-lockstep", *_REAL, REPLAY), _PEERS),
+       "was offline (lost), per device-hour", (*_SIM, *_REAL, REPLAY), _PEERS),
     _m("membership_bytes_per_device_hour", "bytes", "bytes of the membership entries the "
-       "messages carry (12 each), per device-hour", ("rounds", "clock-lockstep", *_REAL, REPLAY), _PEERS),
+       "messages carry (12 each), per device-hour", (*_SIM, *_REAL, REPLAY),
+       _PEERS),
     _m("attack_weight", "weight", "mean weight honest receivers give attackers", (REPLAY,),
        _ATTACK),
     _m("self_cut", "fraction", "share of honest aggregations whose own model is cut",

@@ -248,6 +248,16 @@ def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: i
     return metrics, curves, stats, digest
 
 
+def peer_costs(stats: dict[str, float], n: int, horizon: float) -> dict[str, float]:
+    """The costs of peers chosen per exchange (docs/concepts/peers.md#costs) in a schedule's
+    counts, per device-hour of the run: messages, those to offline targets, membership bytes
+    (none under fixed)."""
+    from sfg.clock.assemble import PEER_COUNTS
+
+    hours = n * horizon / 3600.0
+    return {f"{k}_per_device_hour": stats[k] / hours for k in PEER_COUNTS if k in stats}
+
+
 def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSettings,
                  n: int = 100, rounds: int = 300, graph: str = "knn:k=6", local_steps: int = 10,
                  anatomy: str = "full", link_failure: float = 0.0, horizon: int = 50,
@@ -300,9 +310,7 @@ def replay_clock(process: str, rule: str | Rule, *, seed: int, settings: ClockSe
             link_failure=link_failure, anatomy=anatomy, peers=sampler)
     metrics.update(per_device_hour(stats, world.n, world.horizon))
     if not sampler.fixed and settings.protocol != "lockstep":  # (lockstep's are per hour)
-        hours = world.n * world.horizon / 3600.0
-        for k in ("peer_messages", "messages_to_offline", "membership_bytes"):
-            metrics[f"{k}_per_device_hour"] = stats[k] / hours
+        metrics.update(peer_costs(stats, world.n, world.horizon))
     elif not sampler.fixed:
         metrics.update({k: v for k, v in stats.items() if k.endswith("_per_device_hour")})
     meta = {"clock": "virtual", "protocol": settings.protocol, "schedule_digest": digest,

@@ -223,14 +223,18 @@ class EventLoop:
         """The world in time, the schedule and the rule's staleness over it (model-free,
         except for the rules that read models or A's rows: those run level by level)."""
         from sfg.clock.replay import EventStaleness, staleness_events
+        from sfg.modelfree.peers import check_rule
+        from sfg.world.peers import parse_peers
 
         run, c, rule = self.run, self.c, self.rule
         K, seed = run.K, run.seed
         self.world = world = run.world_in_time(self.settings)
+        peers = parse_peers(c.get("peers", "fixed")).check(run.n)  # (docs/concepts/peers.md)
+        check_rule(rule, peers)
         self.sched = sched = make_schedule(world, self.settings, local_steps=K, seed=seed,
                                            catchup=rule.catchup,
                                            link_failure=float(c["link_failure"]),
-                                           anatomy=str(c["anatomy"]))
+                                           anatomy=str(c["anatomy"]), peers=peers)
         self.es = None
         if self.scored:
             self.es = EventStaleness(rule, world, sched, seed=seed, attack=run.attack_given)
@@ -293,7 +297,8 @@ class EventLoop:
             from sfg.clock.scored import make_scorer
 
             self.plan = level_plan(sched, N)
-            self.scorer = make_scorer(self.rule, n=N, n_slots=world.rg.n_slots, X0=self.X0,
+            rg = world.rg if sched.rg is None else sched.rg  # (peers: the run's union graph)
+            self.scorer = make_scorer(self.rule, n=N, n_slots=rg.n_slots, X0=self.X0,
                                       sched=sched, prev=self.plan["prev"])
             self.given = np.zeros(int(sched.cptr[-1]))
         self.acc_at: dict[int, np.ndarray] = {}
@@ -436,7 +441,7 @@ class EventLoop:
 
     def result(self):
         """The run's :class:`~sfg.result.RunResult`."""
-        from sfg.clock.replay import per_device_hour
+        from sfg.clock.replay import peer_costs, per_device_hour
         from sfg.result import RunResult
         from sfg.sim.context import (
             accuracy_metrics,
@@ -467,6 +472,7 @@ class EventLoop:
             "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
             **time_to_target(curve_t, curve_mean, target),
             **per_device_hour(sched.stats, N, world.horizon),
+            **peer_costs(sched.stats, N, world.horizon),
         }
         check_finite(metrics)
         curves = {"hours": curve_t, "acc_mean": curve_mean, "acc_p10": curve_p10}
