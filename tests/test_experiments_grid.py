@@ -168,3 +168,57 @@ def test_attack_digits_grid():
     assert {c.seed for c in g} == {1, 2, 3, 4, 5}
     defences = {c.rule.rsplit("+", 1)[1] if "+" in c.rule else "none" for c in g}
     assert defences == {"none", "guard", "relative", "cap", "clip"}
+
+
+def _family_grid(seeds: int, m: int, alpha: str = "") -> str:
+    return (f"base: {{kind: selftest, n_clients: 10, rounds: 5}}\nrules: [dfedavg, sfg]\n"
+            f"seeds: {list(range(1, seeds + 1))}\nfamily: {{comparisons: {m}{alpha}}}\n")
+
+
+@pytest.mark.parametrize("m,alpha", [(1, 0.05), (24, 0.05), (128, 0.05), (6, 0.01), (1000, 0.1)])
+def test_family_check_is_the_smallest_exact_p_against_holm(m, alpha):
+    """A grid's declared family (m comparisons at alpha) can be resolved after Holm exactly
+    when its U seeds give the exact sign-flip test a smallest p 2^(1-U) below alpha/m; the
+    check names the least U, by hand: the first U with 2^(1-U) < alpha/m."""
+    from sfg.experiments.grid import check_family
+
+    least = next(u for u in range(1, 200) if 2.0 ** (1 - u) < alpha / m)
+    ok = parse_grid(_family_grid(least, m, f", alpha: {alpha}"), source="f.yaml")
+    assert ok.family == {"comparisons": m, "alpha": alpha}
+    assert f"({least} seeds are the least)" in check_family(ok)
+    if least > 1:
+        short = parse_grid(_family_grid(least - 1, m, f", alpha: {alpha}"), source="f.yaml")
+        with pytest.raises(SfgError, match=f"use at least {least} seeds") as e:
+            check_family(short)
+        assert "\n" not in str(e.value)
+
+
+def test_family_check_by_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    f = tmp_path / "g.yaml"
+    f.write_text(_family_grid(9, 24))
+    bad = subprocess.run([sys.executable, "-m", "sfg", "grid", "check", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+    assert "use at least 10 seeds" in bad.stderr and bad.stderr.strip().count("\n") == 0
+    run = subprocess.run([sys.executable, "-m", "sfg", "grid", "run", str(f), "--store",
+                          str(tmp_path / "s.sqlite")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "use at least 10 seeds" in run.stderr  # nothing ran
+    assert not (tmp_path / "s.sqlite").exists()
+    f.write_text(_family_grid(10, 24))
+    good = subprocess.run([sys.executable, "-m", "sfg", "grid", "check", str(f)],
+                          capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and "can be resolved after Holm" in good.stdout
+    for text, words in (("family: 24", "must be a mapping"),
+                        ("family: {comparisons: 0}", "whole number from 1"),
+                        ("family: {comparisons: 4, alpha: 2}", "alpha must lie in (0, 1)"),
+                        ("family: {comparison: 4}", "unknown family key")):
+        with pytest.raises(SfgError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            parse_grid("base: {kind: selftest}\nseeds: [1]\n" + text + "\n")
+    no_family = parse_grid("base: {kind: selftest}\nseeds: [1]\n")
+    from sfg.experiments.grid import check_family
+
+    with pytest.raises(SfgError, match="declares no family"):
+        check_family(no_family)

@@ -263,6 +263,9 @@ def test_settings_other_than_the_clock():
     clock = rec("digits", "sfg", 1, 0.5, clock="virtual", protocol="event",
                 compute="lognormal:median=30,sigma=1")
     assert setting_labels([clock]) == ["event, compute lognormal:median=30,sigma=1"]
+    # a setting a stored config leaves out at its default is labelled with the default
+    peers = [rec("digits", "sfg", 1, 0.5), rec("digits", "sfg", 1, 0.6, peers="epidemic:s=7")]
+    assert setting_labels(peers) == ["peers fixed", "peers epidemic:s=7"]
 
 
 def test_malformed_clock_curves_are_one_line_errors():

@@ -6,6 +6,7 @@
     sfg grid run examples/paper-cifar10.yaml --store c10.sqlite --executor ray \\
         --address auto --gpus-per-run 0.25
     sfg grid run GRID.yaml --store S --dry-run     # validate and count, run nothing
+    sfg grid check GRID.yaml                      # can its seeds resolve its family?
     sfg grid status --store results.sqlite [--json]
     sfg grid upgrade --store results.sqlite       # sfg 0.2's swarm runs: their own run ids
 
@@ -47,10 +48,12 @@ def run_cmd(
     Exit status 1 when a run failed or is still pending (the summary says which).
     """
     from sfg.experiments.executors import run_grid
-    from sfg.experiments.grid import load_grid
+    from sfg.experiments.grid import check_family, load_grid
     from sfg.experiments.store import Store
 
     g = load_grid(grid)
+    if g.family is not None:  # a grid that cannot resolve its declared family runs nothing
+        check_family(g)
     if dry_run:
         done = 0
         if store.exists():
@@ -98,6 +101,18 @@ def run_cmd(
         raise console.WorkFailed(f"grid {g.name!r}: {what} of {result.total} runs; see "
                                  f"`sfg grid status --store {store}` and run the grid again "
                                  "to retry them")
+
+
+@app.command("check")
+def check_cmd(
+    grid: Path = typer.Argument(..., help="grid YAML file with a family: {comparisons: M}"),
+) -> None:
+    """Check that GRID's seeds can resolve the family of comparisons it declares: with U seeds
+    the exact sign-flip test's smallest p, 2^(1-U), must lie below alpha/M (Holm's strictest
+    threshold). Exit status 2, with the seeds needed, when they cannot."""
+    from sfg.experiments.grid import check_family, load_grid
+
+    console.echo(check_family(load_grid(grid)))
 
 
 @app.command("status")

@@ -9,6 +9,13 @@
     rules: [dfedavg, "aoi+ipw", sfg, sfg-l]
     seeds: [1, 2, 3]
     overrides: [{}, {local_steps: 10}]       # optional: each dict expands the grid once
+    family: {comparisons: 24, alpha: 0.05}   # optional: the comparisons it will test
+
+``family`` declares, before anything runs, how many paired comparisons the grid's results
+will be tested in (m, corrected together by Holm) at which level (alpha, default 0.05):
+:func:`check_family` (``sfg grid check``, and ``sfg grid run`` before running) refuses a grid
+whose seeds cannot resolve them — with U seeds the exact sign-flip test's smallest p is
+2^(1 − U), which must lie below alpha / m (docs/concepts/statistics.md#paired-statistics).
 
 The grid is datasets x processes x rules x seeds x overrides (in that nesting order); an
 absent axis takes its value from ``base`` (or the :class:`RunConfig` default). Every error
@@ -39,7 +46,8 @@ from sfg.util.components import did_you_mean
 from sfg.util.safety import check_cells, check_int64, compose_yaml, max_runs, read_text
 
 AXES = {"datasets": "dataset", "processes": "process", "rules": "rule", "seeds": "seed"}
-GRID_KEYS = ("name", "description", "base", *AXES, "overrides")
+GRID_KEYS = ("name", "description", "base", *AXES, "overrides", "family")
+FAMILY_KEYS = ("comparisons", "alpha")
 FIELDS = tuple(RunConfig.model_fields)
 
 
@@ -51,6 +59,7 @@ class Grid:
     configs: tuple[RunConfig, ...]
     axes: dict[str, list[Any]] = field(default_factory=dict)
     source: str = "<grid>"
+    family: dict[str, Any] | None = None  # comparisons m, alpha (check_family)
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -203,7 +212,57 @@ def parse_grid(text: str, *, source: str = "<grid>", default_name: str = "grid",
                               f"overrides), over the limit of {max_runs():,}; split it into "
                               "smaller grids, or raise SFG_MAX_RUNS if it is meant")
     configs = _expand(where, base, axes, overrides, check_names)
-    return Grid(name=name.strip(), configs=tuple(configs), axes=axes, source=source)
+    return Grid(name=name.strip(), configs=tuple(configs), axes=axes, source=source,
+                family=_family(where, data.get("family")) if "family" in data else None)
+
+
+def _family(where: _Where, fam: Any) -> dict[str, Any]:
+    """The grid's declared family of comparisons: comparisons m (a whole number, 1 to
+    1,000,000) and alpha (in (0, 1), default 0.05)."""
+    if not isinstance(fam, dict):
+        raise where.error(("family",), "family must be a mapping, e.g. family: {comparisons: "
+                                       "24, alpha: 0.05}")
+    for key in fam:
+        if key not in FAMILY_KEYS:
+            raise where.error(("family", key), f"unknown family key {key!r}"
+                              f"{did_you_mean(str(key), FAMILY_KEYS)}; give comparisons: and "
+                              "alpha:", key=True)
+    m = fam.get("comparisons")
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 1_000_000:
+        raise where.error(("family", "comparisons"), "family comparisons must be a whole "
+                          f"number from 1 to 1,000,000 (the tests Holm corrects together), "
+                          f"got {m!r}")
+    alpha = fam.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise where.error(("family", "alpha"), f"family alpha must lie in (0, 1), got {alpha!r}")
+    return {"comparisons": m, "alpha": float(alpha)}
+
+
+def check_family(grid: Grid) -> str:
+    """Whether the grid's seeds can resolve its declared family (:func:`_family`): with U
+    seeds (the paired unit) the exact sign-flip test's smallest two-sided p is 2^(1 − U), and
+    Holm's strictest threshold is alpha / m, so every comparison can come out significant only
+    when 2^(1 − U) < alpha / m. Returns the verdict as one line; raises :class:`SfgError`
+    (one line, with the seeds needed) when it cannot, or when no family is declared."""
+    if grid.family is None:
+        raise SfgError(f"{grid.source}: the grid declares no family of comparisons; add e.g. "
+                       "family: {comparisons: 24, alpha: 0.05} (the tests its results will be "
+                       "corrected over together)")
+    m, alpha = grid.family["comparisons"], grid.family["alpha"]
+    seeds = {c.seed for c in grid.configs}
+    u = len(seeds)
+    smallest, bar = 2.0 ** (1 - u), alpha / m
+    need = 1  # the least U with 2^(1-U) < alpha/m (at most about 1,100 steps)
+    while 2.0 ** (1 - need) >= bar:
+        need += 1
+    if smallest >= bar:
+        raise SfgError(f"{grid.source}: {u} seeds cannot resolve {m} comparisons at alpha "
+                       f"{alpha:g}: the smallest p of the exact sign-flip test, 2^(1-{u}) = "
+                       f"{smallest:.3g}, is not below alpha/m = {bar:.3g}; use at least {need} "
+                       "seeds, or fewer comparisons")
+    return (f"grid {grid.name!r}: {len(grid)} runs, {u} seeds, a family of {m} comparisons at "
+            f"alpha {alpha:g}: the smallest p 2^(1-{u}) = {smallest:.3g} < alpha/m = {bar:.3g}, "
+            f"so each comparison can be resolved after Holm ({need} seeds are the least)")
 
 
 def _expand(where: _Where, base: dict, axes: dict[str, list[Any]], overrides: list,

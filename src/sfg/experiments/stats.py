@@ -225,13 +225,23 @@ def setting_labels(records: Sequence[Any]) -> list[str]:
         if cfg is not None:
             key = tuple(str(r.get(k)) for k in AXIS_KEYS) + (clocks[i],)
             groups.setdefault(key, []).append(i)
+    from sfg.experiments.config import RunConfig
+
+    fields = RunConfig.model_fields
+
+    def value(cfg: Mapping[str, Any] | None, name: str) -> str:
+        # a setting a stored config leaves out (at its default, e.g. peers fixed) is its default
+        cfg = cfg or {}
+        return setting_value(cfg[name] if name in cfg else
+                             fields[name].default if name in fields else None)
+
     varying: set[str] = set()
     for members in groups.values():
         if len(members) < 2:
             continue
         names = set().union(*(configs[i] or {} for i in members)) - skip - varying
         for name in names:
-            if len({setting_value((configs[i] or {}).get(name)) for i in members}) > 1:
+            if len({value(configs[i], name) for i in members}) > 1:
                 varying.add(name)
     out = []
     for r, cfg, clock in zip(records, configs, clocks, strict=True):
@@ -240,7 +250,7 @@ def setting_labels(records: Sequence[Any]) -> list[str]:
             continue
         parts = [clock] if clock else []
         if cfg is not None:
-            parts += [f"{k} {setting_value(cfg.get(k))}" for k in sorted(varying)]
+            parts += [f"{k} {value(cfg, k)}" for k in sorted(varying)]
         out.append(", ".join(parts))
     return out
 
