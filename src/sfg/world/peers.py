@@ -262,6 +262,15 @@ def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _position(tab_id, i, j, m):  # pragma: no cover - compiled
+    """Where j stands among device i's m entries (−1: not there)."""
+    for a in range(m):
+        if tab_id[i, a] == j:
+            return a
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Device i hears that j was online at t: j's entry is set to t when that is strictly
     fresher (or j enters, when the table has room or t ranks before its last entry, which
@@ -273,11 +282,7 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
     V = tab_id.shape[1]
     if m == V and t < tab_t[i, m - 1]:
         return False  # staler than every entry of a full table: no change (j's own included)
-    pos = -1
-    for a in range(m):
-        if tab_id[i, a] == j:
-            pos = a
-            break
+    pos = _position(tab_id, i, j, m)
     if pos >= 0:
         if not t > tab_t[i, pos]:
             return False
@@ -319,11 +324,7 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
         j, t = ids[x], ts[x]
         if j == i or (m == V and t < tab_t[i, m - 1]):
             continue  # itself, or staler than every entry of a full table
-        pos = -1
-        for a in range(m):
-            if tab_id[i, a] == j:
-                pos = a
-                break
+        pos = _position(tab_id, i, j, m)
         if pos >= 0:
             if not t > tab_t[i, pos]:
                 continue
