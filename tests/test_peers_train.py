@@ -173,6 +173,16 @@ def test_async_and_event_train_on_the_replays_schedule(protocol, peers, extra):
     assert "peer_messages_per_device_hour" not in fixed.metrics
 
 
+def test_cli_event_run_shows_the_peers_costs():
+    out = subprocess.run([sys.executable, "-m", "sfg", "run", "--clock", "virtual", "--protocol",
+                          "event", "--compute", "const:value=30", "-n", "12", "-T", "4",
+                          "--peers", "online:s=2", "--on-return", "pull:timeout=60",
+                          "--rule", "sfg-l"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    for row in ("messages to drawn peers per device-hour", "membership bytes per device-hour"):
+        assert row in out.stdout
+
+
 def test_async_refuses_a_per_neighbour_rule_with_peers():
     from sfg.clock.train import simulate_events
 

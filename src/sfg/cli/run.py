@@ -185,6 +185,7 @@ def _show_events(cfg, got) -> None:
             ("interrupted / skipped local rounds",
              f"{m['interrupted']:.0f} / {m.get('skipped', 0.0):.0f}"),
             ("compute-seconds per device-hour", f"{m['compute_seconds_per_device_hour']:.1f}"),
+            *((name, f"{m[k]:.2f}") for k, name in PEER_ROWS if k in m),
             ("seconds", f"{got['meta']['seconds']:.1f}")]
     t = console.table(f"sfg run --clock virtual --protocol {cfg.protocol}: {cfg.rule} under "
                       f"{cfg.process}", ["metric", ("value", "right")])
