@@ -73,8 +73,7 @@ class Assembler:
         if self.peers is not None:
             from sfg.clock.peersim import check_clock
 
-            self.pair = check_clock(self.peers, settings, anatomy=anatomy,
-                                    link_failure=link_failure)
+            check_clock(self.peers, settings, anatomy=anatomy, link_failure=link_failure)
         self.rg = rg = world.rg
         self.dt = transfer_seconds(world, float(settings.message_bytes or 0.0))
         self.ptr, self.out, _ = out_slots(rg)

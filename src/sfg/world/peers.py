@@ -262,12 +262,17 @@ def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _position(tab_id, i, j, m):  # pragma: no cover - compiled
-    """Where j stands among device i's m entries (−1: not there)."""
+def _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m):  # pragma: no cover - compiled
+    """Whether device i hearing of j at t can change its table of m entries, the rule of
+    :func:`hear` and :func:`hear_many`: (−2: it cannot — j is i, or no fresher than j's entry,
+    or staler than every entry of a full table; else j's position, −1 when absent; j's tie
+    hash)."""
+    if j == i or (m == tab_id.shape[1] and t < tab_t[i, m - 1]):
+        return -2, 0.0
     for a in range(m):
         if tab_id[i, a] == j:
-            return a
-    return -1
+            return (a, tab_h[i, a]) if t > tab_t[i, a] else (-2, 0.0)
+    return -1, uniform(tkey, i, j, 0)
 
 
 @njit(cache=True, nogil=True)
@@ -276,19 +281,12 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
     fresher (or j enters, when the table has room or t ranks before its last entry, which
     then leaves). The row stays sorted, freshest first; tab_h holds each entry's tie hash.
     Returns whether it changed."""
-    if j == i:
-        return False
     m = tab_n[i]
     V = tab_id.shape[1]
-    if m == V and t < tab_t[i, m - 1]:
-        return False  # staler than every entry of a full table: no change (j's own included)
-    pos = _position(tab_id, i, j, m)
-    if pos >= 0:
-        if not t > tab_t[i, pos]:
-            return False
-        hj = tab_h[i, pos]
-    else:
-        hj = uniform(tkey, i, j, 0)
+    pos, hj = _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m)
+    if pos == -2:
+        return False
+    if pos < 0:
         if m < V:
             pos = m
             tab_n[i] = m + 1
@@ -322,16 +320,11 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
     kk = 0
     for x in range(cnt):
         j, t = ids[x], ts[x]
-        if j == i or (m == V and t < tab_t[i, m - 1]):
-            continue  # itself, or staler than every entry of a full table
-        pos = _position(tab_id, i, j, m)
+        pos, h = _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m)
+        if pos == -2:
+            continue
         if pos >= 0:
-            if not t > tab_t[i, pos]:
-                continue
             gone[pos] = True
-            h = tab_h[i, pos]
-        else:
-            h = uniform(tkey, i, j, 0)
         p = kk  # what is kept, freshest first
         while p > 0 and _before(t, h, kin_t[p - 1], kin_h[p - 1]):
             kin_id[p], kin_t[p], kin_h[p] = kin_id[p - 1], kin_t[p - 1], kin_h[p - 1]
@@ -342,15 +335,13 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
         return
     # the row up to the first change stays as it is; from there the merge
     a = 0
-    while a < m and not gone[a] and not (
-            kin_t[0] > tab_t[i, a] or (kin_t[0] == tab_t[i, a] and kin_h[0] > tab_h[i, a])):
+    while a < m and not gone[a] and not _before(kin_t[0], kin_h[0], tab_t[i, a], tab_h[i, a]):
         a += 1
     keep, b, o = a, 0, a
     while o < V:
         while a < m and gone[a]:
             a += 1
-        if b < kk and (a >= m or kin_t[b] > tab_t[i, a] or (
-                kin_t[b] == tab_t[i, a] and kin_h[b] > tab_h[i, a])):
+        if b < kk and (a >= m or _before(kin_t[b], kin_h[b], tab_t[i, a], tab_h[i, a])):
             out_id[o], out_t[o], out_h[o] = kin_id[b], kin_t[b], kin_h[b]
             b += 1
         elif a < m:
