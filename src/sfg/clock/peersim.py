@@ -54,6 +54,12 @@ C_SENT, C_OFFLINE, C_ENTRIES, C_LOST_SENDER, C_LOST_RANDOM, C_DELIVERED, C_PRINT
 # a message's fate: reached, lost at the sender, target offline, lost on the way
 REACHED, LOST_SENDER, TARGET_OFFLINE, LOST_RANDOM = range(4)
 FINGERPRINT_KEY = 0x243F6A8885A308D3
+# the simulation's peers (:func:`peer_state`), by position: kind (0 fixed, 1 epidemic, 2
+# online), the keys of the targets, the pull's targets, the ties and the message, request and
+# reply losses, S, M, the pairs' latency and loss, the tables (ids, times, tie hashes, sizes)
+# and the counts (C_SENT…)
+(P_KIND, P_KEY, P_PULL_KEY, P_TIE_KEY, P_LOSS_KEY, P_REQUEST_KEY, P_REPLY_KEY, P_S, P_M,
+ P_LATENCY, P_LOSS, P_TAB_ID, P_TAB_T, P_TAB_H, P_TAB_N, P_COUNTS) = range(16)
 
 
 @njit(cache=True, nogil=True)
@@ -119,8 +125,9 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
     into ``late`` for one that arrives at the instant it was sent; ``cursor``: each device's
     last interval found, :func:`sfg.world.locate.locate_near`). Returns (msg, nm, pool,
     free, top)."""
-    kind, key, s, M, lat, p_loss, lkey = P[0], P[1], P[7], P[8], P[9], P[10], P[4]
-    tab_id, tab_t, tab_n, counts = P[11], P[12], P[14], P[15]
+    kind, key, s, M = P[P_KIND], P[P_KEY], P[P_S], P[P_M]
+    lat, p_loss, lkey = P[P_LATENCY], P[P_LOSS], P[P_LOSS_KEY]
+    tab_id, tab_t, tab_n, counts = P[P_TAB_ID], P[P_TAB_T], P[P_TAB_N], P[P_COUNTS]
     t, b, step = E[4, r], E[8, r], np.int64(E[5, r])
     h = 0
     if kind == 1:
@@ -194,7 +201,8 @@ def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover 
         if pool[row, 1] <= 0:
             free[top] = row
             top += 1
-    hear_many(P[3], j, ids, ts, cnt, P[11], P[12], P[13], P[14], scr[2])
+    hear_many(P[P_TIE_KEY], j, ids, ts, cnt, P[P_TAB_ID], P[P_TAB_T], P[P_TAB_H],
+              P[P_TAB_N], scr[2])
     return top
 
 
@@ -209,7 +217,7 @@ def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held, rslot,
         return _hear_row(P, j, x >> 31, now, pool, free, top, (x & 0x7FFFFFFF) - 1, scr)
     if what == 1:
         return _hear_row(P, j, qj[x], now - held[x], pool, free, top, rslot[x], scr)
-    hear(P[3], j, qret[x], now, P[11], P[12], P[13], P[14])
+    hear(P[P_TIE_KEY], j, qret[x], now, P[P_TAB_ID], P[P_TAB_T], P[P_TAB_H], P[P_TAB_N])
     return top
 
 
@@ -219,9 +227,9 @@ def reply_entries(P, q, j, now, sent, ok, pool, free, top, rslot, car_id,
     """The reply of device j to request q, queued at ``now``, carries j's M freshest heard
     entries (counted when it is ``sent``; kept for its arrival when ``ok``). Returns (pool,
     free, top)."""
-    h = carry(j, now, P[8], P[11], P[12], P[14], car_id, car_s)
+    h = carry(j, now, P[P_M], P[P_TAB_ID], P[P_TAB_T], P[P_TAB_N], car_id, car_s)
     if sent:
-        P[15][C_ENTRIES] += h
+        P[P_COUNTS][C_ENTRIES] += h
     if ok and h:
         pool, free, top, rslot[q] = _take(pool, free, top, car_id, car_s, h, 1)
     return pool, free, top
@@ -230,7 +238,7 @@ def reply_entries(P, q, j, now, sent, ok, pool, free, top, rslot, car_id,
 @njit(cache=True, nogil=True)
 def unreachable(P, i, j):  # pragma: no cover - compiled
     """Device i's request to j was answered "unreachable": j leaves i's table."""
-    forget(i, j, P[11], P[12], P[13], P[14])
+    forget(i, j, P[P_TAB_ID], P[P_TAB_T], P[P_TAB_H], P[P_TAB_N])
 
 
 def peer_state(peers: Peers | None, seed: int, graph, n: int, settings):

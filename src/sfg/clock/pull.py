@@ -65,7 +65,24 @@ import numpy as np
 from numba import types
 from numba.typed import Dict
 
-from sfg.clock.peersim import heard, new_pool, reply_entries, send, unreachable
+from sfg.clock.peersim import (
+    P_COUNTS,
+    P_KIND,
+    P_LATENCY,
+    P_LOSS,
+    P_M,
+    P_PULL_KEY,
+    P_REPLY_KEY,
+    P_REQUEST_KEY,
+    P_S,
+    P_TAB_ID,
+    P_TAB_N,
+    heard,
+    new_pool,
+    reply_entries,
+    send,
+    unreachable,
+)
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
@@ -445,12 +462,13 @@ def _ask(P, heap, i, k, now, n, horizon, ipt, ist, ien, rptr, rend, dth, qptr, q
     table as it stands — and what is known of each at once, as :func:`_requests` knows it
     for the graph's links (constant latency and loss); the arrivals (and, ``online``, the
     "unreachable" answers, which remove their peer) wait in the heap."""
-    kind, pkey, s, lat, p_loss, qkey, rkey = P[0], P[2], P[7], P[9], P[10], P[5], P[6]
+    kind, pkey, s, lat, p_loss = P[P_KIND], P[P_PULL_KEY], P[P_S], P[P_LATENCY], P[P_LOSS]
+    qkey, rkey = P[P_REQUEST_KEY], P[P_REPLY_KEY]
     nth = k - rptr[i]
     if kind == 1:
         draw_epidemic(pkey, i, nth, n, s, targets)
     else:
-        draw_online(pkey, i, nth, n, s, P[11], P[14], buf, targets)
+        draw_online(pkey, i, nth, n, s, P[P_TAB_ID], P[P_TAB_N], buf, targets)
     for a in range(s):
         q = qptr[k] + a
         j = targets[a]
@@ -496,15 +514,16 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
     rep = (np.full(NQ, -1, np.int64), np.zeros(NQ), np.full(NQ, np.inf),
            np.zeros(NQ, np.bool_), np.zeros(NQ, np.bool_))
     heap = [(np.inf, 9, 0, 0)]
-    pk, s_p, M_p = P[0], max(P[7], 1), max(P[8], 1)
+    pk, s_p, M_p = P[P_KIND], max(P[P_S], 1), max(P[P_M], 1)
     msg, nm = np.empty((4, max(msg_cap, 1024) if pk else 0)), 0
     pool, free, top = new_pool(M_p)
     nth = Dict.empty(key_type=types.int64, value_type=types.int64)
-    targets, buf = np.empty(s_p, np.int64), np.empty(max(P[11].shape[1], 1), np.int64)
+    V_p = max(P[P_TAB_ID].shape[1], 1)
+    targets, buf = np.empty(s_p, np.int64), np.empty(V_p, np.int64)
     car_id, car_s = np.empty(M_p, np.int64), np.empty(M_p)
     rslot = np.full(NQ, -1, np.int64)
     scr = (np.empty(M_p + 1, np.int64), np.empty(M_p + 1),
-           hear_scratch(max(P[11].shape[1], 1), M_p))  # (sfg.world.peers.hear_many)
+           hear_scratch(V_p, M_p))  # (sfg.world.peers.hear_many)
     cursor = (ipt[:-1] - 1) if pk else np.zeros(0, np.int64)  # each device's last interval
     defer = pull or pk > 0  # commits in their place among the arrivals (phase 5)
     # the messages that arrive at the instant they are sent (receiver, key), heard once the
@@ -763,10 +782,10 @@ class Simulation:
 
         P = peer_state(peers, seed, world.graph, n, settings)
         # a broadcast's transfers: one per neighbour, or the S targets drawn
-        deg = np.full(n, float(P[7])) if P[0] else \
+        deg = np.full(n, float(P[P_S])) if P[P_KIND] else \
             np.diff(out_slots(world.rg)[0]).astype(np.float64)
         self.keeps = keeps = _keeps(anatomy, pull)
-        self.spans = not pull and not keeps and not link_failure and not P[0]
+        self.spans = not pull and not keeps and not link_failure and not P[P_KIND]
         # local steps by the device's own age (index min(τ, last)): +catchup's, or K
         ns_table = catchup_steps(local_steps, np.arange(CATCHUP_CAP + 1)) if catchup else \
             np.array([local_steps], np.int64)
@@ -853,7 +872,7 @@ class Simulation:
             local_max = min(max_events, 1 << 20)
         # room for the messages to peers: S per local round (one per online wake at most
         # under async; under event grown as needed)
-        S = int(self.peers[0][7])
+        S = int(self.peers[0][P_S])
         msg_cap = S * local_max
         self.r0 = r0 if r1 is None else r1
         F, G, st = self.state
@@ -865,7 +884,7 @@ class Simulation:
         return {"events": E, "offline": offline, "requests": self.requests, "reply_src": src,
                 "reply_held": held, "reply_arrival": arr, "reply_ok": ok, "reply_sent": sent,
                 "counts": st, "returns": self.returns, "keeps": self.keeps,
-                "messages": msg if P[0] else None, "peer_counts": P[-1]}
+                "messages": msg if P[P_KIND] else None, "peer_counts": P[P_COUNTS]}
 
 
 def simulate(world, settings: ClockSettings, protocol: str, *, local_steps: int, seed: int,
@@ -912,7 +931,7 @@ def protocol_spans(world, settings: ClockSettings, protocol: str, *, local_steps
     sim = Simulation(world, settings, protocol, local_steps=local_steps, seed=seed,
                      catchup=catchup, pull=pull_on, anatomy=anatomy, link_failure=link_failure,
                      peers=peers)
-    cut = every is not None and sim.peers[0][0] != 0 and not pull_on and not sim.keeps \
+    cut = every is not None and sim.peers[0][P_KIND] != 0 and not pull_on and not sim.keeps \
         and not link_failure
     whole = sim.span() if cut else None
     if not sim.spans and not cut:
