@@ -110,8 +110,8 @@ def _declare(affects: tuple[str, ...] = (), invariant: tuple[str, ...] = (),
 _SELECT = ("clock", "protocol", "nodes")
 # peers chosen per exchange (docs/concepts/peers.md): the rounds and the clock's lockstep
 # train with them (the replay's sends, sfg.modelfree.peers), async and event on the replay's
-# schedule (sfg.clock.pull), real nodes (sfg.net.membership); the node on the virtual
-# clock not yet
+# schedule (sfg.clock.pull), the nodes (sfg.net.membership: real, and async on the virtual
+# clock)
 _PEERS = ("peers",)
 # engine -> field -> class
 DECLARED: dict[str, dict[str, str]] = {
@@ -139,16 +139,17 @@ DECLARED: dict[str, dict[str, str]] = {
     # no timer, and waits for every message of a round (no loss)
     "node-lockstep": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "compute", "uplink",
-                 "latency", "message_bytes", "faults", "faults_seed", "target_accuracy"),
+                 "latency", "message_bytes", "faults", "faults_seed", "target_accuracy",
+                 *_PEERS),
         invariant=_SAME,
         refused=(*_SIMULATOR, "device", "jitter", "window", "loss", "eval_seconds",
-                 "on_return", *_PEERS)),
+                 "on_return")),
     "node-async": _declare(
         affects=(*_TRAINING, *_SELECT, "round_seconds", "period", "jitter", "window", "compute",
                  "uplink", "latency", "loss", "message_bytes", "faults", "faults_seed",
-                 "on_return", "eval_seconds", "target_accuracy"),
+                 "on_return", "eval_seconds", "target_accuracy", *_PEERS),
         invariant=_SAME,
-        refused=(*_SIMULATOR, "device", *_PEERS)),
+        refused=(*_SIMULATOR, "device")),
     # real nodes take their own time: none of the virtual clock's world; the node trains
     # with the loop backend (the one it runs); lockstep waits for the messages (no timer)
     "real-lockstep": _declare(affects=(*_TRAINING, *_SELECT, *_PEERS),
@@ -216,8 +217,9 @@ NOTES: dict[str, str] = {
     "loss": "the node's lockstep waits for every message of a round: it refuses `loss`",
     "peers": "whom each send goes to (`fixed`: the graph; `epidemic:s=S`, `online:s=S,...`: "
              "drawn per exchange): the model-free replay (`sfg replay`), the rounds, the "
-             "virtual clock's protocols and real nodes run it (a lockstep node `epidemic` "
-             "only); a rule that keeps state per neighbour is refused with it",
+             "virtual clock's protocols and the nodes, real and on the virtual clock, run it "
+             "(a lockstep node `epidemic` only; a node's pull on return refuses it); a rule "
+             "that keeps state per neighbour is refused with it",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
                  "clock and wall seconds on real nodes; a lockstep node refuses it)",

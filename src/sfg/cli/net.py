@@ -159,6 +159,11 @@ def _print_summary(out: dict, title: str) -> None:
                           ("pull replies rejected", "pull_rejected")]:
             t.add_row(name, f"{m[key]:.0f}")
         t.add_row("pull wait seconds", f"{m['pull_wait_seconds']:.2f}")
+    from sfg.cli.run import PEER_ROWS
+
+    for key, name in PEER_ROWS:  # peers chosen per exchange (sfg.net.membership)
+        if key in m:
+            t.add_row(name, f"{m[key]:.2f}")
     if "claims_refused" in m:  # +certified (sfg.net.certify)
         t.add_row("claims refused (certified)", f"{m['claims_refused']:.4f}")
         t.add_row("header bytes per message", f"{m['header_bytes']:.0f}")
@@ -438,6 +443,7 @@ def swarm(
                    "target_accuracy": target_accuracy}
     drawn = _swarm_peers(peers, clock, store)
     if clock == "virtual":
+        flags["peers"] = drawn  # a setting of the run (its config and run id), as in sfg run
         refused = {"--tls-dir": tls_dir, "--record-log": record_log}
         if round_seconds is not None:
             if period is not None and period != round_seconds:
@@ -459,18 +465,14 @@ def swarm(
 
 
 def _swarm_peers(peers: str | None, clock: str, store: str | None) -> str | None:
-    """``sfg swarm --peers``: the real nodes' peers chosen per exchange (canonical; None:
-    fixed). The node on the virtual clock, and a stored run (whose settings would say fixed),
-    refuse anything but fixed in this version (one line)."""
+    """``sfg swarm --peers``: the nodes' peers chosen per exchange (canonical; None: fixed).
+    On the virtual clock it is a setting of the run; real nodes with a store refuse anything
+    but fixed in this version (one line: the stored settings would say fixed)."""
     from sfg.world.peers import parse_peers
 
     if peers is None or parse_peers(peers).fixed:
         return None
-    if clock == "virtual":
-        raise SfgError(f"--peers {peers}: the node on the virtual clock sends to its graph "
-                       "neighbours in this version; run real nodes (drop --clock virtual), or "
-                       "sfg replay --peers")
-    if store is not None:
+    if store is not None and clock != "virtual":
         raise SfgError(f"--peers {peers}: a stored run's settings would say peers fixed (real "
                        "nodes take peers as a node setting in this version); drop --store")
     return str(parse_peers(peers))

@@ -49,8 +49,8 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
     every node in this process's event loop, no checkpoints or crashes), ``workdir``,
     ``kills`` (node, round) and ``partitions`` (cuts in rounds), ``tls_dir``, ``record_log``;
     ``edges`` replace the graph's (in this process only); ``peers``: the nodes' peers chosen
-    per exchange (docs/concepts/peers.md#real-nodes; real nodes only, the node on the virtual
-    clock refuses anything but fixed). A failed real node raises ``RuntimeError``."""
+    per exchange (docs/concepts/peers.md#real-nodes) of real nodes; the node on the virtual
+    clock takes the config's ``peers``. A failed real node raises ``RuntimeError``."""
     from sfg.engines import engine_of, refuse
     from sfg.experiments.config import run_id
     from sfg.world.peers import parse_peers
@@ -59,9 +59,9 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
     engine = engine_of(c)
     refuse(engine, c)  # before anything is built: one line naming the engine and setting
     if cfg.nodes == "virtual":
-        if peers is not None and not parse_peers(peers).fixed:
-            raise SfgError(f"peers {peers!r}: the node on the virtual clock sends to its graph "
-                           "neighbours in this version; run real nodes, or sfg replay --peers")
+        if peers is not None and str(parse_peers(peers)) != str(parse_peers(c.get("peers"))):
+            raise SfgError(f"peers {peers!r}: the node on the virtual clock takes the run's "
+                           "peers setting (the config's peers)")
         res = _virtual(c, deadline, progress)
     elif cfg.nodes == "real":
         res = _real(c, deadline=deadline, procs=procs, workdir=workdir, progress=progress,

@@ -80,11 +80,12 @@ async def run(node: Any) -> None:
         node.end_round(r, bool(node.world.available[r, node.i]))
     await asyncio.sleep(node.cfg.linger if node.cfg.linger is not None else node.cfg.period)
     await outgoing.drain(node)
-    backlog = [t for t in node.backlog if not t.done()]
+    backlog = [t for t in [*node.backlog, *node.sends.values()] if not t.done()]
     if node.clock.virtual and node.net is not None and backlog:
-        # the pulls still in flight (an async node's backlog holds only those): on the
-        # virtual network each resolves by the run's end, and a reply that arrives is
-        # taken and counted, as the clock's engine counts it
+        # the pulls and sends still in flight (an async node's backlog holds only pulls): on
+        # the virtual network each resolves by the run's end, and a reply that arrives is
+        # taken and counted, and a send refused by an offline peer counted, as the clock's
+        # engine counts them
         await asyncio.wait(backlog)
 
 

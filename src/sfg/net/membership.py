@@ -24,6 +24,7 @@ draws and, under ``online``, its membership table — with the functions every e
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -57,21 +58,18 @@ def check_mode(peers: Peers, mode: str) -> None:
                        "async, or peers epidemic:s=S")
 
 
-def check_node_peers(peers: Peers, world: Any, mode: str, *, virtual: bool = False,
-                     pull: bool = False, record: bool = False) -> None:
+def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False,
+                     record: bool = False) -> None:
     """Refuse (one line) what a node does not run under ``peers``: ``online`` on lockstep
-    nodes (whom to wait for depends on tables no other node holds), anything but ``fixed``
-    on the node on the virtual clock, with a pull on return or an event log (in this
-    version), S ≥ N, and a rule that keeps state per neighbour
-    (:func:`sfg.modelfree.peers.check_rule`)."""
+    nodes (whom to wait for depends on tables no other node holds), a pull on return or an
+    event log (in this version), S ≥ N, and a rule that keeps state per neighbour
+    (:func:`sfg.modelfree.peers.check_rule`). The node on the virtual clock runs the rest
+    (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
     if peers.fixed:
         return
     from sfg.modelfree.peers import check_rule
 
     check_mode(peers, mode)
-    if virtual:
-        raise SfgError(f"peers {str(peers)!r}: the node on the virtual clock sends to its graph "
-                       "neighbours in this version; run real nodes, or sfg replay --peers")
     if pull:
         raise SfgError(f"peers {str(peers)!r}: a node's pull on return asks its graph "
                        "neighbours in this version; drop --on-return, or peers")
@@ -95,14 +93,14 @@ def own_row(tables: tuple[np.ndarray, ...], i: int) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def node_membership(world: Any, i: int, cfg: Any, *, virtual: bool) -> Membership:
+def node_membership(world: Any, i: int, cfg: Any) -> Membership:
     """Node ``i``'s :class:`Membership` under its config's ``peers`` (else the run's),
     checked (:func:`check_node_peers`). An entry may say at most the run's length: T·P
     (async; T times the deadline, lockstep) plus one RPC time-out (a node late on its
     clock)."""
     peers = parse_peers(cfg.peers if cfg.peers is not None else world.cfg.get("peers"))
-    check_node_peers(peers, world, cfg.mode, virtual=virtual,
-                     pull=cfg.pull_timeout is not None, record=cfg.events is not None)
+    check_node_peers(peers, world, cfg.mode, pull=cfg.pull_timeout is not None,
+                     record=cfg.events is not None)
     per = cfg.period if cfg.mode == "async" else cfg.deadline
     return Membership(peers, world, i,
                       longest=world.rounds * float(per) + float(cfg.rpc_timeout))
@@ -265,21 +263,21 @@ class Membership:
         """The node's peer counts (None under ``fixed``): targets drawn, those offline
         (``to_offline`` refused as offline, and lockstep's targets offline in their round),
         membership bytes carried, the table's size, and per hour of the node's run (T·P
-        async, its wall time lockstep) the messages, those to offline peers and the
+        async and on the virtual clock, its wall time on a real lockstep node) the messages, those to offline peers and the
         membership bytes."""
         if self.fixed:
             return None
-        if node.cfg.mode == "async":
-            hours = node.world.rounds * float(node.cfg.period) / 3600.0
+        if node.cfg.mode == "async" or node.clock.virtual:  # (lockstep: P is Δ there)
+            seconds = node.world.rounds * float(node.cfg.period)
         elif node.started is not None:
-            hours = max(0.0, node.clock.monotonic() - node.started) / 3600.0
+            seconds = max(0.0, node.clock.monotonic() - node.started)
         else:
-            hours = 0.0
+            seconds = 0.0
         out = {"peers": str(self.peers), "messages": self.sends,
                "to_offline": int(to_offline) + self.offline,
                "membership_bytes": self.entries * ENTRY_BYTES, "table": len(self.row()),
-               "hours": float(hours)}
-        out.update(per_hour(out, hours))
+               "seconds": float(seconds), "hours": float(seconds) / 3600.0}
+        out.update(per_hour(out, seconds / 3600.0))
         return out
 
 
@@ -296,13 +294,14 @@ def per_hour(counts: dict[str, Any], hours: float) -> dict[str, float]:
 
 
 def pooled(results: list[dict]) -> dict[str, float]:
-    """The nodes' peer counts summed and per device-hour (the sum of the nodes' hours):
+    """The nodes' peer counts summed and per device-hour (the sum of the nodes' time):
     nothing when they ran peers fixed."""
     got = [r["peers"] for r in results if r.get("peers")]
     if not got:
         return {}
     total = {k: sum(g[k] for g in got) for k in PER_HOUR}
-    return per_hour(total, sum(g["hours"] for g in got))
+    # the nodes' seconds summed exactly, then in hours: N·T·P/3600 as the engines divide
+    return per_hour(total, math.fsum(g["seconds"] for g in got) / 3600.0)
 
 
 def reject_unexpected(m: Membership, sender: int, r: int) -> None:

@@ -100,7 +100,8 @@ class MemoryNetwork:
         self._batch: dict[int, list] = {}  # device -> [return time, requests queued, return index]
         self._returns: dict[int, int] = {}  # device -> returns pulled so far
         self._arrivals: dict[float, list] = {}  # time -> the pull requests arriving then
-        self.stats = {"sent": 0, "lost_sender": 0, "lost_random": 0, "dropped": 0, "duplicated": 0,
+        self.stats = {"sent": 0, "lost_sender": 0, "lost_random": 0, "past_horizon": 0,
+                      "dropped": 0, "duplicated": 0,
                       "delayed": 0, "partitioned": 0, "no_server": 0}
         # every delivery attempt that reached the receiving side, when a list (for checks
         # and logs): dicts of time, src, dst, kind ("push", "copy", "stranger", "fetch"),
@@ -315,7 +316,14 @@ class MemoryPeer:
         if net.online is not None and not net.online(self.src, now, end):
             net.stats["lost_sender"] += 1
             return False, "lost"
-        if net.loss is not None:
+        reached = True  # without faults: the receiver is there at the arrival (the engine's
+        if net.faults is None:  # order: a receiver's absence before the link's loss)
+            at = arrival_time(end, float(net.latency(self.src, self.dst)), 0.0)
+            if not at < net.horizon:  # after the run's end, when no device is online
+                net.stats["past_horizon"] += 1
+                return False, "unavailable"
+            reached = net.online is None or net.online(self.dst, at, at)
+        if net.loss is not None and reached:
             p = net.loss(self.src, self.dst)
             if p > 0 and transfer_lost(net.loss_key, self.src, self.dst, k, p):
                 net.stats["lost_random"] += 1

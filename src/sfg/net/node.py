@@ -71,7 +71,7 @@ class Node:
         self.clock = clock or WALL
         # peers chosen per exchange (sfg.net.membership); the candidates: the graph
         # neighbours, or under peers other than fixed every other device of the run
-        self.membership = node_membership(world, self.i, self.cfg, virtual=net is not None)
+        self.membership = node_membership(world, self.i, self.cfg)
         self.nbrs = self.membership.candidates(world)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index

@@ -522,18 +522,39 @@ def _clock_network(world, opts, clock_settings, faults):
         world = lockstep_world(world, cw, cs)
     else:
         check_period(int(world.cfg["local_steps"]) * cw.compute, P)
+    latency, loss = _pair_links(world, cw, cs, faults)
+    online_through = _online_through(Intervals.from_rounds(world.available, P))
+    net = MemoryNetwork(N, latency=latency, uplink=cw.uplink,
+                        online=online_through, faults=faults, message_bytes=cs.message_bytes,
+                        loss=loss, loss_seed=world.seed, next_off=online_through.next_off,
+                        horizon=float(cw.horizon))
+    return world, cw, net
+
+
+def _pair_links(world, cw, cs, faults):
+    """The network's ``latency(j, i)`` and ``loss(j, i)`` (None: no loss): the clock world's
+    per-link values on the graph's links, or under peers other than fixed (any device may
+    send to any other) the one constant latency and loss of every pair, as the clock's
+    engine has them (:func:`sfg.clock.peersim.check_clock`, which refuses the rest: drawn
+    per-link latency or loss, faults, link failures; docs/concepts/peers.md)."""
+    from sfg.world.peers import parse_peers
+
+    peers = parse_peers(world.cfg.get("peers"))
+    if not peers.fixed:
+        from sfg.clock.peersim import check_clock
+
+        if faults is not None:
+            raise SfgError(f"peers {str(peers)!r} on the virtual clock does not run with "
+                           "faults in this version; use peers fixed for it")
+        lat_c, loss_c = check_clock(peers, cs, anatomy=str(world.cfg.get("anatomy", "full")),
+                                    link_failure=float(world.cfg.get("link_failure") or 0.0))
+        return (lambda j, i: lat_c), ((lambda j, i: loss_c) if loss_c > 0 else None)
     rg = cw.rg
     lat = {(int(j), int(i)): float(v) for j, i, v, s in
            zip(rg.send, rg.recv, cw.latency, rg.is_self, strict=True) if not s}
     loss = {(int(j), int(i)): float(v) for j, i, v, s in
             zip(rg.send, rg.recv, cw.loss, rg.is_self, strict=True) if not s}
-    online_through = _online_through(Intervals.from_rounds(world.available, P))
-    net = MemoryNetwork(N, latency=lambda j, i: lat[(j, i)], uplink=cw.uplink,
-                        online=online_through, faults=faults, message_bytes=cs.message_bytes,
-                        loss=(lambda j, i: loss[(j, i)]) if cw.loss.any() else None,
-                        loss_seed=world.seed, next_off=online_through.next_off,
-                        horizon=float(cw.horizon))
-    return world, cw, net
+    return (lambda j, i: lat[(j, i)]), ((lambda j, i: loss[(j, i)]) if cw.loss.any() else None)
 
 
 def network_metrics(world, stats: dict[str, int],
