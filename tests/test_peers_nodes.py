@@ -7,6 +7,7 @@ is bounded in time."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -333,3 +334,23 @@ def test_a_nodes_table_is_its_row_of_the_engines_tables(world):
         hear(tk, 2, j, t, *m.tables)
         assert m.row() == [(int(a), float(b)) for a, b in
                            zip(full[0][2, :full[3][2]], full[1][2, :full[3][2]], strict=True)]
+
+
+def test_real_swarm_stores_its_peers_setting(tmp_path, capsys):
+    """`sfg swarm --peers … --store` on real nodes: the setting is the run's, so the stored
+    settings and run id carry it (one run per peers value), and the peer counts are there."""
+    from sfg.cli.main import main
+    from sfg.experiments.store import records
+
+    store = str(tmp_path / "runs.sqlite")
+    code = main(["swarm", "--nodes", "4", "-T", "4", "-p", "iid:u=0.2", "-K", "1",
+                 "--graph", "ring:k=1", "--mode", "async", "--period", "0.25", "--procs", "0",
+                 "--peers", "epidemic:s=2", "--store", store, "--json"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    got = json.loads(cap.out)
+    assert got["config"]["peers"] == "epidemic:s=2"
+    assert got["metrics"]["peer_messages_per_device_hour"] > 0
+    runs = records(store)
+    assert [r["config"]["peers"] for r in runs] == ["epidemic:s=2"]
+    assert runs[0]["run_id"] == got["run_id"]

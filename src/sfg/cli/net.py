@@ -441,9 +441,9 @@ def swarm(
     world_flags = {"compute": compute, "uplink": uplink, "latency": latency, "loss": loss,
                    "message_bytes": message_bytes, "eval_seconds": eval_seconds,
                    "target_accuracy": target_accuracy}
-    drawn = _swarm_peers(peers, clock, store)
+    drawn = _swarm_peers(peers)
+    flags["peers"] = drawn  # a setting of the run (its config and run id), as in sfg run
     if clock == "virtual":
-        flags["peers"] = drawn  # a setting of the run (its config and run id), as in sfg run
         refused = {"--tls-dir": tls_dir, "--record-log": record_log}
         if round_seconds is not None:
             if period is not None and period != round_seconds:
@@ -464,17 +464,13 @@ def swarm(
                 peers=drawn)
 
 
-def _swarm_peers(peers: str | None, clock: str, store: str | None) -> str | None:
-    """``sfg swarm --peers``: the nodes' peers chosen per exchange (canonical; None: fixed).
-    On the virtual clock it is a setting of the run; real nodes with a store refuse anything
-    but fixed in this version (one line: the stored settings would say fixed)."""
+def _swarm_peers(peers: str | None) -> str | None:
+    """``sfg swarm --peers``: the nodes' peers chosen per exchange, a setting of the run (its
+    config, run id and store), canonical; None: fixed (left out of the settings)."""
     from sfg.world.peers import parse_peers
 
     if peers is None or parse_peers(peers).fixed:
         return None
-    if store is not None and clock != "virtual":
-        raise SfgError(f"--peers {peers}: a stored run's settings would say peers fixed (real "
-                       "nodes take peers as a node setting in this version); drop --store")
     return str(parse_peers(peers))
 
 

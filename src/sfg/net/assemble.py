@@ -49,8 +49,8 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
     every node in this process's event loop, no checkpoints or crashes), ``workdir``,
     ``kills`` (node, round) and ``partitions`` (cuts in rounds), ``tls_dir``, ``record_log``;
     ``edges`` replace the graph's (in this process only); ``peers``: the nodes' peers chosen
-    per exchange (docs/concepts/peers.md#real-nodes) of real nodes; the node on the virtual
-    clock takes the config's ``peers``. A failed real node raises ``RuntimeError``."""
+    per exchange (docs/concepts/peers.md#real-nodes), as the settings' ``peers`` (which it
+    must not contradict). A failed real node raises ``RuntimeError``."""
     from sfg.engines import engine_of, refuse
     from sfg.experiments.config import run_id
     from sfg.world.peers import parse_peers
@@ -58,10 +58,12 @@ def run_nodes_config(cfg: RunConfig, *, deadline: float | None = None, procs: in
     c = cfg.model_dump()
     engine = engine_of(c)
     refuse(engine, c)  # before anything is built: one line naming the engine and setting
+    if peers is not None and c.get("peers") is not None and \
+            str(parse_peers(peers)) != str(parse_peers(c["peers"])):
+        raise SfgError(f"peers {peers!r} and the settings' peers {c['peers']!r} disagree; "
+                       "give one")
+    peers = c.get("peers") if peers is None else peers
     if cfg.nodes == "virtual":
-        if peers is not None and str(parse_peers(peers)) != str(parse_peers(c.get("peers"))):
-            raise SfgError(f"peers {peers!r}: the node on the virtual clock takes the run's "
-                           "peers setting (the config's peers)")
         res = _virtual(c, deadline, progress)
     elif cfg.nodes == "real":
         res = _real(c, deadline=deadline, procs=procs, workdir=workdir, progress=progress,
