@@ -31,6 +31,10 @@ SAME = ("messages", "returns", "returns_heard", "skipped", *PEER_METRICS)
 LOSSY = ({"compute": "const:value=20", "latency": "const:value=5", "loss": "const:value=0.2",
           "uplink": "const:value=2000"}, 0.3)
 TIES = ({"compute": "const:value=20", "latency": "const:value=0"}, 0.0)
+# a slow uplink: broadcasts outlast their device's online time, so some messages are lost at
+# their sender (neither they nor their entries count as sent)
+SLOW = ({"compute": "const:value=20", "latency": "const:value=5", "uplink": "const:value=200"},
+        0.5)
 
 pytestmark = pytest.mark.crosspath
 
@@ -56,8 +60,9 @@ def _engine(n: int, peers: str, world_set: dict, jitter: float, **over) -> dict:
 
 @pytest.mark.parametrize("peers,world", [
     ("epidemic:s=3", LOSSY), ("online:s=3,view=6,gossip=2", LOSSY),
-    ("online:s=3,view=6,gossip=2", TIES), ("epidemic:s=3", TIES)],
-    ids=["epidemic-lossy", "online-lossy", "online-ties", "epidemic-ties"])
+    ("online:s=3,view=6,gossip=2", TIES), ("epidemic:s=3", TIES),
+    ("online:s=3,view=6,gossip=2", SLOW)],
+    ids=["epidemic-lossy", "online-lossy", "online-ties", "epidemic-ties", "online-slow"])
 def test_async_node_with_peers_equals_the_clocks_engine(peers, world):
     """Same seed, world and peers: the nodes draw their targets at each commit from the
     same keyed streams, keep the same tables (what each message's header carries, heard at
@@ -67,16 +72,46 @@ def test_async_node_with_peers_equals_the_clocks_engine(peers, world):
     world_set, jitter = world
     res = _nodes(16, peers, world_set, jitter)
     eng = _engine(16, peers, world_set, jitter)
-    assert_same_bits(res["params"], eng["params"].numpy())
-    assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
-    m, e = res["metrics"], eng["metrics"]
-    for k in SAME:
-        assert m[k] == e[k], (k, m[k], e[k])
+    _same(res, eng)
+    e = eng["metrics"]
     assert e["peer_messages_per_device_hour"] > 0 and e["messages_to_offline_per_device_hour"] > 0
     assert (e["membership_bytes_per_device_hour"] > 0) == peers.startswith("online")
+    if world is SLOW:  # messages lost at their sender, not counted as sent by either
+        assert e["lost_sender"] > 0 and res["metrics"]["net_lost_sender"] == e["lost_sender"]
     # the peers drawn changed the run: the graph's neighbours give other models
     fixed = _engine(16, "fixed", world_set, jitter)
     assert np.abs(fixed["params"].numpy() - eng["params"].numpy()).max() > 1e-4
+
+
+def _same(res: dict, eng: dict, also: tuple[str, ...] = ()) -> None:
+    assert_same_bits(res["params"], eng["params"].numpy())
+    assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
+    m, e = res["metrics"], eng["metrics"]
+    for k in (*SAME, *also):
+        assert m[k] == e[k], (k, m[k], e[k])
+
+
+PULL_COUNTS = ("pull_requests", "pull_replies", "pull_empty", "pull_unreachable",
+               "pull_replies_delivered", "pull_bytes", "pull_wait_seconds")
+
+
+@pytest.mark.parametrize("world", [LOSSY, TIES], ids=["lossy", "ties"])
+def test_async_node_pulls_from_epidemic_peers_as_the_engine_does(world):
+    """With ``on_return: pull`` under ``epidemic`` a returning node asks the S devices the
+    stream (seed, "peers", "pull") draws for its return, not its graph neighbours: the
+    engine's models bit for bit and its pull's requests, replies, unreachable answers and
+    waits."""
+    world_set, jitter = world
+    pull = {"on_return": "pull:timeout=120"}
+    res = _nodes(16, "epidemic:s=3", world_set, jitter, **pull)
+    eng = _engine(16, "epidemic:s=3", world_set, jitter, **pull)
+    _same(res, eng, PULL_COUNTS)
+    e = eng["metrics"]
+    assert e["pull_replies_delivered"] > 0 and e["pull_unreachable"] > 0
+    # S requests a return: not the graph's degree (knn:k=4 gives each device 4 or more)
+    assert e["pull_requests"] <= 3 * e["returns"]
+    plain = _engine(16, "epidemic:s=3", world_set, jitter)
+    assert np.abs(plain["params"].numpy() - eng["params"].numpy()).max() > 1e-4
 
 
 def test_lockstep_node_with_epidemic_equals_the_clocks_engine_and_the_rounds():
@@ -139,7 +174,7 @@ def test_cli_virtual_swarm_takes_peers_into_its_settings_and_store(tmp_path, cap
      "does not run with faults"),
     (["--protocol", "async", "--peers", "epidemic:s=2", "--latency",
       "lognormal:median=2,sigma=0.5"], "latency drawn per link"),
-    (["--protocol", "async", "--peers", "epidemic:s=2", "--on-return", "pull:timeout=60"],
+    (["--protocol", "async", "--peers", "online:s=2", "--on-return", "pull:timeout=60"],
      "pull on return"),
     (["--protocol", "async", "--peers", "epidemic:s=9"], "s=9"),
 ])

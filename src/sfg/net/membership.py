@@ -14,6 +14,8 @@ draws and, under ``online``, its membership table — with the functions every e
   t_a − held; second-hand, each entry (k, s) it carries is k heard at t_a − held − s, kept
   only when strictly fresher. A message carries the M freshest heard entries as durations
   taken when it is made (:meth:`Membership.carried`).
+* **Pull on return** (``epidemic``): the return's S targets from the keyed stream
+  (seed, "peers", "pull"), keyed by the return's index (:meth:`Membership.pull_targets`).
 * **Lockstep** (``epidemic`` only: under ``online`` a node cannot know whom to wait for): the
   senders a node waits for in round t are the available devices whose round-t draw names
   it (:meth:`Membership.expected`): the draws are keyed streams every node computes.
@@ -43,6 +45,7 @@ from sfg.world.peers import (
     new_tables,
     parse_peers,
     peers_key,
+    pull_key,
     tie_key,
 )
 
@@ -61,8 +64,8 @@ def check_mode(peers: Peers, mode: str) -> None:
 def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False,
                      record: bool = False) -> None:
     """Refuse (one line) what a node does not run under ``peers``: ``online`` on lockstep
-    nodes (whom to wait for depends on tables no other node holds), a pull on return or an
-    event log (in this version), S ≥ N, and a rule that keeps state per neighbour
+    nodes (whom to wait for depends on tables no other node holds), a pull on return under
+    ``online`` or an event log (in this version), S ≥ N, and a rule that keeps state per neighbour
     (:func:`sfg.modelfree.peers.check_rule`). The node on the virtual clock runs the rest
     (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
     if peers.fixed:
@@ -70,9 +73,10 @@ def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False,
     from sfg.modelfree.peers import check_rule
 
     check_mode(peers, mode)
-    if pull:
-        raise SfgError(f"peers {str(peers)!r}: a node's pull on return asks its graph "
-                       "neighbours in this version; drop --on-return, or peers")
+    if pull and peers.kind == "online":
+        raise SfgError(f"peers {str(peers)!r}: a node's pull on return carries no membership "
+                       "entries in its replies in this version; drop --on-return, or use "
+                       "peers epidemic:s=S (sfg replay and sfg run run online with pull)")
     if record:
         raise SfgError(f"peers {str(peers)!r}: an event log replays the graph's messages in "
                        "this version; drop --record-log, or peers")
@@ -117,6 +121,8 @@ class Membership:
         p = self.peers
         self.gossip = p.gossip if p.kind == "online" else 0
         self.key = np.uint64(peers_key(world.seed))
+        self.pull_key = np.uint64(pull_key(world.seed))
+        self.pulls = 0          # returns that drew their pull's targets
         self.tkey = np.uint64(tie_key(world.seed))
         self.tables = own_row(new_tables(p, world.seed, world.graph), self.i) \
             if p.kind == "online" else None
@@ -156,6 +162,23 @@ class Membership:
         else:
             draw_epidemic(self.key, int(i), int(count), self.n, p.s, out)
         return [int(j) for j in out[:p.s]]
+
+    def unsent(self, entries: int) -> None:
+        """A message to a drawn target was lost at its sender (gone offline before its
+        transfer ended): neither it nor the ``entries`` it carried count as sent, as the
+        engines count them (sfg.clock.peersim)."""
+        if not self.fixed:
+            self.sends -= 1
+            self.entries -= int(entries)
+
+    def pull_targets(self) -> list[int]:
+        """The S devices this node's next return asks (its returns counted from 0: the
+        return's index), from the stream (seed, "peers", "pull"), in the order asked
+        (``epidemic``; docs/concepts/peers.md#targets)."""
+        assert self.peers.kind == "epidemic", "a node pulls under fixed or epidemic"
+        nth, self.pulls = self.pulls, self.pulls + 1
+        draw_epidemic(self.pull_key, self.i, nth, self.n, self.peers.s, self._out)
+        return [int(j) for j in self._out[:self.peers.s]]
 
     def targets(self, count: int) -> list[int]:
         """This node's targets of its send ``count``, counted."""

@@ -68,10 +68,15 @@ def message(node: Any, targets: Iterable[int] | None = None) -> Outgoing:
     return header, payload
 
 
-async def send(node: Any, j: int, r: int, header: bytes, payload: bytes | Chunked) -> None:
-    """Push round ``r``'s message to neighbour ``j`` and count how it went."""
+async def send(node: Any, j: int, r: int, header: bytes, payload: bytes | Chunked,
+               entries: int = 0) -> None:
+    """Push round ``r``'s message to neighbour ``j`` (carrying ``entries`` membership
+    entries) and count how it went."""
     ok, reason = await node.peers[j].deliver(header, payload, timeout=node.cfg.rpc_timeout,
                                              retries=node.cfg.retries)
+    if reason == "lost" and node.cfg.mode == "async":
+        # its sender went offline before it had left: never sent (lockstep fetches it)
+        node.membership.unsent(entries)
     if ok:
         node.stats.sent += 1
         node.delivered.add((j, r))
@@ -98,7 +103,8 @@ def send_all(node: Any, targets: Iterable[int], msg: Outgoing) -> None:
         node.stats.header_bytes += len(header)
         node.stats.headers += 1
         node.membership.entries += node.membership.last
-        node.sends[j] = asyncio.ensure_future(send(node, j, node.round, header, msg[1]))
+        node.sends[j] = asyncio.ensure_future(send(node, j, node.round, header, msg[1],
+                                                   node.membership.last))
     node.backlog = [t for t in node.backlog if not t.done()]
 
 

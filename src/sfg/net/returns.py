@@ -2,10 +2,10 @@
 
 ``pull_timeout`` (``on_return: pull:timeout=S``; docs/concepts/clock.md#returns-in-time): at a
 return — the start of an online row after an offline one (not the run's start), or a restart
-once online (:func:`sfg.net.asyncmode.return_time`) — an async node asks every neighbour for
-its latest sent message (:func:`pull_at`: ``Fetch`` with ``pull``,
-:meth:`sfg.net.transport.Peer.pull`; on the virtual clock
-:meth:`sfg.net.memory.MemoryPeer.pull`, with the clock's engine's times), and its first local
+once online (:func:`sfg.net.asyncmode.return_time`) — an async node asks every neighbour
+(under peers ``epidemic``: S devices drawn for the return) for its latest sent message
+(:func:`pull_at`: ``Fetch`` with ``pull``, :meth:`sfg.net.transport.Peer.pull`; on the
+virtual clock :meth:`sfg.net.memory.MemoryPeer.pull`, with the clock's engine's times), and its first local
 round waits until each has answered (a reply, empty, unreachable) or S seconds have passed. A
 reply goes through the checks of any message (:func:`sfg.net.inbox.check`) and is a candidate
 whose waited staleness starts at its sending: d = (held + now − arrival)/P; one not newer, by
@@ -40,7 +40,10 @@ async def pull_at(node: Any, t_ret: float) -> None:
     assert node.cfg.pull_timeout is not None
     S = float(node.cfg.pull_timeout)
     end = node.clock.monotonic() + S
-    nbrs = [int(j) for j in node.nbrs]
+    # the graph's neighbours, or under peers epidemic the S drawn for this return, in the
+    # order they are asked (docs/concepts/peers.md#the-node-on-the-clock)
+    nbrs = [int(j) for j in node.nbrs] if node.membership.fixed else \
+        node.membership.pull_targets()
     node.stats.requests += len(nbrs)
     asked = [j for j in nbrs if not node.blocked(j, node.round)]
     late = max(S, float(node.cfg.rpc_timeout))  # a reply after the window still counts

@@ -152,6 +152,14 @@ def peers_key(seed: int) -> int:
     return counter_key(seed, "peers")
 
 
+def pull_key(seed: int) -> int:
+    """The key of a pull's target draws under ``seed`` (stream (seed, "peers", "pull")),
+    keyed by (device, its return's index)."""
+    from sfg.util.rng import counter_key
+
+    return counter_key(seed, "peers", "pull")
+
+
 def tie_key(seed: int) -> int:
     """The key of the table's tie order under ``seed`` (stream (seed, "peers-ties"))."""
     from sfg.util.rng import counter_key
