@@ -128,7 +128,7 @@ def test_a_version_1_header_is_refused():
 
 
 # ------------------------------------------------------------------ real nodes
-def _swarm(world, peers, mode="async", period=0.25, timeout=60.0):
+def _swarm(world, peers, mode="async", period=0.25, timeout=60.0, pull=None):
     nodes: list[Node] = []
 
     async def ready(ports):
@@ -138,7 +138,7 @@ def _swarm(world, peers, mode="async", period=0.25, timeout=60.0):
     res = asyncio.run(asyncio.wait_for(run_nodes(
         world, range(world.n),
         lambda i: NodeConfig(mode=mode, period=period, peers=peers, deadline=20,
-                             record_headers=True, rpc_timeout=5),
+                             record_headers=True, rpc_timeout=5, pull_timeout=pull),
         ready=ready, nodes_out=nodes), timeout))
     out = summarise(world, res, wall=time.perf_counter() - t)
     # nothing the peers bring is rejected (a loaded machine may cut a superseded send short)
@@ -164,6 +164,18 @@ def test_epidemic_nodes_send_to_the_keyed_draws_and_take_non_neighbours(world):
     m = out["metrics"]
     assert m["peer_messages_per_device_hour"] > 0 and m["membership_bytes_per_device_hour"] == 0
     assert all(r["peers"]["table"] == 0 for r in res)
+
+
+def test_epidemic_nodes_pull_from_the_devices_drawn_for_each_return(world):
+    """A real node's pull on return under ``epidemic:s=3`` asks the 3 devices drawn for the
+    return (the ring gives each node 2 graph neighbours), over gRPC, and takes their replies
+    (senders that are no graph neighbour among them)."""
+    res, nodes, out = _swarm(world, "epidemic:s=3", pull=0.1)
+    rets = [r["returns"] for r in res]
+    assert sum(r["returns"] for r in rets) > 0
+    for r, n in zip(rets, nodes, strict=True):
+        assert r["requests"] == 3 * r["returns"] == 3 * n.membership.pulls
+    assert sum(r["replies"] + r["empty"] + r["unreachable"] for r in rets) > 0
 
 
 def test_online_nodes_keep_tables_from_first_and_second_hand(world):
