@@ -198,3 +198,24 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
             for p, secs in c:
                 hear(tables, V, tkey, j, p, at - secs)
     return out, asked, entries
+
+
+def draw_online_copying(key, i, count, n, s, tab_id, tab_n, out):
+    """sfg.world.peers.draw_online as it was first written (O(V) a send): the row copied into
+    a buffer, a partial Fisher–Yates shuffle of the copy, then the uniform top-up; the
+    compiled draw, which reads the row in place, must draw exactly this."""
+    m = int(tab_n[i])
+    buf = [int(x) for x in tab_id[i, :m]]
+    take = min(s, m)
+    for k in range(take):
+        r = k + int(counter_uniform(key, i, count, k) * (m - k))
+        buf[k], buf[r] = buf[r], buf[k]
+        out[k] = buf[k]
+    got, k = take, s
+    while got < s:  # the top-up of sfg.world.peers._top_up, from try s on
+        j = int(counter_uniform(key, i, count, k) * (n - 1))
+        k += 1
+        j += j >= i
+        if j not in [int(x) for x in out[:got]]:
+            out[got] = j
+            got += 1

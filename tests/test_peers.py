@@ -93,6 +93,37 @@ def test_online_targets_from_the_table_then_topped_up():
     assert len(set(out3.tolist())) == 5 and 0 not in out3
 
 
+
+def test_online_draw_reads_the_row_in_place_and_draws_what_a_copy_draws():
+    """draw_online's virtual shuffle (O(S) reads of the row, the moved positions in ``buf``)
+    draws exactly what the first, copying draw (tests/reference_peers.py) draws: random rows
+    of every fill, S below, at and above the entries held, and a ``buf`` of min(S, V)."""
+    from reference_peers import draw_online_copying
+
+    rng = np.random.default_rng(44)
+    checked = 0
+    for trial in range(600):
+        V = int(rng.choice([1, 2, 3, 5, 8, 28, 200, 3000]))
+        n = V + int(rng.integers(2, 60))
+        s = int(rng.integers(1, min(n - 1, 2 * V + 3) + 1))
+        tab_id = np.full((3, V), -1, np.int64)
+        tab_n = np.zeros(3, np.int64)
+        i = int(rng.integers(0, 3))
+        m = int(rng.integers(0, V + 1))
+        tab_n[i] = m
+        tab_id[i, :m] = rng.choice(np.delete(np.arange(n), i), m, replace=False)
+        key = np.uint64(rng.integers(0, 2**63))
+        count = int(rng.integers(0, 10**6))
+        got = np.full(s, -7, np.int64)
+        draw_online(key, i, count, n, s, tab_id, tab_n,
+                    np.full(min(s, V), -9, np.int64) if trial % 2 else np.empty(V, np.int64),
+                    got)
+        want = np.full(s, -7, np.int64)
+        draw_online_copying(key, i, count, n, s, tab_id, tab_n, want)
+        assert np.array_equal(got, want), (V, n, s, m)
+        checked += min(s, m) > 1
+    assert checked > 300
+
 def _table(V=3):
     return (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros((1, V)),
             np.zeros(1, np.int64))
@@ -279,13 +310,14 @@ def test_replay_table_shows_the_peers_costs():
     assert s["peer_messages_per_device_hour"] == pytest.approx(want)
 
 
-def test_hearing_at_once_is_hearing_in_turn():
+@pytest.mark.parametrize("V,n", [(5, 12), (1, 6), (28, 40)])
+def test_hearing_at_once_is_hearing_in_turn(V, n):
     """sfg.world.peers.hear_many (one merge) leaves the table that hear() of each peer in turn
     leaves, in any order: a table keeps the V freshest of what it heard."""
     from sfg.world.peers import NEVER, hear, hear_many, hear_scratch
 
-    rng = np.random.default_rng(4)
-    V, n, key = 5, 12, np.uint64(99)
+    rng = np.random.default_rng(4 + V)
+    key = np.uint64(99)
     changed = 0
     for _ in range(400):
         one = (np.full((1, V), -1, np.int64), np.full((1, V), NEVER), np.zeros((1, V)),

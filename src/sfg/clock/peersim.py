@@ -184,7 +184,7 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
     return msg, nm, pool, free, top
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)  # (per message: no reference counts, see sfg.world.peers)
 def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover - compiled
     """j hears of ``sender`` at ``at`` and of the pool row's entries at ``at`` − their
     seconds (one merge: :func:`sfg.world.peers.hear_many`); the row is freed after its last
@@ -206,7 +206,7 @@ def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover 
     return top
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held, rslot,
           scr):  # pragma: no cover - compiled
     """A membership arrival at device j (arg: 3·(sender·2^31 + pool row + 1), a message;

@@ -168,17 +168,21 @@ def tie_key(seed: int) -> int:
 
 
 # ----------------------------------------------------------------------------- compiled
+# The draws and the table's functions run once per send or per message heard; those that
+# allocate nothing compile without numba's reference counting (``_nrt=False``): with it each
+# call counted references to every array it was passed, in and out (atomic operations that
+# cost the clock's simulation about a tenth of its time).
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _mix(z):  # pragma: no cover - compiled
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def uniform(key, a, b, c):  # pragma: no cover - compiled
     """:func:`sfg.util.rng.counter_uniform` (key, a, b, c), compiled: the same value."""
     z = np.uint64(key)
@@ -214,7 +218,7 @@ def draw_epidemic_rows(key, devs, counts, n, s, out):  # pragma: no cover - comp
         draw_epidemic(key, devs[q], counts[q], n, s, out[q * s:(q + 1) * s])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
     """out[got:s]: devices other than i and out[:got], uniform, from try k on."""
     while got < s:
@@ -232,23 +236,39 @@ def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
             got += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def draw_online(key, i, count, n, s, tab_id, tab_n, buf, out):  # pragma: no cover - compiled
     """out[:s]: s distinct entries of device i's table drawn uniformly (a partial shuffle of
     its entries, try k drawing ids (i, count, k)), topped up uniformly from all other devices
-    when it holds fewer than s (tries (i, count, s + k)). ``buf`` [V]: scratch."""
+    when it holds fewer than s (tries (i, count, s + k)). ``buf`` [at least min(s, V)]:
+    scratch.
+
+    The shuffle is virtual: it reads the row in place and records in ``buf`` only the
+    positions it moved (position · 2^32 + the row position whose entry is there now), so a
+    send reads O(S) entries of the table whatever its size V, and draws what a partial
+    Fisher–Yates shuffle of a copy of the row draws (tests/reference_peers.py)."""
     m = tab_n[i]
-    for a in range(m):
-        buf[a] = tab_id[i, a]
     take = min(s, m)
+    w = 0  # moved positions recorded
     for k in range(take):
         r = k + np.int64(uniform(key, i, count, k) * (m - k))
-        buf[k], buf[r] = buf[r], buf[k]
-        out[k] = buf[k]
+        at_k, at_r, rec = k, r, -1  # the row positions whose entries are now at k and at r
+        for x in range(w):
+            p = buf[x] >> 32
+            if p == k:
+                at_k = buf[x] & 0xFFFFFFFF
+            if p == r:
+                at_r, rec = buf[x] & 0xFFFFFFFF, x
+        out[k] = tab_id[i, at_r]
+        if r != k:  # position r now holds what position k held (k is never read again)
+            if rec < 0:
+                rec = w
+                w += 1
+            buf[rec] = (r << 32) | at_k
     _top_up(key, i, count, n, s, out, take, s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def carry(i, now, M, tab_id, tab_t, tab_n, out_id, out_s):  # pragma: no cover - compiled
     """The M freshest heard entries of device i's table as (peer, seconds since heard at
     ``now``) into out_id, out_s (what a message it sends at ``now`` carries); returns how many."""
@@ -263,27 +283,45 @@ def carry(i, now, M, tab_id, tab_t, tab_n, out_id, out_s):  # pragma: no cover -
     return h
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
     """Entry (t1, h1) ranks before (t2, h2): fresher, or as fresh with a larger tie hash."""
     return t1 > t2 or (t1 == t2 and h1 > h2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
+def _unheard(i, j, t, tab_t, m):  # pragma: no cover - compiled
+    """The first test of :func:`_fresher`, before the row is searched: device i hearing of j
+    at t cannot change its table of m entries (j is i, or t is staler than every entry of a
+    full table)."""
+    return j == i or (m == tab_t.shape[1] and t < tab_t[i, m - 1])
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _fresher_at(tkey, i, j, t, pos, tab_t, tab_h):  # pragma: no cover - compiled
+    """The rest of :func:`_fresher` once j's position in the row is known (−1: absent)."""
+    if pos >= 0:
+        return (pos, tab_h[i, pos]) if t > tab_t[i, pos] else (-2, 0.0)
+    return -1, uniform(tkey, i, j, 0)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m):  # pragma: no cover - compiled
     """Whether device i hearing of j at t can change its table of m entries, the rule of
     :func:`hear` and :func:`hear_many`: (−2: it cannot — j is i, or no fresher than j's entry,
     or staler than every entry of a full table; else j's position, −1 when absent; j's tie
     hash)."""
-    if j == i or (m == tab_id.shape[1] and t < tab_t[i, m - 1]):
+    if _unheard(i, j, t, tab_t, m):
         return -2, 0.0
+    pos = -1
     for a in range(m):
         if tab_id[i, a] == j:
-            return (a, tab_h[i, a]) if t > tab_t[i, a] else (-2, 0.0)
-    return -1, uniform(tkey, i, j, 0)
+            pos = a
+            break
+    return _fresher_at(tkey, i, j, t, pos, tab_t, tab_h)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Device i hears that j was online at t: j's entry is set to t when that is strictly
     fresher (or j enters, when the table has room or t ranks before its last entry, which
@@ -315,25 +353,44 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragma: no cover
     """Device i hears of the distinct peers ids[:cnt] at ts[:cnt]: the table :func:`hear` of
     each in turn leaves (a table keeps the V freshest of what it heard, whatever the order),
-    in one merge of the row with what is fresher. ``scr``: :func:`hear_scratch`."""
-    kin_id, kin_t, kin_h, out_id, out_t, out_h, gone = scr
+    in one merge of the row with what is fresher. ``scr``: :func:`hear_scratch`.
+
+    One scan of the row finds every peer heard; the merge runs in place from the row's end
+    (an entry kept never moves up: each one that leaves for a fresher time re-enters above
+    its old place) and stops where the row no longer changes: a call costs O(cnt·m) compares
+    and O(cnt + the entries shifted) moves, no copy of the row."""
+    kin_id, kin_t, kin_h, gone = scr[0], scr[1], scr[2], scr[3]
+    cid, ct, cpos = scr[4], scr[5], scr[6]
     m = tab_n[i]
     V = tab_id.shape[1]
-    for a in range(m):
-        gone[a] = False
-    kk = 0
+    nc = 0  # the peers that may change the row (_fresher's rule), found in one scan of it
     for x in range(cnt):
-        j, t = ids[x], ts[x]
-        pos, h = _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m)
+        if not _unheard(i, ids[x], ts[x], tab_t, m):
+            cid[nc], ct[nc], cpos[nc] = ids[x], ts[x], -1
+            nc += 1
+    for a in range(m):
+        y = tab_id[i, a]
+        for c in range(nc):
+            if cid[c] == y:
+                cpos[c] = a
+    kk = g = 0  # entries kept, freshest first; the old positions of the heard ones, ascending
+    for c in range(nc):
+        j, t = cid[c], ct[c]
+        pos, h = _fresher_at(tkey, i, j, t, cpos[c], tab_t, tab_h)
         if pos == -2:
             continue
         if pos >= 0:
-            gone[pos] = True
-        p = kk  # what is kept, freshest first
+            q = g
+            while q > 0 and gone[q - 1] > pos:
+                gone[q] = gone[q - 1]
+                q -= 1
+            gone[q] = pos
+            g += 1
+        p = kk
         while p > 0 and _before(t, h, kin_t[p - 1], kin_h[p - 1]):
             kin_id[p], kin_t[p], kin_h[p] = kin_id[p - 1], kin_t[p - 1], kin_h[p - 1]
             p -= 1
@@ -341,33 +398,43 @@ def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragm
         kk += 1
     if kk == 0:
         return
-    # the row up to the first change stays as it is; from there the merge
-    a = 0
-    while a < m and not gone[a] and not _before(kin_t[0], kin_h[0], tab_t[i, a], tab_h[i, a]):
-        a += 1
-    keep, b, o = a, 0, a
-    while o < V:
-        while a < m and gone[a]:
-            a += 1
-        if b < kk and (a >= m or _before(kin_t[b], kin_h[b], tab_t[i, a], tab_h[i, a])):
-            out_id[o], out_t[o], out_h[o] = kin_id[b], kin_t[b], kin_h[b]
-            b += 1
-        elif a < m:
-            out_id[o], out_t[o], out_h[o] = tab_id[i, a], tab_t[i, a], tab_h[i, a]
-            a += 1
-        else:
+    # the merge, last entry first: at a tie the row's entry ranks first; the `drop` last of
+    # the merged entries are beyond V and leave; once every kept entry is placed and every
+    # heard one passed, the rest of the row is where it was (w == a)
+    size = min(V, m - g + kk)
+    drop = m - g + kk - size
+    a, b, gi, w = m - 1, kk - 1, g - 1, size - 1
+    while True:
+        while gi >= 0 and a == gone[gi]:
+            a -= 1
+            gi -= 1
+        if b < 0 and gi < 0:
             break
-        o += 1
-    for c in range(keep, o):
-        tab_id[i, c], tab_t[i, c], tab_h[i, c] = out_id[c], out_t[c], out_h[c]
-    tab_n[i] = o
+        if b >= 0 and (a < 0 or not _before(kin_t[b], kin_h[b], tab_t[i, a], tab_h[i, a])):
+            if drop > 0:
+                drop -= 1
+            else:
+                tab_id[i, w], tab_t[i, w], tab_h[i, w] = kin_id[b], kin_t[b], kin_h[b]
+                w -= 1
+            b -= 1
+        else:
+            if drop > 0:
+                drop -= 1
+            else:
+                tab_id[i, w], tab_t[i, w], tab_h[i, w] = tab_id[i, a], tab_t[i, a], tab_h[i, a]
+                w -= 1
+            a -= 1
+    tab_n[i] = size
 
 
 @njit(cache=True, nogil=True)
 def hear_scratch(V, M):  # pragma: no cover - compiled
-    """The buffers of :func:`hear_many` for tables of V entries and M + 1 peers heard at once."""
+    """The buffers of :func:`hear_many` for M + 1 peers heard at once (tables of V entries):
+    the kept entries (ids, times, tie hashes), the old positions of the heard ones and the
+    peers that may change the row (ids, times, positions)."""
     return (np.empty(M + 1, np.int64), np.empty(M + 1), np.empty(M + 1),
-            np.empty(V, np.int64), np.empty(V), np.empty(V), np.empty(V, np.bool_))
+            np.empty(M + 1, np.int64), np.empty(M + 1, np.int64), np.empty(M + 1),
+            np.empty(M + 1, np.int64))
 
 
 @njit(cache=True, nogil=True)
