@@ -145,8 +145,11 @@ def header_of(node) -> dict[str, Any]:
 
     w, c = node.world, node.cfg
     edges = w.graph.edges.tolist() if w.graph.name == "peers" else None
+    # the node's peers chosen per exchange (its NodeConfig's, else the run's) are the world's
+    # for the replay, which runs every node with the world's settings
+    world = w.cfg if node.membership.fixed else {**w.cfg, "peers": str(node.membership.peers)}
     return {"format": FORMAT, "version": VERSION, "kind": "node", "node": int(node.i),
-            "world": w.cfg, "edges": edges,
+            "world": world, "edges": edges,
             "settings": {"mode": c.mode, "period": c.period, "jitter": c.jitter,
                          "window": c.window,
                          "partitions": [p.text() for p in c.partitions]},

@@ -61,11 +61,10 @@ def check_mode(peers: Peers, mode: str) -> None:
                        "async, or peers epidemic:s=S")
 
 
-def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False,
-                     record: bool = False) -> None:
+def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False) -> None:
     """Refuse (one line) what a node does not run under ``peers``: ``online`` on lockstep
     nodes (whom to wait for depends on tables no other node holds), a pull on return under
-    ``online`` or an event log (in this version), S ≥ N, and a rule that keeps state per neighbour
+    ``online`` (in this version), S ≥ N, and a rule that keeps state per neighbour
     (:func:`sfg.modelfree.peers.check_rule`). The node on the virtual clock runs the rest
     (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
     if peers.fixed:
@@ -77,9 +76,6 @@ def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False,
         raise SfgError(f"peers {str(peers)!r}: a node's pull on return carries no membership "
                        "entries in its replies in this version; drop --on-return, or use "
                        "peers epidemic:s=S (sfg replay and sfg run run online with pull)")
-    if record:
-        raise SfgError(f"peers {str(peers)!r}: an event log replays the graph's messages in "
-                       "this version; drop --record-log, or peers")
     peers.check(world.n)
     check_rule(world.rule, peers)
 
@@ -103,8 +99,7 @@ def node_membership(world: Any, i: int, cfg: Any) -> Membership:
     (async; T times the deadline, lockstep) plus one RPC time-out (a node late on its
     clock)."""
     peers = parse_peers(cfg.peers if cfg.peers is not None else world.cfg.get("peers"))
-    check_node_peers(peers, world, cfg.mode, pull=cfg.pull_timeout is not None,
-                     record=cfg.events is not None)
+    check_node_peers(peers, world, cfg.mode, pull=cfg.pull_timeout is not None)
     per = cfg.period if cfg.mode == "async" else cfg.deadline
     return Membership(peers, world, i,
                       longest=world.rounds * float(per) + float(cfg.rpc_timeout))

@@ -376,9 +376,12 @@ def _plan(rec: Recording, world) -> tuple[dict[int, _NodePlan], dict, int]:
     plans: dict[int, _NodePlan] = {}
     arrivals: dict[tuple[int, int, int], list[_Arrival]] = {}
     restarts = 0
+    from sfg.world.peers import parse_peers
+
+    drawn = not parse_peers(world.cfg.get("peers")).fixed  # any device sends to any other
     for i in range(N):
         plan = plans[i] = _NodePlan(i, shift=base - g[i], toff=toff[i])
-        nbrs = {int(j) for j in world.neighbours(i)}
+        nbrs = set(range(N)) - {i} if drawn else {int(j) for j in world.neighbours(i)}
         prev_L = -math.inf
         for k, ev in enumerate(rec.events[i]):
             name, L = ev["ev"], float(ev["m"] - plan.shift)
@@ -429,8 +432,9 @@ def _plan(rec: Recording, world) -> tuple[dict[int, _NodePlan], dict, int]:
             elif name == "arrival":
                 j = ev["sender"]
                 if j not in nbrs:
+                    what = "another device of the run" if drawn else f"a neighbour of node {i}"
                     raise SfgError(f"event log: {where}: an arrival from node {j}, which is "
-                                   f"not a neighbour of node {i} (a log of another run?)")
+                                   f"not {what} (a log of another run?)")
                 arrivals.setdefault((i, j, ev["round"]), []).append(_Arrival(
                     L, i, j, ev["round"], ev["sha256"],
                     (ev["age"], float(ev["lag"]), ev["count"], ev["local_count"])))

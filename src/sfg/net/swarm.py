@@ -300,7 +300,7 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
 
     check_run(world, opts.mode)
     check_node_peers(parse_peers(opts.peers), world, opts.mode,
-                     pull=opts.pull_timeout is not None, record=opts.record_log is not None)
+                     pull=opts.pull_timeout is not None)
     if world.rule.certified:
         if opts.tls_dir is None:
             raise SfgError(NO_KEYS)
