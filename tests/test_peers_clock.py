@@ -270,3 +270,30 @@ def test_pull_draws_from_the_tables_as_they_stand(protocol, peers, extra):
     codes = set(rq["qcode"].tolist())
     assert {0, 1} <= codes  # some requests reached their target, some found it offline
     assert r["reply_ok"].any()
+
+
+def test_online_near_answers_as_the_search_does():
+    """sfg.world.locate.online_near (a row per device: the interval found last) answers what
+    locate_one's search answers, for queries nearly in time order and for jumps back and
+    forth, on devices with no interval, one, or many (touching ones too)."""
+    from sfg.world.locate import locate_one, near_start, online_near
+
+    rng = np.random.default_rng(9)
+    n = 12
+    counts = rng.integers(0, 6, n)
+    counts[:2] = (0, 1)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    start, end = np.empty(ptr[-1]), np.empty(ptr[-1])
+    for i in range(n):
+        edges = np.sort(rng.choice(np.arange(0.0, 60.0, 2.0), 2 * counts[i], replace=False))
+        start[ptr[i]:ptr[i + 1]], end[ptr[i]:ptr[i + 1]] = edges[0::2], edges[1::2]
+        if counts[i] > 1:  # an interval that ends where the next one starts
+            end[ptr[i]] = start[ptr[i] + 1]
+    near = near_start(ptr, start)
+    t = np.sort(rng.uniform(-5, 70, 3000))
+    t[::7] = rng.uniform(-5, 70, t[::7].size)  # jumps
+    t[::11] = np.round(t[::11] / 2.0) * 2.0  # on the intervals' ends
+    for q in range(t.size):
+        i = int(rng.integers(0, n))
+        assert online_near(ptr, start, end, i, t[q], near) == locate_one(ptr, start, end, i,
+                                                                         t[q])[1]

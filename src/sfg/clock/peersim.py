@@ -33,7 +33,7 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
-from sfg.world.locate import locate_near, locate_one
+from sfg.world.locate import locate_one, online_near
 from sfg.world.peers import (
     Peers,
     carry,
@@ -119,11 +119,11 @@ def new_pool(M):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, top, nth,
          targets, buf, car_id, car_s, hear_kind, late,
-         cursor):  # pragma: no cover - compiled
+         near):  # pragma: no cover - compiled
     """Local round r of device i commits (its broadcast starts at E[8, r]): its S targets
     drawn, its messages' fates, the arrivals pushed to be heard (``hear_kind``, or
-    into ``late`` for one that arrives at the instant it was sent; ``cursor``: each device's
-    last interval found, :func:`sfg.world.locate.locate_near`). Returns (msg, nm, pool,
+    into ``late`` for one that arrives at the instant it was sent; ``near``: each device's
+    interval found last, :func:`sfg.world.locate.online_near`). Returns (msg, nm, pool,
     free, top)."""
     kind, key, s, M = P[P_KIND], P[P_KEY], P[P_S], P[P_M]
     lat, p_loss, lkey = P[P_LATENCY], P[P_LOSS], P[P_LOSS_KEY]
@@ -157,7 +157,7 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
         else:
             counts[C_SENT] += 1
             counts[C_ENTRIES] += h
-            if not (arr < horizon and locate_near(ipt, ist, ien, j, arr, cursor)[1]):
+            if not (arr < horizon and online_near(ipt, ist, ien, j, arr, near)):
                 fate = TARGET_OFFLINE
                 counts[C_OFFLINE] += 1
             elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:

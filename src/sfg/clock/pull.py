@@ -86,7 +86,7 @@ from sfg.clock.peersim import (
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
-from sfg.world.locate import locate_one
+from sfg.world.locate import locate_one, near_start
 from sfg.world.peers import draw_epidemic, draw_online, hear_scratch, uniform4
 
 # event kinds of the simulation, in their order at one instant (the phases of one instant,
@@ -524,7 +524,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
     rslot = np.full(NQ, -1, np.int64)
     scr = (np.empty(M_p + 1, np.int64), np.empty(M_p + 1),
            hear_scratch(V_p, M_p))  # (sfg.world.peers.hear_many)
-    cursor = (ipt[:-1] - 1) if pk else np.zeros(0, np.int64)  # each device's last interval
+    near = near_start(ipt if pk else ipt[:1], ist)  # each device's interval found last
     defer = pull or pk > 0  # commits in their place among the arrivals (phase 5)
     # the messages that arrive at the instant they are sent (receiver, key), heard once the
     # instant's other events are done (phase 5 comes before them), at late_t
@@ -579,7 +579,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             if pk:
                 msg, nm, pool, free, top = send(P, heap, E, arg, i, n, horizon, ipt, ist, ien,
                                                 dt, msg, nm, pool, free, top, nth, targets,
-                                                buf, car_id, car_s, _HEAR, late, cursor)
+                                                buf, car_id, car_s, _HEAR, late, near)
                 late_t = now
         elif kind == _RETURN:
             if pk and pull and not talk:

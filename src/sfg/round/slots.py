@@ -48,8 +48,9 @@ class RoundGraph:
         eid = np.concatenate([np.full(n, -1, np.int64), np.arange(m), np.arange(m)])
         is_self = np.zeros(n + 2 * m, dtype=bool)
         is_self[:n] = True
-        # sort by receiver, self-loop first, then by sender
-        order = np.lexsort((send, ~is_self, recv))
+        # sort by receiver, self-loop first, then by sender: one stable sort of one key (the
+        # order of np.lexsort((send, ~is_self, recv)), in less than half its time)
+        order = np.argsort(recv * np.int64(n + 1) + np.where(is_self, 0, send + 1), kind="stable")
         recv, send, eid, is_self = recv[order], send[order], eid[order], is_self[order]
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(recv, minlength=n), out=indptr[1:])
