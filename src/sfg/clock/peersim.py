@@ -33,7 +33,7 @@ import numpy as np
 
 from sfg.errors import SfgError
 from sfg.util.numba_start import njit
-from sfg.world.locate import locate_one, online_near
+from sfg.world.locate import online_near
 from sfg.world.peers import (
     Peers,
     carry,
@@ -83,9 +83,10 @@ def grow(a, need):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _take(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
-    """Store h carried entries with ``refs`` readers in the pool (rows: count, readers, ids,
-    seconds; ``free`` [cap]: the free rows' stack, ``top`` of them): (pool, free, top, row)."""
+def room(pool, free, top):  # pragma: no cover - compiled
+    """The pool of carried entries (rows: count, readers, ids, seconds; ``free`` [cap]: the
+    free rows' stack, ``top`` of them) with a free row: doubled when none is left. Returns
+    (pool, free, top)."""
     if top == 0:
         cap = pool.shape[0]
         bigger = np.empty((2 * cap, pool.shape[1]))
@@ -95,6 +96,13 @@ def _take(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
         for a in range(cap):
             free[a] = 2 * cap - 1 - a
         top = cap
+    return pool, free, top
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def put(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
+    """Store h carried entries with ``refs`` readers in a free row of the pool (there is one:
+    :func:`room`): (top, row)."""
     top -= 1
     row = free[top]
     Mw = (pool.shape[1] - 2) // 2
@@ -103,12 +111,20 @@ def _take(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
     for e in range(h):
         pool[row, 2 + e] = ids[e]
         pool[row, 2 + Mw + e] = secs[e]
+    return top, row
+
+
+@njit(cache=True, nogil=True)
+def _take(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
+    """:func:`room`, then :func:`put`: (pool, free, top, row)."""
+    pool, free, top = room(pool, free, top)
+    top, row = put(pool, free, top, ids, secs, h, refs)
     return pool, free, top, row
 
 
 @njit(cache=True, nogil=True)
 def new_pool(M):  # pragma: no cover - compiled
-    """An empty pool of carried entries of at most M each (:func:`_take`)."""
+    """An empty pool of carried entries of at most M each (:func:`room`)."""
     cap = 64
     free = np.empty(cap, np.int64)
     for a in range(cap):
@@ -116,39 +132,64 @@ def new_pool(M):  # pragma: no cover - compiled
     return np.zeros((cap, 2 + 2 * max(M, 1))), free, cap
 
 
-@njit(cache=True, nogil=True)
-def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, top, nth,
-         targets, buf, car_id, car_s, hear_kind, late,
-         near):  # pragma: no cover - compiled
-    """Local round r of device i commits (its broadcast starts at E[8, r]): its S targets
-    drawn, its messages' fates, the arrivals pushed to be heard (``hear_kind``, or
-    into ``late`` for one that arrives at the instant it was sent; ``near``: each device's
-    interval found last, :func:`sfg.world.locate.online_near`). Returns (msg, nm, pool,
-    free, top)."""
+@njit(cache=True, nogil=True, _nrt=False)
+def draw_targets(P, E, r, i, n, targets, buf, car_id, car_s):  # pragma: no cover - compiled
+    """Local round r of device i commits: its S targets drawn into ``targets`` and, online,
+    the M freshest heard entries it carries into (car_id, car_s). Returns how many it
+    carries. The commit's parts (:func:`sfg.clock.pull._simulate` runs them in turn): this,
+    the carried entries kept in the pool (:func:`room`, :func:`put`), each pair's message
+    count when messages are lost at random (:func:`pair_counts`), the fates
+    (:func:`fates`) and the arrivals to be heard (:func:`arrivals`); those that allocate
+    nothing compile without reference counting, as :mod:`sfg.world.peers`' draws."""
     kind, key, s, M = P[P_KIND], P[P_KEY], P[P_S], P[P_M]
-    lat, p_loss, lkey = P[P_LATENCY], P[P_LOSS], P[P_LOSS_KEY]
-    tab_id, tab_t, tab_n, counts = P[P_TAB_ID], P[P_TAB_T], P[P_TAB_N], P[P_COUNTS]
-    t, b, step = E[4, r], E[8, r], np.int64(E[5, r])
-    h = 0
     if kind == 1:
-        draw_epidemic(key, i, step, n, s, targets)
-    else:
-        draw_online(key, i, step, n, s, tab_id, tab_n, buf, targets)
-        h = carry(i, t, M, tab_id, tab_t, tab_n, car_id, car_s)
-    msg = grow(msg, nm + s)
-    row, nm0 = -1, nm
-    if kind == 2 and h:  # the carried entries, read by the arrivals (counted as they are sent)
-        pool, free, top, row = _take(pool, free, top, car_id, car_s, h, 0)
-    kk, up = locate_one(ipt, ist, ien, i, E[0, r])  # the sender's online interval
-    lim = min(ien[kk], horizon) if up else -np.inf
+        draw_epidemic(key, i, np.int64(E[5, r]), n, s, targets)
+        return 0
+    draw_online(key, i, np.int64(E[5, r]), n, s, P[P_TAB_ID], P[P_TAB_N], buf, targets)
+    return carry(i, E[4, r], M, P[P_TAB_ID], P[P_TAB_T], P[P_TAB_N], car_id, car_s)
+
+
+@njit(cache=True, nogil=True)
+def pair_counts(nth, i, n, targets, s, qs):  # pragma: no cover - compiled
+    """qs[k]: how many messages device i sent to targets[k] before (``nth``: by pair,
+    counted here), for the loss draw of each."""
+    for k in range(s):
+        pair = i * n + targets[k]
+        qs[k] = nth[pair] if pair in nth else 0
+        nth[pair] = qs[k] + 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _sender_until(ipt, ist, ien, i, t):  # pragma: no cover - compiled
+    """The end of device i's online interval holding t (−inf: offline at t): the search of
+    :func:`sfg.world.locate.locate_one`."""
+    a, lo, hi = ipt[i], ipt[i], ipt[i + 1]
+    while lo < hi:  # the first interval starting after t
+        mid = (lo + hi) // 2
+        if ist[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    k = lo - 1
+    return ien[k] if k >= a and t < ien[k] else -np.inf
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def fates(P, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, h, qs, targets,
+          near):  # pragma: no cover - compiled
+    """The fates of the S messages of local round r of device i (its broadcast starts at
+    E[8, r]; ``targets`` drawn, h entries carried, ``qs``: each pair's message count when
+    messages are lost at random; ``near``: each device's interval found last,
+    :func:`sfg.world.locate.online_near`): counted, and those that reach written to ``msg``
+    from column nm (room for S: :func:`grow`). Returns the new nm."""
+    s, lat, p_loss, lkey = P[P_S], P[P_LATENCY], P[P_LOSS], P[P_LOSS_KEY]
+    counts = P[P_COUNTS]
+    b = E[8, r]
+    nm0 = nm
+    lim = min(_sender_until(ipt, ist, ien, i, E[0, r]), horizon)  # the sender online until
     for k in range(s):
         j = targets[k]
         tx = b + (k + 1) * dt[i]
-        q = 0
-        if p_loss > 0.0:  # the pair's message count, for its loss draw
-            pair = i * n + j
-            q = nth[pair] if pair in nth else 0
-            nth[pair] = q + 1
         arr = tx + lat
         fate = REACHED
         if not tx <= lim:  # gone offline (or past the horizon) before its transfer ended
@@ -160,7 +201,7 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
             if not (arr < horizon and online_near(ipt, ist, ien, j, arr, near)):
                 fate = TARGET_OFFLINE
                 counts[C_OFFLINE] += 1
-            elif p_loss > 0.0 and uniform4(lkey, i, j, 0, q) < p_loss:
+            elif p_loss > 0.0 and uniform4(lkey, i, j, 0, qs[k]) < p_loss:
                 fate = LOST_RANDOM
                 counts[C_LOST_RANDOM] += 1
         counts[C_PRINT] += fingerprint(r, k, j, fate)  # (wraps around: modulo 2^64)
@@ -168,20 +209,22 @@ def send(P, heap, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, pool, free, t
             continue
         msg[M_SEND, nm], msg[M_RECV, nm], msg[M_EVENT, nm] = i, j, r
         msg[M_ARRIVAL, nm] = arr
-        if kind == 2:  # (epidemic keeps no tables: nothing hears)
-            if row >= 0:
-                pool[row, 1] += 1
-            key = 3 * ((i << 31) | (row + 1))
-            if t < arr:
-                heapq.heappush(heap, (arr, hear_kind, j, key))
-            else:  # arrives at the instant it is sent: heard after the instant's events
-                late.append((j, key))
         nm += 1
     counts[C_DELIVERED] += nm - nm0
-    if row >= 0 and pool[row, 1] == 0:  # nothing reached: the entries are read by none
-        free[top] = row
-        top += 1
-    return msg, nm, pool, free, top
+    return nm
+
+
+@njit(cache=True, nogil=True)
+def arrivals(heap, late, msg, nm0, nm, t, key, hear_kind):  # pragma: no cover - compiled
+    """The messages msg[:, nm0:nm] sent at t, to be heard at their arrivals (``hear_kind``,
+    argument ``key``: :func:`heard`), or after the instant's events (``late``) for those that
+    arrive at the instant they are sent."""
+    for x in range(nm0, nm):
+        j, arr = np.int64(msg[M_RECV, x]), msg[M_ARRIVAL, x]
+        if t < arr:
+            heapq.heappush(heap, (arr, hear_kind, j, key))
+        else:
+            late.append((j, key))
 
 
 @njit(cache=True, nogil=True, _nrt=False)  # (per message: no reference counts, see sfg.world.peers)

@@ -77,10 +77,16 @@ from sfg.clock.peersim import (
     P_S,
     P_TAB_ID,
     P_TAB_N,
+    arrivals,
+    draw_targets,
+    fates,
+    grow,
     heard,
     new_pool,
+    pair_counts,
+    put,
     reply_entries,
-    send,
+    room,
     unreachable,
 )
 from sfg.clock.settings import HEADER_BYTES, ClockSettings
@@ -519,7 +525,7 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
     pool, free, top = new_pool(M_p)
     nth = Dict.empty(key_type=types.int64, value_type=types.int64)
     V_p = max(P[P_TAB_ID].shape[1], 1)
-    targets, buf = np.empty(s_p, np.int64), np.empty(V_p, np.int64)
+    targets, buf, qs = np.empty(s_p, np.int64), np.empty(V_p, np.int64), np.zeros(s_p, np.int64)
     car_id, car_s = np.empty(M_p, np.int64), np.empty(M_p)
     rslot = np.full(NQ, -1, np.int64)
     scr = (np.empty(M_p + 1, np.int64), np.empty(M_p + 1),
@@ -576,10 +582,24 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
                 break
         if kind == _COMMIT:
             _on_commit(heap, E, F, G, i, arg, proto, alone, talk, pull, ipt, ist, ien, deg, dt)
-            if pk:
-                msg, nm, pool, free, top = send(P, heap, E, arg, i, n, horizon, ipt, ist, ien,
-                                                dt, msg, nm, pool, free, top, nth, targets,
-                                                buf, car_id, car_s, _HEAR, late, near)
+            if pk:  # its messages to peers chosen per exchange (sfg.clock.peersim)
+                h = draw_targets(P, E, arg, i, n, targets, buf, car_id, car_s)
+                msg, row, nm0 = grow(msg, nm + P[P_S]), -1, nm
+                if pk == 2 and h:  # the carried entries, read by the arrivals
+                    pool, free, top = room(pool, free, top)
+                    top, row = put(pool, free, top, car_id, car_s, h, 0)
+                if P[P_LOSS] > 0.0:
+                    pair_counts(nth, i, n, targets, P[P_S], qs)
+                nm = fates(P, E, arg, i, n, horizon, ipt, ist, ien, dt, msg, nm, h, qs,
+                           targets, near)
+                if pk == 2:  # (epidemic keeps no tables: nothing hears)
+                    arrivals(heap, late, msg, nm0, nm, E[4, arg], 3 * ((i << 31) | (row + 1)),
+                             _HEAR)
+                    if row >= 0:  # read by the messages that reached (or freed: by none)
+                        pool[row, 1] = nm - nm0
+                        if nm == nm0:
+                            free[top] = row
+                            top += 1
                 late_t = now
         elif kind == _RETURN:
             if pk and pull and not talk:
