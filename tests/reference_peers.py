@@ -146,7 +146,7 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
     commits: (commit time, broadcast start, start, device, step, event); returns: (time,
     device, return index, request ids); requests: id -> (asking device, target, code, time)
     with code 0 arrives, 1 unreachable, 2 silent; replies: id -> (arrival, held, delivered,
-    sent); world: (horizon, online_at, online_through, dt, latency, loss, loss key) for
+    sent, with a model); world: (horizon, online_at, online_through, dt, latency, loss, loss key) for
     :func:`fates`. Returns (every message as (event, sender, receiver, arrival, fate), the
     targets of every return by its first request id, the entries carried in sent messages
     and replies)."""
@@ -186,8 +186,8 @@ def membership(kind, s, V, M, n, key, pkey, tkey, start_tables, commits, returns
             tables[x[0]].pop(x[1], None)
         elif what == "request" and kind == "online":
             q, i, j = x
-            arr, held, ok, sent = replies[q]
-            c = _carry(tables, tkey, j, t, M)
+            arr, held, ok, sent, model = replies[q]
+            c = _carry(tables, tkey, j, t, M) if model else []  # an empty answer: none
             entries += len(c) * sent
             heapq.heappush(ev, (t, 4, q, "hear", (j, i, t, [])))  # j hears the asking i
             if ok:

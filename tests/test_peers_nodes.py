@@ -166,11 +166,13 @@ def test_epidemic_nodes_send_to_the_keyed_draws_and_take_non_neighbours(world):
     assert all(r["peers"]["table"] == 0 for r in res)
 
 
-def test_epidemic_nodes_pull_from_the_devices_drawn_for_each_return(world):
-    """A real node's pull on return under ``epidemic:s=3`` asks the 3 devices drawn for the
-    return (the ring gives each node 2 graph neighbours), over gRPC, and takes their replies
-    (senders that are no graph neighbour among them)."""
-    res, nodes, out = _swarm(world, "epidemic:s=3", pull=0.1)
+@pytest.mark.parametrize("peers", ["epidemic:s=3", "online:s=3,view=4,gossip=2"])
+def test_nodes_pull_from_the_devices_drawn_for_each_return(world, peers):
+    """A real node's pull on return asks the 3 devices drawn for the return (the ring gives
+    each node 2 graph neighbours; under ``online`` from its table), over gRPC, and takes
+    their replies — under ``online`` with the replier's entries in the header, checked and
+    heard like a message's (no rejection)."""
+    res, nodes, out = _swarm(world, peers, pull=0.1)
     rets = [r["returns"] for r in res]
     assert sum(r["returns"] for r in rets) > 0
     for r, n in zip(rets, nodes, strict=True):

@@ -83,34 +83,55 @@ def test_async_node_with_peers_equals_the_clocks_engine(peers, world):
     assert np.abs(fixed["params"].numpy() - eng["params"].numpy()).max() > 1e-4
 
 
-def _same(res: dict, eng: dict, also: tuple[str, ...] = ()) -> None:
+def _same(res: dict, eng: dict, also: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
     assert_same_bits(res["params"], eng["params"].numpy())
     assert [nd["acc"] for nd in res["nodes"]] == eng["accuracy"].tolist()
     m, e = res["metrics"], eng["metrics"]
     for k in (*SAME, *also):
-        assert m[k] == e[k], (k, m[k], e[k])
+        if k in skip:
+            continue
+        # the waits are a float sum, taken node by node on the node, in time order on the
+        # engine: the same terms, so equal up to the order of the sum
+        want = pytest.approx(e[k], rel=1e-12) if k == "pull_wait_seconds" else e[k]
+        assert m[k] == want, (k, m[k], e[k])
 
 
 PULL_COUNTS = ("pull_requests", "pull_replies", "pull_empty", "pull_unreachable",
                "pull_replies_delivered", "pull_bytes", "pull_wait_seconds")
 
 
-@pytest.mark.parametrize("world", [LOSSY, TIES], ids=["lossy", "ties"])
-def test_async_node_pulls_from_epidemic_peers_as_the_engine_does(world):
-    """With ``on_return: pull`` under ``epidemic`` a returning node asks the S devices the
-    stream (seed, "peers", "pull") draws for its return, not its graph neighbours: the
-    engine's models bit for bit and its pull's requests, replies, unreachable answers and
-    waits."""
+# long first local rounds: devices asked before they sent a model answer empty
+LONG = ({"compute": "lognormal:median=100,sigma=1", "latency": "const:value=2"}, 0.5)
+
+
+@pytest.mark.parametrize("peers,world", [
+    ("epidemic:s=3", LOSSY), ("epidemic:s=3", TIES), ("online:s=3,view=6,gossip=2", LOSSY),
+    ("online:s=3,view=6,gossip=2", TIES), ("online:s=3,view=6,gossip=2", LONG),
+    ("online:s=3,view=6,gossip=2", SLOW)],
+    ids=["epidemic-lossy", "epidemic-ties", "online-lossy", "online-ties", "online-long",
+         "online-slow"])
+def test_async_node_pulls_from_drawn_peers_as_the_engine_does(peers, world):
+    """With ``on_return: pull`` a returning node asks the S devices the stream (seed,
+    "peers", "pull") draws for its return (under ``online`` from its table as it stands),
+    not its graph neighbours; under ``online`` a request makes its target hear of the
+    asking node, a reply carries its sender's entries taken when it is made, an empty
+    answer is heard as its sender alone, and "unreachable" removes the peer — at one
+    instant in the engine's order. The engine's models bit for bit, its pull's requests,
+    replies, unreachable answers and waits, and its peer counts."""
     world_set, jitter = world
     pull = {"on_return": "pull:timeout=120"}
-    res = _nodes(16, "epidemic:s=3", world_set, jitter, **pull)
-    eng = _engine(16, "epidemic:s=3", world_set, jitter, **pull)
-    _same(res, eng, PULL_COUNTS)
+    res = _nodes(16, peers, world_set, jitter, **pull)
+    eng = _engine(16, peers, world_set, jitter, **pull)
+    # (local rounds longer than the period: the node and the engine count skipped wakes
+    # differently there, under fixed too; the models are the same)
+    _same(res, eng, PULL_COUNTS, skip=("skipped",) if world is LONG else ())
     e = eng["metrics"]
     assert e["pull_replies_delivered"] > 0 and e["pull_unreachable"] > 0
+    if world is LONG:
+        assert e["pull_empty"] > 0
     # S requests a return: not the graph's degree (knn:k=4 gives each device 4 or more)
     assert e["pull_requests"] <= 3 * e["returns"]
-    plain = _engine(16, "epidemic:s=3", world_set, jitter)
+    plain = _engine(16, peers, world_set, jitter)
     assert np.abs(plain["params"].numpy() - eng["params"].numpy()).max() > 1e-4
 
 
@@ -174,8 +195,6 @@ def test_cli_virtual_swarm_takes_peers_into_its_settings_and_store(tmp_path, cap
      "does not run with faults"),
     (["--protocol", "async", "--peers", "epidemic:s=2", "--latency",
       "lognormal:median=2,sigma=0.5"], "latency drawn per link"),
-    (["--protocol", "async", "--peers", "online:s=2", "--on-return", "pull:timeout=60"],
-     "pull on return"),
     (["--protocol", "async", "--peers", "epidemic:s=9"], "s=9"),
 ])
 def test_cli_virtual_swarm_refuses_what_it_does_not_run_with_peers(args, needle, capsys):

@@ -19,7 +19,8 @@ offline before its transfer ends, when its target is offline at its arrival (cou
 to an offline peer) or by the loss (the draw of message k on the pair, as on the graph's
 links). A message that arrives at t_a makes its receiver hear of the sender at t_a (transit
 time ignored) and of each carried entry at t_a − its seconds; a reply at t_a − held (and its
-entries that much older); a request makes its receiver hear of the asking device.
+entries that much older; an empty answer carries none); a request makes its receiver hear of
+the asking device.
 
 The carried entries wait in a pool until the last message that carries them is heard (memory:
 the entries in flight, never one row per message).
@@ -265,11 +266,14 @@ def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held, rslot,
 
 
 @njit(cache=True, nogil=True)
-def reply_entries(P, q, j, now, sent, ok, pool, free, top, rslot, car_id,
+def reply_entries(P, q, j, now, model, sent, ok, pool, free, top, rslot, car_id,
                   car_s):  # pragma: no cover - compiled
-    """The reply of device j to request q, queued at ``now``, carries j's M freshest heard
-    entries (counted when it is ``sent``; kept for its arrival when ``ok``). Returns (pool,
-    free, top)."""
+    """The reply of device j to request q, queued at ``now``: with a ``model`` (j sent
+    one) it carries j's M freshest heard entries (counted when it is ``sent``; kept for its
+    arrival when ``ok``); an empty answer carries none (it has no header), and is heard as
+    its sender alone. Returns (pool, free, top)."""
+    if not model:
+        return pool, free, top
     h = carry(j, now, P[P_M], P[P_TAB_ID], P[P_TAB_T], P[P_TAB_N], car_id, car_s)
     if sent:
         P[P_COUNTS][C_ENTRIES] += h

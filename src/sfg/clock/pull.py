@@ -611,8 +611,9 @@ def _simulate(proto, pull, alone, talk, keeps, ev_all, S, n, horizon, unit, ipt,
             _on_request(heap, F, G, i, arg, now, S, horizon, ipt, ist, ien, dt, dth, qptr,
                         qlat, qextra, qdrop, qret, qedge, live, lf_unit, rep)
             if pk == 2:  # the reply's entries; the asking device is heard
-                pool, free, top = reply_entries(P, arg, i, now, rep[4][arg], rep[3][arg], pool,
-                                                free, top, rslot, car_id, car_s)
+                pool, free, top = reply_entries(P, arg, i, now, rep[0][arg] >= 0, rep[4][arg],
+                                                rep[3][arg], pool, free, top, rslot, car_id,
+                                                car_s)
                 heapq.heappush(heap, (now, _HEAR, i, 3 * arg + 2))
                 if rep[3][arg]:
                     heapq.heappush(heap, (rep[2][arg], _HEAR, qret[arg], 3 * arg + 1))

@@ -111,6 +111,7 @@ def accept(node: Any, msg: Message, nbytes: int, t_in: float | None = None,
         old = node.latest.get(h.sender)
         if old is not None and h.round <= old[0].header.round:
             node.stats.replies_unused += 1
+            node.membership.heard(h, now, float(held))  # (peers online: heard all the same)
             return
     node.log_event("arrival", t=node.clock.time() if t_in is None else t_in, m=now,
                    sender=h.sender, round=h.round, sha256=h.sha256.hex(), **h.scalars())

@@ -14,8 +14,12 @@ draws and, under ``online``, its membership table — with the functions every e
   t_a − held; second-hand, each entry (k, s) it carries is k heard at t_a − held − s, kept
   only when strictly fresher. A message carries the M freshest heard entries as durations
   taken when it is made (:meth:`Membership.carried`).
-* **Pull on return** (``epidemic``): the return's S targets from the keyed stream
-  (seed, "peers", "pull"), keyed by the return's index (:meth:`Membership.pull_targets`).
+* **Pull on return**: the return's S targets from the keyed stream (seed, "peers", "pull"),
+  keyed by the return's index (:meth:`Membership.pull_targets`); under ``online`` from the
+  table as it stands. A request makes its target hear of the asking node; a reply carries
+  the replier's entries taken when it is made (:meth:`Membership.reply_header`) and is heard
+  as a message (at its arrival minus its ``held``); an empty answer is heard as its sender
+  alone, at its arrival; "unreachable" removes the peer (:meth:`Membership.forget`).
 * **Lockstep** (``epidemic`` only: under ``online`` a node cannot know whom to wait for): the
   senders a node waits for in round t are the available devices whose round-t draw names
   it (:meth:`Membership.expected`): the draws are keyed streams every node computes.
@@ -41,6 +45,7 @@ from sfg.world.peers import (
     carry,
     draw_epidemic,
     draw_online,
+    forget,
     hear,
     new_tables,
     parse_peers,
@@ -61,10 +66,10 @@ def check_mode(peers: Peers, mode: str) -> None:
                        "async, or peers epidemic:s=S")
 
 
-def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False) -> None:
+def check_node_peers(peers: Peers, world: Any, mode: str) -> None:
     """Refuse (one line) what a node does not run under ``peers``: ``online`` on lockstep
-    nodes (whom to wait for depends on tables no other node holds), a pull on return under
-    ``online`` (in this version), S ≥ N, and a rule that keeps state per neighbour
+    nodes (whom to wait for depends on tables no other node holds), S ≥ N, and a rule that
+    keeps state per neighbour
     (:func:`sfg.modelfree.peers.check_rule`). The node on the virtual clock runs the rest
     (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
     if peers.fixed:
@@ -72,10 +77,6 @@ def check_node_peers(peers: Peers, world: Any, mode: str, *, pull: bool = False)
     from sfg.modelfree.peers import check_rule
 
     check_mode(peers, mode)
-    if pull and peers.kind == "online":
-        raise SfgError(f"peers {str(peers)!r}: a node's pull on return carries no membership "
-                       "entries in its replies in this version; drop --on-return, or use "
-                       "peers epidemic:s=S (sfg replay and sfg run run online with pull)")
     peers.check(world.n)
     check_rule(world.rule, peers)
 
@@ -99,7 +100,7 @@ def node_membership(world: Any, i: int, cfg: Any) -> Membership:
     (async; T times the deadline, lockstep) plus one RPC time-out (a node late on its
     clock)."""
     peers = parse_peers(cfg.peers if cfg.peers is not None else world.cfg.get("peers"))
-    check_node_peers(peers, world, cfg.mode, pull=cfg.pull_timeout is not None)
+    check_node_peers(peers, world, cfg.mode)
     per = cfg.period if cfg.mode == "async" else cfg.deadline
     return Membership(peers, world, i,
                       longest=world.rounds * float(per) + float(cfg.rpc_timeout))
@@ -125,6 +126,9 @@ class Membership:
         self._buf = np.empty(max(p.view, 1), np.int64)
         self._cid = np.empty(max(self.gossip, 1), np.int64)
         self._cs = np.empty(max(self.gossip, 1))
+        # where the node runs on the virtual clock: defer(fn, *args) runs a table's hearing
+        # in the instant's phase after its arrivals (None: at once; sfg.net.node)
+        self.defer: Callable[..., None] | None = None
         self.sends = 0          # targets drawn (messages to the peers drawn)
         self.entries = 0        # entries carried, summed over the messages handed out
         self.last = 0           # entries the latest own message carries
@@ -158,22 +162,76 @@ class Membership:
             draw_epidemic(self.key, int(i), int(count), self.n, p.s, out)
         return [int(j) for j in out[:p.s]]
 
-    def unsent(self, entries: int) -> None:
-        """A message to a drawn target was lost at its sender (gone offline before its
-        transfer ended): neither it nor the ``entries`` it carried count as sent, as the
-        engines count them (sfg.clock.peersim)."""
+    def unsent(self, entries: int, *, reply: bool = False) -> None:
+        """A message to a drawn target (or a pull's ``reply``) was lost at its sender (gone
+        offline before its transfer ended): neither it nor the ``entries`` it carried count
+        as sent, as the engines count them (sfg.clock.peersim)."""
         if not self.fixed:
-            self.sends -= 1
+            self.sends -= 0 if reply else 1
             self.entries -= int(entries)
 
     def pull_targets(self) -> list[int]:
         """The S devices this node's next return asks (its returns counted from 0: the
-        return's index), from the stream (seed, "peers", "pull"), in the order asked
-        (``epidemic``; docs/concepts/peers.md#targets)."""
-        assert self.peers.kind == "epidemic", "a node pulls under fixed or epidemic"
+        return's index), from the stream (seed, "peers", "pull"), in the order asked: under
+        ``epidemic`` uniformly from all others, under ``online`` from the table as it stands
+        (docs/concepts/peers.md#targets)."""
+        p, out = self.peers, self._out
         nth, self.pulls = self.pulls, self.pulls + 1
-        draw_epidemic(self.pull_key, self.i, nth, self.n, self.peers.s, self._out)
-        return [int(j) for j in self._out[:self.peers.s]]
+        if self.tables is not None:
+            tab_id, _, _, tab_n = self.tables
+            draw_online(self.pull_key, self.i, nth, self.n, p.s, tab_id, tab_n, self._buf,
+                        out)
+        else:
+            draw_epidemic(self.pull_key, self.i, nth, self.n, p.s, out)
+        return [int(j) for j in out[:p.s]]
+
+    def forget(self, j: int) -> None:
+        """A pull's request to ``j`` was answered "unreachable": j leaves the table
+        (``online``)."""
+        if self.tables is not None:
+            tab_id, tab_t, tab_h, tab_n = self.tables
+            forget(self.i, int(j), tab_id, tab_t, tab_h, tab_n)
+
+    def heard_of(self, j: int, t: float) -> None:
+        """Device ``j`` heard of at ``t`` (this node's monotonic clock) first-hand, nothing
+        carried (``online``): a pull's request from j, or j's empty answer to this node's
+        pull."""
+        if self.tables is not None:
+            self._hear([int(j)], [float(t)])
+
+    def _hear(self, ids: list[int], ts: list[float]) -> None:
+        """Hear of each of ``ids`` at its time of ``ts`` (:func:`~sfg.world.peers.hear`): at
+        once, or where the node runs on the virtual clock (``defer``, set by the node) once
+        the instant's "unreachable" answers and requests are taken, as the engine orders
+        one instant (docs/concepts/peers.md#on-the-virtual-clock)."""
+        if self.defer is not None:
+            self.defer(self._hear_now, ids, ts)
+        else:
+            self._hear_now(ids, ts)
+
+    def _hear_now(self, ids: list[int], ts: list[float]) -> None:
+        assert self.tables is not None
+        tab_id, tab_t, tab_h, tab_n = self.tables
+        for j, t in zip(ids, ts, strict=True):
+            hear(self.tkey, self.i, j, t, tab_id, tab_t, tab_h, tab_n)
+
+    def reply_header(self, header: bytes, now: float) -> bytes:
+        """The header of a pull's reply made at ``now``: the message's own, its membership
+        entries taken again now (``online``; the reply is counted as carrying them: undone
+        by :meth:`unsent` when it never leaves). A header with +certified evidence is
+        answered as it was signed (no rule with evidence runs under peers)."""
+        if self.tables is None:
+            return header
+        from dataclasses import replace
+
+        from sfg.net.wire import unpack_header
+
+        h = unpack_header(header)
+        if h.cert:
+            return header
+        members = self.carried(now)
+        self.entries += len(members) // ENTRY_BYTES
+        return replace(h, members=members).pack()
 
     def targets(self, count: int) -> list[int]:
         """This node's targets of its send ``count``, counted."""
@@ -216,10 +274,8 @@ class Membership:
             return
         ids, secs = self.check(header)
         t = float(t_arrival) - float(held)
-        tab_id, tab_t, tab_h, tab_n = self.tables
-        hear(self.tkey, self.i, int(header.sender), t, tab_id, tab_t, tab_h, tab_n)
-        for j, s in zip(ids.tolist(), secs.tolist(), strict=True):
-            hear(self.tkey, self.i, int(j), t - float(s), tab_id, tab_t, tab_h, tab_n)
+        self._hear([int(header.sender), *ids.tolist()],
+                   [t, *(t - float(s) for s in secs.tolist())])
 
     def row(self) -> list[tuple[int, float]]:
         """The table's entries (peer, heard time), freshest first."""

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from sfg.clock.instant import Phase
 from sfg.clock.links import (
     arrival_time,
     loss_key,
@@ -116,8 +117,8 @@ class MemoryNetwork:
 
     # the transport's factories, as the node calls them
     def server(self, i: int, deliver, fetch, *, max_bytes: int, tls=None,
-               pull=None) -> MemoryServer:
-        return MemoryServer(self, int(i), deliver, fetch, pull)
+               pull=None, unsent=None, refusal=None) -> MemoryServer:
+        return MemoryServer(self, int(i), deliver, fetch, pull, unsent, refusal)
 
     def peer(self, i: int, addr: str, *, max_bytes: int, tls=None) -> MemoryPeer:
         return MemoryPeer(self, int(i), addr)
@@ -216,20 +217,50 @@ class MemoryNetwork:
         at = self._arrivals.get(arrival)
         if at is None:
             at = self._arrivals[arrival] = []
-            loop.call_at(arrival, self._serve, arrival)
+            # answered in the instant's arrival phase, after its timers (and the "unreachable"
+            # answers they bring), in the engine's order (docs/concepts/clock.md#one-instant)
+            if hasattr(loop, "call_at_phase"):
+                loop.call_at_phase(arrival, Phase.ARRIVAL, self._serve, arrival)
+            else:
+                loop.call_at(arrival, self._serve, arrival)
         at.append((j, i, nth, k, fut))
         return fut
 
     def _serve(self, q: float) -> None:
-        """The pull requests arriving at ``q``, answered in the clock's engine's order (by the
-        neighbour, then the returning device and its return)."""
+        """The pull requests arriving at ``q``, in the clock's engine's order (by the
+        neighbour, then the returning device and its return): first the "unreachable"
+        answers (a target offline refuses the connection), then, once the instant's answers
+        that arrive with them are taken (:attr:`sfg.clock.instant.Phase.PULL_END`), the
+        replies (docs/concepts/clock.md#one-instant)."""
         loop = asyncio.get_running_loop()
-        for j, i, nth, _k, fut in sorted(self._arrivals.pop(q), key=lambda r: r[:4]):
+        answered = []
+        for j, i, nth, k, fut in sorted(self._arrivals.pop(q), key=lambda r: r[:4]):
+            srv = self.servers.get(address(j))
+            if srv is None or srv.pull is None or (
+                    srv.refusal is not None and srv.refusal(i) == OFFLINE):
+                self._unreachable(q, j, i, fut)
+            else:
+                answered.append((j, i, nth, k, fut))
+        if answered and hasattr(loop, "call_at_phase"):
+            loop.call_at_phase(q, Phase.PULL_END, self._answer, q, answered)
+        elif answered:
+            self._answer(q, answered)
+
+    def _unreachable(self, q: float, j: int, i: int, fut: asyncio.Future) -> None:
+        """j refuses i's request arriving at ``q``: answered as a refused connection is."""
+        self.stats["pull_unreachable"] = self.stats.get("pull_unreachable", 0) + 1
+        asyncio.get_running_loop().call_at(q + float(self.latency(j, i)), _resolve, fut,
+                                           UNREACHABLE)
+
+    def _answer(self, q: float, answered: list) -> None:
+        """The replies (a model, empty, or none) of the requests arriving at ``q`` that were
+        not refused (:meth:`_serve`)."""
+        loop = asyncio.get_running_loop()
+        for j, i, nth, _k, fut in answered:
             srv = self.servers.get(address(j))
             got = OFFLINE if srv is None or srv.pull is None else srv.pull(i)
-            if got == OFFLINE:  # unreachable: answered as a refused connection is
-                self.stats["pull_unreachable"] = self.stats.get("pull_unreachable", 0) + 1
-                loop.call_at(q + float(self.latency(j, i)), _resolve, fut, UNREACHABLE)
+            if got == OFFLINE:
+                self._unreachable(q, j, i, fut)
                 continue
             if got == SILENT:
                 _resolve(fut, None)
@@ -241,6 +272,8 @@ class MemoryNetwork:
             sent = end <= self.horizon and (self.online is None or self.online(j, q, end))
             name = "pull_replies" if model else "pull_empty"
             self.stats[name] = self.stats.get(name, 0) + int(sent)
+            if model and not sent and srv.unsent is not None:
+                srv.unsent(got[0])
             arr = arrival_time(end, float(self.latency(j, i)), extra)
             ok = sent and not drop and arr < self.horizon and \
                 (self.online is None or self.online(i, arr, arr))
@@ -270,9 +303,12 @@ async def _until(t: float) -> None:
 
 
 class MemoryServer:
-    def __init__(self, net: MemoryNetwork, i: int, deliver, fetch, pull=None):
+    def __init__(self, net: MemoryNetwork, i: int, deliver, fetch, pull=None, unsent=None,
+                 refusal=None):
         self.net, self.i, self.deliver, self.fetch = net, i, deliver, fetch
         self.pull = pull  # answers pulls (sfg.net.returns.serve_pull); None: none
+        self.unsent = unsent  # told of a reply that never left (sfg.net.returns.reply_unsent)
+        self.refusal = refusal  # whether it refuses a pull now (sfg.net.returns.pull_refusal)
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:

@@ -72,6 +72,8 @@ class Node:
         # peers chosen per exchange (sfg.net.membership); the candidates: the graph
         # neighbours, or under peers other than fixed every other device of the run
         self.membership = node_membership(world, self.i, self.cfg)
+        if self.clock.virtual and self.membership.online:
+            self.membership.defer = _after_arrivals
         self.nbrs = self.membership.candidates(world)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
@@ -143,7 +145,9 @@ class Node:
         # the virtual clock's network (sfg.net.memory) carries pulls with the clock's
         # engine's times (docs/concepts/clock.md#returns-in-time)
         return net.server(self.i, deliver, fetch, max_bytes=self.cfg.max_bytes, tls=self.cfg.tls,
-                          **({"pull": pull} if hasattr(net, "request") else {}))
+                          **({"pull": pull, "unsent": partial(returns.reply_unsent, self),
+                              "refusal": partial(returns.pull_refusal, self)}
+                             if hasattr(net, "request") else {}))
 
     def log_event(self, event: str, **fields: Any) -> None:
         """One event of the node's event log (:mod:`sfg.net.eventlog`); nothing without one."""
@@ -315,3 +319,14 @@ class Node:
                     "checked": s.checked, "refuted": s.refuted,
                     "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,
                     "sign_s": self.cfg.keys.sign_s, "verify_s": self.cfg.keys.verify_s}}
+
+
+def _after_arrivals(fn: Any, *args: Any) -> None:
+    """``fn(*args)`` on the virtual clock once the instant's arrivals are taken (in
+    :attr:`sfg.clock.instant.Phase.WAKE`): after its "unreachable" answers and the requests
+    it answers (:attr:`~sfg.clock.instant.Phase.PULL_END`, :mod:`sfg.net.memory`), before
+    its commits draw (docs/concepts/clock.md#one-instant)."""
+    from sfg.clock.instant import Phase
+
+    loop = asyncio.get_running_loop()
+    loop.call_at_phase(loop.time(), Phase.WAKE, fn, *args)  # type: ignore[attr-defined]

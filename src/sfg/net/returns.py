@@ -24,7 +24,7 @@ from typing import Any
 from sfg.net import inbox
 from sfg.net.outgoing import header_for
 from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE
-from sfg.net.wire import Chunked, Rejected
+from sfg.net.wire import MEMBER_BYTES, Chunked, Rejected
 
 
 async def pull_at(node: Any, t_ret: float) -> None:
@@ -73,9 +73,11 @@ async def pull_one(node: Any, j: int, S: float) -> str:
         return ""
     if got is UNREACHABLE:
         node.stats.unreachable += 1
+        node.membership.forget(j)  # (online: j leaves the table)
         return "unreachable"
     if got is EMPTY:
         node.stats.empty += 1
+        node.membership.heard_of(j, node.clock.monotonic())  # (online: j is there)
         return "empty"
     if got is None:  # no answer in time, or a failed call
         return ""
@@ -101,18 +103,33 @@ async def pull_one(node: Any, j: int, S: float) -> str:
     return "reply"
 
 
-def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
-    """Answer a returning neighbour's pull: the latest message this node sent, header and
-    model as sent, and the seconds since it sent it; None (an empty answer) if it never
-    sent; ``OFFLINE`` while it is offline (or not async); ``SILENT`` across a network cut or
-    to a non-neighbour."""
+def pull_refusal(node: Any, who: int) -> str | None:
+    """Whether this node refuses ``who``'s pull now, and how: ``OFFLINE`` while it is offline
+    (or not async), ``SILENT`` across a network cut or to a non-neighbour; None: it answers
+    (:func:`serve_pull`). No side effect: the virtual network asks it first, to give the
+    instant's "unreachable" answers before it takes the requests it answers."""
     if node.cfg.mode != "async" or not node.available_at(node.clock.time()):
         return OFFLINE
-    if who not in node.nbr_set:
-        node.rejections.add(Rejected("non-neighbour", f"a pull by node {who}"))
+    if who not in node.nbr_set or node.blocked(who, node.round):
         return SILENT
-    if node.blocked(who, node.round):
-        return SILENT
+    return None
+
+
+def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
+    """Answer a returning neighbour's pull: the latest message this node sent, header and
+    model as sent (under peers ``online`` its membership entries taken now), and the seconds
+    since it sent it; None (an empty answer) if it never
+    sent; ``OFFLINE`` while it is offline (or not async); ``SILENT`` across a network cut or
+    to a non-neighbour."""
+    refused = pull_refusal(node, who)
+    if refused is not None:
+        if who not in node.nbr_set:
+            node.rejections.add(Rejected("non-neighbour", f"a pull by node {who}"))
+        return refused
+    now = node.clock.monotonic()
+    # peers online: the asking node is heard of (on the virtual clock once the instant's
+    # requests are answered: each reply carries the table as it stood before its arrivals)
+    node.membership.heard_of(who, now)  # (online; after the instant's requests, on the clock)
     if node.last_sent is None:
         return None
     msg, sent_at = node.last_sent
@@ -120,7 +137,15 @@ def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | No
     if header is None:
         return None
     node.stats.answered_pulls += 1
-    return header, msg[1], max(0.0, node.clock.monotonic() - sent_at)
+    return node.membership.reply_header(header, now), msg[1], max(0.0, now - sent_at)
+
+
+def reply_unsent(node: Any, header: bytes) -> None:
+    """The virtual network's word that a reply this node made never left (it went offline
+    before its transfer ended): its membership entries do not count as sent."""
+    from sfg.net.wire import unpack_header
+
+    node.membership.unsent(len(unpack_header(header).members) // MEMBER_BYTES, reply=True)
 
 
 def result(node: Any) -> dict[str, Any] | None:

@@ -299,8 +299,7 @@ def check_nodes(world: World, opts: SwarmOptions) -> None:
     from sfg.net.certify import NO_KEYS, Keys, check_run
 
     check_run(world, opts.mode)
-    check_node_peers(parse_peers(opts.peers), world, opts.mode,
-                     pull=opts.pull_timeout is not None)
+    check_node_peers(parse_peers(opts.peers), world, opts.mode)
     if world.rule.certified:
         if opts.tls_dir is None:
             raise SfgError(NO_KEYS)
