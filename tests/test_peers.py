@@ -248,10 +248,16 @@ def test_config_key_run_ids_and_refusals():
         RunConfig(kind="replay", peers="epidemic:s=0")
     out = replay_config({**other.model_dump(), "horizon": 0})
     assert out["metrics"]["peer_messages_per_device_hour"] > 0 and out["curves"]["mean_lag"]
+    # every engine runs peers now: the clock's and the node on the clock among them
     refuse("clock-async", {"clock": "virtual", "protocol": "async", "peers": "epidemic:s=2"})
-    with pytest.raises(SfgError, match="does not implement peers"):  # the node on the clock
-        refuse("node-async", {"clock": "virtual", "protocol": "async", "nodes": "virtual",
-                              "peers": "epidemic:s=2"})
+    refuse("node-async", {"clock": "virtual", "protocol": "async", "nodes": "virtual",
+                          "peers": "epidemic:s=2"})
+    from sfg.net.node import Node, NodeConfig
+    from sfg.net.world import build_world
+
+    with pytest.raises(SfgError, match="cannot know whom to wait for"):  # but not everywhere
+        Node(build_world({"n_clients": 6, "rounds": 2, "peers": "online:s=2"}), 0,
+             NodeConfig(mode="lockstep"))
 
 
 def test_node_peer_file_and_the_setting(tmp_path):
