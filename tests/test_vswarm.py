@@ -549,3 +549,25 @@ def test_the_node_world_takes_the_runs_partition_as_sfg_run_does():
     for got_y, want_y in zip(world.data.train_y, want.train_y, strict=True):
         assert got_y.tolist() == want_y.tolist()
     assert all(len(set(y.tolist())) == 1 for y in world.data.train_y)  # one class each
+
+
+def test_a_wake_offline_while_still_training_is_an_offline_wake_not_a_skipped_one():
+    """Local rounds longer than the period (lognormal compute, median 60 s, K = 2, P = 600 s
+    with a heavy tail): a wake that falls in an offline row while the node is still busy
+    is that row's offline wake, as on the clock's engine, not a skipped one; the node and
+    the engine count the same skipped wakes (and give the same models)."""
+    from sfg.clock.train import simulate_events
+    from sfg.sim.run import resolve_config
+
+    world_set = {"compute": "lognormal:median=60,sigma=1", "latency": "const:value=2"}
+    over = {"graph": "knn:k=4", "seed": 2, "rounds": 20}
+    world = _world(20, "sfg-l", **over)
+    res = _bounded(lambda: run_virtual_swarm(
+        world, SwarmOptions(mode="async", period=P, jitter=0.5, window=1.0),
+        clock_settings=world_set))
+    eng = simulate_events(resolve_config({**BASE, "n_clients": 20, "rule": "sfg-l", **over,
+                                          **world_set, "clock": "virtual",
+                                          "protocol": "async", "period": P, "jitter": 0.5}))
+    assert_same_bits(res["params"], eng["params"].numpy())
+    assert res["metrics"]["skipped"] == eng["metrics"]["skipped"] > 0
+    assert eng["metrics"]["unfinished"] + eng["metrics"]["interrupted"] > 0  # long rounds

@@ -58,9 +58,10 @@ async def run(node: Any) -> None:
         r = node.round = node.rounds_done
         wake = float(wakes[r])
         delay = wake - node.clock.time()
-        if node.clock.virtual and (delay < 0 or (
+        if node.clock.virtual and node.world.available[r, node.i] and (delay < 0 or (
                 node.net is not None and node.net.busy_until(node.i) > wake)):
-            # a wake while the node is still busy (training or sending) is skipped
+            # a wake while the node is still busy (training or sending) is skipped (a wake
+            # in an offline row is that row's offline wake, busy or not, as on the engine)
             # (docs/concepts/clock.md#the-three-protocols); on the wall clock a late node runs its due rounds back to
             # back instead (it cannot tell an overrun from the machine's load)
             node.stats.skipped += 1
