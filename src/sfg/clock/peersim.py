@@ -293,14 +293,13 @@ def peer_state(peers: Peers | None, seed: int, graph, n: int, settings):
     2 online; the target key; the pull's key; the tie key; the message, request and reply
     loss keys; S; M; latency; loss; the tables ids, times, hashes, sizes; the counts)."""
     from sfg.clock.links import loss_key
-    from sfg.util.rng import counter_key
-    from sfg.world.peers import empty_tables, new_tables, peers_key, tie_key
+    from sfg.world.peers import empty_tables, new_tables, peers_key, pull_key, tie_key
 
     sampled = peers is not None and not peers.fixed
     kind = 0 if not sampled else (1 if peers.kind == "epidemic" else 2)
     tables = new_tables(peers, seed, graph) if kind == 2 else empty_tables(n)
     lat, loss = pair_world(settings) if sampled else (0.0, 0.0)
-    keys = [np.uint64(k) for k in (peers_key(seed), counter_key(seed, "peers", "pull"),
+    keys = [np.uint64(k) for k in (peers_key(seed), pull_key(seed),
                                    tie_key(seed), loss_key(seed, "message"),
                                    loss_key(seed, "request"), loss_key(seed, "reply"))]
     s = int(peers.s) if sampled else 0
