@@ -117,7 +117,10 @@ def union_links(n: int, send: np.ndarray, recv: np.ndarray, name: str):
     from sfg.world.graphs import Graph, sorted_unique
 
     pairs = sorted_unique(np.minimum(send, recv) * n + np.maximum(send, recv))
-    union = Graph.from_edges(n, np.stack([pairs // n, pairs % n], axis=1), name=name)
+    lo, hi = pairs // n, pairs % n
+    keep = lo != hi  # (none is drawn: a device never sends to itself)
+    # the canonical edges already (i < j, sorted, each once): Graph.from_edges' sort not redone
+    union = Graph(n, np.stack([lo[keep], hi[keep]], axis=1), None, name)
     rg = RoundGraph.from_graph(union)
     slot = np.empty(send.size, np.int64)
     slots_of(rg.indptr, rg.send, np.ascontiguousarray(recv, np.int64),
