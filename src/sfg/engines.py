@@ -218,8 +218,8 @@ NOTES: dict[str, str] = {
     "peers": "whom each send goes to (`fixed`: the graph; `epidemic:s=S`, `online:s=S,...`: "
              "drawn per exchange): the model-free replay (`sfg replay`), the rounds, the "
              "virtual clock's protocols and the nodes, real and on the virtual clock, run it "
-             "(a lockstep node, or a node's pull on return, `epidemic` only); a rule "
-             "that keeps state per neighbour is refused with it",
+             "(a lockstep node `epidemic` only); a rule that keeps state per neighbour is "
+             "refused with it",
     "on_return": "a returning device's pull of its neighbours' models: async and event only "
                  "(the nodes: async, S below the period, in virtual seconds on the virtual "
                  "clock and wall seconds on real nodes; a lockstep node refuses it)",
