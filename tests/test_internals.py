@@ -71,7 +71,7 @@ def test_the_compiled_round_gives_the_same_numbers_through_the_fallbacks():
     slow = _python(REPLAY, public=True)
     # (the cache is peeked at only where a helper could compile: two usable cores)
     uses = ["first-class-address", *(["cache-index"] if usable_cores() >= 2 else []),
-            "blas-probe"]
+            "blas-probe", "no-refcount"]
     assert fast["internals"] == uses and fast["fallbacks"] == []
     assert slow["fallbacks"] == uses and slow["internals"] == []
     assert len(fast["out"]) == 8 and fast["out"][0]["messages"] > 0
@@ -193,7 +193,7 @@ OUT = {"blas": am._HAVE_BLAS, "dot": d.tolist(), "det": det, "scipy_at_start": l
 
 def test_numbas_own_blas_probe_gives_the_same_numbers():
     fast, slow = _python(BLAS, public=False), _python(BLAS, public=True)
-    assert fast["fallbacks"] == [] and slow["fallbacks"] == ["blas-probe"]
+    assert fast["fallbacks"] == [] and slow["fallbacks"] == ["blas-probe", "no-refcount"]
     assert fast["out"]["scipy_at_start"] is False  # answered: scipy.linalg not imported
     assert slow["out"]["scipy_at_start"] is True   # numba's own probe imported it
     for got in (fast, slow):
@@ -428,3 +428,27 @@ def test_the_scan_finds_planted_private_internals(tmp_path):
     assert got == ["sfg/a.py:1 numpy._core", "sfg/a.py:14 _version", "sfg/a.py:15 _hidden",
                    "sfg/a.py:15 _op", "sfg/a.py:2 _C", "sfg/a.py:3 numpy._core"], got
     assert _listed("_version") and _listed("numpy._core") and not _listed("_hidden")
+
+
+PEERS = """
+import json
+from sfg.clock.replay import replay_clock
+from sfg.clock.settings import make_settings
+s = make_settings({"clock": "virtual", "protocol": "async", "on_return": "pull:timeout=120",
+                   "latency": "const:value=3"})
+r = replay_clock("bursty:u=0.6", "sfg-cut", settings=s, seed=2, n=40, rounds=40,
+                 local_steps=2, peers="online:s=3,view=6,gossip=2")
+OUT = {"digest": r["meta"]["schedule_digest"], "metrics": r["metrics"]}
+"""
+
+
+def test_peers_compiled_without_reference_counts_give_the_same_numbers():
+    """The compiled parts of peers chosen per exchange without numba's reference counting
+    (``_nrt=False``, numba internals) or with it (public API): the same schedule digest and
+    every metric the same."""
+    fast, slow = _python(PEERS, public=False), _python(PEERS, public=True)
+    assert "no-refcount" in fast["internals"] and "no-refcount" in slow["fallbacks"]
+    assert fast["out"]["digest"] == slow["out"]["digest"]
+    assert json.dumps(fast["out"]["metrics"], sort_keys=True) == \
+        json.dumps(slow["out"]["metrics"], sort_keys=True)  # (NaN spelled alike)
+    assert fast["out"]["metrics"]["membership_bytes_per_device_hour"] > 0

@@ -204,9 +204,11 @@ METRICS: tuple[Metric, ...] = (
     _m("net_sent", "messages", "messages handed to the in-memory network (lost by the sender "
        "included)", _VNODES),
     *(_m(f"net_{k}", "messages", f"messages the in-memory network {what}", _VNODES,
-         "" if k in ("lost_sender", "lost_random", "no_server") else _FAULTS)
+         "" if k in ("lost_sender", "lost_random", "no_server", "past_horizon") else _FAULTS)
       for k, what in (("lost_sender", "lost: sender offline before the transfer ended"),
-                      ("lost_random", "lost to `loss`, drawn before the receiver is reached"),
+                      ("lost_random", "lost to `loss`, drawn once the receiver is there at "
+                       "the arrival (without faults; before it is reached with them)"),
+                      ("past_horizon", "refused: they would arrive after the run's end"),
                       ("dropped", "dropped (fault)"), ("duplicated", "duplicated (fault)"),
                       ("delayed", "delayed (fault)"), ("partitioned", "cut off (partition)"),
                       ("no_server", "found no server for (receiver crashed)"))),

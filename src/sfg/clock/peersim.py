@@ -33,7 +33,7 @@ import heapq
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.util.numba_start import njit
+from sfg.util.numba_start import NO_REFCOUNT, njit
 from sfg.world.locate import online_near
 from sfg.world.peers import (
     Peers,
@@ -100,7 +100,7 @@ def room(pool, free, top):  # pragma: no cover - compiled
     return pool, free, top
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def put(pool, free, top, ids, secs, h, refs):  # pragma: no cover - compiled
     """Store h carried entries with ``refs`` readers in a free row of the pool (there is one:
     :func:`room`): (top, row)."""
@@ -133,7 +133,7 @@ def new_pool(M):  # pragma: no cover - compiled
     return np.zeros((cap, 2 + 2 * max(M, 1))), free, cap
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def draw_targets(P, E, r, i, n, targets, buf, car_id, car_s):  # pragma: no cover - compiled
     """Local round r of device i commits: its S targets drawn into ``targets`` and, online,
     the M freshest heard entries it carries into (car_id, car_s). Returns how many it
@@ -160,7 +160,7 @@ def pair_counts(nth, i, n, targets, s, qs):  # pragma: no cover - compiled
         nth[pair] = qs[k] + 1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _sender_until(ipt, ist, ien, i, t):  # pragma: no cover - compiled
     """The end of device i's online interval holding t (−inf: offline at t): the search of
     :func:`sfg.world.locate.locate_one`."""
@@ -175,7 +175,7 @@ def _sender_until(ipt, ist, ien, i, t):  # pragma: no cover - compiled
     return ien[k] if k >= a and t < ien[k] else -np.inf
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def fates(P, E, r, i, n, horizon, ipt, ist, ien, dt, msg, nm, h, qs, targets,
           near):  # pragma: no cover - compiled
     """The fates of the S messages of local round r of device i (its broadcast starts at
@@ -228,7 +228,7 @@ def arrivals(heap, late, msg, nm0, nm, t, key, hear_kind):  # pragma: no cover -
             late.append((j, key))
 
 
-@njit(cache=True, nogil=True, _nrt=False)  # (per message: no reference counts, see sfg.world.peers)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)  # (per message: no reference counts, see sfg.world.peers)
 def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover - compiled
     """j hears of ``sender`` at ``at`` and of the pool row's entries at ``at`` − their
     seconds (one merge: :func:`sfg.world.peers.hear_many`); the row is freed after its last
@@ -250,7 +250,7 @@ def _hear_row(P, j, sender, at, pool, free, top, row, scr):  # pragma: no cover 
     return top
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def heard(P, arg, j, now, msg, pool, free, top, qj, qret, held, rslot,
           scr):  # pragma: no cover - compiled
     """A membership arrival at device j (arg: 3·(sender·2^31 + pool row + 1), a message;

@@ -94,16 +94,21 @@ def own_row(tables: tuple[np.ndarray, ...], i: int) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def node_membership(world: Any, i: int, cfg: Any) -> Membership:
+def node_membership(world: Any, i: int, cfg: Any, *, virtual: bool = False) -> Membership:
     """Node ``i``'s :class:`Membership` under its config's ``peers`` (else the run's),
-    checked (:func:`check_node_peers`). An entry may say at most the run's length: T·P
+    checked (:func:`check_node_peers`); on the ``virtual`` clock its tables hear in the
+    instant's order (:func:`sfg.net.simclock.after_arrivals`). An entry may say at most the run's length: T·P
     (async; T times the deadline, lockstep) plus one RPC time-out (a node late on its
     clock)."""
     peers = parse_peers(cfg.peers if cfg.peers is not None else world.cfg.get("peers"))
     check_node_peers(peers, world, cfg.mode)
     per = cfg.period if cfg.mode == "async" else cfg.deadline
-    return Membership(peers, world, i,
-                      longest=world.rounds * float(per) + float(cfg.rpc_timeout))
+    m = Membership(peers, world, i, longest=world.rounds * float(per) + float(cfg.rpc_timeout))
+    if virtual and m.online:  # on the virtual clock: heard in the instant's order
+        from sfg.net.simclock import after_arrivals
+
+        m.defer = after_arrivals
+    return m
 
 
 class Membership:

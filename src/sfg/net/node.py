@@ -71,9 +71,7 @@ class Node:
         self.clock = clock or WALL
         # peers chosen per exchange (sfg.net.membership); the candidates: the graph
         # neighbours, or under peers other than fixed every other device of the run
-        self.membership = node_membership(world, self.i, self.cfg)
-        if self.clock.virtual and self.membership.online:
-            self.membership.defer = _after_arrivals
+        self.membership = node_membership(world, self.i, self.cfg, virtual=self.clock.virtual)
         self.nbrs = self.membership.candidates(world)
         self.nbr_set = frozenset(int(j) for j in self.nbrs)
         self.pos = {int(j): k + 1 for k, j in enumerate(self.nbrs)}  # star index
@@ -319,14 +317,3 @@ class Node:
                     "checked": s.checked, "refuted": s.refuted,
                     "signed": self.cfg.keys.signed, "verified": self.cfg.keys.verified,
                     "sign_s": self.cfg.keys.sign_s, "verify_s": self.cfg.keys.verify_s}}
-
-
-def _after_arrivals(fn: Any, *args: Any) -> None:
-    """``fn(*args)`` on the virtual clock once the instant's arrivals are taken (in
-    :attr:`sfg.clock.instant.Phase.WAKE`): after its "unreachable" answers and the requests
-    it answers (:attr:`~sfg.clock.instant.Phase.PULL_END`, :mod:`sfg.net.memory`), before
-    its commits draw (docs/concepts/clock.md#one-instant)."""
-    from sfg.clock.instant import Phase
-
-    loop = asyncio.get_running_loop()
-    loop.call_at_phase(loop.time(), Phase.WAKE, fn, *args)  # type: ignore[attr-defined]

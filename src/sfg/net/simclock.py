@@ -222,6 +222,18 @@ class _Timer:
         return repr(self.callback)
 
 
+def after_arrivals(fn: Callable, *args) -> None:
+    """``fn(*args)`` on the virtual clock once the instant's arrivals are taken (in
+    :attr:`sfg.clock.instant.Phase.WAKE`): after its "unreachable" answers and the requests
+    it answers (:attr:`~sfg.clock.instant.Phase.PULL_END`, :mod:`sfg.net.memory`), before
+    its commits (docs/concepts/clock.md#one-instant); what a node on the clock hears of its
+    peers waits for it (:class:`sfg.net.membership.Membership`)."""
+    from sfg.clock.instant import Phase
+
+    loop = asyncio.get_running_loop()
+    loop.call_at_phase(loop.time(), Phase.WAKE, fn, *args)  # type: ignore[attr-defined]
+
+
 def resolve(fut: asyncio.Future, value=None) -> None:
     """Give ``fut`` its result ``value`` unless it is done (cancelled, say): the callback the
     virtual loop's timers and phases run to wake a waiting task."""

@@ -16,6 +16,11 @@ ways and compare the results (``tests/test_internals.py``).
 * ``blas-probe`` (:mod:`sfg.util.numba_start`): ``numba.np.linalg.ensure_blas`` answered while
   numba's array library loads. Fallback: numba's own probe (it imports scipy.linalg: ~0.13 s
   of a start).
+* ``no-refcount`` (:mod:`sfg.util.numba_start`): numba's private ``_nrt=False`` compile
+  option (its CPU target's ``_nrt``) on the compiled functions of peers chosen per exchange
+  that allocate nothing, so that a call takes no reference counts of the arrays it is
+  passed. Fallback: numba's reference counting (the same code otherwise; about a tenth of
+  the clock's simulation under peers).
 * ``fast-exit`` (:mod:`sfg.cli.console`): ``threading._shutdown`` and
   ``atexit._run_exitfuncs``, then ``os._exit``. Fallback: ``sys.exit`` (the interpreter's full
   teardown: ~0.6 s).
@@ -59,7 +64,8 @@ import os
 #: the uses of :data:`USES`' names made in this process -> True where the fallback was taken
 _TAKEN: dict[str, bool] = {}
 
-USES = ("first-class-address", "cache-index", "blas-probe", "fast-exit", "clock-resolution")
+USES = ("first-class-address", "cache-index", "blas-probe", "no-refcount", "fast-exit",
+        "clock-resolution")
 
 
 def forced() -> bool:

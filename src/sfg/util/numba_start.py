@@ -121,9 +121,30 @@ def fresh_caches(root: Path | None = None, files=COMPILED) -> list[Path]:
     return cleared
 
 
+def _no_refcount() -> dict[str, bool]:
+    """The ``njit`` options of compiled functions that allocate nothing and run once per
+    send or message heard (:mod:`sfg.world.peers`, :mod:`sfg.clock.peersim`): numba's
+    private ``_nrt=False`` (no reference counts taken of the arrays they are passed, about a
+    tenth of the clock's simulation under peers), where numba's CPU target has it
+    (:mod:`sfg.util.internals`, ``no-refcount``); otherwise, and under ``SFG_PUBLIC_API=1``,
+    none (numba counts references: the same numbers, slower)."""
+    from sfg.util import internals
+
+    if internals.forced():
+        internals.taken("no-refcount", True)
+        return {}
+    from numba.core.cpu import CPUTargetOptions
+
+    if internals.taken("no-refcount", not hasattr(CPUTargetOptions, "_nrt")):
+        return {}
+    return {"_nrt": False}
+
+
 _answer_blas_probe()
 fresh_caches()
+#: ``njit(**NO_REFCOUNT)``: see :func:`_no_refcount`
+NO_REFCOUNT = _no_refcount()
 
 from numba import njit  # noqa: E402 - after the probe
 
-__all__ = ["njit"]
+__all__ = ["NO_REFCOUNT", "njit"]

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.util.numba_start import njit
+from sfg.util.numba_start import NO_REFCOUNT, njit
 
 KINDS = ("fixed", "epidemic", "online")
 # limits: a send draws its targets in O(S²) at worst (distinct), a table row holds V entries
@@ -172,20 +172,21 @@ def tie_key(seed: int) -> int:
 
 # ----------------------------------------------------------------------------- compiled
 # The draws and the table's functions run once per send or per message heard; those that
-# allocate nothing compile without numba's reference counting (``_nrt=False``): with it each
+# allocate nothing compile without numba's reference counting (``NO_REFCOUNT``,
+# sfg.util.numba_start: numba's private ``_nrt=False`` where it has it): with it each
 # call counted references to every array it was passed, in and out (atomic operations that
 # cost the clock's simulation about a tenth of its time).
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _mix(z):  # pragma: no cover - compiled
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def uniform(key, a, b, c):  # pragma: no cover - compiled
     """:func:`sfg.util.rng.counter_uniform` (key, a, b, c), compiled: the same value."""
     z = np.uint64(key)
@@ -221,7 +222,7 @@ def draw_epidemic_rows(key, devs, counts, n, s, out):  # pragma: no cover - comp
         draw_epidemic(key, devs[q], counts[q], n, s, out[q * s:(q + 1) * s])
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
     """out[got:s]: devices other than i and out[:got], uniform, from try k on."""
     while got < s:
@@ -239,7 +240,7 @@ def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
             got += 1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def draw_online(key, i, count, n, s, tab_id, tab_n, buf, out):  # pragma: no cover - compiled
     """out[:s]: s distinct entries of device i's table drawn uniformly (a partial shuffle of
     its entries, try k drawing ids (i, count, k)), topped up uniformly from all other devices
@@ -271,7 +272,7 @@ def draw_online(key, i, count, n, s, tab_id, tab_n, buf, out):  # pragma: no cov
     _top_up(key, i, count, n, s, out, take, s)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def carry(i, now, M, tab_id, tab_t, tab_n, out_id, out_s):  # pragma: no cover - compiled
     """The M freshest heard entries of device i's table as (peer, seconds since heard at
     ``now``) into out_id, out_s (what a message it sends at ``now`` carries); returns how many."""
@@ -286,13 +287,13 @@ def carry(i, now, M, tab_id, tab_t, tab_n, out_id, out_s):  # pragma: no cover -
     return h
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _before(t1, h1, t2, h2):  # pragma: no cover - compiled
     """Entry (t1, h1) ranks before (t2, h2): fresher, or as fresh with a larger tie hash."""
     return t1 > t2 or (t1 == t2 and h1 > h2)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _unheard(i, j, t, tab_t, m):  # pragma: no cover - compiled
     """The first test of :func:`_fresher`, before the row is searched: device i hearing of j
     at t cannot change its table of m entries (j is i, or t is staler than every entry of a
@@ -300,7 +301,7 @@ def _unheard(i, j, t, tab_t, m):  # pragma: no cover - compiled
     return j == i or (m == tab_t.shape[1] and t < tab_t[i, m - 1])
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _fresher_at(tkey, i, j, t, pos, tab_t, tab_h):  # pragma: no cover - compiled
     """The rest of :func:`_fresher` once j's position in the row is known (−1: absent)."""
     if pos >= 0:
@@ -308,7 +309,7 @@ def _fresher_at(tkey, i, j, t, pos, tab_t, tab_h):  # pragma: no cover - compile
     return -1, uniform(tkey, i, j, 0)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m):  # pragma: no cover - compiled
     """Whether device i hearing of j at t can change its table of m entries, the rule of
     :func:`hear` and :func:`hear_many`: (−2: it cannot — j is i, or no fresher than j's entry,
@@ -324,7 +325,7 @@ def _fresher(tkey, i, j, t, tab_id, tab_t, tab_h, m):  # pragma: no cover - comp
     return _fresher_at(tkey, i, j, t, pos, tab_t, tab_h)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - compiled
     """Device i hears that j was online at t: j's entry is set to t when that is strictly
     fresher (or j enters, when the table has room or t ranks before its last entry, which
@@ -356,7 +357,7 @@ def hear(tkey, i, j, t, tab_id, tab_t, tab_h, tab_n):  # pragma: no cover - comp
     return True
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **NO_REFCOUNT)
 def hear_many(tkey, i, ids, ts, cnt, tab_id, tab_t, tab_h, tab_n, scr):  # pragma: no cover
     """Device i hears of the distinct peers ids[:cnt] at ts[:cnt]: the table :func:`hear` of
     each in turn leaves (a table keeps the V freshest of what it heard, whatever the order),
