@@ -200,6 +200,11 @@ def test_lockstep_node_on_the_virtual_clock_equals_sfg_run(n, compute, rule):
         assert_same_bits(X, ref.params.numpy())
         assert [nd["acc"] for nd in res["nodes"]] == ref.accuracy.tolist()
     assert res["metrics"]["messages"] == plain.metrics["messages"] > 0
+    # the messages sent and their nominal bytes, as the lockstep clock counts them (a round
+    # follows the messages, not the clock: no send is lost to the node's virtual time)
+    for k in ("messages_sent", "bytes"):
+        assert res["metrics"][k] == clock.metrics[k] > 0, k
+    assert res["metrics"]["net_lost_sender"] == 0
 
 
 @pytest.mark.parametrize("rule", ["sfg-cut", "sfg-l+ipw", "aoi"])

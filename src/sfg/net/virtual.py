@@ -523,6 +523,13 @@ def _clock_network(world, opts, clock_settings, faults):
     else:
         check_period(int(world.cfg["local_steps"]) * cw.compute, P)
     latency, loss = _pair_links(world, cw, cs, faults)
+    if opts.mode == "lockstep":
+        # lockstep rounds follow the messages, not the clock: a node sends in round r only
+        # while it takes part, to those that take part (its round, not its virtual time,
+        # says who is online), and a round may run past T·P
+        net = MemoryNetwork(N, latency=latency, uplink=cw.uplink, faults=faults,
+                            message_bytes=cs.message_bytes, loss=loss, loss_seed=world.seed)
+        return world, cw, net
     online_through = _online_through(Intervals.from_rounds(world.available, P))
     net = MemoryNetwork(N, latency=latency, uplink=cw.uplink,
                         online=online_through, faults=faults, message_bytes=cs.message_bytes,
