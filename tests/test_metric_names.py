@@ -283,3 +283,26 @@ def test_the_engines_metric_only_effects_name_registered_metrics():
             kind, _, name = what.partition(" ")
             if kind == "metric":
                 assert name in reg.reported_by(engine), (engine, field, name)
+
+
+def test_unavailability_is_one_formula_in_rounds_or_seconds():
+    """sfg.metrics.unavailability, by hand, and the same bits whether the clients' online
+    time is counted in rounds or in seconds of whole rounds (the rounds engine and the nodes
+    count rows, the clock counts seconds); the mean of per-client fractions, which the
+    clock's training took before, can differ in the last bit."""
+    import numpy as np
+
+    from sfg.metrics import unavailability
+
+    assert unavailability([3, 1], 4) == 0.5  # 1 - (3 + 1) / (2 · 4)
+    assert unavailability([], 4) != unavailability([], 4)  # NaN: no client
+    rng = np.random.default_rng(5)
+    differs = 0
+    for _ in range(300):
+        n, T = int(rng.integers(1, 60)), int(rng.integers(1, 400))
+        rows = rng.integers(0, T + 1, n)
+        got = unavailability(rows, T)
+        assert got == unavailability(rows * 600.0, T * 600.0)
+        assert got == 1.0 - rows.sum() / (n * T)
+        differs += got != float(1.0 - (rows * 600.0 / (T * 600.0)).mean())
+    assert differs > 0  # (why it is one formula)

@@ -25,7 +25,7 @@ BASE = dict(rounds=20, local_steps=2, process="bursty:u=0.5", graph="knn:k=4", s
 # the peers' counts the node and the engine report alike (sfg.metrics)
 PEER_METRICS = ("peer_messages_per_device_hour", "messages_to_offline_per_device_hour",
                 "membership_bytes_per_device_hour")
-SAME = ("messages", "returns", "returns_heard", "skipped", *PEER_METRICS)
+SAME = ("messages", "returns", "returns_heard", "skipped", "unavailability", *PEER_METRICS)
 # worlds: latency, a lossy and finite network with jitter; and one full of ties (every device
 # wakes, commits and is heard at the same instants: no latency, no jitter, an instant uplink)
 LOSSY = ({"compute": "const:value=20", "latency": "const:value=5", "loss": "const:value=0.2",

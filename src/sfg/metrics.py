@@ -268,6 +268,19 @@ CLOCK_COUNTS: dict[str, str | None] = {
 }
 
 
+def unavailability(online, horizon: float) -> float:
+    """``unavailability``, the one formula of every engine: 1 − the clients' online time over
+    all of theirs, ``online`` [N] each client's online time (rounds or seconds) over a run
+    of ``horizon`` (the same unit), summed exactly (so rounds and seconds of whole rounds give
+    the same bits). NaN for no client or no time."""
+    import math
+
+    n = len(online)
+    if n == 0 or not horizon > 0:
+        return float("nan")
+    return 1.0 - math.fsum(float(x) for x in online) / (n * float(horizon))
+
+
 def clock_name(count: str) -> str | None:
     """The metric name of the clock's schedule count ``count`` (None: not reported)."""
     return CLOCK_COUNTS.get(count, count)

@@ -239,8 +239,9 @@ def _event_metrics(rule: Rule, world: World, settings: ClockSettings, *, seed: i
     end = RunEnd(available=np.zeros((1, 1), bool), H=np.zeros(0), sampled=False,
                  final_lags=final_lags, reach=float("nan"))
     metrics, _ = acc.summary(end, attack=attack is not None, defence=bool(rule.defence_flags))
-    metrics["unavailability"] = 1.0 - float(world.online.online_seconds().sum()) / (
-        world.n * world.horizon)
+    from sfg.metrics import unavailability
+
+    metrics["unavailability"] = unavailability(world.online.online_seconds(), world.horizon)
     units = samples / unit
     curves = {"round": units.tolist(), "hours": (samples / 3600.0).tolist(),
               "mean_age": curve[0].tolist(), "mean_lag": curve[1].tolist()}

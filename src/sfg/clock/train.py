@@ -462,6 +462,8 @@ class EventLoop:
         curve_p10 = [p for _, p in points]
         acc = accs[-1]
         target = float(self.c.get("target_accuracy", 0.8))
+        from sfg.metrics import unavailability
+
         online = world.online.online_seconds() / world.horizon
         metrics = {
             **accuracy_metrics(acc, curve_mean, online,
@@ -469,7 +471,8 @@ class EventLoop:
             # neighbour models aggregated, as sfg run counts them (those delivered: `delivered`)
             "messages": float(sched.stats.get("candidates", 0.0)),
             "scalars": float(sched.stats.get("candidates", 0.0) * self.rule.scalars_per_message),
-            "local_steps_rel": 1.0, "unavailability": float(1.0 - online.mean()),
+            "local_steps_rel": 1.0,
+            "unavailability": unavailability(world.online.online_seconds(), world.horizon),
             **time_to_target(curve_t, curve_mean, target),
             **per_device_hour(sched.stats, N, world.horizon),
             **peer_costs(sched.stats, N, world.horizon),

@@ -99,6 +99,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
     given. On the virtual clock the metrics add ``time_to_accuracy_h`` and
     ``reached_target`` (``target_accuracy``), computed as the clock's engine computes them.
     """
+    from sfg.metrics import unavailability
     from sfg.net.diagnose import pool as pool_diagnostics
     from sfg.result import RunResult
     from sfg.sim.context import accuracy_metrics, clock_hours, curve_point, time_to_target
@@ -140,7 +141,7 @@ def summarise(world: World, results: list[dict], *, wall: float, restarts: int =
         "wire_bytes_received": float(sum(r["bytes"] for r in res)),
         "local_rounds": float(trains),
         "local_steps_rel": float(sum(r["steps"] for r in res) / (trains * K)) if trains else float("nan"),
-        "unavailability": float(1 - avail.mean()),
+        "unavailability": unavailability(avail.sum(axis=0), avail.shape[0]),
         "wall_seconds": float(wall),
         "rejected": float(sum(sum(r["rejected"].values()) for r in res)),
         "deliveries_refused": float(sum(r["refused"] for r in res)),

@@ -315,6 +315,8 @@ class RoundLoop:
 
     def result(self, acc: np.ndarray, seconds: float) -> RunResult:
         """The run's :class:`RunResult` with the final accuracies ``acc``."""
+        from sfg.metrics import unavailability
+
         c, run = self.c, self.run
         metrics = {
             **accuracy_metrics(acc, self.curve_mean, self.available.mean(axis=0),
@@ -322,7 +324,8 @@ class RoundLoop:
             "messages": float(self.messages), "scalars": float(self.scalars),
             "local_steps_rel": float(self.steps_taken / self.steps_dfedavg)
             if self.steps_dfedavg else float("nan"),
-            "unavailability": float(1 - self.available.mean()),
+            "unavailability": unavailability(self.available.sum(axis=0),
+                                             self.available.shape[0]),
         }
         if self.rule.certified and self.evidence is not None:  # neighbour claims refused
             metrics["claims_refused"] = self.evidence.refused_share
