@@ -32,12 +32,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from sfg.errors import SfgError
-from sfg.net.wire import Header, Rejected, check_members, pack_members
+from sfg.net.wire import Header, Rejected, check_members, pack_members, unpack_header
 from sfg.world.peers import (
     ENTRY_BYTES,
     NEVER,
@@ -69,9 +70,8 @@ def check_mode(peers: Peers, mode: str) -> None:
 def check_node_peers(peers: Peers, world: Any, mode: str) -> None:
     """Refuse (one line) what a node does not run under ``peers``: ``online`` on lockstep
     nodes (whom to wait for depends on tables no other node holds), S ≥ N, and a rule that
-    keeps state per neighbour
-    (:func:`sfg.modelfree.peers.check_rule`). The node on the virtual clock runs the rest
-    (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
+    keeps state per neighbour (:func:`sfg.modelfree.peers.check_rule`). The node on the
+    virtual clock runs the rest (its world's refusals: :func:`sfg.clock.peersim.check_clock`)."""
     if peers.fixed:
         return
     from sfg.modelfree.peers import check_rule
@@ -97,9 +97,9 @@ def own_row(tables: tuple[np.ndarray, ...], i: int) -> tuple[np.ndarray, ...]:
 def node_membership(world: Any, i: int, cfg: Any, *, virtual: bool = False) -> Membership:
     """Node ``i``'s :class:`Membership` under its config's ``peers`` (else the run's),
     checked (:func:`check_node_peers`); on the ``virtual`` clock its tables hear in the
-    instant's order (:func:`sfg.net.simclock.after_arrivals`). An entry may say at most the run's length: T·P
-    (async; T times the deadline, lockstep) plus one RPC time-out (a node late on its
-    clock)."""
+    instant's order (:func:`sfg.net.simclock.after_arrivals`). An entry may say at most the
+    run's length: T·P (async; T times the deadline, lockstep) plus one RPC time-out (a node
+    late on its clock)."""
     peers = parse_peers(cfg.peers if cfg.peers is not None else world.cfg.get("peers"))
     check_node_peers(peers, world, cfg.mode)
     per = cfg.period if cfg.mode == "async" else cfg.deadline
@@ -155,16 +155,16 @@ class Membership:
         return self.tables is not None
 
     # ------------------------------------------------------------------ targets
-    def draw(self, i: int, count: int) -> list[int]:
-        """Device ``i``'s S targets of its send ``count`` (for another device: ``epidemic``)."""
-        p, out = self.peers, self._out
+    def draw(self, i: int, count: int, key: np.uint64 | None = None) -> list[int]:
+        """Device ``i``'s S targets of its send ``count`` (for another device: ``epidemic``),
+        from the targets' stream, or ``key``'s (a pull's: :meth:`pull_targets`)."""
+        p, out, key = self.peers, self._out, self.key if key is None else key
         if p.kind == "online":
             assert i == self.i and self.tables is not None, "a node holds its own table only"
             tab_id, _, _, tab_n = self.tables
-            draw_online(self.key, self.i, int(count), self.n, p.s, tab_id, tab_n, self._buf,
-                        out)
+            draw_online(key, self.i, int(count), self.n, p.s, tab_id, tab_n, self._buf, out)
         else:
-            draw_epidemic(self.key, int(i), int(count), self.n, p.s, out)
+            draw_epidemic(key, int(i), int(count), self.n, p.s, out)
         return [int(j) for j in out[:p.s]]
 
     def unsent(self, entries: int, *, reply: bool = False) -> None:
@@ -180,15 +180,8 @@ class Membership:
         return's index), from the stream (seed, "peers", "pull"), in the order asked: under
         ``epidemic`` uniformly from all others, under ``online`` from the table as it stands
         (docs/concepts/peers.md#targets)."""
-        p, out = self.peers, self._out
         nth, self.pulls = self.pulls, self.pulls + 1
-        if self.tables is not None:
-            tab_id, _, _, tab_n = self.tables
-            draw_online(self.pull_key, self.i, nth, self.n, p.s, tab_id, tab_n, self._buf,
-                        out)
-        else:
-            draw_epidemic(self.pull_key, self.i, nth, self.n, p.s, out)
-        return [int(j) for j in out[:p.s]]
+        return self.draw(self.i, nth, self.pull_key)
 
     def forget(self, j: int) -> None:
         """A pull's request to ``j`` was answered "unreachable": j leaves the table
@@ -227,10 +220,6 @@ class Membership:
         answered as it was signed (no rule with evidence runs under peers)."""
         if self.tables is None:
             return header
-        from dataclasses import replace
-
-        from sfg.net.wire import unpack_header
-
         h = unpack_header(header)
         if h.cert:
             return header
@@ -342,8 +331,8 @@ class Membership:
         """The node's peer counts (None under ``fixed``): targets drawn, those offline
         (``to_offline`` refused as offline, and lockstep's targets offline in their round),
         membership bytes carried, the table's size, and per hour of the node's run (T·P
-        async and on the virtual clock, its wall time on a real lockstep node) the messages, those to offline peers and the
-        membership bytes."""
+        async and on the virtual clock, its wall time on a real lockstep node) the messages,
+        those to offline peers and the membership bytes."""
         if self.fixed:
             return None
         if node.cfg.mode == "async" or node.clock.virtual:  # (lockstep: P is Δ there)

@@ -219,10 +219,8 @@ class MemoryNetwork:
             at = self._arrivals[arrival] = []
             # answered in the instant's arrival phase, after its timers (and the "unreachable"
             # answers they bring), in the engine's order (docs/concepts/clock.md#one-instant)
-            if hasattr(loop, "call_at_phase"):
-                loop.call_at_phase(arrival, Phase.ARRIVAL, self._serve, arrival)
-            else:
-                loop.call_at(arrival, self._serve, arrival)
+            loop.call_at_phase(arrival, Phase.ARRIVAL, self._serve,  # type: ignore[attr-defined]
+                               arrival)
         at.append((j, i, nth, k, fut))
         return fut
 
@@ -241,10 +239,9 @@ class MemoryNetwork:
                 self._unreachable(q, j, i, fut)
             else:
                 answered.append((j, i, nth, k, fut))
-        if answered and hasattr(loop, "call_at_phase"):
-            loop.call_at_phase(q, Phase.PULL_END, self._answer, q, answered)
-        elif answered:
-            self._answer(q, answered)
+        if answered:
+            loop.call_at_phase(q, Phase.PULL_END, self._answer,  # type: ignore[attr-defined]
+                               q, answered)
 
     def _unreachable(self, q: float, j: int, i: int, fut: asyncio.Future) -> None:
         """j refuses i's request arriving at ``q``: answered as a refused connection is."""

@@ -3,10 +3,11 @@
 ``pull_timeout`` (``on_return: pull:timeout=S``; docs/concepts/clock.md#returns-in-time): at a
 return — the start of an online row after an offline one (not the run's start), or a restart
 once online (:func:`sfg.net.asyncmode.return_time`) — an async node asks every neighbour
-(under peers ``epidemic``: S devices drawn for the return) for its latest sent message
+(under peers other than fixed: S devices drawn for the return) for its latest sent message
 (:func:`pull_at`: ``Fetch`` with ``pull``, :meth:`sfg.net.transport.Peer.pull`; on the
-virtual clock :meth:`sfg.net.memory.MemoryPeer.pull`, with the clock's engine's times), and its first local
-round waits until each has answered (a reply, empty, unreachable) or S seconds have passed. A
+virtual clock :meth:`sfg.net.memory.MemoryPeer.pull`, with the clock's engine's times), and
+its first local round waits until each has answered (a reply, empty, unreachable) or S
+seconds have passed. A
 reply goes through the checks of any message (:func:`sfg.net.inbox.check`) and is a candidate
 whose waited staleness starts at its sending: d = (held + now − arrival)/P; one not newer, by
 the sender's round, than what the node holds from that neighbour changes nothing
@@ -24,7 +25,7 @@ from typing import Any
 from sfg.net import inbox
 from sfg.net.outgoing import header_for
 from sfg.net.transport import EMPTY, OFFLINE, SILENT, UNREACHABLE
-from sfg.net.wire import MEMBER_BYTES, Chunked, Rejected
+from sfg.net.wire import MEMBER_BYTES, Chunked, Rejected, unpack_header
 
 
 async def pull_at(node: Any, t_ret: float) -> None:
@@ -40,8 +41,8 @@ async def pull_at(node: Any, t_ret: float) -> None:
     assert node.cfg.pull_timeout is not None
     S = float(node.cfg.pull_timeout)
     end = node.clock.monotonic() + S
-    # the graph's neighbours, or under peers epidemic the S drawn for this return, in the
-    # order they are asked (docs/concepts/peers.md#the-node-on-the-clock)
+    # the graph's neighbours, or under peers other than fixed the S drawn for this return,
+    # in the order they are asked (docs/concepts/peers.md#the-node-on-the-clock)
     nbrs = [int(j) for j in node.nbrs] if node.membership.fixed else \
         node.membership.pull_targets()
     node.stats.requests += len(nbrs)
@@ -118,9 +119,8 @@ def pull_refusal(node: Any, who: int) -> str | None:
 def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | None | str:
     """Answer a returning neighbour's pull: the latest message this node sent, header and
     model as sent (under peers ``online`` its membership entries taken now), and the seconds
-    since it sent it; None (an empty answer) if it never
-    sent; ``OFFLINE`` while it is offline (or not async); ``SILENT`` across a network cut or
-    to a non-neighbour."""
+    since it sent it; None (an empty answer) if it never sent; ``OFFLINE`` while it is
+    offline (or not async); ``SILENT`` across a network cut or to a non-neighbour."""
     refused = pull_refusal(node, who)
     if refused is not None:
         if who not in node.nbr_set:
@@ -129,7 +129,7 @@ def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | No
     now = node.clock.monotonic()
     # peers online: the asking node is heard of (on the virtual clock once the instant's
     # requests are answered: each reply carries the table as it stood before its arrivals)
-    node.membership.heard_of(who, now)  # (online; after the instant's requests, on the clock)
+    node.membership.heard_of(who, now)
     if node.last_sent is None:
         return None
     msg, sent_at = node.last_sent
@@ -143,8 +143,6 @@ def serve_pull(node: Any, who: int) -> tuple[bytes, bytes | Chunked, float] | No
 def reply_unsent(node: Any, header: bytes) -> None:
     """The virtual network's word that a reply this node made never left (it went offline
     before its transfer ended): its membership entries do not count as sent."""
-    from sfg.net.wire import unpack_header
-
     node.membership.unsent(len(unpack_header(header).members) // MEMBER_BYTES, reply=True)
 
 
