@@ -215,13 +215,6 @@ def draw_epidemic(key, i, count, n, s, out):  # pragma: no cover - compiled
     _top_up(key, i, count, n, s, out, 0, 0)
 
 
-@njit(cache=True, nogil=True)
-def draw_epidemic_rows(key, devs, counts, n, s, out):  # pragma: no cover - compiled
-    """out[q·s:(q+1)·s]: :func:`draw_epidemic` for device devs[q]'s send counts[q]."""
-    for q in range(devs.shape[0]):
-        draw_epidemic(key, devs[q], counts[q], n, s, out[q * s:(q + 1) * s])
-
-
 @njit(cache=True, nogil=True, **NO_REFCOUNT)
 def _top_up(key, i, count, n, s, out, got, k):  # pragma: no cover - compiled
     """out[got:s]: devices other than i and out[:got], uniform, from try k on."""
