@@ -334,13 +334,13 @@ def test_lockstep_crash_longer_than_the_deadline_is_a_one_line_error_not_a_hang(
     from faultsweep import reference_params
 
     # (lockstep rounds follow the messages, not the clock: this run's rounds take hardly
-    # any virtual time, so node 0 crashes at the start)
+    # any virtual time, so node 0 crashes at the start; which waiting node's deadline
+    # reports first depends on how far the others got, so the error names no node)
     short = Case("lockstep", "sfg-cut", "faults:crash=0@0,downtime=120", seed=1, n=6,
                  deadline=60.0, may_time_out=True)
     out = check_case(short)
     assert out.violations == [] and out.error is not None
     assert "did not get the round" in out.error and "within 60 s" in out.error
-    assert "neighbour(s) [0]" in out.error  # waiting for the crashed node
     assert "\n" not in out.error and "wait forever" not in out.error  # not the loop's Deadlock
     long = replace(short, deadline=300.0, may_time_out=False)
     ok = check_case(long, reference=reference_params(long))
